@@ -1,0 +1,38 @@
+"""Test-session set-up shared by every tier.
+
+Torch threads are pinned and OpenMP told not to spin: on a 2-core machine a spinning neighbour
+slows torch 3-30x. One Ray instance serves the whole session (start-up costs ~3 s).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A Ray instance shared by every test that needs one; shut down at session end."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=512 * 2**20,
+            _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"),
+            runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}},
+        )
+    yield ray
+    # Left running until interpreter exit: shutting down and restarting costs seconds per test module.
