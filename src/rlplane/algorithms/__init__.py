@@ -1,0 +1,75 @@
+"""The RL math core: advantages, losses, KL estimators, sample filters. Pure torch functions.
+
+``docs/algorithms.md`` lists every formula and metric.
+"""
+
+from rlplane.algorithms.advantages import (
+    calculate_baseline_and_std_per_prompt,
+    clip_advantages,
+    gdpo_advantages,
+    group_ids,
+    grpo_advantages,
+    opd_advantages,
+    raw_reward_advantages,
+    reinforce_plus_plus_advantages,
+    rloo_advantages,
+)
+from rlplane.algorithms.filters import (
+    DynamicSamplingSelection,
+    apply_reward_shaping,
+    dapo_overlong_penalty,
+    dynamic_sampling_keep_mask,
+    dynamic_sampling_select,
+    overlong_filter_sample_mask,
+    scale_rewards,
+    seq_logprob_error_mask,
+    seq_mult_prob_error,
+    stop_properly_penalty,
+)
+from rlplane.algorithms.gae import compute_gae, gae_recursion, gae_token_rewards, length_adaptive_lambda
+from rlplane.algorithms.kl import kl_estimate
+from rlplane.algorithms.losses import (
+    CLIPPED_PG_METRIC_REDUCTIONS,
+    NLL_METRIC_REDUCTIONS,
+    VALUE_METRIC_REDUCTIONS,
+    clipped_pg_loss,
+    explained_variance,
+    loss_option_errors,
+    nll_loss,
+    value_loss,
+)
+
+__all__ = [
+    "CLIPPED_PG_METRIC_REDUCTIONS",
+    "NLL_METRIC_REDUCTIONS",
+    "VALUE_METRIC_REDUCTIONS",
+    "DynamicSamplingSelection",
+    "apply_reward_shaping",
+    "calculate_baseline_and_std_per_prompt",
+    "clip_advantages",
+    "clipped_pg_loss",
+    "compute_gae",
+    "dapo_overlong_penalty",
+    "dynamic_sampling_keep_mask",
+    "dynamic_sampling_select",
+    "explained_variance",
+    "gae_recursion",
+    "gae_token_rewards",
+    "gdpo_advantages",
+    "group_ids",
+    "grpo_advantages",
+    "kl_estimate",
+    "length_adaptive_lambda",
+    "loss_option_errors",
+    "nll_loss",
+    "opd_advantages",
+    "overlong_filter_sample_mask",
+    "raw_reward_advantages",
+    "reinforce_plus_plus_advantages",
+    "rloo_advantages",
+    "scale_rewards",
+    "seq_logprob_error_mask",
+    "seq_mult_prob_error",
+    "stop_properly_penalty",
+    "value_loss",
+]

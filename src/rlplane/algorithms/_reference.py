@@ -1,0 +1,97 @@
+"""Slow, obviously-correct Python-loop twins of the vectorized kernels, for equivalence tests only.
+
+They follow the seeds' formulas literally (NeMo RL's ``M = 1 − I`` matrix form for baselines,
+the per-token GAE recursion, per-token/per-sequence loss sums) with Python floats, one sample
+and one token at a time. Never use them in training.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def baseline_and_std_loop(
+    prompt_ids: Tensor, rewards: Tensor, valid_mask: Tensor, leave_one_out: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Twin of :func:`rlplane.algorithms.advantages.calculate_baseline_and_std_per_prompt`."""
+    b = rewards.shape[0]
+    keys = [tuple(prompt_ids[i].reshape(-1).tolist()) for i in range(b)]
+    r, v = rewards.tolist(), [float(x) for x in valid_mask.tolist()]
+    baseline, std = [0.0] * b, [0.0] * b
+    for i in range(b):
+        members = [j for j in range(b) if keys[j] == keys[i]]
+        n_valid = sum(v[j] for j in members)
+        if n_valid <= 1:
+            baseline[i], std[i] = r[i], 0.0
+            continue
+        others = [j for j in members if not (leave_one_out and j == i)]
+        k = n_valid - (v[i] if leave_one_out else 0.0)
+        mean = sum(v[j] * r[j] for j in others) / k
+        sq = sum(v[j] * r[j] ** 2 for j in others) / k
+        baseline[i] = mean
+        if k <= 1:
+            std[i] = 0.0
+        else:
+            var = max(sq - mean**2, 0.0) * k / (k - 1)
+            std[i] = math.sqrt(var)
+    return torch.tensor(baseline, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+
+
+def gae_loop(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float | list[float]
+) -> tuple[Tensor, Tensor]:
+    """Twin of GAE without KL or whitening: returns (advantages (0 outside the mask), returns)."""
+    b, t = values.shape
+    adv = [[0.0] * t for _ in range(b)]
+    ret = [[0.0] * t for _ in range(b)]
+    for i in range(b):
+        lam_i = lam[i] if isinstance(lam, list) else lam
+        m = [float(x) for x in mask[i].tolist()]
+        vals = [values[i, s].item() if m[s] else 0.0 for s in range(t)]
+        valid_positions = [s for s in range(t) if m[s]]
+        token_r = [0.0] * t
+        if valid_positions:
+            token_r[valid_positions[-1]] = rewards[i].item() * m[valid_positions[-1]]
+        # Walk only the valid tokens: masked ones are skipped entirely ("carry-forward").
+        next_v, gae = 0.0, 0.0
+        for s in reversed(valid_positions):
+            delta = token_r[s] + gamma * next_v - vals[s]
+            gae = delta + gamma * lam_i * gae
+            next_v = vals[s]
+            adv[i][s] = gae
+        for s in range(t):
+            ret[i][s] = adv[i][s] + vals[s] if m[s] else float("nan")
+    return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
+
+
+def pg_loss_loop(
+    curr: Tensor, prev: Tensor, adv: Tensor, token_mask: Tensor, sample_mask: Tensor,
+    global_valid_tokens: float, global_valid_seqs: float, *, eps_low: float, eps_high: float,
+    clip_c: float | None, token_level: bool,
+) -> float:
+    """Twin of the clipped PG actor loss (no KL, no IS) with token- or sequence-level aggregation."""
+    b, t = curr.shape
+    total = 0.0
+    for i in range(b):
+        seq_sum, seq_n = 0.0, 0.0
+        for s in range(t):
+            if not token_mask[i, s] or not sample_mask[i]:
+                continue
+            r = math.exp(curr[i, s].item() - prev[i, s].item())
+            rc = min(max(r, 1 - eps_low), 1 + eps_high)
+            a = adv[i, s].item()
+            term = max(-a * r, -a * rc)
+            if clip_c is not None and a < 0:
+                term = min(term, -a * clip_c)
+            w = float(token_mask[i, s]) * float(sample_mask[i])
+            if token_level:
+                total += term * w
+            else:
+                seq_sum += term * float(token_mask[i, s])
+                seq_n += float(token_mask[i, s])
+        if not token_level and seq_n > 0:
+            total += float(sample_mask[i]) * seq_sum / seq_n
+    return total / (global_valid_tokens if token_level else global_valid_seqs)

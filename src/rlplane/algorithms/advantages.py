@@ -1,0 +1,260 @@
+"""Reward baselines and per-sample / per-token advantages for GRPO-family estimators.
+
+Shape legend: B = batch of samples (prompt × generation), T = tokens per sequence,
+L = prompt tokens (when prompts are given as rows of token ids), K = reward components.
+
+Formulas (``docs/algorithms.md`` has the full page):
+
+- baseline/std per prompt group with optional leave-one-out (:func:`calculate_baseline_and_std_per_prompt`)
+- GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300): ``A = (r − b) / (std + 1e-6)`` where std > 0
+- RLOO (Ahmadian et al. 2024, https://arxiv.org/abs/2402.14740): ``A = r − b_loo``
+- REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262): group-mean baseline, optional KL in
+  the reward, global whitening over tokens
+- GDPO: per-component GRPO advantages, weighted sum, batch whitening
+- raw reward (PPO without a critic), OPD (on-policy distillation), advantage clipping
+- GAE lives in :mod:`rlplane.algorithms.gae`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from rlplane.algorithms._ops import masked_whiten, safe_div
+from rlplane.algorithms.kl import kl_estimate
+
+GRPO_STD_EPS = 1e-6
+REINFORCE_PP_VAR_FLOOR = 1e-8
+
+
+def group_ids(prompt_ids: Tensor) -> Tensor:
+    """Map each row of ``prompt_ids`` to a dense group index; identical rows share one.
+
+    ``prompt_ids``: (B,) or (B, L) integer tensor. Returns (B,) int64 in ``[0, num_groups)``.
+    """
+    if prompt_ids.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=prompt_ids.device)
+    _, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    return inverse
+
+
+def calculate_baseline_and_std_per_prompt(
+    prompt_ids: Tensor,
+    rewards: Tensor,
+    valid_mask: Tensor | None = None,
+    leave_one_out: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Per-sample reward baseline and std over the sample's prompt group.
+
+    Groups are identical rows of ``prompt_ids``. For sample i in a group with valid mask v
+    (``n_v = Σ v``) and ``k = n_v − v_i`` with leave-one-out, else ``k = n_v``:
+
+    - ``b_i = (Σ_j v_j r_j − [loo]·v_i r_i) / k``           (mean of the *other* valid samples)
+    - ``std_i = sqrt(var_i · k / (k − 1))``, ``var_i`` the biased variance of the same samples,
+      i.e. the unbiased (Bessel) std of the k samples the baseline uses; 0 when ``k ≤ 1``
+      (the seeds' NaN → 0; e.g. n = 2 with leave-one-out has std 0, so no normalisation).
+    - groups with ``n_v ≤ 1``: ``b_i = r_i`` (advantage 0) and ``std_i = 0``.
+    - an invalid sample (``v_i = 0``) gets the mean and std of the group's valid samples (NeMo RL
+      divides by ``n_v − 1`` there too; it always passes an all-ones mask, so this never differs
+      in practice and keeps the std shift-invariant).
+
+    The variance is computed on group-centred rewards in float64, so large rewards with a tiny
+    spread do not lose their std to cancellation.
+
+    Args:
+        prompt_ids: (B,) or (B, L) integer prompt ids; identical rows form a group.
+        rewards: (B,) float rewards.
+        valid_mask: (B,) bool/0-1; invalid samples do not enter any baseline or std. None = all valid.
+        leave_one_out: exclude the sample itself (the GRPO/RLOO default).
+
+    Returns:
+        ``(baseline, std)``, both (B,) with the dtype of ``rewards``.
+    """
+    if rewards.shape[0] == 0:
+        return rewards.clone(), torch.zeros_like(rewards)
+    gid = group_ids(prompt_ids)  # (B,)
+    num_groups = rewards.shape[0]  # an upper bound on the group count: no device sync needed
+    r = rewards.to(torch.float64)
+    v = torch.ones_like(r) if valid_mask is None else valid_mask.to(torch.float64)
+    r = torch.where(v != 0, r, torch.zeros_like(r))  # invalid rewards may be NaN; keep them out
+
+    def group_sum(x: Tensor) -> Tensor:  # (B,) -> (B,) sum over the sample's group
+        return torch.zeros(num_groups, dtype=x.dtype, device=x.device).index_add_(0, gid, x)[gid]
+
+    n_valid = group_sum(v)  # (B,)
+    sum_r = group_sum(v * r)  # (B,)
+    loo = 1.0 if leave_one_out else 0.0
+    k = n_valid - loo * v  # number of samples in sample i's baseline (an invalid i is not among them)
+    baseline = safe_div(sum_r - loo * v * r, k)
+
+    # Variance of the same k samples, on rewards centred by the group mean (shift-invariant).
+    centred = r - safe_div(sum_r, n_valid)
+    sum_c, sum_c2 = group_sum(v * centred), group_sum(v * centred.square())
+    mean_c = safe_div(sum_c - loo * v * centred, k)
+    sq_c = safe_div(sum_c2 - loo * v * centred.square(), k)
+    var_biased = torch.clamp(sq_c - mean_c.square(), min=0.0)
+    std = torch.sqrt(safe_div(var_biased * k, k - 1.0))
+    std = torch.where(k > 1, std, torch.zeros_like(std))
+
+    small = n_valid <= 1
+    baseline = torch.where(small, rewards.to(torch.float64), baseline)
+    std = torch.where(small, torch.zeros_like(std), std)
+    return baseline.to(rewards.dtype), std.to(rewards.dtype)
+
+
+def normalize_by_std(advantages: Tensor, std: Tensor, epsilon: float = GRPO_STD_EPS) -> Tensor:
+    """``A / (std + ε)`` where ``std > 0``; ``A`` unchanged where ``std == 0`` (all-equal groups)."""
+    return torch.where(std > 0, advantages / (std + epsilon), advantages)
+
+
+def grpo_advantages(
+    prompt_ids: Tensor,
+    rewards: Tensor,
+    valid_mask: Tensor | None = None,
+    *,
+    normalize_rewards: bool = True,
+    use_leave_one_out_baseline: bool = True,
+    minus_baseline: bool = True,
+    epsilon: float = GRPO_STD_EPS,
+) -> Tensor:
+    """GRPO per-sample advantage.
+
+    ``A_i = r_i − b_i`` (``r_i`` if not ``minus_baseline``); if ``normalize_rewards``,
+    ``A_i ← A_i / (std_i + ε)`` only where ``std_i > 0``. Baseline and std come from
+    :func:`calculate_baseline_and_std_per_prompt` (leave-one-out by default).
+
+    Returns (B,); broadcast to tokens with ``A[:, None]`` (no token masking is applied here).
+    """
+    baseline, std = calculate_baseline_and_std_per_prompt(prompt_ids, rewards, valid_mask, use_leave_one_out_baseline)
+    adv = rewards - baseline if minus_baseline else rewards.clone()
+    if normalize_rewards:
+        adv = normalize_by_std(adv, std, epsilon)
+    return adv
+
+
+def rloo_advantages(prompt_ids: Tensor, rewards: Tensor, valid_mask: Tensor | None = None) -> Tensor:
+    """RLOO per-sample advantage: ``A_i = r_i − mean_{j≠i} r_j`` (no std normalisation). (B,)
+
+    Pair it with ``loss_fn.disable_ppo_ratio = true`` for the REINFORCE-style surrogate.
+    """
+    return grpo_advantages(prompt_ids, rewards, valid_mask, normalize_rewards=False, use_leave_one_out_baseline=True)
+
+
+def reinforce_plus_plus_advantages(
+    prompt_ids: Tensor,
+    rewards: Tensor,
+    token_mask: Tensor,
+    valid_mask: Tensor | None = None,
+    *,
+    minus_baseline: bool = True,
+    kl_penalty: float = 0.0,
+    prev_logprobs: Tensor | None = None,
+    reference_logprobs: Tensor | None = None,
+    kl_type: str = "k3",
+    kl_input_clamp_value: float | None = 20.0,
+    kl_output_clamp_value: float | None = 10.0,
+) -> Tensor:
+    """REINFORCE++ per-token advantage (with group-mean baseline, "REINFORCE++-baseline").
+
+    1. ``A_i = r_i − mean_group(r)`` (no leave-one-out) if ``minus_baseline`` else ``r_i``; expand to (B, T).
+    2. If ``kl_penalty = β > 0`` (``loss_fn.use_kl_in_reward``): ``A_t −= β·KL_t(prev ‖ ref)``,
+       the k-type estimator with the loss's clamps.
+    3. Global whitening over the masked tokens: ``(A − μ)·rsqrt(max(var, 1e-8))``, biased variance.
+
+    Args:
+        token_mask: (B, T) tokens that are trained on (``token_mask · sample_mask``).
+        prev_logprobs, reference_logprobs: (B, T), needed when ``kl_penalty > 0``.
+    Returns:
+        (B, T) advantages, 0 outside ``token_mask``.
+    """
+    if minus_baseline:
+        baseline, _ = calculate_baseline_and_std_per_prompt(prompt_ids, rewards, valid_mask, leave_one_out=False)
+        adv = rewards - baseline
+    else:
+        adv = rewards.clone()
+    adv = adv[:, None].expand(token_mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))  # (B, T)
+    if kl_penalty != 0:
+        if prev_logprobs is None or reference_logprobs is None:
+            raise ValueError("kl_penalty != 0 needs prev_logprobs and reference_logprobs (loss_fn.use_kl_in_reward)")
+        kl = kl_estimate(prev_logprobs, reference_logprobs, kl_type, kl_input_clamp_value, kl_output_clamp_value)
+        adv = adv - kl_penalty * torch.where(token_mask != 0, kl, torch.zeros_like(kl))
+    return masked_whiten(adv, token_mask, unbiased=False, eps=REINFORCE_PP_VAR_FLOOR, clamp_var=True)
+
+
+def gdpo_advantages(
+    prompt_ids: Tensor,
+    reward_components: Mapping[str, Tensor],
+    valid_mask: Tensor | None = None,
+    *,
+    reward_weights: Sequence[float] | None = None,
+    use_leave_one_out_baseline: bool = True,
+    epsilon: float = GRPO_STD_EPS,
+) -> Tensor:
+    """GDPO per-sample advantage for multi-reward training (each component normalised separately).
+
+    Components are taken in alphabetical order of their names (``reward/<name>``):
+    ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO per component, std > 0 only),
+    ``A = Σ_k w_k A_k`` (``w_k = 1`` by default), then batch whitening over valid samples:
+    ``A ← (A − mean(A)) / std(A)`` where ``std(A) > 0`` (unbiased std).
+
+    Args:
+        reward_components: name → (B,) rewards; at least two.
+        reward_weights: one weight per component in alphabetical name order.
+    Returns:
+        (B,) advantages.
+    """
+    names = sorted(reward_components)
+    if len(names) < 2:
+        raise ValueError(f"gdpo needs at least 2 reward components (reward/<name>), got {names}; use name: grpo")
+    if reward_weights is not None and len(reward_weights) != len(names):
+        raise ValueError(
+            f"reward_weights has {len(reward_weights)} entries for {len(names)} components {names}; "
+            "give one weight per component in alphabetical order"
+        )
+    weights = [1.0] * len(names) if reward_weights is None else list(reward_weights)
+    total = None
+    for w, name in zip(weights, names):
+        a = grpo_advantages(
+            prompt_ids, reward_components[name], valid_mask,
+            use_leave_one_out_baseline=use_leave_one_out_baseline, epsilon=epsilon,
+        )
+        total = w * a if total is None else total + w * a
+    assert total is not None
+    v = torch.ones_like(total) if valid_mask is None else valid_mask.to(total.dtype)
+    n = v.sum()
+    mean = safe_div((total * v).sum(), n)
+    std = torch.sqrt(safe_div(((total - mean).square() * v).sum(), n - 1.0))
+    return torch.where(std > 0, (total - mean) / torch.where(std > 0, std, torch.ones_like(std)), total - mean)
+
+
+def raw_reward_advantages(rewards: Tensor, token_mask: Tensor, *, normalize_advantages: bool = True) -> Tensor:
+    """PPO ``raw_reward`` estimator (no critic): ``A_t = r`` on every token of the sequence.
+
+    If ``normalize_advantages``: whiten over the masked tokens, ``(A − μ)·rsqrt(var + 1e-8)``
+    with the unbiased masked variance (as GAE). Returns (B, T), 0 outside ``token_mask``.
+    """
+    adv = rewards[:, None].expand(token_mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))
+    if normalize_advantages:
+        return masked_whiten(adv, token_mask, unbiased=True, eps=1e-8)
+    return torch.where(token_mask != 0, adv, torch.zeros_like(adv))
+
+
+def opd_advantages(teacher_logprobs: Tensor, prev_logprobs: Tensor, token_mask: Tensor) -> Tensor:
+    """On-policy distillation advantage: ``A_t = (log π_teacher − log π_prev)·mask`` (detached). (B, T)
+
+    Recommended loss settings: ``disable_ppo_ratio``, importance-sampling correction, ``icepop``.
+    """
+    diff = (teacher_logprobs - prev_logprobs).detach()
+    return torch.where(token_mask != 0, diff * token_mask, torch.zeros_like(diff))
+
+
+def clip_advantages(advantages: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
+    """``clamp(A, low, high)`` (``grpo.advantage_clip_low/high``), applied after normalisation.
+
+    None leaves that side unbounded.
+    """
+    if low is None and high is None:
+        return advantages
+    return advantages.clamp(min=low, max=high)

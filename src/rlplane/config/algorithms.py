@@ -1,0 +1,140 @@
+"""Config models for the RL math: ``loss_fn.*``, ``grpo.adv_estimator.*``, ``grpo.reward_shaping.*``,
+``grpo.reward_scaling.*``, ``ppo.adv_estimator.*``.
+
+Field names are NeMo RL's keys and defaults are NeMo RL's defaults. ``LossConfig().model_dump()``
+has exactly the keyword names of :func:`rlplane.algorithms.clipped_pg_loss`, so the trainer calls
+``clipped_pg_loss(..., **cfg.loss_fn.model_dump())``; likewise ``RewardShapingConfig`` /
+``RewardScalingConfig`` feed :func:`~rlplane.algorithms.apply_reward_shaping` /
+:func:`~rlplane.algorithms.scale_rewards`, and ``PPOAdvEstimatorConfig.gae_kwargs()`` feeds
+:func:`~rlplane.algorithms.compute_gae`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlplane.algorithms.losses import loss_option_errors
+from rlplane.config.base import StrictModel
+
+
+class LossConfig(StrictModel):
+    """``loss_fn``: the clipped policy-gradient loss (PPO/GRPO/DAPO/GSPO/CISPO/REINFORCE)."""
+
+    disable_ppo_ratio: bool = Field(False, description="Use the REINFORCE/RLOO surrogate −A·log π instead of the PPO ratio.")
+    token_level_loss: bool = Field(True, description="Mean over all valid tokens of the global batch (true) or mean over sequences of per-sequence token means (false).")
+    sequence_level_importance_ratios: bool = Field(False, description="GSPO: one ratio per sequence, exp(mean_t log(π/π_old)); requires token_level_loss = false.")
+    ratio_clip_min: float = Field(0.2, description="ε_low: the ratio is clamped below at 1 − ε_low.")
+    ratio_clip_max: float = Field(0.2, description="ε_high: the ratio is clamped above at 1 + ε_high (DAPO clip-higher uses 0.28).")
+    ratio_clip_c: float | None = Field(None, description="Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at −c·A (3 is usual; DAPO recipes use 10); null disables.")
+    reference_policy_kl_penalty: float = Field(0.01, description="β, weight of the KL(π_θ ‖ π_ref) term; 0 disables it (and the reference forward).")
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman 2020): k1 = −log r, k2 = (log r)²/2, k3 = r − 1 − log r.")
+    kl_input_clamp_value: float | None = Field(20.0, description="Clamp of log(π_ref/π_θ) before the KL estimator; null for none.")
+    kl_output_clamp_value: float | None = Field(10.0, description="Clamp of the per-token KL estimate; null for none.")
+    use_kl_in_reward: bool = Field(False, description="REINFORCE++/GAE: subtract β·KL from the per-token reward instead of adding it to the loss (the loss's β is then 0).")
+    use_importance_sampling_correction: bool = Field(False, description="Weight the loss by π_old/π_gen to correct the generation/training mismatch; required for async GRPO.")
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = Field(None, description="Truncation of the IS weights: tis clamps, icepop zeroes tokens outside [min, max], seq-mask-tis drops sequences whose geometric-mean weight is outside [min, max].")
+    truncated_importance_sampling_ratio: float | None = Field(None, description="Upper bound (> 0) of the IS weight for truncation.")
+    truncated_importance_sampling_ratio_min: float | None = Field(None, description="Lower bound of the IS weight (tis: 0 when null; required for icepop and seq-mask-tis).")
+    use_on_policy_kl_approximation: bool = Field(False, description="Weight the KL term by π_θ/π_gen so it estimates the KL under the current policy.")
+    force_on_policy_ratio: bool = Field(False, description="Skip the prev-logprob forward and use ratio exp(log π − sg(log π)) = 1; only valid with one optimizer step per rollout.")
+    use_cispo: bool = Field(False, description="CISPO surrogate −A·sg(clamp(r))·log π: clipped IS weight, gradient kept on every token.")
+    positive_example_nll_weight: float = Field(0.0, description="VAPO μ: weight of an NLL term on samples with reward > 0 (needs rewards in the loss call).")
+
+    @model_validator(mode="after")
+    def _check(self) -> LossConfig:
+        errors = loss_option_errors(**self.model_dump())
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+class GRPOAdvEstimatorConfig(StrictModel):
+    """``grpo.adv_estimator``: which advantage estimator GRPO uses."""
+
+    name: Literal["grpo", "gdpo", "reinforce_plus_plus", "opd"] = Field("grpo", description="grpo (group-normalised), gdpo (per-reward-component), reinforce_plus_plus (group mean + global whitening) or opd (on-policy distillation).")
+    normalize_rewards: bool = Field(True, description="grpo/gdpo: divide r − b by the group std + 1e-6 where std > 0.")
+    use_leave_one_out_baseline: bool = Field(True, description="Baseline and std over the other samples of the group (RLOO-style) instead of all of them.")
+    reward_weights: list[float] | None = Field(None, description="gdpo: one weight per reward component, in alphabetical order of the reward/<name> keys; null = all 1.")
+    minus_baseline: bool = Field(True, description="Subtract the group baseline (false: A = r before normalisation/whitening).")
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOAdvEstimatorConfig:
+        if self.reward_weights is not None and self.name != "gdpo":
+            raise ValueError(f"reward_weights = {self.reward_weights} with name = {self.name!r}: weights apply only to gdpo; set name: gdpo or reward_weights: null")
+        return self
+
+
+class RewardShapingConfig(StrictModel):
+    """``grpo.reward_shaping``: DAPO overlong reward shaping or the stop-properly penalty."""
+
+    enabled: bool = Field(False, description="Apply reward shaping after reward scaling.")
+    overlong_buffer_length: int | None = Field(128, description="DAPO: length of the soft-punishment zone before max_response_length, in tokens.")
+    overlong_buffer_penalty: float | None = Field(1.0, description="DAPO: penalty reached at max_response_length.")
+    max_response_length: int | None = Field(None, description="DAPO: the response length budget in tokens (NeMo RL defaults it to policy.max_total_sequence_length).")
+    stop_properly_penalty_coef: float | None = Field(None, description="In [0, 1]: multiply the reward of truncated samples by this; when set the overlong parameters are ignored.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardShapingConfig:
+        errors: list[str] = []
+        coef = self.stop_properly_penalty_coef
+        if coef is not None and not 0.0 <= coef <= 1.0:
+            errors.append(f"stop_properly_penalty_coef = {coef}: needs a value in [0, 1] (0 zeroes truncated rewards)")
+        if self.enabled and coef is None:
+            missing = [k for k in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length") if getattr(self, k) is None]
+            if missing:
+                errors.append(f"enabled = true needs {', '.join(missing)} (DAPO overlong shaping) or stop_properly_penalty_coef; set them")
+            buf, max_len = self.overlong_buffer_length, self.max_response_length
+            if buf is not None and buf <= 0:
+                errors.append(f"overlong_buffer_length = {buf}: needs a positive number of tokens (128 is usual)")
+            if buf is not None and max_len is not None and buf > max_len:
+                errors.append(f"overlong_buffer_length = {buf} > max_response_length = {max_len}: the buffer must fit in the response budget")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+class RewardScalingConfig(StrictModel):
+    """``grpo.reward_scaling``: clamp rewards to [source_min, source_max] and map linearly to [target_min, target_max]."""
+
+    enabled: bool = Field(False, description="Apply the linear reward map (before reward shaping).")
+    source_min: float = Field(0.0, description="Lower end of the raw reward range (rewards below are clamped).")
+    source_max: float = Field(1.0, description="Upper end of the raw reward range (rewards above are clamped).")
+    target_min: float = Field(0.0, description="Value source_min maps to.")
+    target_max: float = Field(1.0, description="Value source_max maps to.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardScalingConfig:
+        if self.source_max <= self.source_min:
+            raise ValueError(f"source_max = {self.source_max} <= source_min = {self.source_min}: the source range must be non-empty; set source_max above source_min")
+        return self
+
+
+class PPOAdvEstimatorConfig(StrictModel):
+    """``ppo.adv_estimator``: GAE with a value model, or the raw reward."""
+
+    name: Literal["gae", "raw_reward"] = Field("gae", description="gae (needs the value model) or raw_reward (A = r on every token).")
+    gae_lambda: float = Field(0.95, description="λ of GAE for both advantages and returns unless overridden below.")
+    gae_gamma: float = Field(1.0, description="Discount γ per token.")
+    normalize_advantages: bool = Field(True, description="Whiten advantages over the valid tokens (unbiased variance, +1e-8).")
+    gae_lambda_value: float | None = Field(None, description="VAPO: λ for the value targets (returns); null = gae_lambda.")
+    gae_lambda_policy: float | None = Field(None, description="VAPO: λ for the policy advantages; null = gae_lambda.")
+    length_adaptive_alpha: float = Field(0.0, description="VAPO length-adaptive λ_policy = 1 − 1/(α·L) per sample when > 0 (overrides gae_lambda_policy).")
+
+    @model_validator(mode="after")
+    def _check(self) -> PPOAdvEstimatorConfig:
+        errors: list[str] = []
+        for key in ("gae_lambda", "gae_gamma", "gae_lambda_value", "gae_lambda_policy"):
+            value = getattr(self, key)
+            if value is not None and not 0.0 <= value <= 1.0:
+                errors.append(f"{key} = {value}: needs a value in [0, 1]")
+        if self.length_adaptive_alpha < 0:
+            errors.append(f"length_adaptive_alpha = {self.length_adaptive_alpha}: needs α >= 0 (0 disables; VAPO uses 0.05)")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    def gae_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`rlplane.algorithms.compute_gae` (everything but ``name``)."""
+        return self.model_dump(exclude={"name"})
