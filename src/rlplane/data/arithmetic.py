@@ -1,0 +1,183 @@
+"""Procedurally generated arithmetic: ``"12+34="`` -> ``"46"``, the embedded default task.
+
+Problem ``i`` of a dataset depends only on ``(seed, i)``, so a dataset is reproducible, indexable
+in any order and costs nothing to build. A stable hash of the problem text puts each problem in
+exactly one split (``train`` or ``eval``), so the held-out set never appears in the training
+stream whatever the seeds.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from rlplane.data.datum import DatumSpec, PromptFormat, make_prompt_datum
+from rlplane.data.errors import DatasetError
+
+TASK_NAME = "arithmetic"
+OPERATORS = ("+", "-", "*")
+DEFAULT_EVAL_SEED = 2**31 - 1  # any seed works (the hash split keeps eval disjoint); this one is just fixed
+_HASH_BUCKETS = 10_000
+_U64 = 2**64 - 1  # SeedSequence takes non-negative ints; negative seeds wrap
+_ENUMERATE_LIMIT = 1_000_000  # problem spaces up to this size are listed exactly for eval sets
+
+
+@dataclass(frozen=True)
+class ArithmeticSpec:
+    """What problems look like.
+
+    operators: drawn uniformly from these (subset of ``+ - *``).
+    operand_min, operand_max: inclusive range of both operands.
+    num_digits: if set, overrides the range to operands of up to this many digits (``0 .. 10**d - 1``).
+    nonnegative: for ``-``, order the operands so the answer is never negative.
+    eval_fraction: share of all problems (by a stable hash of the text) reserved for held-out eval.
+    """
+
+    operators: tuple[str, ...] = ("+",)
+    operand_min: int = 0
+    operand_max: int = 99
+    num_digits: int | None = None
+    nonnegative: bool = True
+    eval_fraction: float = 0.1
+
+    def __post_init__(self):
+        bad = [op for op in self.operators if op not in OPERATORS]
+        if not self.operators or bad:
+            raise DatasetError(f"operators = {list(self.operators)}: each must be one of {list(OPERATORS)}")
+        if self.num_digits is not None and self.num_digits < 1:
+            raise DatasetError(f"num_digits = {self.num_digits}: must be >= 1 (or null to use operand_min/max)")
+        lo, hi = self.operand_range
+        if lo > hi or lo < 0:
+            raise DatasetError(f"operand range [{lo}, {hi}]: need 0 <= operand_min <= operand_max")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise DatasetError(f"eval_fraction = {self.eval_fraction}: must be in (0, 1); 0.1 is usual")
+
+    @property
+    def operand_range(self) -> tuple[int, int]:
+        if self.num_digits is not None:
+            return 0, 10**self.num_digits - 1
+        return self.operand_min, self.operand_max
+
+
+def is_heldout(problem: str, eval_fraction: float) -> bool:
+    """Whether ``problem`` belongs to the eval split: a stable (cross-process) hash bucket of its text."""
+    return zlib.crc32(problem.encode()) % _HASH_BUCKETS < eval_fraction * _HASH_BUCKETS
+
+
+def solve(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def draw_problem(rng: np.random.Generator, spec: ArithmeticSpec, split: str = "train") -> tuple[str, str]:
+    """One ``(problem, answer)`` from ``split`` (``"train"``, ``"eval"`` or ``"any"``), by rejection."""
+    lo, hi = spec.operand_range
+    for _ in range(10_000):
+        a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
+        op = spec.operators[int(rng.integers(len(spec.operators)))] if len(spec.operators) > 1 else spec.operators[0]
+        if op == "-" and spec.nonnegative and a < b:
+            a, b = b, a
+        problem = f"{a}{op}{b}="
+        if split == "any" or is_heldout(problem, spec.eval_fraction) == (split == "eval"):
+            return problem, str(solve(a, op, b))
+    raise DatasetError(
+        f"split {split!r}: no problem found in 10000 draws; widen the operand range or change eval_fraction"
+    )
+
+
+class ArithmeticDataset(Dataset):
+    """``num_problems`` arithmetic prompts as ``DatumSpec``; item ``i`` depends only on ``(seed, i)``.
+
+    Items are generated and tokenized on access (a few microseconds each).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        spec: ArithmeticSpec = ArithmeticSpec(),
+        *,
+        num_problems: int = 100_000,
+        seed: int = 0,
+        split: str = "train",
+        max_prompt_length: int | None = None,
+        task_name: str = TASK_NAME,
+        prompt_format: PromptFormat = PromptFormat(),
+    ):
+        if split not in ("train", "eval"):
+            raise DatasetError(f"split = {split!r}: must be 'train' or 'eval'")
+        if num_problems < 1:
+            raise DatasetError(f"num_problems = {num_problems}: must be >= 1")
+        self.tokenizer, self.spec, self.num_problems, self.seed, self.split = tokenizer, spec, num_problems, seed, split
+        self.max_prompt_length, self.task_name, self.prompt_format = max_prompt_length, task_name, prompt_format
+
+    def __len__(self) -> int:
+        return self.num_problems
+
+    def problem(self, idx: int) -> tuple[str, str]:
+        """The ``(problem, answer)`` strings of item ``idx``."""
+        if not 0 <= idx < self.num_problems:
+            raise IndexError(idx)
+        return draw_problem(np.random.default_rng([self.seed & _U64, idx]), self.spec, self.split)
+
+    def __getitem__(self, idx: int) -> DatumSpec:
+        problem, answer = self.problem(idx)
+        datum = make_prompt_datum(
+            problem, answer, self.tokenizer, idx=idx, task_name=self.task_name, prompt_format=self.prompt_format
+        )
+        if self.max_prompt_length is not None and datum.length > self.max_prompt_length:
+            raise DatasetError(
+                f"arithmetic problem {idx} ({problem!r}) is {datum.length} tokens, over max_prompt_length = "
+                f"{self.max_prompt_length}; raise the maximum or use fewer digits"
+            )
+        return datum
+
+
+def build_eval_set(
+    tokenizer: PreTrainedTokenizerBase,
+    spec: ArithmeticSpec = ArithmeticSpec(),
+    *,
+    num_problems: int = 500,
+    seed: int = DEFAULT_EVAL_SEED,
+    task_name: str = TASK_NAME,
+    prompt_format: PromptFormat = PromptFormat(),
+) -> list[DatumSpec]:
+    """``num_problems`` distinct held-out problems, never produced by a ``split="train"`` dataset.
+
+    Raises ``DatasetError`` if the held-out share of the problem space is too small to hold them.
+    """
+    rng = np.random.default_rng([seed & _U64, 1])
+    lo, hi = spec.operand_range
+    space = (hi - lo + 1) ** 2 * len(spec.operators)
+    if space <= _ENUMERATE_LIMIT:
+        # Small problem space: list every held-out problem, then take a seeded sample without replacement.
+        pool: dict[str, str] = {}
+        for op in spec.operators:
+            for a in range(lo, hi + 1):
+                for b in range(lo, hi + 1):
+                    x, y = (b, a) if op == "-" and spec.nonnegative and a < b else (a, b)
+                    problem = f"{x}{op}{y}="
+                    if problem not in pool and is_heldout(problem, spec.eval_fraction):
+                        pool[problem] = str(solve(x, op, y))
+        if len(pool) < num_problems:
+            raise DatasetError(
+                f"build_eval_set: only {len(pool)} distinct held-out problems exist, {num_problems} asked "
+                f"(operands {lo}..{hi}, eval_fraction {spec.eval_fraction}); "
+                "ask for fewer, widen the range or raise eval_fraction"
+            )
+        problems = list(pool.items())
+        chosen = [problems[i] for i in rng.permutation(len(problems))[:num_problems]]
+    else:
+        # Large space: rejection-sample distinct problems (collisions are rare).
+        chosen, seen = [], set()
+        while len(chosen) < num_problems:
+            problem, answer = draw_problem(rng, spec, "eval")
+            if problem not in seen:
+                seen.add(problem)
+                chosen.append((problem, answer))
+    return [
+        make_prompt_datum(problem, answer, tokenizer, idx=i, task_name=task_name, prompt_format=prompt_format)
+        for i, (problem, answer) in enumerate(chosen)
+    ]

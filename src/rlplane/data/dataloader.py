@@ -1,0 +1,84 @@
+"""A resumable, endless prompt loader: batches of ``num_prompts_per_step`` datums, epoch after epoch.
+
+Why not torchdata's ``StatefulDataLoader``: its ``state_dict`` restores the position inside an
+epoch, but the shuffle generator it restores is the one from the start of that epoch, so after a
+resume every later epoch is shuffled differently from the uninterrupted run (checked with torchdata
+0.11). Here the permutation of epoch ``e`` is a pure function of ``(seed, e)`` and the state is two
+integers, so a resumed run sees exactly the batches the uninterrupted run would have seen.
+Prompts are tokenized on access in the driver (microseconds each), so no worker processes are used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from rlplane.data.datum import DatumSpec
+from rlplane.data.errors import DatasetError
+
+_U64 = 2**64 - 1  # SeedSequence takes non-negative ints; negative seeds wrap
+
+
+class PromptDataLoader:
+    """Endless iterator over batches (``list[DatumSpec]``) with ``state_dict`` / ``load_state_dict``.
+
+    Each epoch is a fresh permutation seeded by ``(seed, epoch)`` (``shuffle=False`` keeps dataset
+    order); the last incomplete batch of an epoch is dropped so every step sees
+    ``num_prompts_per_step`` prompts.
+    """
+
+    def __init__(self, dataset: Dataset, num_prompts_per_step: int, *, seed: int = 0, shuffle: bool = True):
+        if num_prompts_per_step < 1:
+            raise DatasetError(f"num_prompts_per_step = {num_prompts_per_step}: must be >= 1")
+        if len(dataset) < num_prompts_per_step:
+            raise DatasetError(
+                f"dataset has {len(dataset)} prompts, fewer than num_prompts_per_step = {num_prompts_per_step}; "
+                "add prompts or lower grpo.num_prompts_per_step"
+            )
+        self.dataset, self.num_prompts_per_step, self.seed, self.shuffle = dataset, num_prompts_per_step, seed, shuffle
+        self.epoch = 0
+        self.batches_done_in_epoch = 0
+        self._order: list[int] | None = None  # permutation of the current epoch, built lazily
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.dataset) // self.num_prompts_per_step
+
+    def __iter__(self) -> PromptDataLoader:
+        return self
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        # A distinct, reproducible stream per (seed, epoch). (torch.Generator.manual_seed keeps only the
+        # low 32 bits of a seed on CPU, so packing the pair into one int would collide; numpy's
+        # SeedSequence hashes the pair.)
+        return np.random.default_rng([self.seed & _U64, epoch]).permutation(n).tolist()
+
+    def __next__(self) -> list[DatumSpec]:
+        if self.batches_done_in_epoch >= len(self):
+            self.epoch += 1
+            self.batches_done_in_epoch = 0
+            self._order = None
+        if self._order is None:
+            self._order = self._epoch_order(self.epoch)
+        start = self.batches_done_in_epoch * self.num_prompts_per_step
+        batch = [self.dataset[i] for i in self._order[start : start + self.num_prompts_per_step]]
+        self.batches_done_in_epoch += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches_done_in_epoch": self.batches_done_in_epoch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise DatasetError(
+                f"dataloader state was saved with seed {state['seed']}, this run uses seed {self.seed}; "
+                "resume with the original seed"
+            )
+        self.epoch = int(state["epoch"])
+        self.batches_done_in_epoch = int(state["batches_done_in_epoch"])
+        self._order = None

@@ -1,0 +1,38 @@
+"""``task_name`` -> environment. Samples are routed to environments by their ``DatumSpec.task_name``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rlplane.envs.arithmetic import ArithmeticEnv
+from rlplane.envs.interface import Environment
+
+ENV_REGISTRY: dict[str, Callable[..., Environment]] = {"arithmetic": ArithmeticEnv}
+
+
+class UnknownEnvironmentError(ValueError):
+    """A task name with no registered environment (one-line message for the user)."""
+
+
+def register_env(name: str, factory: Callable[..., Environment]) -> None:
+    """Make ``name`` resolve to ``factory(**kwargs)``; re-registering a name replaces it."""
+    ENV_REGISTRY[name] = factory
+
+
+def create_env(name: str, **kwargs: Any) -> Environment:
+    """Instantiate the environment registered for ``name``."""
+    try:
+        factory = ENV_REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(ENV_REGISTRY))
+        raise UnknownEnvironmentError(
+            f"task_name {name!r}: no environment registered; known: {known} (add one with rlplane.envs.register_env)"
+        ) from None
+    return factory(**kwargs)
+
+
+def create_envs(task_names, env_kwargs: dict[str, dict[str, Any]] | None = None) -> dict[str, Environment]:
+    """One environment per distinct task name: the ``task_to_env`` map a rollout uses."""
+    env_kwargs = env_kwargs or {}
+    return {name: create_env(name, **env_kwargs.get(name, {})) for name in dict.fromkeys(task_names)}

@@ -1,0 +1,24 @@
+"""Generation backends: token ids in, generated ids + processed logprobs + finish reasons out."""
+
+from rlplane.generation.hf import HFGenerationBackend
+from rlplane.generation.interface import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationBackend,
+    GenerationOutput,
+    normalize_stop_strings,
+)
+from rlplane.generation.sampling import apply_top_k, apply_top_p, process_logits, sample
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "GenerationBackend",
+    "GenerationOutput",
+    "HFGenerationBackend",
+    "apply_top_k",
+    "apply_top_p",
+    "normalize_stop_strings",
+    "process_logits",
+    "sample",
+]

@@ -1,0 +1,232 @@
+"""The ``hf`` generation backend: a hand-written decode loop over a transformers causal LM.
+
+Why not ``model.generate``: its per-step machinery (logits processors, stopping criteria, output
+bookkeeping) costs more than the forward pass of a tiny model, it does not return the processed
+logprobs of the chosen tokens without keeping full score tensors, and it keeps computing finished
+rows. This loop does: left-pad once, one prefill forward with a ``DynamicCache``, then one forward
+per new token for the rows still running; rows that stop are dropped from the batch (and from the
+KV cache) once enough of them have stopped, and the loop exits when none run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlplane.generation.interface import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationBackend,
+    GenerationOutput,
+    StopStrings,
+    normalize_stop_strings,
+)
+from rlplane.generation.sampling import sample
+
+# Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
+# compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
+_COMPACT_FRACTION = 0.25
+
+
+class HFGenerationBackend(GenerationBackend):
+    """Batched sampling from ``model`` (any transformers causal LM with a KV cache).
+
+    The backend uses ``model`` as given: pass the trainer's own module when colocated (no refit
+    needed), or a copy and call ``update_weights`` after each optimizer step.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.pad_token_id is None:
+            raise ValueError("tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+        self._pieces: dict[int, str] = {}  # token id -> its text alone, for the stop-string pre-check
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``state_dict`` into the generator's model in place (tied weights may be given once)."""
+        missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            tied.add("lm_head.weight")
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ValueError(
+                f"update_weights: state_dict does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        greedy: bool = False,
+        stop_token_ids: Sequence[int] | None = None,
+        stop_strings: StopStrings = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> GenerationOutput:
+        # A colocated trainer may share its module (in train mode): sample in eval mode, then restore.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                return self._generate(
+                    prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                    greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
+                    generator=generator,
+                )
+        finally:
+            self.model.train(was_training)
+
+    def _generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int | None,
+        greedy: bool,
+        stop_token_ids: Sequence[int] | None,
+        stop_strings: StopStrings,
+        seed: int | None,
+        generator: torch.Generator | None,
+    ) -> GenerationOutput:
+        batch_size = len(prompt_ids)
+        if batch_size == 0:
+            return GenerationOutput([], [], [])
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("generate: every prompt needs at least one token (the tokenizer's bos, for instance)")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
+        if stop_token_ids is None:
+            stop_token_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        row_stop_strings = normalize_stop_strings(stop_strings, batch_size)
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        device = self.model.device
+
+        # GRPO repeats each prompt num_generations_per_prompt times: prefill each distinct prompt
+        # once, then copy its KV cache and last logits to every row that asked for it.
+        unique: dict[tuple[int, ...], int] = {}
+        row_to_unique = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompt_ids])  # (B,)
+        unique_prompts = list(unique)
+
+        # Left-pad the distinct prompts. input_ids/attention_mask: (U, P); positions count real tokens only.
+        lengths = torch.tensor([len(p) for p in unique_prompts])
+        max_len = int(lengths.max())
+        input_ids = torch.full((len(unique_prompts), max_len), self.pad_token_id, dtype=torch.long)
+        for i, p in enumerate(unique_prompts):
+            input_ids[i, max_len - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        attention_mask = (torch.arange(max_len)[None, :] >= (max_len - lengths)[:, None]).long()  # (U, P)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)  # (U, P)
+        input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
+
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # (U, V)
+        if len(unique_prompts) < batch_size:
+            row_to_unique = row_to_unique.to(device)
+            cache.batch_select_indices(row_to_unique)
+            logits, attention_mask, position_ids = (t[row_to_unique] for t in (logits, attention_mask, position_ids))
+
+        out_tokens = torch.full((batch_size, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros((batch_size, max_new_tokens), dtype=torch.float32, device=device)
+        gen_lengths = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)
+        stop_ids = torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
+        finished_by_stop = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        rows = torch.arange(batch_size, device=device)  # original index of each running row
+        done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # over running rows
+        next_pos = position_ids[:, -1] + 1  # (B,)
+        # Mask over prompt + generated positions, allocated once; step s attends to the first P + s + 1.
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch_size, max_new_tokens))], dim=-1)
+
+        for step in range(max_new_tokens):
+            tokens, logprobs = sample(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator
+            )  # (b,), (b,)
+            tokens = tokens.masked_fill(done, self.pad_token_id)
+            out_tokens[rows, step] = tokens
+            out_logprobs[rows, step] = logprobs
+            newly_done = torch.isin(tokens, stop_ids) & ~done if stop_ids.numel() else torch.zeros_like(done)
+            if row_stop_strings is not None:
+                newly_done |= self._stop_string_hits(rows, done | newly_done, out_tokens, step, row_stop_strings)
+            if bool(newly_done.any()):
+                gen_lengths[rows[newly_done]] = step + 1
+                finished_by_stop[rows[newly_done]] = True
+                done = done | newly_done
+                n_done = int(done.sum())
+                if n_done == len(rows):
+                    break
+                # Drop finished rows from the batch and the cache once enough of them are idle.
+                if n_done >= _COMPACT_FRACTION * len(rows) and step < max_new_tokens - 1:
+                    keep = (~done).nonzero().squeeze(-1)
+                    cache.batch_select_indices(keep)
+                    rows, tokens, attention_mask, next_pos = (t[keep] for t in (rows, tokens, attention_mask, next_pos))
+                    done = done[keep]
+            if step == max_new_tokens - 1:
+                break
+            logits = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask[:, : max_len + step + 1],
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            next_pos = next_pos + 1
+
+        lengths_list = gen_lengths.tolist()
+        tokens_list = out_tokens.tolist()
+        return GenerationOutput(
+            output_ids=[t[:n] for t, n in zip(tokens_list, lengths_list)],
+            logprobs=[out_logprobs[i, :n].cpu() for i, n in enumerate(lengths_list)],
+            finish_reasons=[FINISH_STOP if s else FINISH_LENGTH for s in finished_by_stop.tolist()],
+        )
+
+    def _stop_string_hits(
+        self,
+        rows: torch.Tensor,
+        done: torch.Tensor,
+        out_tokens: torch.Tensor,
+        step: int,
+        row_stop_strings: list[tuple[str, ...]],
+    ) -> torch.Tensor:
+        """Rows (among the running ones) whose generated text now contains one of their stop strings.
+
+        Decodes the row's generated tokens only for rows that have stop strings and are not done;
+        an occurrence that appears now must end inside the newest token, and the check runs every step.
+        """
+        hits = torch.zeros(len(rows), dtype=torch.bool, device=done.device)
+        newest = out_tokens[rows, step].tolist()
+        for j, (r, is_done, tok) in enumerate(zip(rows.tolist(), done.tolist(), newest)):
+            stops = row_stop_strings[r]
+            if is_done or not stops:
+                continue
+            # Cheap pre-check: a new occurrence ends inside the newest token's text, so that text holds
+            # the stop string's last character (pieces that decode to nothing or to an incomplete
+            # UTF-8 sequence always go to the full check).
+            piece = self._piece(tok)
+            if piece and "\ufffd" not in piece and not any(s[-1] in piece for s in stops):
+                continue
+            text = self.tokenizer.decode(out_tokens[r, : step + 1].tolist(), skip_special_tokens=False)
+            if any(s in text for s in stops):
+                hits[j] = True
+        return hits
+
+    def _piece(self, token_id: int) -> str:
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return piece

@@ -1,0 +1,78 @@
+"""The embedded default: a character-level tokenizer and a tiny random-init Llama.
+
+Both are ordinary Hugging Face artifacts: ``save_pretrained`` writes a directory that
+``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` load back, and vLLM accepts it.
+Measured on this machine (``reference/machine_notes.md`` §3): hidden 128, 2 layers (0.33M params)
+reaches 50% exact match on 2-digit addition after ~500 SFT steps (~27 s on one thread).
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, in this order
+CHARS = tuple("0123456789") + ("+", "-", "*", "=", "(", ")", " ")
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A 21-token character-level tokenizer: ``<pad> <bos> <eos> <unk>``, digits, ``+-*=()`` and space.
+
+    Every character is its own token (an empty-pattern ``Split`` isolates each one); unknown
+    characters map to ``<unk>``; ``<bos>`` is prepended by the post-processor when
+    ``add_special_tokens=True`` (the default); decoding fuses the characters back together.
+    """
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        model_max_length=256,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tiny_llama(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama with tied embeddings, sized for ``tokenizer``.
+
+    ``intermediate_size`` defaults to ``2 * hidden_size``. Initialisation is deterministic in
+    ``seed`` and leaves the global torch RNG untouched.
+    """
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model

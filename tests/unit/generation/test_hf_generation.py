@@ -1,0 +1,191 @@
+"""The hf backend against transformers: same greedy tokens as model.generate, logprobs equal to a
+plain full forward of prompt + output, stop tokens / strings, row compaction and prefix sharing."""
+
+import pytest
+import torch
+
+from rlplane.generation import HFGenerationBackend, process_logits
+from rlplane.models import build_char_tokenizer, build_tiny_llama
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def _model(tok, seed=0):
+    model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2, seed=seed).eval()
+    # Random init (std 0.02) makes a near-constant function; scaled-up weights give varied,
+    # prompt-dependent continuations so that the equivalence tests below have teeth.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(12 if p.dim() > 1 else 1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return _model(tok)
+
+
+def _prompts(n, seed=0, min_len=2, max_len=9):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
+    return [[1] + torch.randint(4, 21, (k - 1,), generator=g).tolist() for k in lengths]
+
+
+def _hf_greedy(model, tok, prompts, max_new_tokens, eos):
+    tok.padding_side = "left"
+    enc = tok.pad({"input_ids": prompts}, return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    rows = []
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        rows.append(row[: row.index(eos) + 1] if eos is not None and eos in row else row)
+    return rows
+
+
+def _full_forward_logprobs(model, prompt, output, temperature, top_k=None, top_p=1.0):
+    """log p(output_t | prompt, output_<t) from one plain forward of the unpadded sequence."""
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]  # (T, V): the positions that predict output
+    logprobs = process_logits(logits, temperature, top_k, top_p).log_softmax(-1)
+    return logprobs.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
+def test_greedy_equals_model_generate(model, tok):
+    prompts = _prompts(24)
+    ours = HFGenerationBackend(model, tok).generate(prompts, max_new_tokens=12, greedy=True, stop_token_ids=[])
+    assert ours.output_ids == _hf_greedy(model, tok, prompts, 12, eos=None)
+    assert len({tuple(o) for o in ours.output_ids}) > 5  # the model is not degenerate
+    assert ours.finish_reasons == ["length"] * 24
+
+
+def test_greedy_with_stop_token_equals_model_generate(model, tok):
+    prompts = _prompts(32, seed=1)
+    plain = HFGenerationBackend(model, tok).generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[])
+    # Pick as "eos" a token the model emits mid-way in some rows, so rows stop at different steps.
+    counts = torch.bincount(torch.tensor([t for o in plain.output_ids for t in o[1:6]]), minlength=21)
+    stop = int(counts.argmax())
+    ours = HFGenerationBackend(model, tok).generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[stop])
+    assert ours.output_ids == _hf_greedy(model, tok, prompts, 10, eos=stop)
+    lengths = {len(o) for o in ours.output_ids}
+    assert len(lengths) > 1  # rows really stopped at different steps (exercises row compaction)
+    for out, reason in zip(ours.output_ids, ours.finish_reasons):
+        assert stop not in out[:-1]
+        assert reason == ("stop" if out[-1] == stop else "length")
+        assert reason == "stop" or len(out) == 10
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
+def test_logprobs_equal_full_forward(model, tok, temperature, top_k, top_p):
+    prompts = _prompts(16, seed=2)
+    out = HFGenerationBackend(model, tok).generate(
+        prompts, max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, seed=0
+    )
+    for prompt, ids, lp in zip(prompts, out.output_ids, out.logprobs):
+        assert lp.shape == (len(ids),) and lp.dtype == torch.float32
+        expected = _full_forward_logprobs(model, prompt, ids, temperature, top_k, top_p)
+        torch.testing.assert_close(lp, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_seeded_sampling_is_reproducible(model, tok):
+    backend = HFGenerationBackend(model, tok)
+    prompts = _prompts(8, seed=3)
+    a = backend.generate(prompts, max_new_tokens=6, seed=11)
+    b = backend.generate(prompts, max_new_tokens=6, generator=torch.Generator().manual_seed(11))
+    c = backend.generate(prompts, max_new_tokens=6, seed=12)
+    assert a.output_ids == b.output_ids and a.output_ids != c.output_ids
+
+
+def test_repeated_prompts_share_prefill(model, tok):
+    # GRPO repeats each prompt G times: the deduplicated prefill must not change any row.
+    prompts = _prompts(3, seed=4)
+    backend = HFGenerationBackend(model, tok)
+    repeated = [p for p in prompts for _ in range(4)]
+    out = backend.generate(repeated, max_new_tokens=8, greedy=True, stop_token_ids=[])
+    single = [backend.generate([p], max_new_tokens=8, greedy=True, stop_token_ids=[]).output_ids[0] for p in prompts]
+    assert out.output_ids == [s for s in single for _ in range(4)]
+    sampled = backend.generate(repeated, max_new_tokens=8, seed=0, stop_token_ids=[])
+    for p, ids, lp in zip(repeated, sampled.output_ids, sampled.logprobs):
+        torch.testing.assert_close(lp, _full_forward_logprobs(model, p, ids, 1.0), atol=1e-4, rtol=1e-4)
+
+
+def test_rows_match_generating_each_alone(model, tok):
+    # Left padding, row compaction and early stopping must not leak between rows.
+    prompts = _prompts(12, seed=5, min_len=1, max_len=12)
+    backend = HFGenerationBackend(model, tok)
+    stop = [7, 9]
+    batch = backend.generate(prompts, max_new_tokens=9, greedy=True, stop_token_ids=stop)
+    alone = [backend.generate([p], max_new_tokens=9, greedy=True, stop_token_ids=stop).output_ids[0] for p in prompts]
+    assert batch.output_ids == alone
+
+
+def test_stop_strings(model, tok):
+    prompts = _prompts(16, seed=6)
+    backend = HFGenerationBackend(model, tok)
+    plain = backend.generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[])
+    texts = [tok.decode(o) for o in plain.output_ids]
+    # A two-character stop string (of one-character tokens) occurring after the start of an output.
+    stop = next(t[i : i + 2] for t in texts for i in range(1, len(t) - 1) if "<" not in t[i : i + 2] and ">" not in t[i : i + 2])
+    out = backend.generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[], stop_strings=[stop])
+    hits = 0
+    for full, ids, reason in zip(texts, out.output_ids, out.finish_reasons):
+        text = tok.decode(ids)
+        if stop in full:
+            hits += 1
+            # Stops at the token that completes the stop string, that token included.
+            assert reason == "stop" and stop in text and stop not in tok.decode(ids[:-1])
+            assert full.startswith(text)
+        else:
+            assert reason == "length" and text == full
+    assert hits >= 1
+    # Per-row stop strings: only row 0 gets one.
+    per_row = backend.generate(
+        prompts, max_new_tokens=10, greedy=True, stop_token_ids=[], stop_strings=[[texts[0][:2]]] + [None] * 15
+    )
+    assert tok.decode(per_row.output_ids[0]) == texts[0][:2] and per_row.finish_reasons[0] == "stop"
+    assert per_row.output_ids[1:] == plain.output_ids[1:]
+
+
+def test_eos_default_from_tokenizer(model, tok):
+    # With default stop ids the tokenizer's eos ends a row; eos is the row's last token.
+    bias_model = _model(tok)
+    with torch.no_grad():
+        bias_model.model.embed_tokens.weight[EOS] *= 3  # tied: boosts eos logits
+    out = HFGenerationBackend(bias_model, tok).generate(_prompts(16, seed=7), max_new_tokens=6, seed=0)
+    stopped = [o for o, r in zip(out.output_ids, out.finish_reasons) if r == "stop"]
+    assert stopped and all(o[-1] == EOS and EOS not in o[:-1] for o in stopped)
+
+
+def test_update_weights_refits(tok):
+    a, b = _model(tok, seed=0), _model(tok, seed=1)
+    prompts = _prompts(8, seed=8)
+    backend = HFGenerationBackend(a, tok)
+    expected = HFGenerationBackend(b, tok).generate(prompts, max_new_tokens=6, greedy=True, stop_token_ids=[])
+    assert backend.generate(prompts, max_new_tokens=6, greedy=True, stop_token_ids=[]).output_ids != expected.output_ids
+    backend.update_weights(b.state_dict())
+    assert backend.generate(prompts, max_new_tokens=6, greedy=True, stop_token_ids=[]).output_ids == expected.output_ids
+    with pytest.raises(ValueError, match="unexpected"):
+        backend.update_weights({"not.a.weight": torch.zeros(1)})
+
+
+def test_input_errors(model, tok):
+    backend = HFGenerationBackend(model, tok)
+    assert backend.generate([], max_new_tokens=3).output_ids == []
+    with pytest.raises(ValueError, match="at least one token"):
+        backend.generate([[1], []], max_new_tokens=3)
+    with pytest.raises(ValueError, match="per-row entries"):
+        backend.generate([[1], [1]], max_new_tokens=3, stop_strings=[["1"]])
+
+
+def test_shared_training_model_is_restored_and_not_modified(tok):
+    model = _model(tok).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    HFGenerationBackend(model, tok).generate(_prompts(4), max_new_tokens=3, seed=0)
+    assert model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    loss = model(torch.tensor([[1, 5, 6]])).logits.sum()  # still trainable after generation
+    loss.backward()
