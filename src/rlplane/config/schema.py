@@ -1,0 +1,279 @@
+"""The configuration tree of a run. Key names follow NeMo RL where the feature is the same.
+
+Defaults live here and only here; presets in ``configs/`` override them. Every model is strict
+(unknown keys are errors) and frozen (never mutated after loading). Derived sizes (per-rank batch
+sizes, number of optimizer steps per GRPO step) are computed by :func:`rlplane.config.plan` and
+printed at start-up, never written back here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlplane.config.algorithms import (
+    GRPOAdvEstimatorConfig,
+    LossConfig,
+    RewardScalingConfig,
+    RewardShapingConfig,
+)
+from rlplane.config.base import StrictModel
+
+
+class GenerationConfig(StrictModel):
+    """How the rollout worker samples responses."""
+
+    backend: Literal["hf"] = Field("hf", description="Generation backend: `hf` (transformers, KV-cached decode loop).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
+    max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
+    stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+
+
+class OptimizerConfig(StrictModel):
+    """AdamW, as in NeMo RL's exemplar configs."""
+
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+
+
+class SchedulerConfig(StrictModel):
+    """Linear warm-up from `warmup_start_factor`·lr to lr over `warmup_steps` optimizer steps, then constant."""
+
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up (0 = constant lr).")
+    warmup_start_factor: float = Field(0.1, gt=0, le=1, description="Fraction of lr at the first step.")
+
+
+class TinyModelConfig(StrictModel):
+    """Shape of the embedded tiny Llama (`policy.model_name: embedded:tiny-llama`)."""
+
+    hidden_size: int = Field(128, ge=8, description="Hidden width.")
+    num_layers: int = Field(2, ge=1, description="Transformer layers.")
+    num_heads: int = Field(4, ge=1, description="Attention heads (must divide hidden_size).")
+    intermediate_size: int = Field(512, ge=8, description="MLP width.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size = {self.hidden_size} is not divisible by num_heads = {self.num_heads}; "
+                "pick num_heads that divides it (e.g. 4)"
+            )
+        return self
+
+
+class PolicyConfig(StrictModel):
+    """The trained model, its optimizer and how batches are cut."""
+
+    model_name: str = Field("embedded:tiny-llama", description="Local HF directory, or `embedded:tiny-llama`.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the embedded model.")
+    train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
+    train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
+    logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
+    max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
+    dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
+    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker process.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
+
+
+class GRPOConfig(StrictModel):
+    """The GRPO loop (NeMo RL `grpo.*`)."""
+
+    num_prompts_per_step: int = Field(32, ge=1, description="Prompts drawn per step.")
+    num_generations_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the group size G).")
+    max_rollout_turns: int = Field(1, ge=1, description="Turns per rollout (1 = single turn).")
+    max_num_steps: int = Field(150, ge=0, description="GRPO steps to run.")
+    max_num_epochs: int = Field(1000, ge=1, description="Passes over a finite dataset, at most.")
+    val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
+    val_at_start: bool = Field(True, description="Validate before the first step.")
+    val_at_end: bool = Field(True, description="Validate after the last step.")
+    max_val_samples: int = Field(500, ge=1, description="Validation prompts.")
+    val_batch_size: int = Field(500, ge=1, description="Validation prompts per generation call.")
+    val_num_generations_per_prompt: int = Field(1, ge=1, description="k > 1 also reports pass@k (sampled).")
+    overlong_filtering: bool = Field(False, description="Zero the loss of truncated responses (DAPO).")
+    advantage_clip_low: float | None = Field(None, description="Clamp advantages below (null = off).")
+    advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
+    use_dynamic_sampling: bool = Field(False, description="Drop zero-std groups and refill (DAPO).")
+    dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
+    batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
+    seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. prob error exceeds this.")
+    skip_reference_policy_logprobs_calculation: bool = Field(
+        False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
+    )
+    seed: int = Field(42, description="Seed of the whole run.")
+    adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
+    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
+    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
+
+    @model_validator(mode="after")
+    def _rules(self) -> "GRPOConfig":
+        if self.batch_multiplier > 1 and not self.use_dynamic_sampling:
+            raise ValueError(
+                f"batch_multiplier = {self.batch_multiplier} only applies with dynamic sampling; "
+                "set grpo.use_dynamic_sampling=true or batch_multiplier=1"
+            )
+        lo, hi = self.advantage_clip_low, self.advantage_clip_high
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError(f"advantage_clip_low = {lo} >= advantage_clip_high = {hi}; make low < high")
+        return self
+
+
+class WarmupConfig(StrictModel):
+    """Supervised warm-up (NLL on reference answers) before RL, so the tiny model has reward signal."""
+
+    enabled: bool = Field(True, description="Run the supervised stage before RL.")
+    num_steps: int = Field(1500, ge=0, description="Optimizer steps at most.")
+    batch_size: int = Field(128, ge=1, description="Problems per step.")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate.")
+    warmup_steps: int = Field(100, ge=0, description="Linear lr warm-up steps.")
+    target_accuracy: float | None = Field(
+        0.35, ge=0, le=1, description="Stop once held-out greedy accuracy reaches this (null = run all steps)."
+    )
+    eval_every: int = Field(50, ge=1, description="Steps between accuracy checks.")
+    eval_samples: int = Field(200, ge=1, description="Held-out problems per check.")
+
+
+class ArithmeticDataConfig(StrictModel):
+    """Procedurally generated `a+b=` problems."""
+
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
+    min_operand: int = Field(0, ge=0, description="Smallest operand.")
+    max_operand: int = Field(99, ge=0, description="Largest operand.")
+
+    @model_validator(mode="after")
+    def _range(self) -> "ArithmeticDataConfig":
+        if self.min_operand > self.max_operand:
+            raise ValueError(
+                f"min_operand = {self.min_operand} > max_operand = {self.max_operand}; swap them"
+            )
+        return self
+
+
+class JsonlDataConfig(StrictModel):
+    """Problems from a JSONL file, one object per line."""
+
+    path: str = Field(..., description="Path of the .jsonl file.")
+    problem_key: str = Field("problem", description="Field holding the prompt text.")
+    answer_key: str = Field("answer", description="Field holding the reference answer.")
+    task_name_key: str = Field("task_name", description="Field routing a row to an environment.")
+
+
+class DataConfig(StrictModel):
+    """Where prompts come from."""
+
+    dataset: Literal["arithmetic", "jsonl"] = Field("arithmetic", description="Which dataset kind.")
+    arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
+    train: JsonlDataConfig | None = Field(None, description="Training JSONL (dataset: jsonl).")
+    validation: JsonlDataConfig | None = Field(None, description="Validation JSONL (dataset: jsonl).")
+    num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
+    shuffle: bool = Field(True, description="Shuffle each epoch.")
+    on_overlong_prompt: Literal["skip", "error"] = Field(
+        "skip", description="A prompt longer than policy.max_total_sequence_length: skip and count it, or fail."
+    )
+
+    @model_validator(mode="after")
+    def _jsonl_needs_paths(self) -> "DataConfig":
+        if self.dataset == "jsonl" and self.train is None:
+            raise ValueError("dataset = jsonl needs data.train.path; set data.train.path=FILE.jsonl")
+        return self
+
+
+class DataPlaneConfig(StrictModel):
+    """Where per-sample columns live during a step (NeMo RL `data_plane.*`)."""
+
+    backend: Literal["memory", "ray"] = Field("memory", description="`memory` (in-process) or `ray` (object store).")
+
+
+class ClusterConfig(StrictModel):
+    """Ray resources for `runtime: ray` (NeMo RL `cluster.*`)."""
+
+    num_cpus: int | None = Field(None, ge=1, description="CPUs Ray may use (null = all).")
+    address: str | None = Field(None, description="Existing Ray cluster to join (null = start one).")
+
+
+class CheckpointingConfig(StrictModel):
+    """Periodic, atomic checkpoints (NeMo RL `checkpointing.*`)."""
+
+    enabled: bool = Field(True, description="Write checkpoints.")
+    checkpoint_dir: str | None = Field(None, description="Where (null = RUN_DIR/checkpoints).")
+    save_period: int = Field(50, ge=1, description="Save every N steps (and at the end).")
+    keep_top_k: int | None = Field(3, ge=1, description="Keep the best K by metric_name, plus the latest.")
+    metric_name: str = Field("val:accuracy", description="`val:NAME` or `train:NAME` to rank checkpoints.")
+    higher_is_better: bool = Field(True, description="Direction of metric_name.")
+    resume: bool = Field(False, description="Continue from the latest complete checkpoint.")
+
+    @model_validator(mode="after")
+    def _metric_prefix(self) -> "CheckpointingConfig":
+        if not self.metric_name.startswith(("val:", "train:")):
+            raise ValueError(
+                f"metric_name = {self.metric_name!r} must start with 'val:' or 'train:' (e.g. 'val:accuracy')"
+            )
+        return self
+
+
+class LoggerConfig(StrictModel):
+    """Metric sinks (NeMo RL `logger.*`)."""
+
+    log_dir: str | None = Field(None, description="Where (null = RUN_DIR/logs).")
+    jsonl_enabled: bool = Field(True, description="metrics.jsonl, one line per step.")
+    tensorboard_enabled: bool = Field(True, description="TensorBoard event files.")
+    progress_bar: bool = Field(True, description="A progress bar on stderr.")
+
+
+class RunConfig(StrictModel):
+    """A whole run."""
+
+    algorithm: Literal["grpo"] = Field("grpo", description="Which recipe.")
+    runtime: Literal["local", "ray"] = Field("local", description="Workers in this process, or as Ray actors.")
+    run_dir: str = Field("runs/grpo-arithmetic", description="Where checkpoints, logs and the summary go.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    loss_fn: LossConfig = Field(default_factory=LossConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+    logger: LoggerConfig = Field(default_factory=LoggerConfig)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "RunConfig":
+        errors = []
+        p, g = self.policy, self.grpo
+        samples = g.num_prompts_per_step * g.num_generations_per_prompt
+        if samples % p.train_global_batch_size:
+            errors.append(
+                f"policy.train_global_batch_size = {p.train_global_batch_size} does not divide "
+                f"grpo.num_prompts_per_step × num_generations_per_prompt = {samples}; make it a divisor (e.g. {samples})"
+            )
+        per_rank = p.train_global_batch_size // p.dp_size
+        if p.train_global_batch_size % p.dp_size:
+            errors.append(
+                f"policy.train_global_batch_size = {p.train_global_batch_size} is not divisible by "
+                f"policy.dp_size = {p.dp_size}; make it a multiple"
+            )
+        elif per_rank % min(p.train_micro_batch_size, per_rank):
+            errors.append(
+                f"policy.train_micro_batch_size = {p.train_micro_batch_size} does not divide the per-rank batch "
+                f"{per_rank} (= train_global_batch_size / dp_size); pick a divisor"
+            )
+        if self.runtime == "ray" and self.data_plane.backend == "memory":
+            errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
+                          "in-process memory); set data_plane.backend=ray")
+        if p.dp_size > 1 and self.runtime == "local":
+            errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
+        if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
+            errors.append(
+                "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "
+                f"policy.train_global_batch_size = {samples} (prompts × generations)"
+            )
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
