@@ -1,0 +1,192 @@
+"""The data plane's step against a hand-written raw-Ray baseline, same data, same run.
+
+    python benchmarks/dataplane.py [--samples 1000] [--mean-tokens 1000] [--steps 7]
+
+One step (what a sync GRPO step asks of the data plane):
+  put 1000 samples (input_ids int64, generation_logprobs fp32, token_mask bool: per token; reward
+  fp32: per sample) -> 2 actor DP ranks fetch their shard padded (B, T) -> each writes a padded
+  prev_logprobs column back -> the driver reads prev_logprobs for all samples, padded, in the
+  original order -> clear.
+
+Variants:
+  ray        rlplane's `ray` backend (index in a store actor, one object per column per put).
+  ray/store  the same with owner="store" (data outlives its producer; one extra copy per put).
+  raw        what one would write by hand: the driver packs each column jagged (numpy values +
+             offsets) per DP shard, one ray.put per shard; actors get and pad it, return their
+             packed new column as an object; the driver pads the results back in order; refs dropped.
+
+Both materialise the same padded tensors on both sides, so the difference is the plane's
+bookkeeping: store-actor round trips, the key index, gathering rows by key.
+MB/s counts the batch's payload (13 bytes per token + 4 per sample) over the whole step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import numpy as np
+import ray
+import torch
+
+from rlplane.dataplane import make_data_plane, shard_meta_for_dp
+
+torch.set_num_threads(1)
+FIELDS = ["input_ids", "generation_logprobs", "token_mask", "reward", "prev_logprobs"]
+
+
+def make_batch(n: int, mean_tokens: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(mean_tokens // 4, 2 * mean_tokens - mean_tokens // 4 + 1, (n,), generator=g).tolist()
+    return {
+        "input_ids": [torch.randint(0, 50_000, (L,), generator=g) for L in lens],
+        "generation_logprobs": [-torch.rand(L, generator=g) for L in lens],
+        "token_mask": [torch.ones(L, dtype=torch.bool) for L in lens],
+        "reward": torch.rand(n, generator=g),
+    }, lens
+
+
+def as_tensor(a: np.ndarray) -> torch.Tensor:
+    """Zero-copy tensor over a (possibly read-only, object-store) numpy array; only ever read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
+
+
+def pad_rows(values: torch.Tensor, lens: list[int], T: int) -> torch.Tensor:
+    """(B, T) from packed values: the hand-written baseline's materialisation."""
+    out = torch.nn.utils.rnn.pad_sequence(list(torch.split(values, lens)), batch_first=True)
+    return torch.nn.functional.pad(out, (0, T - out.shape[1]))
+
+
+@ray.remote(num_cpus=0.5)
+class Rank:
+    """One DP rank; the same two actors serve every variant."""
+
+    def __init__(self, clients):
+        self.clients = clients  # variant name -> data-plane client (arrives as a store handle)
+
+    def plane_step(self, variant, meta):
+        client = self.clients[variant]
+        cols = client.get_samples(meta, None, ["input_ids", "generation_logprobs", "token_mask"])
+        prev = cols["generation_logprobs"] * cols["token_mask"]  # (B, T) stand-in for a forward pass
+        client.put_samples(meta, None, {"prev_logprobs": prev})
+        return len(meta)
+
+    def raw_step(self, shard, T):
+        lens = np.diff(shard["offsets"]).tolist()
+        with torch.no_grad():
+            lp = pad_rows(as_tensor(shard["generation_logprobs"]), lens, T)
+            mask = pad_rows(as_tensor(shard["token_mask"]), lens, T)
+            ids = pad_rows(as_tensor(shard["input_ids"]), lens, T)
+            assert ids.shape == lp.shape
+            prev = lp * mask  # (B, T)
+        keep = torch.arange(T) < torch.tensor(lens)[:, None]
+        return {"values": prev[keep].numpy(), "offsets": shard["offsets"]}
+
+
+def pack_shard(batch, rows):
+    lens = [len(batch["input_ids"][i]) for i in rows]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    shard = {f: torch.cat([batch[f][i] for i in rows]).numpy() for f in ("input_ids", "generation_logprobs", "token_mask")}
+    shard["reward"] = batch["reward"][rows].numpy()
+    shard["offsets"] = offsets
+    return shard
+
+
+def raw_step(ranks, batch, lens, timings):
+    n = len(lens)
+    t0 = time.perf_counter()
+    halves = [list(range(0, n, 2)), list(range(1, n, 2))]  # interleaved halves: balanced enough here
+    refs = [ray.put(pack_shard(batch, rows)) for rows in halves]
+    t1 = time.perf_counter()
+    T = max(lens)
+    outs = [r.raw_step.remote(ref, T) for r, ref in zip(ranks, refs)]
+    ray.wait(outs, num_returns=len(outs))
+    t2 = time.perf_counter()
+    full = torch.zeros(n, T)
+    for rows, res in zip(halves, ray.get(outs)):
+        o = res["offsets"]
+        full[torch.tensor(rows)] = pad_rows(as_tensor(res["values"]), np.diff(o).tolist(), T)
+    t3 = time.perf_counter()
+    del refs, outs  # "clear": Ray frees objects when their last ref goes
+    t4 = time.perf_counter()
+    timings.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
+    return full
+
+
+def plane_step(variant, client, ranks, batch, ids, step, timings):
+    pid = f"train{step}"
+    t0 = time.perf_counter()
+    client.register_partition(pid, FIELDS, len(ids))
+    meta = client.put_samples(ids, pid, batch)
+    t1 = time.perf_counter()
+    metas, _ = shard_meta_for_dp(meta, len(ranks))
+    ray.get([r.plane_step.remote(variant, m) for r, m in zip(ranks, metas)])
+    t2 = time.perf_counter()
+    full = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]
+    t3 = time.perf_counter()
+    client.clear_samples(meta, None)
+    t4 = time.perf_counter()
+    timings.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
+    return full
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--samples", type=int, default=1000)
+    p.add_argument("--mean-tokens", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=7, help="timed steps per variant (after 1 warm-up)")
+    args = p.parse_args()
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30,
+             _temp_dir=tempfile.mkdtemp(prefix="rlplane-bench-"),
+             runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})
+    batch, lens = make_batch(args.samples, args.mean_tokens)
+    ntok = sum(lens)
+    payload = ntok * (8 + 4 + 1) + 4 * args.samples
+    print(f"batch: {args.samples} samples, {ntok} tokens (mean {ntok / args.samples:.0f}), payload {payload / 1e6:.1f} MB; "
+          f"load average {os.getloadavg()[0]:.2f}")
+
+    plane = make_data_plane("ray")
+    plane_store = make_data_plane("ray", owner="store")
+    variants = {"ray": plane, "ray/store": plane_store, "raw": None}
+    ranks = [Rank.remote({k: v for k, v in variants.items() if v is not None}) for _ in range(2)]
+    ray.get([r.__ray_ready__.remote() for r in ranks])
+    expected = None
+    timings: dict[str, list] = {k: [] for k in variants}
+    for step in range(args.steps + 1):  # interleaved so that background load hits every variant alike
+        for name, client in variants.items():
+            ids = [f"s{step}_{i}" for i in range(args.samples)]
+            t: list = []
+            out = raw_step(ranks, batch, lens, t) if client is None else plane_step(name, client, ranks, batch, ids, step, t)
+            if expected is None:
+                expected = out
+            assert torch.equal(out, expected), name  # every variant computes the same column
+            if step > 0:
+                timings[name].extend(t)
+
+    print(f"{'variant':<10} {'step ms':>8} {'samples/s':>10} {'MB/s':>7}   put / 2 ranks / driver read / clear (ms)")
+    med = {}
+    for name, ts in timings.items():
+        cols = [statistics.median(x) * 1e3 for x in zip(*ts)]
+        med[name] = cols[-1]
+        s = cols[-1] / 1e3
+        print(f"{name:<10} {cols[-1]:8.1f} {args.samples / s:10.0f} {payload / s / 1e6:7.0f}   "
+              + " / ".join(f"{c:.1f}" for c in cols[:4]))
+    print(f"ratio ray/raw = {med['ray'] / med['raw']:.2f}x (target <= 1.25x); "
+          f"ray/store / raw = {med['ray/store'] / med['raw']:.2f}x; load average {os.getloadavg()[0]:.2f}")
+    plane.close()
+    plane_store.close()
+
+
+if __name__ == "__main__":
+    main()

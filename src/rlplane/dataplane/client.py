@@ -1,0 +1,379 @@
+"""`DataPlaneClient`: the one interface every part of rlplane uses to move bulk per-sample data.
+
+The interface mirrors NeMo RL's `DataPlaneClient` (direct-by-key half) so a TransferQueue adapter
+can sit behind it later. `IndexedClient` implements all of it once over two hooks, where the
+backends differ: how a packed column is stored (`_store`/`_fetch`) and where the `PlaneIndex`
+lives (`_index_call`). Encoding (list of rows or padded tensor -> jagged column) and decoding
+(chunks -> padded tensor) run in the caller's process, so bulk data never passes through the
+index's owner.
+
+Sequence lengths. A sample's length is fixed by its first write that carries per-token data:
+`seq_lens=` if given, else the meta's `seq_lens`, else an `input_lengths` field in the put, else
+the row lengths of `input_ids` (the client's `seq_len_field`), else the longest per-token row.
+Later per-token writes must fit in it. A per-token field given padded, (B, T), is trimmed to each
+row's length (the tail is padding by definition).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack_rows
+from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
+from .index import LookupPlan
+from .meta import GLOBAL_PAD_KEY, KVBatchMeta
+
+__all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "IndexedClient"]
+
+# Per-token ("token-aligned") fields: jagged in storage, trimmed to the sequence length on write,
+# padded to a common length on read. NeMo RL's TOKEN_ALIGNED_FIELDS, less `sample_mask` (a per-sample
+# scalar in GRPO), plus the PPO value-model columns.
+DEFAULT_TOKEN_FIELDS = (
+    "input_ids",
+    "generation_logprobs",
+    "prev_logprobs",
+    "reference_policy_logprobs",
+    "advantages",
+    "token_mask",
+    "values",
+    "returns",
+    "routed_experts",
+)
+
+FieldValue = torch.Tensor | Sequence[torch.Tensor]
+SampleIds = Sequence[str] | KVBatchMeta
+
+
+class DataPlaneClient(abc.ABC):
+    """Per-sample columns under string keys, grouped in partitions (one per step and stage)."""
+
+    @abc.abstractmethod
+    def register_partition(
+        self, partition_id: str, fields: Sequence[str], num_samples: int, *, task_name: str | None = None
+    ) -> None:
+        """Declare a partition and the fields it may hold. Re-registering widens the field list; an
+        empty partition (all keys cleared) starts afresh. `num_samples` is the expected number of
+        samples, used by `status`/`is_complete`; it is not a capacity limit."""
+
+    @abc.abstractmethod
+    def put_samples(
+        self,
+        sample_ids: SampleIds,
+        partition_id: str | None,
+        fields: Mapping[str, FieldValue],
+        tags: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        seq_lens: Sequence[int] | torch.Tensor | None = None,
+    ) -> KVBatchMeta:
+        """Write `fields` for `sample_ids` (a list of keys, or a meta whose keys, lengths, tags and
+        extra_info are carried into the result). Each field is a (B, ...) tensor or a list of B
+        tensors of different first-dim lengths (jagged). Rewriting a field of a key replaces it.
+        Returns the receipt: fields = the meta's fields (if a meta was given) + the fields written."""
+
+    @abc.abstractmethod
+    def get_samples(
+        self,
+        sample_ids: SampleIds,
+        partition_id: str | None,
+        select_fields: Sequence[str],
+        pad_values: Mapping[str, float | int | bool] | None = None,
+        pad_to: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Fresh tensors for `select_fields` (required) in the order of `sample_ids`. Jagged fields come
+        back padded (B, T, ...) with `pad_values[field]` (default 0). Per-token fields share one T:
+        `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`, else the longest row."""
+
+    @abc.abstractmethod
+    def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None) -> int:
+        """Forget `sample_ids` (every live key if None) and free their storage; returns the count.
+        A cleared key cannot be written or read again in this partition."""
+
+    @abc.abstractmethod
+    def list_samples(self, partition_id: str) -> list[str]:
+        """Live keys of the partition, in first-write order."""
+
+    @abc.abstractmethod
+    def meta_for(self, partition_id: str, sample_ids: Sequence[str] | None = None) -> KVBatchMeta:
+        """A receipt rebuilt from the index: the fields written for all of `sample_ids` (default: every
+        live key), their stored lengths and tags."""
+
+    @abc.abstractmethod
+    def status(
+        self, partition_id: str, sample_ids: Sequence[str] | None = None, fields: Sequence[str] | None = None
+    ) -> dict[str, dict[str, bool]]:
+        """Production status {key: {field: written?}} (default: live keys x registered fields)."""
+
+    @abc.abstractmethod
+    def ready_samples(self, partition_id: str, fields: Sequence[str]) -> list[str]:
+        """Live keys whose every field in `fields` is written (what a consumer may fetch now)."""
+
+    @abc.abstractmethod
+    def is_complete(self, partition_id: str, fields: Sequence[str]) -> bool:
+        """True once at least `num_samples` (as registered) keys have every one of `fields`."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the backend (idempotent)."""
+
+    def __enter__(self) -> DataPlaneClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _resolve(sample_ids: SampleIds | None, partition_id: str | None) -> tuple[list[str] | None, str, KVBatchMeta | None]:
+    """(keys, partition, meta) from a meta or a key list; a meta's partition must agree if both given."""
+    if isinstance(sample_ids, KVBatchMeta):
+        meta = sample_ids
+        if partition_id is not None and partition_id != meta.partition_id:
+            raise DataPlaneError(
+                f"partition {partition_id!r} given with a meta of partition {meta.partition_id!r}; "
+                "pass partition_id=None or the meta's own partition"
+            )
+        return list(meta.sample_ids), meta.partition_id, meta
+    if partition_id is None:
+        raise DataPlaneError("partition_id is required when sample_ids is a list of keys, not a KVBatchMeta")
+    if isinstance(sample_ids, str):
+        raise DataPlaneError(
+            f"partition {partition_id!r}: sample_ids is the string {sample_ids!r}; pass a list of keys"
+        )
+    return (None if sample_ids is None else [str(s) for s in sample_ids]), partition_id, None
+
+
+def _check_register(partition_id: str, fields: Sequence[str], num_samples: int) -> tuple[str, list[str], int]:
+    if isinstance(fields, str):
+        raise DataPlaneError(f"partition {partition_id!r}: fields is the string {fields!r}; pass a list of names")
+    fields = list(dict.fromkeys(fields))
+    if not fields:
+        raise DataPlaneError(f"partition {partition_id!r}: register_partition needs at least one field name")
+    if int(num_samples) < 0:
+        raise DataPlaneError(f"partition {partition_id!r}: num_samples = {num_samples}; it must be >= 0")
+    return str(partition_id), fields, int(num_samples)
+
+
+class IndexedClient(DataPlaneClient):
+    """The shared implementation: encode/validate here, index calls and storage in the backend."""
+
+    def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = "input_ids") -> None:
+        self.token_fields = frozenset(token_fields)
+        self.seq_len_field = seq_len_field
+        self._closed = False
+
+    # ---- backend hooks -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _index_call(self, method: str, *args: Any) -> Any:
+        """Call `PlaneIndex.<method>(*args)` wherever the index lives; re-raise its errors as is."""
+
+    @abc.abstractmethod
+    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
+        """Persist packed columns; return one opaque payload per field for the index."""
+
+    @abc.abstractmethod
+    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
+        """Turn the plan's payloads back into columns (same structure as plan.parts)."""
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DataPlaneError(f"{type(self).__name__} is closed")
+
+    # ---- interface -----------------------------------------------------------------------------
+
+    def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
+        self._check_open()
+        self._index_call("register", *_check_register(partition_id, fields, num_samples), task_name)
+
+    def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None):
+        self._check_open()
+        ids, pid, meta = _resolve(sample_ids, partition_id)
+        assert ids is not None
+        n = len(ids)
+        if not fields:
+            raise DataPlaneError(f"partition {pid!r}: put_samples with no fields (keys {fmt_keys(ids)})")
+        if len(set(ids)) != n:
+            seen: set[str] = set()
+            dups = [s for s in ids if s in seen or seen.add(s)]
+            raise DuplicateKeyError(
+                f"partition {pid!r}: keys {fmt_keys(dups)} appear more than once in one put "
+                f"(fields {list(fields)}); each key names one sample"
+            )
+        if tags is not None:
+            tags = [dict(t) for t in tags]
+            if len(tags) != n:
+                raise DataPlaneError(
+                    f"partition {pid!r}: {len(tags)} tags for {n} keys {fmt_keys(ids)} (fields "
+                    f"{list(fields)}); give exactly one dict per key"
+                )
+
+        explicit = seq_lens if seq_lens is not None else (meta.seq_lens if meta is not None else None)
+        if explicit is None and "input_lengths" in fields and isinstance(fields["input_lengths"], torch.Tensor):
+            explicit = fields["input_lengths"]
+        lens = None if explicit is None else [int(x) for x in torch.as_tensor(explicit).reshape(-1).tolist()]
+        if lens is not None and len(lens) != n:
+            raise ShapeError(f"partition {pid!r}: {len(lens)} sequence lengths for {n} keys {fmt_keys(ids)}")
+
+        columns: dict[str, Column] = {}
+        token_lens: dict[str, list[int]] = {}
+        padded_token_fields = []
+        for name, value in fields.items():
+            if isinstance(value, torch.Tensor):
+                if value.dim() == 0 or value.shape[0] != n:
+                    got = "a 0-d tensor" if value.dim() == 0 else f"first dimension {value.shape[0]}"
+                    raise ShapeError(
+                        f"partition {pid!r}: field {name!r} has {got} for {n} keys {fmt_keys(ids)}; "
+                        "the first dimension must be the number of keys"
+                    )
+                if name in self.token_fields and value.dim() >= 2:
+                    padded_token_fields.append(name)
+                else:
+                    columns[name] = Column(value.detach().cpu().contiguous())
+            else:
+                rows = list(value)
+                if len(rows) != n:
+                    raise ShapeError(
+                        f"partition {pid!r}: field {name!r} has {len(rows)} rows for {n} keys {fmt_keys(ids)}"
+                    )
+                rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
+                kinds = {(r.shape[1:], r.dtype) for r in rows}
+                if len(kinds) > 1:
+                    raise ShapeError(
+                        f"partition {pid!r}: field {name!r} rows disagree in trailing shape or dtype "
+                        f"{sorted(map(str, kinds))} (keys {fmt_keys(ids)}); rows must differ only in length"
+                    )
+                col = pack_rows(rows)
+                columns[name] = col
+                if name in self.token_fields:
+                    token_lens[name] = col.row_lengths().tolist()
+
+        derived = False
+        if lens is None and token_lens:
+            src = token_lens.get(self.seq_len_field)
+            lens = src if src is not None else [max(c) for c in zip(*token_lens.values())]
+            derived = True
+        if padded_token_fields:
+            # Trim padded per-token fields to each row's length: from this put, else the index.
+            known = lens
+            if known is None or derived:
+                stored = self._index_call("seq_lens", pid, ids)
+                known = [s if s is not None else (lens[i] if lens else None) for i, s in enumerate(stored)]
+            if any(k is None for k in known):
+                unknown = [s for s, k in zip(ids, known) if k is None]
+                raise ShapeError(
+                    f"partition {pid!r}: per-token field {padded_token_fields[0]!r} is padded but keys "
+                    f"{fmt_keys(unknown)} have no sequence length yet; pass seq_lens= or write "
+                    f"{self.seq_len_field!r} as a list of 1-D tensors first"
+                )
+            for name in padded_token_fields:
+                col = jagged_from_padded(fields[name].detach().cpu(), torch.tensor(known, dtype=torch.int64))
+                columns[name] = col
+                token_lens[name] = col.row_lengths().tolist()
+
+        payloads = self._store(columns)
+        final_lens, final_tags, task_name = self._index_call(
+            "commit", pid, ids, payloads, token_lens, lens, not derived, tags
+        )
+        out_lens = None if any(x is None for x in final_lens) else tuple(final_lens)
+        if final_tags is None:  # no key carries tags: the store spares sending n empty dicts
+            final_tags = [{} for _ in ids]
+        if meta is None:
+            return KVBatchMeta(pid, task_name, tuple(ids), tuple(fields), out_lens, tuple(final_tags))
+        merged_tags = tuple({**old, **new} for old, new in zip(meta.tags, final_tags))
+        return KVBatchMeta(
+            pid,
+            meta.task_name if meta.task_name is not None else task_name,
+            tuple(ids),
+            tuple(dict.fromkeys([*meta.fields, *fields])),
+            out_lens if out_lens is not None else meta.seq_lens,
+            merged_tags,
+            dict(meta.extra_info),
+        )
+
+    def get_samples(self, sample_ids, partition_id, select_fields, pad_values=None, pad_to=None):
+        self._check_open()
+        ids, pid, meta = _resolve(sample_ids, partition_id)
+        assert ids is not None
+        if isinstance(select_fields, str):
+            select_fields = [select_fields]
+        select_fields = list(select_fields or [])
+        plan: LookupPlan = self._index_call("lookup", pid, ids, select_fields)
+        parts = self._fetch(plan)
+        pad_values = dict(pad_values or {})
+        if pad_to is None and meta is not None:
+            pad_to = meta.extra_info.get(GLOBAL_PAD_KEY)
+        n = len(ids)
+        out: dict[str, torch.Tensor] = {}
+        token_cols = [f for f in select_fields if f in self.token_fields and parts[f] and parts[f][0][0].jagged]
+        token_len = 0
+        for f in token_cols:
+            for col, rows, _ in parts[f]:
+                if rows:
+                    token_len = max(token_len, int(col.row_lengths()[torch.as_tensor(rows)].max()))
+        if pad_to is not None:
+            if token_len > pad_to:
+                raise ShapeError(
+                    f"partition {pid!r}: pad_to={pad_to} is shorter than the longest per-token row "
+                    f"({token_len}) of fields {token_cols} (keys {fmt_keys(ids)}); raise pad_to"
+                )
+            token_len = int(pad_to)
+        for field in select_fields:
+            field_parts = parts[field]
+            if n == 0:
+                out[field] = torch.zeros(0)
+                continue
+            kinds = {col.jagged for col, _, _ in field_parts}
+            if len(kinds) > 1:
+                raise ShapeError(
+                    f"partition {pid!r}: field {field!r} was written jagged for some keys and dense for "
+                    f"others (keys {fmt_keys(ids)}); write it one way"
+                )
+            if kinds.pop():
+                if field in token_cols:
+                    length = token_len
+                else:
+                    length = max(int(c.row_lengths()[torch.as_tensor(r)].max()) for c, r, _ in field_parts)
+                out[field] = gather_jagged(field_parts, n, length, pad_values.get(field, 0))
+            else:
+                shapes = {tuple(c.values.shape[1:]) for c, _, _ in field_parts}
+                if len(shapes) > 1:
+                    raise ShapeError(
+                        f"partition {pid!r}: field {field!r} has rows of different shapes {sorted(shapes)} "
+                        f"across puts (keys {fmt_keys(ids)}); write it as a list of tensors (jagged)"
+                    )
+                out[field] = gather_dense(field_parts, n)
+        return out
+
+    def clear_samples(self, sample_ids, partition_id):
+        self._check_open()
+        ids, pid, _ = _resolve(sample_ids, partition_id)
+        return self._index_call("clear", pid, ids)
+
+    def list_samples(self, partition_id):
+        self._check_open()
+        return self._index_call("list", partition_id)
+
+    def meta_for(self, partition_id, sample_ids=None):
+        self._check_open()
+        ids, fields, lens, tags, task = self._index_call(
+            "describe", partition_id, None if sample_ids is None else list(sample_ids)
+        )
+        out_lens = None if any(x is None for x in lens) else tuple(lens)
+        return KVBatchMeta(partition_id, task, tuple(ids), tuple(fields), out_lens, tuple(tags))
+
+    def status(self, partition_id, sample_ids=None, fields=None):
+        self._check_open()
+        return self._index_call(
+            "status", partition_id, None if sample_ids is None else list(sample_ids), None if fields is None else list(fields)
+        )
+
+    def ready_samples(self, partition_id, fields):
+        self._check_open()
+        return self._index_call("ready", partition_id, list(fields))
+
+    def is_complete(self, partition_id, fields):
+        self._check_open()
+        return len(self.ready_samples(partition_id, fields)) >= self._index_call("expected", partition_id)

@@ -1,0 +1,150 @@
+"""Column codec: how one field of a batch is stored, and how rows come back padded.
+
+A stored column ("chunk") holds the rows of one field written by one put:
+
+- jagged: `values` (sum_i L_i, *trail) with `offsets` (n + 1,) int64; row i is
+  `values[offsets[i]:offsets[i + 1]]`. Per-token fields (token ids, logprobs, masks) live like
+  this, so storage never holds padding.
+- dense: `values` (n, *shape); row i is `values[i]`. Scalars (rewards) and fixed-size fields.
+
+On read, rows from any number of chunks are gathered in one vectorised pass into a fresh padded
+(B, T, *trail) tensor (jagged) or a (B, *shape) tensor (dense). Fresh: the chunk may be a read-only
+view of Ray's shared memory, and a caller writing into it in place would corrupt (or crash on) it.
+
+For Ray, chunks travel as numpy arrays (`to_wire`/`from_wire`) because Ray hands numpy arrays back
+as zero-copy views of the object store; dtypes numpy lacks (bfloat16, float8) ride as same-width
+integers and are viewed back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["Column", "from_wire", "gather_dense", "gather_jagged", "jagged_from_padded", "pack_rows", "to_wire"]
+
+
+@dataclasses.dataclass
+class Column:
+    """One field's rows from one put. `offsets` is None for a dense column."""
+
+    values: torch.Tensor  # jagged: (sum L, *trail); dense: (n, *shape)
+    offsets: torch.Tensor | None = None  # jagged only: (n + 1,) int64
+
+    @property
+    def jagged(self) -> bool:
+        return self.offsets is not None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.offsets) - 1 if self.offsets is not None else len(self.values)
+
+    def row_lengths(self) -> torch.Tensor:
+        """(n,) int64 length of every row (jagged only)."""
+        assert self.offsets is not None
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def row(self, i: int) -> torch.Tensor:
+        if self.offsets is None:
+            return self.values[i]
+        return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.values.numel() * self.values.element_size()
+        return n + (0 if self.offsets is None else self.offsets.numel() * 8)
+
+
+def pack_rows(rows: Sequence[torch.Tensor]) -> Column:
+    """Jagged column from a list of tensors that share trailing dims: (L_i, *trail) each."""
+    if not rows:
+        return Column(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
+    rows = [r.reshape(1) if r.dim() == 0 else r for r in rows]
+    lens = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=offsets[1:])
+    return Column(torch.cat(rows).detach().cpu().contiguous(), offsets)
+
+
+def jagged_from_padded(padded: torch.Tensor, lengths: torch.Tensor) -> Column:
+    """Jagged column keeping `padded[i, :lengths[i]]` of a (B, T, *trail) tensor.
+
+    Rows with lengths[i] > T keep all T values (the caller checks lengths against T if it must).
+    """
+    lens = lengths.to(torch.int64).clamp(max=padded.shape[1])
+    offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=offsets[1:])
+    # A cat of row views beats a (B, T) boolean mask ~4x at B=500, T=1750 (measured, 1 thread).
+    values = torch.cat([padded[i, :n] for i, n in enumerate(lens.tolist())]) if len(lens) else padded[:0, 0]
+    return Column(values.contiguous(), offsets)
+
+
+def gather_jagged(
+    parts: Sequence[tuple[Column, Sequence[int], Sequence[int]]],
+    batch: int,
+    pad_len: int,
+    pad_value: float | int | bool,
+) -> torch.Tensor:
+    """Padded (batch, pad_len, *trail) tensor from jagged chunks.
+
+    parts: (column, rows in that column, output positions) triples; every output position in
+    [0, batch) appears exactly once over all parts. Rows longer than pad_len are the caller's
+    error to catch first.
+    """
+    # One slice copy per row. Measured at 500 rows x ~1k tokens: 8 ms, against 30+ ms for a
+    # vectorised repeat_interleave gather (repeat_interleave is slow on one CPU thread).
+    ref = parts[0][0].values
+    out = torch.full((batch, pad_len, *ref.shape[1:]), pad_value, dtype=ref.dtype)
+    for col, rows, pos in parts:
+        assert col.offsets is not None
+        offsets = col.offsets.tolist()
+        values = col.values
+        for r, p in zip(rows, pos):
+            start, stop = offsets[r], offsets[r + 1]
+            out[p, : stop - start] = values[start:stop]
+    return out
+
+
+def gather_dense(parts: Sequence[tuple[Column, Sequence[int], Sequence[int]]], batch: int) -> torch.Tensor:
+    """(batch, *shape) tensor from dense chunks; `parts` as in `gather_jagged`."""
+    ref = parts[0][0].values
+    out = torch.empty((batch, *ref.shape[1:]), dtype=ref.dtype)
+    for col, rows, pos in parts:
+        out[torch.as_tensor(pos, dtype=torch.int64)] = col.values[torch.as_tensor(rows, dtype=torch.int64)]
+    return out
+
+
+# ---- wire form (numpy, for zero-copy reads out of Ray's object store) ---------------------------
+
+# Dtypes numpy has no equivalent for travel as same-width integers.
+_VIEW_AS = {torch.bfloat16: torch.int16}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _VIEW_AS[getattr(torch, _name)] = torch.uint8
+_BY_NAME = {str(d): d for d in [*_VIEW_AS, torch.float32]}
+
+
+def to_wire(col: Column) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """(values as numpy, offsets as numpy or None, torch dtype name)."""
+    v = col.values.detach().cpu().contiguous()
+    dtype = str(v.dtype)
+    if v.dtype in _VIEW_AS:
+        v = v.view(_VIEW_AS[v.dtype])
+    offsets = None if col.offsets is None else col.offsets.numpy()
+    return v.numpy(), offsets, dtype
+
+
+def from_wire(wire: tuple[np.ndarray, np.ndarray | None, str]) -> Column:
+    """Column over the wire arrays without copying (views may be read-only: never write to them)."""
+    values, offsets, dtype = wire
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        v = torch.from_numpy(values)
+        o = None if offsets is None else torch.from_numpy(offsets)
+    if dtype in _BY_NAME and _BY_NAME[dtype] in _VIEW_AS:
+        v = v.view(_BY_NAME[dtype])
+    return Column(v, o)

@@ -1,0 +1,338 @@
+"""The key -> (chunk, row) index: every rule about which keys and fields exist, and no tensor data.
+
+Both backends keep one `PlaneIndex`: the memory backend in the caller's process, the Ray backend
+inside its long-lived store actor. A chunk's payload is opaque here (a `Column` in memory, an
+`ObjectRef` under Ray); the index reference-counts chunks so that when the last (key, field)
+pointing into a chunk is cleared or overwritten, the chunk is dropped, and with it, under Ray, the
+object-store object.
+
+Every mutating method validates the whole request before changing anything, so a request that
+raises leaves the index as it was.
+
+Layout: each key gets a slot (an int) on first write; per field, one (2, capacity) int64 array
+holds (chunk id, row in chunk) by slot, -1 where the field is not written. Requests of a thousand
+keys then cost one dict look-up per key plus numpy ops, not a Python loop per (key, field): the
+store actor answers every put and get, so this is on the step's critical path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import (
+    ClearedKeyError,
+    DataPlaneError,
+    MissingFieldError,
+    MissingKeyError,
+    ShapeError,
+    UnknownPartitionError,
+    fmt_keys,
+)
+
+__all__ = ["LookupPlan", "PlaneIndex"]
+
+
+@dataclasses.dataclass
+class _Partition:
+    fields: list[str]
+    num_samples: int
+    task_name: str | None
+    slot_of: dict[str, int] = dataclasses.field(default_factory=dict)  # live keys, first-write order
+    cleared: set[str] = dataclasses.field(default_factory=set)  # tombstones: writing these is an error
+    chunks: dict[int, list] = dataclasses.field(default_factory=dict)  # chunk id -> [payload, live rows]
+    loc: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # field -> (2, cap): chunk, row
+    seq_len: np.ndarray = dataclasses.field(default_factory=lambda: np.full(64, -1, dtype=np.int64))
+    tags: list = dataclasses.field(default_factory=list)  # slot -> dict | None
+    num_slots: int = 0
+
+    def grow(self, need: int) -> None:
+        cap = len(self.seq_len)
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap)
+        self.seq_len = np.concatenate([self.seq_len, np.full(new_cap - cap, -1, dtype=np.int64)])
+        for f, arr in self.loc.items():
+            self.loc[f] = np.concatenate([arr, np.full((2, new_cap - cap), -1, dtype=np.int64)], axis=1)
+
+    def field_loc(self, field: str) -> np.ndarray:
+        arr = self.loc.get(field)
+        if arr is None:
+            arr = self.loc[field] = np.full((2, len(self.seq_len)), -1, dtype=np.int64)
+        return arr
+
+
+@dataclasses.dataclass
+class LookupPlan:
+    """Where each requested field's rows live: field -> [(payload, rows in chunk, output positions)]."""
+
+    parts: dict[str, list[tuple[Any, list[int], list[int]]]]
+    seq_lens: list[int | None]
+    tags: list[dict]
+    task_name: str | None
+
+
+def _lens_out(arr: np.ndarray) -> list[int | None]:
+    return [None if x < 0 else x for x in arr.tolist()]
+
+
+class PlaneIndex:
+    """Partitions, keys, per-(key, field) locations and production status."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, _Partition] = {}
+        self._chunk_ids = itertools.count()
+        # Payloads whose last row was released. The owner decides when to drop them: the Ray store
+        # drops them after replying, since releasing ObjectRefs costs milliseconds it need not wait on.
+        self.freed: list[Any] = []
+
+    # ---- partitions ----------------------------------------------------------------------------
+
+    def register(self, pid: str, fields: Sequence[str], num_samples: int, task_name: str | None) -> None:
+        """Create `pid`, or widen its field list. An empty partition starts afresh (tombstones go)."""
+        fields = list(dict.fromkeys(fields))
+        if not fields:
+            raise DataPlaneError(f"partition {pid!r}: register_partition needs at least one field name")
+        if num_samples < 0:
+            raise DataPlaneError(f"partition {pid!r}: num_samples = {num_samples}; it must be >= 0")
+        part = self._parts.get(pid)
+        if part is None or not part.slot_of:
+            if part is not None:
+                self.freed.extend(p for p, _ in part.chunks.values())
+            self._parts[pid] = _Partition(fields, num_samples, task_name)
+            return
+        part.fields.extend(f for f in fields if f not in part.fields)
+        part.num_samples = max(part.num_samples, num_samples)
+        part.task_name = task_name if task_name is not None else part.task_name
+
+    def partition(self, pid: str) -> _Partition:
+        part = self._parts.get(pid)
+        if part is None:
+            known = sorted(self._parts) or "none"
+            raise UnknownPartitionError(
+                f"partition {pid!r} is not registered (registered: {known}); call "
+                f"register_partition({pid!r}, fields, num_samples) first"
+            )
+        return part
+
+    def partitions(self) -> list[str]:
+        return list(self._parts)
+
+    def drop_partition(self, pid: str) -> None:
+        part = self.partition(pid)
+        self.freed.extend(p for p, _ in part.chunks.values())
+        del self._parts[pid]
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def _slots(self, part: _Partition, ids: Sequence[str]) -> np.ndarray:
+        get = part.slot_of.get
+        return np.fromiter((get(s, -1) for s in ids), dtype=np.int64, count=len(ids))
+
+    def seq_lens(self, pid: str, ids: Sequence[str]) -> list[int | None]:
+        """Stored sequence length of each key (None for keys not yet stored or without one)."""
+        part = self.partition(pid)
+        slots = self._slots(part, ids)
+        return _lens_out(np.where(slots >= 0, part.seq_len[np.maximum(slots, 0)], -1))
+
+    def commit(
+        self,
+        pid: str,
+        ids: Sequence[str],
+        payloads: dict[str, Any],
+        token_lens: dict[str, Sequence[int]],
+        seq_lens: Sequence[int] | None,
+        seq_lens_explicit: bool,
+        tags: Sequence[dict] | None,
+    ) -> tuple[list[int | None], list[dict] | None, str | None]:
+        """Record that rows 0..n-1 of payloads[field] hold field for ids[0..n-1].
+
+        token_lens: row lengths of the per-token fields in this put (checked against seq lengths).
+        seq_lens: this put's sequence lengths; `seq_lens_explicit` when the caller stated them
+        (then they must agree with any stored length), else derived from this put's token fields
+        (then a stored length wins and the rows must fit in it).
+        Returns the stored (seq_lens, tags or None if no key has any, task_name) of ids.
+        """
+        part = self.partition(pid)
+        n = len(ids)
+        if part.cleared and not part.cleared.isdisjoint(ids):
+            cleared = [s for s in ids if s in part.cleared]
+            field = next(iter(payloads), "?")
+            raise ClearedKeyError(
+                f"partition {pid!r}: keys {fmt_keys(cleared)} were cleared; writing field {field!r} "
+                "to a cleared key is refused (mint new keys for new samples)"
+            )
+        unknown_fields = [f for f in payloads if f not in part.fields]
+        if unknown_fields:
+            raise MissingFieldError(
+                f"partition {pid!r}: fields {unknown_fields} are not registered (registered: "
+                f"{part.fields}); add them to register_partition(fields=...) (keys {fmt_keys(ids)})"
+            )
+        slots = self._slots(part, ids)
+        known = slots >= 0
+        stored = np.where(known, part.seq_len[np.maximum(slots, 0)], -1)
+        final = stored.copy()
+        if seq_lens is not None:
+            new = np.asarray(seq_lens, dtype=np.int64)
+            if seq_lens_explicit:
+                bad = np.nonzero((stored >= 0) & (new != stored))[0]
+                if len(bad):
+                    i = int(bad[0])
+                    raise ShapeError(
+                        f"partition {pid!r}: keys {fmt_keys([ids[j] for j in bad])} already have sequence "
+                        f"length {int(stored[i])} (key {ids[i]!r}); this put says {int(new[i])}: lengths "
+                        "cannot change"
+                    )
+            final = np.where(stored >= 0, stored, new)
+        for field, lens in token_lens.items():
+            lens_arr = np.asarray(lens, dtype=np.int64)
+            bad = np.nonzero((final >= 0) & (lens_arr > final))[0]
+            if len(bad):
+                i = int(bad[0])
+                raise ShapeError(
+                    f"partition {pid!r}: per-token field {field!r} is longer than the sequence length "
+                    f"for keys {fmt_keys([ids[j] for j in bad])} (key {ids[i]!r}: {int(lens_arr[i])} > "
+                    f"{int(final[i])})"
+                )
+        # Validated: apply. New keys get fresh slots.
+        fresh = np.nonzero(~known)[0]
+        if len(fresh):
+            part.grow(part.num_slots + len(fresh))
+            new_slots = np.arange(part.num_slots, part.num_slots + len(fresh))
+            for i, slot in zip(fresh.tolist(), new_slots.tolist()):
+                part.slot_of[ids[i]] = slot
+            part.tags.extend(None for _ in range(len(fresh)))
+            slots[fresh] = new_slots
+            part.num_slots += len(fresh)
+        rows = np.arange(n, dtype=np.int64)
+        for field, payload in payloads.items():
+            arr = part.field_loc(field)
+            self._release(part, arr[0, slots])
+            cid = next(self._chunk_ids)
+            part.chunks[cid] = [payload, n]
+            arr[0, slots] = cid
+            arr[1, slots] = rows
+        part.seq_len[slots] = final
+        if tags is not None:
+            for slot, t in zip(slots.tolist(), tags):
+                if t:
+                    part.tags[slot] = {**(part.tags[slot] or {}), **t}
+        out_tags = [part.tags[s] or {} for s in slots.tolist()]
+        return _lens_out(final), (out_tags if any(out_tags) else None), part.task_name
+
+    def _release(self, part: _Partition, cids: np.ndarray) -> None:
+        cids = cids[cids >= 0]
+        if not len(cids):
+            return
+        for cid, count in zip(*(a.tolist() for a in np.unique(cids, return_counts=True))):
+            entry = part.chunks[cid]
+            entry[1] -= count
+            if entry[1] == 0:
+                self.freed.append(part.chunks.pop(cid)[0])  # last reference: the payload can go
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def _live_slots(self, pid: str, ids: Sequence[str], what: str) -> tuple[_Partition, np.ndarray]:
+        part = self.partition(pid)
+        slots = self._slots(part, ids)
+        if (slots < 0).any():
+            absent = [s for s, slot in zip(ids, slots.tolist()) if slot < 0]
+            cleared = [s for s in absent if s in part.cleared]
+            if cleared:
+                raise ClearedKeyError(f"partition {pid!r}: keys {fmt_keys(cleared)} were cleared; cannot {what}")
+            raise MissingKeyError(
+                f"partition {pid!r}: keys {fmt_keys(absent)} are not stored ({len(part.slot_of)} live "
+                f"keys in the partition); cannot {what}"
+            )
+        return part, slots
+
+    def lookup(self, pid: str, ids: Sequence[str], fields: Sequence[str]) -> LookupPlan:
+        if not fields:
+            raise MissingFieldError(
+                f"partition {pid!r}: select_fields is empty; name the fields to fetch (keys {fmt_keys(ids)})"
+            )
+        part, slots = self._live_slots(pid, ids, f"get fields {list(fields)}")
+        parts: dict[str, list] = {}
+        for field in fields:
+            arr = part.loc.get(field)
+            cids = np.full(len(ids), -1, dtype=np.int64) if arr is None else arr[0, slots]
+            if (cids < 0).any():
+                lacking = [ids[i] for i in np.nonzero(cids < 0)[0].tolist()]
+                hint = "" if field in part.fields else f" (registered fields: {part.fields})"
+                raise MissingFieldError(
+                    f"partition {pid!r}: field {field!r} is not written for keys {fmt_keys(lacking)}{hint}"
+                )
+            rows = arr[1, slots]  # type: ignore[index]
+            uniq = np.unique(cids)
+            if len(uniq) == 1:
+                parts[field] = [(part.chunks[int(uniq[0])][0], rows.tolist(), list(range(len(ids))))]
+                continue
+            parts[field] = []
+            for cid in uniq.tolist():
+                pos = np.nonzero(cids == cid)[0]
+                parts[field].append((part.chunks[cid][0], rows[pos].tolist(), pos.tolist()))
+        tags = [part.tags[s] or {} for s in slots.tolist()]
+        return LookupPlan(parts, _lens_out(part.seq_len[slots]), tags, part.task_name)
+
+    def list(self, pid: str) -> list[str]:
+        return list(self.partition(pid).slot_of)
+
+    def describe(self, pid: str, ids: Sequence[str] | None) -> tuple[list[str], list[str], list[int | None], list[dict], str | None]:
+        """(ids, fields written for all of them, seq_lens, tags, task_name) to rebuild a meta."""
+        part = self.partition(pid)
+        ids = list(part.slot_of) if ids is None else list(ids)
+        _, slots = self._live_slots(pid, ids, "describe them")
+        fields = [f for f in part.fields if f in part.loc and (part.loc[f][0, slots] >= 0).all()]
+        tags = [part.tags[s] or {} for s in slots.tolist()]
+        return ids, fields, _lens_out(part.seq_len[slots]), tags, part.task_name
+
+    def status(self, pid: str, ids: Sequence[str] | None, fields: Sequence[str] | None) -> dict[str, dict[str, bool]]:
+        """{key: {field: written?}}; keys not (yet) stored report False for every field."""
+        part = self.partition(pid)
+        ids = list(part.slot_of) if ids is None else list(ids)
+        fields = list(part.fields) if fields is None else list(fields)
+        slots = self._slots(part, ids)
+        have = {}
+        for f in fields:
+            arr = part.loc.get(f)
+            have[f] = np.zeros(len(ids), bool) if arr is None else (slots >= 0) & (arr[0, np.maximum(slots, 0)] >= 0)
+        return {s: {f: bool(have[f][i]) for f in fields} for i, s in enumerate(ids)}
+
+    def ready(self, pid: str, fields: Sequence[str]) -> list[str]:
+        """Live keys that have every one of `fields` written."""
+        part = self.partition(pid)
+        ids = list(part.slot_of)
+        slots = self._slots(part, ids)
+        ok = np.ones(len(ids), bool)
+        for f in fields:
+            arr = part.loc.get(f)
+            ok &= False if arr is None else arr[0, slots] >= 0
+        return [s for s, k in zip(ids, ok.tolist()) if k]
+
+    def expected(self, pid: str) -> int:
+        return self.partition(pid).num_samples
+
+    # ---- clears --------------------------------------------------------------------------------
+
+    def clear(self, pid: str, ids: Iterable[str] | None) -> int:
+        """Forget `ids` (all live keys if None); returns how many were cleared."""
+        part = self.partition(pid)
+        ids = list(part.slot_of) if ids is None else list(dict.fromkeys(ids))
+        _, slots = self._live_slots(pid, ids, "clear them")
+        for arr in part.loc.values():
+            self._release(part, arr[0, slots])
+            arr[:, slots] = -1
+        part.seq_len[slots] = -1
+        for s, slot in zip(ids, slots.tolist()):
+            del part.slot_of[s]
+            part.tags[slot] = None
+        part.cleared.update(ids)
+        return len(ids)
+
+    def num_chunks(self, pid: str | None = None) -> int:
+        pids = self._parts if pid is None else [pid]
+        return sum(len(self._parts[p].chunks) for p in pids)

@@ -1,0 +1,47 @@
+"""`memory` backend: columns and index in the caller's process. For one-process runs and tests.
+
+Columns are stored as given (packed, detached CPU tensors); a read gathers into fresh tensors, so
+the caller can never alias stored data. Not shared across processes: pickling it is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
+from .codec import Column
+from .errors import DataPlaneError
+from .index import LookupPlan, PlaneIndex
+
+__all__ = ["MemoryDataPlane"]
+
+
+class MemoryDataPlane(IndexedClient):
+    """In-process data plane."""
+
+    def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = "input_ids") -> None:
+        super().__init__(token_fields, seq_len_field)
+        self.index = PlaneIndex()
+
+    def _index_call(self, method: str, *args: Any) -> Any:
+        result = getattr(self.index, method)(*args)
+        self.index.freed.clear()
+        return result
+
+    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
+        return dict(columns)
+
+    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
+        return plan.parts
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.index = PlaneIndex()
+
+    def __reduce__(self):
+        raise DataPlaneError(
+            "the memory data plane lives in one process and cannot be sent to another; "
+            "use make_data_plane('ray') to share a plane with Ray workers"
+        )

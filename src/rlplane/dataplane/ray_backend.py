@@ -1,0 +1,162 @@
+"""`ray` backend: packed columns in Ray's object store, the key index in one long-lived actor.
+
+Each put stores one object per field (the packed column as numpy arrays, so reads are zero-copy
+views of shared memory) and sends the refs, never the data, to the `_StoreActor`, which keeps
+them in its `PlaneIndex`. A get asks the actor where the rows live (one small call), fetches the
+objects and gathers the rows locally. Clearing drops the actor's refs; when the last one goes,
+Ray frees the object. Never one object per sample: that measured ~30x slower here.
+
+Ownership. Ray 2.56 removed `ray.put(_owner=...)`, so an object is owned by the process that put
+it and dies with it. `owner="producer"` (default) accepts that: the driver and the long-lived
+worker actors that write are the owners, and the index outlives them all. `owner="store"` makes
+the store actor re-put every column it is sent, so data outlives its producer (a rollout worker
+that is restarted, say) at the cost of one more copy per put.
+
+The client pickles to a handle on the same store actor, so it can be passed to Ray workers as an
+argument; `make_data_plane("ray", name=...)` in a worker attaches to a named store instead.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+
+from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register
+from .codec import Column, from_wire, to_wire
+from .errors import DataPlaneError
+from .index import LookupPlan, PlaneIndex
+
+__all__ = ["RayDataPlane"]
+
+_INDEX_METHODS = frozenset(
+    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear", "num_chunks"}
+)
+
+
+class _StoreActor:
+    """Holds the `PlaneIndex` (and so every column's ObjectRef). Runs one call at a time."""
+
+    def __init__(self, adopt: bool) -> None:
+        self.index = PlaneIndex()
+        self.adopt = adopt
+        # Releasing ObjectRefs costs milliseconds (owner/borrower messages); a helper thread does it
+        # so that the reply to clear/commit does not wait on it. A sync actor, not an async one:
+        # its round trip measured 1.3 ms against 1.9 ms here.
+        self._graveyard: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._bury, daemon=True).start()
+
+    def _bury(self) -> None:
+        while True:
+            self._graveyard.get()  # the payload list is dropped (and the refs with it) right here
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "commit" and self.adopt:
+            pid, ids, payloads, *rest = args
+            # Re-put so this actor owns the objects (they then outlive the producer's process).
+            payloads = {f: ray.put(ray.get(ref)) for f, ref in payloads.items()}
+            args = (pid, ids, payloads, *rest)
+        try:
+            return getattr(self.index, method)(*args)
+        finally:
+            if self.index.freed:
+                self._graveyard.put(self.index.freed)
+                self.index.freed = []
+
+    def call_nowait(self, method: str, *args: Any) -> None:
+        """Fire-and-forget twin of `call` for requests the caller has validated."""
+        self.call(method, *args)
+
+    def ping(self) -> bool:
+        return True
+
+
+def _attach(store: Any, token_fields: frozenset, seq_len_field: str) -> RayDataPlane:
+    client = RayDataPlane.__new__(RayDataPlane)
+    IndexedClient.__init__(client, token_fields, seq_len_field)
+    client._store_actor = store
+    client._owns_store = False
+    return client
+
+
+class RayDataPlane(IndexedClient):
+    """Data plane on Ray's object store. Create it in the driver (after `ray.init`)."""
+
+    def __init__(
+        self,
+        token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS,
+        seq_len_field: str = "input_ids",
+        *,
+        name: str | None = None,
+        owner: str = "producer",
+        attach: bool = False,
+    ) -> None:
+        """
+        Args:
+            token_fields: fields stored jagged and padded to a common length on read.
+            seq_len_field: the per-token field whose row lengths define a sample's sequence length.
+            name: name the store actor (so workers can attach with `attach=True`).
+            owner: "producer" (objects owned by whoever puts them) or "store" (the store re-puts and
+                owns them, one extra copy per put).
+            attach: connect to the existing store actor `name` instead of creating one.
+        """
+        super().__init__(token_fields, seq_len_field)
+        if not ray.is_initialized():
+            raise DataPlaneError("the ray data plane needs a running Ray instance: call ray.init() first")
+        if owner not in ("producer", "store"):
+            raise DataPlaneError(f"data_plane owner = {owner!r}: use 'producer' or 'store'")
+        if attach:
+            if name is None:
+                raise DataPlaneError("attach=True needs the store actor's name=")
+            self._store_actor = ray.get_actor(name)
+            self._owns_store = False
+            return
+        opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+        if name is not None:
+            opts["name"] = name
+        self._store_actor = ray.remote(_StoreActor).options(**opts).remote(owner == "store")
+        ray.get(self._store_actor.ping.remote())
+        self._owns_store = True
+
+    def __reduce__(self):
+        # Workers get a client on the same store; only the creating client may kill it.
+        return _attach, (self._store_actor, self.token_fields, self.seq_len_field)
+
+    def _index_call(self, method: str, *args: Any) -> Any:
+        assert method in _INDEX_METHODS, method
+        try:
+            return ray.get(self._store_actor.call.remote(method, *args))
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, DataPlaneError):
+                raise err.cause from None
+            raise
+
+    def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
+        # Validated here, so the store need not answer: saves a round trip per step. The store
+        # runs one caller's calls in order, so this caller's next put sees the partition.
+        self._check_open()
+        args = _check_register(partition_id, fields, num_samples)
+        self._store_actor.call_nowait.remote("register", *args, task_name)
+
+    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
+        return {name: ray.put(to_wire(col)) for name, col in columns.items()}
+
+    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
+        refs = list(dict.fromkeys(ref for parts in plan.parts.values() for ref, _, _ in parts))
+        cols = {ref: from_wire(w) for ref, w in zip(refs, ray.get(refs))}  # one batched fetch
+        return {f: [(cols[ref], rows, pos) for ref, rows, pos in parts] for f, parts in plan.parts.items()}
+
+    def num_objects(self, partition_id: str | None = None) -> int:
+        """How many column objects the index holds (all partitions if None)."""
+        return self._index_call("num_chunks", partition_id)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_store:
+            ray.kill(self._store_actor)  # drops every ref the index held
+        self._store_actor = None

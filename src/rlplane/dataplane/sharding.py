@@ -1,0 +1,128 @@
+"""Data-parallel sharding of a meta, from metadata alone (no bulk data is read).
+
+`shard_meta_for_dp` splits a batch across `dp_world` ranks the way NeMo RL's
+`BatchedDataDict.shard_by_batch_size` does: the batch is cut into global batches of `batch_size`
+rows and every global batch is split evenly across ranks, so rank r holds the same share of every
+global batch (training steps one global batch at a time and all ranks step together). Within a
+global batch, rows are assigned to balance the token count per rank: longest row first to the
+least-loaded rank that still has room (greedy LPT with equal row counts per rank).
+
+Every rank's meta gets the same `global_forward_pad_seqlen` in its extra_info, so all ranks pad
+per-token fields to one sequence length (what context parallelism and MoE all-to-all need).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+
+from .errors import DataPlaneError
+from .meta import GLOBAL_PAD_KEY, PAD_MULTIPLE_KEY, KVBatchMeta
+
+__all__ = ["balance_rows", "global_pad_len", "shard_meta_for_dp"]
+
+
+def global_pad_len(seq_lens: Sequence[int], pad_to_multiple: int = 1) -> int:
+    """max(seq_lens) rounded up to a multiple of `pad_to_multiple` (0 for an empty batch)."""
+    longest = max(seq_lens, default=0)
+    m = max(int(pad_to_multiple), 1)
+    return -(-longest // m) * m
+
+
+def balance_rows(lengths: Sequence[int], num_bins: int, bin_sizes: Sequence[int] | None = None) -> list[list[int]]:
+    """Indices of `lengths` split into `num_bins` bins of `bin_sizes` rows with balanced length sums.
+
+    Greedy LPT: rows by decreasing length (ties by index), each to the bin with the smallest sum
+    among those not yet full. Each bin's indices come back ascending (original order kept).
+    """
+    n = len(lengths)
+    if bin_sizes is None:
+        bin_sizes = [n // num_bins + (1 if b < n % num_bins else 0) for b in range(num_bins)]
+    assert sum(bin_sizes) == n, (bin_sizes, n)
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    heap = [(0, b) for b in range(num_bins) if bin_sizes[b] > 0]
+    heapq.heapify(heap)
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    for i in order:
+        load, b = heapq.heappop(heap)
+        bins[b].append(i)
+        if len(bins[b]) < bin_sizes[b]:
+            heapq.heappush(heap, (load + lengths[i], b))
+    return [sorted(b) for b in bins]
+
+
+def shard_meta_for_dp(
+    meta: KVBatchMeta,
+    dp_world: int,
+    batch_size: int | None = None,
+    *,
+    pad_to_multiple: int | None = None,
+    balance: bool = True,
+) -> tuple[list[KVBatchMeta], torch.Tensor]:
+    """Split `meta` into one meta per DP rank; returns (per_rank_metas, inverse_permutation).
+
+    Args:
+        meta: the batch; needs `seq_lens` (to balance and to stamp the pad length).
+        dp_world: number of data-parallel ranks.
+        batch_size: global batch size (rows per optimizer step) for training, so every rank gets
+            batch_size / dp_world rows of each global batch; None for inference (logprobs): one
+            global batch, rank sizes differ by at most one row.
+        pad_to_multiple: round the global pad length up to this (default: the meta's
+            extra_info["pad_to_multiple"], else 1).
+        balance: False keeps contiguous slices (rank r gets the r-th slice of each global batch).
+
+    Returns:
+        per_rank_metas: rank r's rows; for each global batch in order, its rows in original order.
+        inverse_permutation: (n,) int64 such that `torch.cat(per_rank_outputs)[inverse]` restores
+            the original row order.
+    """
+    n = len(meta)
+    if dp_world < 1:
+        raise DataPlaneError(f"partition {meta.partition_id!r}: dp_world = {dp_world}; it must be >= 1")
+    if meta.seq_lens is None:
+        raise DataPlaneError(
+            f"partition {meta.partition_id!r}: shard_meta_for_dp needs the meta's seq_lens (write a "
+            "per-token field such as input_ids first, or pass seq_lens= to put_samples)"
+        )
+    if batch_size is None:
+        gbs = n
+        sizes = [n // dp_world + (1 if r < n % dp_world else 0) for r in range(dp_world)]
+    else:
+        if batch_size <= 0 or n % batch_size or batch_size % dp_world:
+            raise DataPlaneError(
+                f"partition {meta.partition_id!r}: {n} rows, batch_size = {batch_size}, dp_world = "
+                f"{dp_world}: the rows must split into whole global batches and each global batch "
+                "evenly across ranks (n % batch_size == 0 and batch_size % dp_world == 0)"
+            )
+        gbs = batch_size
+        sizes = [batch_size // dp_world] * dp_world
+    num_gb = n // gbs if gbs else 0
+
+    per_rank: list[list[int]] = [[] for _ in range(dp_world)]
+    for g in range(num_gb):
+        base = g * gbs
+        lens = meta.seq_lens[base : base + gbs]
+        if balance:
+            bins = balance_rows(lens, dp_world, sizes)
+        else:
+            starts = [sum(sizes[:r]) for r in range(dp_world)]
+            bins = [list(range(starts[r], starts[r] + sizes[r])) for r in range(dp_world)]
+        for r in range(dp_world):
+            per_rank[r].extend(base + i for i in bins[r])
+
+    multiple = pad_to_multiple if pad_to_multiple is not None else meta.extra_info.get(PAD_MULTIPLE_KEY, 1)
+    info = {
+        GLOBAL_PAD_KEY: global_pad_len(meta.seq_lens, multiple),
+        "dp_world": dp_world,
+        "num_global_batches": num_gb,
+    }
+    metas = [
+        meta.subset(rows).with_extra_info(**info, dp_rank=r, rows_per_global_batch=sizes[r])
+        for r, rows in enumerate(per_rank)
+    ]
+    perm = torch.tensor([i for rows in per_rank for i in rows], dtype=torch.int64)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(n)
+    return metas, inverse

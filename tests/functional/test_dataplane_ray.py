@@ -1,0 +1,103 @@
+"""The Ray data plane across processes: actor consumers fetch their DP shard and write back; clearing
+returns the object store to where it was; owner="store" keeps data after its producer is gone."""
+
+import re
+import time
+
+import pytest
+import torch
+
+from rlplane.dataplane import GLOBAL_PAD_KEY, make_data_plane, read_columns, shard_meta_for_dp
+
+pytestmark = pytest.mark.ray
+
+
+def plasma_usage():
+    """(MiB, objects) in Ray's shared-memory object store, from the raylet's own summary."""
+    from ray._private.internal_api import memory_summary
+
+    m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", memory_summary(stats_only=True))
+    return int(m.group(1)), int(m.group(2))
+
+
+def wait_for_usage(target, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while plasma_usage() != target and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return plasma_usage()
+
+
+@pytest.fixture(scope="module")
+def consumers(ray_session):
+    """Two DP-rank actors, started once per module (a worker start costs seconds on 2 busy cores)."""
+    ray = ray_session
+
+    @ray.remote(num_cpus=0.5)
+    class Consumer:
+        """A DP rank: fetches its shard, writes `prev_logprobs` = 2 * generation logprobs back."""
+
+        def step(self, client, meta):
+            # `client` arrives pickled: a handle on the driver's store actor.
+            cols = client.get_samples(meta, None, ["input_ids", "generation_logprobs"])
+            T = meta.extra_info[GLOBAL_PAD_KEY]
+            assert cols["input_ids"].shape == (len(meta), T)
+            client.put_samples(meta, None, {"prev_logprobs": 2 * cols["generation_logprobs"]})
+            return len(meta), int(cols["input_ids"].shape[1])
+
+        def produce(self, client):
+            return client.put_samples(["a", "b"], "roll", {"input_ids": [torch.arange(3), torch.arange(200_000)]})
+
+    actors = [Consumer.remote() for _ in range(2)]
+    yield actors
+    for a in actors:
+        ray.kill(a)  # (killing one twice is harmless)
+
+
+def test_two_actor_consumers_fetch_shards_and_write_back(ray_session, consumers):
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        n = 64
+        g = torch.Generator().manual_seed(0)
+        lens = torch.randint(50, 3000, (n,), generator=g).tolist()
+        keys = [f"p{i // 4}_g{i % 4}" for i in range(n)]
+        gen_lp = [-torch.rand(L, generator=g) for L in lens]
+        client.register_partition("train", ["input_ids", "generation_logprobs", "reward", "prev_logprobs"], n)
+        before = wait_for_usage(plasma_usage())
+        meta = client.put_samples(
+            keys, "train",
+            {"input_ids": [torch.randint(0, 50_000, (L,)) for L in lens], "generation_logprobs": gen_lp,
+             "reward": torch.rand(n)},
+        )
+        assert plasma_usage()[1] == before[1] + 3  # one object per column, not per sample
+        metas, inverse = shard_meta_for_dp(meta, 2)
+        sizes = ray.get([c.step.remote(client, m) for c, m in zip(consumers, metas)])
+        assert [s for s, _ in sizes] == [len(m) for m in metas] and sizes[0][1] == sizes[1][1]
+
+        out = read_columns(client, meta, ["prev_logprobs"])["prev_logprobs"]  # (n, T)
+        for i, L in enumerate(lens):
+            torch.testing.assert_close(out[i, :L], 2 * gen_lp[i])
+            assert (out[i, L:] == 0).all()
+        # The same rows gathered rank by rank and put back with the inverse permutation.
+        per_rank = [client.get_samples(m, None, ["reward"])["reward"] for m in metas]
+        torch.testing.assert_close(torch.cat(per_rank)[inverse], client.get_samples(meta, None, ["reward"])["reward"])
+
+        assert client.clear_samples(None, "train") == n
+        assert client.num_objects() == 0
+        assert wait_for_usage(before) == before  # every column object freed
+    finally:
+        client.close()
+
+
+def test_store_owned_data_outlives_its_producer(ray_session, consumers):
+    ray = ray_session
+    client = make_data_plane("ray", owner="store")
+    try:
+        client.register_partition("roll", ["input_ids"], 2)
+        producer = consumers[1]
+        meta = ray.get(producer.produce.remote(client))
+        ray.kill(producer)  # the producer's process is gone; the store owns the data
+        out = client.get_samples(meta, None, ["input_ids"])["input_ids"]
+        assert out.shape == (2, 200_000) and out[0, :3].tolist() == [0, 1, 2]
+    finally:
+        client.close()

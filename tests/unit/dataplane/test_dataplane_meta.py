@@ -1,0 +1,110 @@
+"""KVBatchMeta: every pure metadata operation keeps ids, lengths and tags aligned."""
+
+import pytest
+import torch
+
+from rlplane.dataplane import (
+    DataPlaneError,
+    DuplicateKeyError,
+    KVBatchMeta,
+    MissingKeyError,
+    concat_metas,
+)
+
+
+def make(ids=("a", "b", "c", "d"), pid="train", lens=(3, 5, 2, 7), **kw):
+    tags = kw.pop("tags", tuple({"r": i} for i in range(len(ids))))
+    return KVBatchMeta(pid, "task", tuple(ids), ("input_ids", "reward"), lens, tags, kw.pop("extra_info", {"x": 1}))
+
+
+def test_defaults_and_normalisation():
+    m = KVBatchMeta("p", None, ["a", "b"], ["f"], [1, 2])
+    assert m.sample_ids == ("a", "b") and m.fields == ("f",) and m.seq_lens == (1, 2)
+    assert m.tags == ({}, {}) and m.extra_info == {} and len(m) == 2
+
+
+def test_construction_errors():
+    with pytest.raises(DuplicateKeyError, match="'a'"):
+        KVBatchMeta("p", None, ("a", "a"))
+    with pytest.raises(DataPlaneError, match="seq_lens has 1 entries for 2 keys"):
+        KVBatchMeta("p", None, ("a", "b"), seq_lens=(1,))
+    with pytest.raises(DataPlaneError, match="1 tags for 2 keys"):
+        KVBatchMeta("p", None, ("a", "b"), tags=({},))
+
+
+def test_subset_reorders_everything_together():
+    m = make().subset([3, 0])
+    assert m.sample_ids == ("d", "a") and m.seq_lens == (7, 3) and m.tags == ({"r": 3}, {"r": 0})
+    assert m.fields == ("input_ids", "reward") and m.extra_info == {"x": 1} and m.task_name == "task"
+    mask = make().subset(torch.tensor([True, False, True, False]))
+    assert mask.sample_ids == ("a", "c")
+    with pytest.raises(DataPlaneError, match="out of range"):
+        make().subset([4])
+
+
+def test_slice():
+    m = make().slice(1, 3)
+    assert m.sample_ids == ("b", "c") and m.seq_lens == (5, 2) and m.tags == ({"r": 1}, {"r": 2})
+    assert make().slice(2).sample_ids == ("c", "d")
+
+
+def test_drop():
+    m = make().drop(["b", "d"])
+    assert m.sample_ids == ("a", "c") and m.seq_lens == (3, 2) and m.tags == ({"r": 0}, {"r": 2})
+    assert len(make().drop(["a", "b", "c", "d"])) == 0
+    with pytest.raises(MissingKeyError, match="'zz'"):
+        make().drop(["zz"])
+
+
+def test_select_ids():
+    assert make().select_ids(["c", "a"]).seq_lens == (2, 3)
+    with pytest.raises(MissingKeyError):
+        make().select_ids(["q"])
+
+
+def test_concat():
+    a, b = make(), make(ids=("e", "f"), lens=(1, 1), extra_info={"y": 2})
+    for m in (a.concat(b), KVBatchMeta.concat(a, b), concat_metas([a, b])):
+        assert m.sample_ids == ("a", "b", "c", "d", "e", "f")
+        assert m.seq_lens == (3, 5, 2, 7, 1, 1)
+        assert [t["r"] for t in m.tags] == [0, 1, 2, 3, 0, 1]
+        assert m.extra_info == {"x": 1, "y": 2}
+    no_lens = KVBatchMeta("train", None, ("z",), ("input_ids",))
+    m = a.concat(no_lens)
+    assert m.seq_lens is None and m.fields == ("input_ids",)  # only fields every meta promises
+    with pytest.raises(DataPlaneError, match="different partitions"):
+        a.concat(make(ids=("q",), lens=(1,), pid="val"))
+    with pytest.raises(DuplicateKeyError, match="'a'"):
+        a.concat(make(ids=("a",), lens=(1,)))
+    with pytest.raises(DataPlaneError, match="zero metas"):
+        concat_metas([])
+
+
+def test_with_fields_and_extra_info():
+    m = make().with_fields(["adv", "adv", "mask"])
+    assert m.fields == ("adv", "mask") and m.sample_ids == make().sample_ids
+    assert make().with_extra_info(z=3).extra_info == {"x": 1, "z": 3}
+
+
+def test_stamp_tags_is_pure_and_aligned():
+    base = make()
+    m = base.stamp_tags({"std": torch.tensor([0.0, 1.0, 2.0, 3.0]), "baseline": [1, 1, 2, 2]})
+    assert m.tags[2] == {"r": 2, "std": 2.0, "baseline": 2} and isinstance(m.tags[2]["std"], float)
+    assert base.tags[2] == {"r": 2}  # the original is untouched
+    m2 = m.subset([2, 1])
+    assert m2.tag_values("std") == [2.0, 1.0]
+    m3 = base.stamp_tags([{"k": i} for i in range(4)])
+    assert m3.tag_values("k") == [0, 1, 2, 3]
+    with pytest.raises(DataPlaneError, match="tag 'std' has 3 values for 4 rows"):
+        base.stamp_tags({"std": [1, 2, 3]})
+    with pytest.raises(DataPlaneError, match="2 tag dicts for 4 rows"):
+        base.stamp_tags([{}, {}])
+    with pytest.raises(DataPlaneError, match="tag 'nope' missing"):
+        base.tag_values("nope")
+
+
+def test_meta_pickles():
+    import pickle
+
+    m = make()
+    assert pickle.loads(pickle.dumps(m)) == m
