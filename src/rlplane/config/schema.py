@@ -54,7 +54,7 @@ class TinyModelConfig(StrictModel):
     hidden_size: int = Field(128, ge=8, description="Hidden width.")
     num_layers: int = Field(2, ge=1, description="Transformer layers.")
     num_heads: int = Field(4, ge=1, description="Attention heads (must divide hidden_size).")
-    intermediate_size: int = Field(512, ge=8, description="MLP width.")
+    intermediate_size: int = Field(256, ge=8, description="MLP width.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TinyModelConfig":
@@ -269,6 +269,14 @@ class RunConfig(StrictModel):
                           "in-process memory); set data_plane.backend=ray")
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
+        if g.adv_estimator.name != "grpo":
+            errors.append(f"grpo.adv_estimator.name = {g.adv_estimator.name!r}: the GRPO trainer supports 'grpo' "
+                          "so far; set grpo.adv_estimator.name=grpo")
+        if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
+            errors.append("grpo.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
+                          "skips; unset one of them")
+        if g.max_rollout_turns != 1:
+            errors.append(f"grpo.max_rollout_turns = {g.max_rollout_turns}: multi-turn rollouts are not built yet; set it to 1")
         if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
             errors.append(
                 "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "

@@ -1,0 +1,295 @@
+"""Wiring shared by the recipes: data, data plane, workers, refit, checkpoints, logging.
+
+The recipe files hold the loops; this module builds what they loop over. A :class:`Session`
+owns the workers (in-process or Ray actors), the data plane client and the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlplane.config.loading import dump_config
+from rlplane.config.schema import RunConfig
+from rlplane.data import (
+    ArithmeticDataset,
+    ArithmeticSpec,
+    JsonlFields,
+    PromptDataLoader,
+    build_eval_set,
+    load_jsonl_dataset,
+)
+from rlplane.dataplane import make_data_plane, shard_meta_for_dp
+from rlplane.models.loading import load_policy
+from rlplane.recipes.sft import supervised_warmup
+from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
+from rlplane.utils.checkpoint import CheckpointManager
+from rlplane.utils.logging import MetricsLogger
+from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.rollout import RolloutWorker
+
+
+def build_datasets(cfg: RunConfig, tokenizer):
+    """(train loader, held-out datums, stats) from ``data.*``."""
+    d, g = cfg.data, cfg.grpo
+    # A prompt must leave room for at least one generated token.
+    max_prompt = cfg.policy.max_total_sequence_length - 1
+    stats: dict[str, int] = {}
+    if d.dataset == "arithmetic":
+        a = d.arithmetic
+        spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand)
+        train = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
+                                  max_prompt_length=max_prompt)
+        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples)
+    else:
+        def load(j):
+            fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key)
+            return load_jsonl_dataset(j.path, tokenizer, fields=fields, max_prompt_length=max_prompt,
+                                      on_overlong=d.on_overlong_prompt)
+
+        train = load(d.train)
+        stats["skipped_overlong"] = train.num_skipped_overlong
+        if d.validation is not None:
+            val_ds = load(d.validation)
+            stats["skipped_overlong"] += val_ds.num_skipped_overlong
+            val = list(val_ds.datums)
+        else:
+            val = list(train.datums[: g.max_val_samples])
+    loader = PromptDataLoader(train, g.num_prompts_per_step * g.batch_multiplier, seed=g.seed, shuffle=d.shuffle)
+    return loader, val, stats
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def model_kwargs(cfg: RunConfig) -> dict | None:
+    return cfg.policy.tiny.model_dump() if cfg.policy.model_name.startswith("embedded:") else None
+
+
+class Session:
+    def __init__(self, cfg: RunConfig, quiet: bool = False):
+        self.cfg = cfg
+        self.quiet = quiet
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        torch.set_num_threads(cfg.policy.threads_per_worker)
+        seed_everything(cfg.grpo.seed)
+        self.initial_validation: dict[str, float] = {}
+        self.warmup_result: dict[str, float] = {}
+        self._stale = False
+        self._t_start = time.perf_counter()
+        # Tokenizer and data first: data errors should surface before anything slow starts.
+        _, self.tokenizer = load_policy(cfg.policy.model_name, seed=cfg.grpo.seed, model_kwargs=model_kwargs(cfg))
+        self.train_loader, self.val_datums, self.data_stats = build_datasets(cfg, self.tokenizer)
+        if self.data_stats.get("skipped_overlong"):
+            self.say(f"skipped {self.data_stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
+        self._train_iter = iter(self.train_loader)
+        if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
+            init_ray(cfg.cluster.num_cpus, cfg.cluster.address)
+        self.data_plane = make_data_plane(cfg.data_plane.backend)
+        self.needs_reference = (
+            cfg.loss_fn.reference_policy_kl_penalty != 0 and not cfg.grpo.skip_reference_policy_logprobs_calculation
+        )
+        self.loss_kwargs = cfg.loss_fn.model_dump()
+        ck = cfg.checkpointing
+        self.ckpt = CheckpointManager(
+            ck.checkpoint_dir or self.run_dir / "checkpoints", ck.keep_top_k, ck.metric_name, ck.higher_is_better
+        )
+        log_dir = cfg.logger.log_dir or self.run_dir / "logs"
+        self.logger = MetricsLogger(log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled)
+        self.policy = None
+        self.rollout_worker = None
+        self._bar = None
+
+    # ---- console -----------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        if not self.quiet:
+            if self._bar is not None:
+                self._bar.write(msg)
+            else:
+                print(msg, file=sys.stderr, flush=True)
+
+    # ---- workers -----------------------------------------------------------------------------------
+    def _start_workers(self, init_state: dict | None) -> None:
+        cfg = self.cfg
+        n = cfg.policy.dp_size
+        kwargs = [dict(cfg=cfg, data_plane=self.data_plane, rank=r, world_size=n, init_state=init_state) for r in range(n)]
+        if cfg.runtime == "local":
+            self.policy = LocalGroup(PolicyWorker, kwargs)
+            w = self.policy.workers[0]
+            # Colocated: the generator shares the policy's module, so refit costs nothing.
+            self.rollout_worker = RolloutWorker(cfg, self.data_plane, model=w.model, tokenizer=w.tokenizer,
+                                                seed=cfg.grpo.seed)
+            self._rollout_remote = False
+        else:
+            import ray
+
+            self.policy = RayGroup(PolicyWorker, kwargs, num_cpus=0.5)
+            if n > 1:
+                address = ray.get(self.policy.workers[0].node_address.remote())
+                self.policy.run("setup_distributed", address)
+            remote = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})(RolloutWorker)
+            self.rollout_worker = remote.remote(cfg, self.data_plane, seed=cfg.grpo.seed)
+            self._rollout_remote = True
+            self._stale = True  # the rollout actor built its own weights: push the policy's
+
+    def rollout(self, method: str, *args, **kwargs):
+        if self._rollout_remote:
+            import ray
+
+            return ray.get(getattr(self.rollout_worker, method).remote(*args, **kwargs))
+        return getattr(self.rollout_worker, method)(*args, **kwargs)
+
+    def policy_sharded(self, method: str, meta, batch_size: int | None = None, **kwargs) -> list:
+        """Shard ``meta`` over the DP ranks and call ``method`` on each with its shard."""
+        metas, _ = shard_meta_for_dp(meta, self.cfg.policy.dp_size, batch_size=batch_size)
+        return self.policy.run(method, per_rank=[{"meta": m} for m in metas], **kwargs)
+
+    def mark_stale(self) -> None:
+        self._stale = self._rollout_remote
+
+    def refit_if_stale(self) -> None:
+        """Push the policy's weights into the generator (only needed when it is a separate actor)."""
+        if self._stale:
+            import ray
+
+            # The ref goes straight from the rank-0 actor to the rollout actor; the driver never holds it.
+            ray.get(self.rollout_worker.update_weights.remote(self.policy.workers[0].get_weights.remote()))
+            self._stale = False
+
+    def next_prompts(self) -> list:
+        try:
+            return next(self._train_iter)
+        except StopIteration:
+            self._train_iter = iter(self.train_loader)
+            return next(self._train_iter)
+
+    # ---- warm-up or resume -----------------------------------------------------------------------
+    def resume_or_warm_up(self) -> int:
+        cfg = self.cfg
+        latest = self.ckpt.latest() if cfg.checkpointing.resume else None
+        if cfg.checkpointing.resume:
+            removed = self.ckpt.clean_partial()
+            if removed:
+                self.say(f"removed incomplete checkpoint(s) {', '.join(removed)}")
+        if latest is not None:
+            self._start_workers(init_state=None)
+            info = self.ckpt.load_info(latest)
+            self.policy.run("load", str(latest / "policy"))
+            self.train_loader.load_state_dict(torch.load(latest / "dataloader.pt", weights_only=True))
+            self._train_iter = iter(self.train_loader)
+            rng = torch.load(latest / "rng.pt", weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            self.rollout("set_rng_state", rng["rollout"])
+            self.initial_validation = info.get("initial_validation", {})
+            self.warmup_result = info.get("warmup", {})
+            self._stale = self._rollout_remote
+            self.say(f"resumed from {latest} at step {info['step']}")
+            return int(info["step"])
+        init_state = self._warm_up() if cfg.warmup.enabled else None
+        self._start_workers(init_state)
+        return 0
+
+    def _warm_up(self) -> dict:
+        cfg = self.cfg
+        model, tok = load_policy(cfg.policy.model_name, seed=cfg.grpo.seed, model_kwargs=model_kwargs(cfg))
+        evaluator = RolloutWorker(cfg, None, model=model, tokenizer=tok, seed=cfg.grpo.seed + 1)
+        val = self.val_datums[: cfg.warmup.eval_samples]
+        sft_rows = self.train_loader.dataset
+        rng = random.Random(cfg.grpo.seed + 2)
+        eos = [tok.eos_token_id]
+
+        def batches(n: int):
+            picks = [sft_rows[rng.randrange(len(sft_rows))] for _ in range(n)]
+            return (
+                [d.prompt_token_ids for d in picks],
+                [tok(str(d.ground_truth), add_special_tokens=False)["input_ids"] + eos for d in picks],
+            )
+
+        def evaluate() -> float:
+            model.eval()
+            _, carry, _ = evaluator.rollout(val, group_size=1, partition_id=None, greedy=True)
+            return float(carry["rewards"].mean())
+
+        self.say(f"supervised warm-up (target held-out accuracy {cfg.warmup.target_accuracy})")
+        self.warmup_result = supervised_warmup(model, batches, cfg.warmup, evaluate, tok.pad_token_id, self.say)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    # ---- logging and checkpoints -----------------------------------------------------------------
+    def log(self, metrics: dict, step: int) -> None:
+        self.logger.log(metrics, step)
+        if self._bar is None and self.cfg.logger.progress_bar and not self.quiet and step > 0:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.cfg.grpo.max_num_steps, initial=step - 1, desc="grpo", file=sys.stderr,
+                             dynamic_ncols=True)
+        if self._bar is not None:
+            self._bar.n = step
+            post = {"reward": metrics.get("train/reward")}
+            if "validation/accuracy" in metrics:
+                post["val_acc"] = metrics["validation/accuracy"]
+            self._bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=True)
+
+    def checkpoint_due(self, step: int) -> bool:
+        ck = self.cfg.checkpointing
+        return ck.enabled and (step % ck.save_period == 0 or step == self.cfg.grpo.max_num_steps)
+
+    def save_checkpoint(self, step: int, metrics: dict) -> Path:
+        ranked = {}
+        for k, v in metrics.items():
+            if k.startswith("validation/"):
+                ranked["val:" + k.split("/", 1)[1]] = v
+            elif k.startswith("train/"):
+                ranked["train:" + k.split("/", 1)[1]] = v
+        info = {
+            "step": step,
+            "metrics": ranked,
+            "initial_validation": self.initial_validation,
+            "warmup": self.warmup_result,
+        }
+
+        def write(tmp: Path) -> None:
+            (tmp / "config.yaml").write_text(dump_config(self.cfg))
+            self.policy.run("save", str(tmp / "policy"))
+            torch.save(self.train_loader.state_dict(), tmp / "dataloader.pt")
+            torch.save({"torch": torch.get_rng_state(), "rollout": self.rollout("rng_state")}, tmp / "rng.pt")
+
+        return self.ckpt.save(step, info, write)
+
+    def summary(self, last_val: dict) -> dict:
+        out = {
+            "run_dir": str(self.run_dir),
+            "warmup": self.warmup_result,
+            "accuracy_before": self.initial_validation.get("validation/accuracy"),
+            "accuracy_after": last_val.get("validation/accuracy"),
+            "wall_seconds": time.perf_counter() - self._t_start,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2))
+        return out
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self.logger.close()
+        if isinstance(self.policy, RayGroup):
+            import ray
+
+            self.policy.kill()
+            ray.kill(self.rollout_worker)
+        self.data_plane.close()
+
+
+def build_session(cfg: RunConfig, quiet: bool = False) -> Session:
+    return Session(cfg, quiet=quiet)
+

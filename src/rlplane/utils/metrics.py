@@ -1,0 +1,51 @@
+"""Aggregation of per-micro-batch metrics into per-step numbers.
+
+Loss-function metrics arrive already normalised by global counts, so a plain sum over the
+micro-batches of one global batch gives that global batch's value; with several global batches
+per step the sum is divided by their number, giving the mean over global batches (as NeMo RL).
+Extrema (`*_min`, `*_max`) are reduced with min/max, ignoring infinities (a micro-batch with no
+valid token reports +-inf); with none left they are reported as -1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def reduce_microbatch_metrics(per_mb: list[dict[str, torch.Tensor]], num_global_batches: int = 1) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if not per_mb:
+        return out
+    for key in per_mb[0]:
+        vals = torch.stack([torch.as_tensor(m[key], dtype=torch.float64).reshape(()) for m in per_mb])
+        if key.endswith(("_min", "_max")):
+            finite = vals[torch.isfinite(vals)]
+            if finite.numel() == 0:
+                out[key] = -1.0
+            else:
+                out[key] = float(finite.min() if key.endswith("_min") else finite.max())
+        else:
+            out[key] = float(vals.sum() / num_global_batches)
+    return out
+
+
+def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Combine the metrics of several DP ranks: sums add, extrema min/max, settings (lr) from rank 0."""
+    if len(per_rank) == 1:
+        return dict(per_rank[0])
+    out: dict[str, float] = {}
+    same_on_every_rank = {"lr", "grad_norm", "global_valid_toks", "global_valid_seqs"}
+    for key, first in per_rank[0].items():
+        vals = [r[key] for r in per_rank]
+        if key in same_on_every_rank:
+            out[key] = first
+        elif key.endswith("_min"):
+            finite = [v for v in vals if math.isfinite(v) and v != -1.0]
+            out[key] = min(finite) if finite else -1.0
+        elif key.endswith("_max"):
+            out[key] = max(vals)
+        else:
+            out[key] = float(sum(vals))
+    return out

@@ -1,0 +1,256 @@
+"""The policy worker: logprobs and training on its data-parallel shard of a step.
+
+A plain class. ``runtime: local`` calls it in the driver's process; ``runtime: ray`` wraps the
+same class as an actor, one per data-parallel rank, with gradients summed over a gloo group.
+It never receives bulk tensors from the driver: it is handed a :class:`KVBatchMeta` receipt for
+its shard, fetches the fields it needs from the data plane, and writes results back there.
+
+Logprob convention (as in the seeds): ``logprobs[:, t] = log π(token_t | tokens_<t)`` under
+``logits / temperature``, ``logprobs[:, 0] = 0``. The loss sees every per-token tensor sliced ``[:, 1:]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rlplane.algorithms.losses import clipped_pg_loss
+from rlplane.config.schema import RunConfig
+from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.models.loading import load_policy
+from rlplane.utils.metrics import reduce_microbatch_metrics
+
+# Fields the trainer reads from the data plane, and the pad value of each.
+PAD_VALUES = {
+    "input_ids": 0,
+    "token_mask": 0,
+    "generation_logprobs": 0.0,
+    "prev_logprobs": 0.0,
+    "reference_policy_logprobs": 0.0,
+    "advantages": 0.0,
+}
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-token logprobs of ``input_ids`` under ``model``; (B, T), position 0 is 0."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+    logits = logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    return F.pad(logp, (1, 0))
+
+
+def _lr_lambda(warmup_steps: int, start_factor: float):
+    def f(step: int) -> float:
+        if warmup_steps <= 0 or step >= warmup_steps:
+            return 1.0
+        return start_factor + (1.0 - start_factor) * step / warmup_steps
+
+    return f
+
+
+class PolicyWorker:
+    """One data-parallel rank of the policy (and of the frozen reference policy)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        data_plane: DataPlaneClient | None,
+        rank: int = 0,
+        world_size: int = 1,
+        init_state: dict[str, torch.Tensor] | None = None,
+    ):
+        self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
+        torch.set_num_threads(cfg.policy.threads_per_worker)
+        tiny = cfg.policy.tiny
+        self.model, self.tokenizer = load_policy(
+            cfg.policy.model_name,
+            seed=cfg.grpo.seed,
+            model_kwargs=dict(
+                hidden_size=tiny.hidden_size,
+                num_layers=tiny.num_layers,
+                num_heads=tiny.num_heads,
+                intermediate_size=tiny.intermediate_size,
+            )
+            if cfg.policy.model_name.startswith("embedded:")
+            else None,
+        )
+        if init_state is not None:
+            self.model.load_state_dict(init_state)
+        self.reference = None
+        if self._needs_reference():
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.model.train()
+        opt = cfg.policy.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
+        )
+        sch = cfg.policy.scheduler
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor)
+        )
+        self.group = None
+
+    def setup_distributed(self, address: str) -> None:
+        """Join the gloo group of all DP ranks (called on every rank at once; blocks until all join)."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world_size)
+        self.group = dist.group.WORLD
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _needs_reference(self) -> bool:
+        return (
+            self.cfg.loss_fn.reference_policy_kl_penalty != 0
+            and not self.cfg.grpo.skip_reference_policy_logprobs_calculation
+        )
+
+    def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.group is None:
+            return t
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+        return t
+
+    def _fetch(self, meta: KVBatchMeta, fields: list[str]) -> dict[str, torch.Tensor]:
+        pad_to = meta.extra_info.get("global_forward_pad_seqlen")
+        return self.dp.get_samples(
+            meta, meta.partition_id, fields, pad_values={f: PAD_VALUES.get(f, 0) for f in fields}, pad_to=pad_to
+        )
+
+    # ---- logprobs --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(self, meta: KVBatchMeta, out_field: str = "prev_logprobs", reference: bool = False) -> None:
+        """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
+        if len(meta) == 0:
+            return None
+        model = self.reference if reference else self.model
+        data = self._fetch(meta, ["input_ids"])
+        ids = data["input_ids"]  # (B, T)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
+        attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        temp = self.cfg.policy.generation.temperature
+        bs = self.cfg.policy.logprob_batch_size
+        was_training = model.training
+        model.eval()
+        out = torch.cat(
+            [token_logprobs(model, ids[i : i + bs], attn[i : i + bs], temp) for i in range(0, len(ids), bs)]
+        )
+        model.train(was_training)
+        self.dp.put_samples(
+            list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
+        )
+        return None
+
+    # ---- training --------------------------------------------------------------------------------
+    def train(self, meta: KVBatchMeta, loss_kwargs: dict[str, Any]) -> dict[str, float]:
+        """Run every global batch of this rank's shard: micro-batches, all-reduce, clip, AdamW step."""
+        cfg = self.cfg
+        fields = ["input_ids", "token_mask", "advantages", "generation_logprobs"]
+        use_prev = not loss_kwargs.get("force_on_policy_ratio", False)
+        use_ref = self.reference is not None
+        fields += ["prev_logprobs"] * use_prev + ["reference_policy_logprobs"] * use_ref
+        data = self._fetch(meta, fields)
+        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags])  # (B,)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
+        ids = data["input_ids"]
+        attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+        per_rank_gbs = cfg.policy.train_global_batch_size // self.world_size
+        mbs = min(cfg.policy.train_micro_batch_size, per_rank_gbs)
+        num_gb = max(1, len(ids) // per_rank_gbs)
+        temp = cfg.policy.generation.temperature
+        metrics_per_mb: list[dict[str, torch.Tensor]] = []
+        grad_norms = []
+        for g in range(num_gb):
+            gb = slice(g * per_rank_gbs, (g + 1) * per_rank_gbs)
+            tm = data["token_mask"][gb, 1:].float() * sample_mask[gb, None]
+            counts = self._all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
+            global_toks, global_seqs = counts[0], counts[1]
+            self.optimizer.zero_grad(set_to_none=True)
+            for start in range(gb.start, gb.stop, mbs):
+                mb = slice(start, start + mbs)
+                curr = token_logprobs(self.model, ids[mb], attn[mb], temp)[:, 1:]  # (b, T-1)
+                loss, m = clipped_pg_loss(
+                    curr_logprobs=curr,
+                    prev_logprobs=data["prev_logprobs"][mb, 1:] if use_prev else curr.detach(),
+                    generation_logprobs=data["generation_logprobs"][mb, 1:],
+                    reference_logprobs=data["reference_policy_logprobs"][mb, 1:] if use_ref else None,
+                    advantages=data["advantages"][mb, 1:],
+                    token_mask=data["token_mask"][mb, 1:].float(),
+                    sample_mask=sample_mask[mb],
+                    global_valid_tokens=global_toks,
+                    global_valid_seqs=global_seqs,
+                    **loss_kwargs,
+                )
+                loss.backward()
+                metrics_per_mb.append({"loss": loss.detach(), **{k: v.detach() for k, v in m.items()}})
+            if self.group is not None:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        self._all_reduce(p.grad)
+            max_norm = cfg.policy.max_grad_norm
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm else math.inf)
+            grad_norms.append(norm)
+            self.optimizer.step()
+        self.scheduler.step()
+        out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
+        out["grad_norm"] = float(torch.stack(grad_norms).mean())
+        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        out["global_valid_toks"] = float(global_toks)
+        out["global_valid_seqs"] = float(global_seqs)
+        return out
+
+    # ---- weights and state -----------------------------------------------------------------------
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str) -> None:
+        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only)."""
+        if self.rank != 0:
+            return
+        self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
+        self.tokenizer.save_pretrained(os.path.join(path, "weights"))
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        torch.save(state, os.path.join(path, "optimizer.pt"))
+
+    def load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        weights = load_file(os.path.join(path, "weights", "model.safetensors"))
+        missing, _ = self.model.load_state_dict(weights, strict=False)
+        # Tied embeddings are saved once; everything else must be present.
+        assert all("lm_head" in k for k in missing), f"checkpoint {path} lacks weights: {missing}"
+        state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])
+
+    def set_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+        if self.reference is not None:
+            self.reference.load_state_dict(state)
+
+    def ping(self) -> int:
+        return self.rank
+
+    def node_address(self) -> str:
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ip}:{port}"
+
