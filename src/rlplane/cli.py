@@ -25,7 +25,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.models.loading import ModelLoadError
-    from rlplane.recipes.grpo import TrainingStopped
+    from rlplane.recipes.common import TrainingStopped
 
     return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped)
 
@@ -52,14 +52,17 @@ def cmd_show_config(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from rlplane.recipes.grpo import train
-
     cfg = _load(args)
+    if cfg.algorithm == "ppo":
+        from rlplane.recipes.ppo import train
+    else:
+        from rlplane.recipes.grpo import train
     summary = train(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    print(f"held-out accuracy before GRPO: {fmt(before)}")
-    print(f"held-out accuracy after GRPO:  {fmt(after)}")
+    name = cfg.algorithm.upper()
+    print(f"held-out accuracy before {name}: {fmt(before)}")
+    print(f"held-out accuracy after {name}:  {fmt(after)}")
     print(f"run directory: {summary['run_dir']}  ({summary['wall_seconds']:.0f} s)")
     return 0
 
@@ -74,7 +77,7 @@ def cmd_sft(args) -> int:
         from rlplane.models.loading import load_policy
         from rlplane.recipes.setup import model_kwargs
 
-        model, tok = load_policy(cfg.policy.model_name, seed=cfg.grpo.seed, model_kwargs=model_kwargs(cfg))
+        model, tok = load_policy(cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=model_kwargs(cfg))
         model.load_state_dict(state)
         out = s.run_dir / "sft"
         model.save_pretrained(out)
@@ -98,7 +101,7 @@ def cmd_eval(args) -> int:
                            "pass a step_N checkpoint directory or an HF model directory"])
     preset = args.config or (str(ckpt / "config.yaml") if (ckpt / "config.yaml").is_file() else None)
     cfg = load_config(preset, [*args.overrides, f"policy.model_name={weights}", "warmup.enabled=false"])
-    from rlplane.recipes.grpo import validate
+    from rlplane.recipes.common import validate
     from rlplane.recipes.setup import build_session
 
     s = build_session(cfg.model_copy(update={"runtime": "local"}), quiet=True)
@@ -108,7 +111,7 @@ def cmd_eval(args) -> int:
     finally:
         s.close()
     result["checkpoint"] = str(ckpt)
-    result["num_problems"] = min(len(s.val_datums), cfg.grpo.max_val_samples)
+    result["num_problems"] = min(len(s.val_datums), cfg.loop.max_val_samples)
     print(json.dumps(result, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))
@@ -116,9 +119,9 @@ def cmd_eval(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlplane", description="RL post-training of language models (GRPO).")
+    parser = argparse.ArgumentParser(prog="rlplane", description="RL post-training of language models (GRPO, PPO).")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="warm-up + GRPO (the embedded arithmetic job by default)")
+    p = sub.add_parser("train", help="warm-up + GRPO or PPO (the embedded arithmetic GRPO job by default)")
     _add_config_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_train)

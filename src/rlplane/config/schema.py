@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from rlplane.config.algorithms import (
     GRPOAdvEstimatorConfig,
     LossConfig,
+    PPOAdvEstimatorConfig,
     RewardScalingConfig,
     RewardShapingConfig,
 )
@@ -83,13 +84,14 @@ class PolicyConfig(StrictModel):
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
 
 
-class GRPOConfig(StrictModel):
-    """The GRPO loop (NeMo RL `grpo.*`)."""
+class RolloutLoopConfig(StrictModel):
+    """What every on-policy loop shares: prompts and rollouts per step, validation, sample filters and
+    reward transforms. ``grpo.*`` and ``ppo.*`` both carry these keys (NeMo RL's names)."""
 
     num_prompts_per_step: int = Field(32, ge=1, description="Prompts drawn per step.")
     num_generations_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the group size G).")
     max_rollout_turns: int = Field(1, ge=1, description="Turns per rollout (1 = single turn).")
-    max_num_steps: int = Field(150, ge=0, description="GRPO steps to run.")
+    max_num_steps: int = Field(150, ge=0, description="Training steps to run.")
     max_num_epochs: int = Field(1000, ge=1, description="Passes over a finite dataset, at most.")
     val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
     val_at_start: bool = Field(True, description="Validate before the first step.")
@@ -98,8 +100,6 @@ class GRPOConfig(StrictModel):
     val_batch_size: int = Field(500, ge=1, description="Validation prompts per generation call.")
     val_num_generations_per_prompt: int = Field(1, ge=1, description="k > 1 also reports pass@k (sampled).")
     overlong_filtering: bool = Field(False, description="Zero the loss of truncated responses (DAPO).")
-    advantage_clip_low: float | None = Field(None, description="Clamp advantages below (null = off).")
-    advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
     use_dynamic_sampling: bool = Field(False, description="Drop zero-std groups and refill (DAPO).")
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
     batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
@@ -108,21 +108,81 @@ class GRPOConfig(StrictModel):
         False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
     )
     seed: int = Field(42, description="Seed of the whole run.")
-    adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
 
     @model_validator(mode="after")
-    def _rules(self) -> "GRPOConfig":
+    def _rules(self) -> "RolloutLoopConfig":
         if self.batch_multiplier > 1 and not self.use_dynamic_sampling:
             raise ValueError(
                 f"batch_multiplier = {self.batch_multiplier} only applies with dynamic sampling; "
-                "set grpo.use_dynamic_sampling=true or batch_multiplier=1"
+                "set use_dynamic_sampling=true or batch_multiplier=1"
             )
+        return self
+
+
+class GRPOConfig(RolloutLoopConfig):
+    """The GRPO loop (NeMo RL `grpo.*`): the shared rollout knobs plus group-baseline advantages."""
+
+    advantage_clip_low: float | None = Field(None, description="Clamp advantages below (null = off).")
+    advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
+    adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
+
+    @model_validator(mode="after")
+    def _clip_order(self) -> "GRPOConfig":
         lo, hi = self.advantage_clip_low, self.advantage_clip_high
         if lo is not None and hi is not None and lo >= hi:
             raise ValueError(f"advantage_clip_low = {lo} >= advantage_clip_high = {hi}; make low < high")
         return self
+
+
+class PPOConfig(RolloutLoopConfig):
+    """The PPO loop (NeMo RL `ppo.*`): the shared rollout knobs plus GAE and several epochs per rollout."""
+
+    ppo_epochs: int = Field(4, description="Passes of critic then actor training over each rollout (>= 1).")
+    policy_training_start_step: int = Field(
+        0, ge=0, description="Critic-only warm-up: the actor trains from this step on (steps counted from 0)."
+    )
+    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig, description="GAE or raw reward.")
+
+    @model_validator(mode="after")
+    def _epochs(self) -> "PPOConfig":
+        if self.ppo_epochs < 1:
+            raise ValueError(
+                f"ppo.ppo_epochs = {self.ppo_epochs}: each rollout needs at least one training pass "
+                "(NeMo RL uses 4); set ppo.ppo_epochs >= 1"
+            )
+        return self
+
+
+class ValueLossConfig(StrictModel):
+    """The critic's clipped MSE (NeMo RL `value_loss_fn`): ``0.5·scale·max((v−R)², (v_clip−R)²)``."""
+
+    scale: float = Field(1.0, gt=0, description="Multiplier of the value loss (NeMo RL's PPO example: 0.4).")
+    cliprange: float | None = Field(
+        None, description="Clip the new values to old ± cliprange before the loss (null or 0 = no clipping)."
+    )
+
+    @model_validator(mode="after")
+    def _cliprange(self) -> "ValueLossConfig":
+        if self.cliprange is not None and self.cliprange < 0:
+            raise ValueError(f"cliprange = {self.cliprange}: needs a value >= 0 (0.2 is usual) or null")
+        return self
+
+
+class ValueConfig(StrictModel):
+    """The PPO critic: the policy's architecture with a scalar head (`num_labels = 1`), its own optimizer.
+
+    It starts from the policy's initial weights (the warm-up checkpoint, or ``policy.model_name``)
+    with a zero head, so V ≡ 0 at step 0. Batch sizes and DP size are the policy's.
+    """
+
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig(lr=1e-3), description="AdamW settings of the critic."
+    )
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule of the critic.")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic (null = off).")
+    loss_fn: ValueLossConfig = Field(default_factory=ValueLossConfig, description="Value loss scale and clipping.")
 
 
 class WarmupConfig(StrictModel):
@@ -230,11 +290,13 @@ class LoggerConfig(StrictModel):
 class RunConfig(StrictModel):
     """A whole run."""
 
-    algorithm: Literal["grpo"] = Field("grpo", description="Which recipe.")
+    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="Which recipe: `grpo` or `ppo` (value model + GAE).")
     runtime: Literal["local", "ray"] = Field("local", description="Workers in this process, or as Ray actors.")
     run_dir: str = Field("runs/grpo-arithmetic", description="Where checkpoints, logs and the summary go.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    grpo: GRPOConfig | None = Field(None, description="The GRPO loop (filled with defaults when algorithm: grpo).")
+    ppo: PPOConfig | None = Field(None, description="The PPO loop (filled with defaults when algorithm: ppo).")
+    value: ValueConfig | None = Field(None, description="The PPO critic (filled with defaults when algorithm: ppo).")
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -243,15 +305,51 @@ class RunConfig(StrictModel):
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_active_sections(cls, data):
+        """The chosen algorithm's sections default to ``{}``; the other algorithm's stay null (unset)."""
+        if isinstance(data, dict):
+            algo = data.get("algorithm", "grpo")
+            active = {"grpo": ("grpo",), "ppo": ("ppo", "value")}.get(algo, ())
+            data = {**data, **{k: {} for k in active if data.get(k) is None}}
+        return data
+
+    @property
+    def loop(self) -> RolloutLoopConfig:
+        """The active loop section: ``ppo`` when algorithm is ppo, else ``grpo``."""
+        return self.ppo if self.algorithm == "ppo" else self.grpo
+
     @model_validator(mode="after")
     def _cross_section(self) -> "RunConfig":
         errors = []
-        p, g = self.policy, self.grpo
+        algo, other_algo = self.algorithm, {"grpo": "ppo", "ppo": "grpo"}[self.algorithm]
+        shared = set(RolloutLoopConfig.model_fields)
+        for section in {"grpo": ("ppo", "value"), "ppo": ("grpo",)}[algo]:
+            given = getattr(self, section)
+            if given is None:
+                continue
+            keys = sorted(given.model_fields_set)
+            moved = [k for k in keys if section == other_algo and k in shared]
+            only = [k for k in keys if k not in moved]
+            if moved:
+                errors.append(
+                    f"{', '.join(f'{section}.{k}' for k in moved)}: with algorithm = {algo} the loop settings live "
+                    f"under {algo}.*; use {', '.join(f'{algo}.{k}' for k in moved)} (or set algorithm={other_algo})"
+                )
+            if only or not moved:
+                errors.append(
+                    f"{', '.join(f'{section}.{k}' for k in only) or section}: {other_algo.upper()}-only keys with algorithm = "
+                    f"{algo}; remove them (or set algorithm={other_algo})"
+                )
+        if errors:  # the rest would judge the wrong section
+            raise ValueError("\n".join(errors))
+        p, g, name = self.policy, self.loop, self.algorithm
         samples = g.num_prompts_per_step * g.num_generations_per_prompt
         if samples % p.train_global_batch_size:
             errors.append(
                 f"policy.train_global_batch_size = {p.train_global_batch_size} does not divide "
-                f"grpo.num_prompts_per_step × num_generations_per_prompt = {samples}; make it a divisor (e.g. {samples})"
+                f"{name}.num_prompts_per_step × num_generations_per_prompt = {samples}; make it a divisor (e.g. {samples})"
             )
         per_rank = p.train_global_batch_size // p.dp_size
         if p.train_global_batch_size % p.dp_size:
@@ -269,18 +367,28 @@ class RunConfig(StrictModel):
                           "in-process memory); set data_plane.backend=ray")
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
-        if g.adv_estimator.name != "grpo":
+        if name == "grpo" and g.adv_estimator.name != "grpo":
             errors.append(f"grpo.adv_estimator.name = {g.adv_estimator.name!r}: the GRPO trainer supports 'grpo' "
                           "so far; set grpo.adv_estimator.name=grpo")
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
-            errors.append("grpo.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
+            errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
                           "skips; unset one of them")
         if g.max_rollout_turns != 1:
-            errors.append(f"grpo.max_rollout_turns = {g.max_rollout_turns}: multi-turn rollouts are not built yet; set it to 1")
+            errors.append(f"{name}.max_rollout_turns = {g.max_rollout_turns}: multi-turn rollouts are not built yet; set it to 1")
         if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
             errors.append(
                 "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "
                 f"policy.train_global_batch_size = {samples} (prompts × generations)"
+            )
+        lf = self.loss_fn
+        if name == "ppo" and lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0 and \
+                g.skip_reference_policy_logprobs_calculation:
+            errors.append("loss_fn.use_kl_in_reward needs reference logprobs, which "
+                          "ppo.skip_reference_policy_logprobs_calculation skips; unset one of them")
+        if self.loss_fn.force_on_policy_ratio and name == "ppo" and g.ppo_epochs > 1:
+            errors.append(
+                f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
+                f"{g.ppo_epochs}; set ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"
             )
         if errors:
             raise ValueError("\n".join(errors))

@@ -33,11 +33,12 @@ from rlplane.utils.checkpoint import CheckpointManager
 from rlplane.utils.logging import MetricsLogger
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
+from rlplane.workers.value import ValueWorker
 
 
 def build_datasets(cfg: RunConfig, tokenizer):
     """(train loader, held-out datums, stats) from ``data.*``."""
-    d, g = cfg.data, cfg.grpo
+    d, g = cfg.data, cfg.loop
     # A prompt must leave room for at least one generated token.
     max_prompt = cfg.policy.max_total_sequence_length - 1
     stats: dict[str, int] = {}
@@ -83,13 +84,13 @@ class Session:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         torch.set_num_threads(cfg.policy.threads_per_worker)
-        seed_everything(cfg.grpo.seed)
+        seed_everything(cfg.loop.seed)
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}
         self._stale = False
         self._t_start = time.perf_counter()
         # Tokenizer and data first: data errors should surface before anything slow starts.
-        _, self.tokenizer = load_policy(cfg.policy.model_name, seed=cfg.grpo.seed, model_kwargs=model_kwargs(cfg))
+        _, self.tokenizer = load_policy(cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=model_kwargs(cfg))
         self.train_loader, self.val_datums, self.data_stats = build_datasets(cfg, self.tokenizer)
         if self.data_stats.get("skipped_overlong"):
             self.say(f"skipped {self.data_stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
@@ -98,7 +99,7 @@ class Session:
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
         self.needs_reference = (
-            cfg.loss_fn.reference_policy_kl_penalty != 0 and not cfg.grpo.skip_reference_policy_logprobs_calculation
+            cfg.loss_fn.reference_policy_kl_penalty != 0 and not cfg.loop.skip_reference_policy_logprobs_calculation
         )
         self.loss_kwargs = cfg.loss_fn.model_dump()
         ck = cfg.checkpointing
@@ -107,7 +108,10 @@ class Session:
         )
         log_dir = cfg.logger.log_dir or self.run_dir / "logs"
         self.logger = MetricsLogger(log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled)
+        # PPO with GAE trains a critic; GRPO and PPO's raw_reward estimator do not.
+        self.uses_critic = cfg.algorithm == "ppo" and cfg.ppo.adv_estimator.name == "gae"
         self.policy = None
+        self.value = None
         self.rollout_worker = None
         self._bar = None
 
@@ -129,8 +133,10 @@ class Session:
             w = self.policy.workers[0]
             # Colocated: the generator shares the policy's module, so refit costs nothing.
             self.rollout_worker = RolloutWorker(cfg, self.data_plane, model=w.model, tokenizer=w.tokenizer,
-                                                seed=cfg.grpo.seed)
+                                                seed=cfg.loop.seed)
             self._rollout_remote = False
+            if self.uses_critic:
+                self.value = LocalGroup(ValueWorker, kwargs)
         else:
             import ray
 
@@ -138,10 +144,16 @@ class Session:
             if n > 1:
                 address = ray.get(self.policy.workers[0].node_address.remote())
                 self.policy.run("setup_distributed", address)
+            if self.uses_critic:
+                # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
+                self.value = RayGroup(ValueWorker, kwargs, num_cpus=0.25)
+                if n > 1:  # its own gloo group: every actor is its own process
+                    self.value.run("setup_distributed", ray.get(self.value.workers[0].node_address.remote()))
             remote = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})(RolloutWorker)
-            self.rollout_worker = remote.remote(cfg, self.data_plane, seed=cfg.grpo.seed)
+            self.rollout_worker = remote.remote(cfg, self.data_plane, seed=cfg.loop.seed)
             self._rollout_remote = True
-            self._stale = True  # the rollout actor built its own weights: push the policy's
+            self._stale = True  # the rollout actor built its own weights: push the policy's now
+            self.refit_if_stale()
 
     def rollout(self, method: str, *args, **kwargs):
         if self._rollout_remote:
@@ -152,8 +164,15 @@ class Session:
 
     def policy_sharded(self, method: str, meta, batch_size: int | None = None, **kwargs) -> list:
         """Shard ``meta`` over the DP ranks and call ``method`` on each with its shard."""
+        return self._sharded(self.policy, method, meta, batch_size, **kwargs)
+
+    def value_sharded(self, method: str, meta, batch_size: int | None = None, **kwargs) -> list:
+        """The same over the critic's ranks (same DP size and sharding as the policy)."""
+        return self._sharded(self.value, method, meta, batch_size, **kwargs)
+
+    def _sharded(self, group, method: str, meta, batch_size: int | None, **kwargs) -> list:
         metas, _ = shard_meta_for_dp(meta, self.cfg.policy.dp_size, batch_size=batch_size)
-        return self.policy.run(method, per_rank=[{"meta": m} for m in metas], **kwargs)
+        return group.run(method, per_rank=[{"meta": m} for m in metas], **kwargs)
 
     def mark_stale(self) -> None:
         self._stale = self._rollout_remote
@@ -186,6 +205,8 @@ class Session:
             self._start_workers(init_state=None)
             info = self.ckpt.load_info(latest)
             self.policy.run("load", str(latest / "policy"))
+            if self.value is not None:
+                self.value.run("load", str(latest / "value"))
             self.train_loader.load_state_dict(torch.load(latest / "dataloader.pt", weights_only=True))
             self._train_iter = iter(self.train_loader)
             rng = torch.load(latest / "rng.pt", weights_only=True)
@@ -202,11 +223,11 @@ class Session:
 
     def _warm_up(self) -> dict:
         cfg = self.cfg
-        model, tok = load_policy(cfg.policy.model_name, seed=cfg.grpo.seed, model_kwargs=model_kwargs(cfg))
-        evaluator = RolloutWorker(cfg, None, model=model, tokenizer=tok, seed=cfg.grpo.seed + 1)
+        model, tok = load_policy(cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=model_kwargs(cfg))
+        evaluator = RolloutWorker(cfg, None, model=model, tokenizer=tok, seed=cfg.loop.seed + 1)
         val = self.val_datums[: cfg.warmup.eval_samples]
         sft_rows = self.train_loader.dataset
-        rng = random.Random(cfg.grpo.seed + 2)
+        rng = random.Random(cfg.loop.seed + 2)
         eos = [tok.eos_token_id]
 
         def batches(n: int):
@@ -231,7 +252,7 @@ class Session:
         if self._bar is None and self.cfg.logger.progress_bar and not self.quiet and step > 0:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.cfg.grpo.max_num_steps, initial=step - 1, desc="grpo", file=sys.stderr,
+            self._bar = tqdm(total=self.cfg.loop.max_num_steps, initial=step - 1, desc=self.cfg.algorithm, file=sys.stderr,
                              dynamic_ncols=True)
         if self._bar is not None:
             self._bar.n = step
@@ -242,7 +263,7 @@ class Session:
 
     def checkpoint_due(self, step: int) -> bool:
         ck = self.cfg.checkpointing
-        return ck.enabled and (step % ck.save_period == 0 or step == self.cfg.grpo.max_num_steps)
+        return ck.enabled and (step % ck.save_period == 0 or step == self.cfg.loop.max_num_steps)
 
     def save_checkpoint(self, step: int, metrics: dict) -> Path:
         ranked = {}
@@ -261,6 +282,8 @@ class Session:
         def write(tmp: Path) -> None:
             (tmp / "config.yaml").write_text(dump_config(self.cfg))
             self.policy.run("save", str(tmp / "policy"))
+            if self.value is not None:
+                self.value.run("save", str(tmp / "value"))
             torch.save(self.train_loader.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.rollout("rng_state")}, tmp / "rng.pt")
 
@@ -286,6 +309,8 @@ class Session:
             import ray
 
             self.policy.kill()
+            if self.value is not None:
+                self.value.kill()
             ray.kill(self.rollout_worker)
         self.data_plane.close()
 

@@ -12,7 +12,6 @@ Logprob convention (as in the seeds): ``logprobs[:, t] = log π(token_t | tokens
 from __future__ import annotations
 
 import copy
-import math
 import os
 from typing import Any
 
@@ -23,7 +22,7 @@ from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
-from rlplane.utils.metrics import reduce_microbatch_metrics
+from rlplane.workers.base import DPTrainWorker, build_optimizer
 
 # Fields the trainer reads from the data plane, and the pad value of each.
 PAD_VALUES = {
@@ -46,17 +45,10 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return F.pad(logp, (1, 0))
 
 
-def _lr_lambda(warmup_steps: int, start_factor: float):
-    def f(step: int) -> float:
-        if warmup_steps <= 0 or step >= warmup_steps:
-            return 1.0
-        return start_factor + (1.0 - start_factor) * step / warmup_steps
-
-    return f
-
-
-class PolicyWorker:
+class PolicyWorker(DPTrainWorker):
     """One data-parallel rank of the policy (and of the frozen reference policy)."""
+
+    pad_values = PAD_VALUES
 
     def __init__(
         self,
@@ -71,7 +63,7 @@ class PolicyWorker:
         tiny = cfg.policy.tiny
         self.model, self.tokenizer = load_policy(
             cfg.policy.model_name,
-            seed=cfg.grpo.seed,
+            seed=cfg.loop.seed,
             model_kwargs=dict(
                 hidden_size=tiny.hidden_size,
                 num_layers=tiny.num_layers,
@@ -87,42 +79,14 @@ class PolicyWorker:
         if self._needs_reference():
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.model.train()
-        opt = cfg.policy.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
-        )
-        sch = cfg.policy.scheduler
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor)
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.policy.optimizer, cfg.policy.scheduler)
         self.group = None
-
-    def setup_distributed(self, address: str) -> None:
-        """Join the gloo group of all DP ranks (called on every rank at once; blocks until all join)."""
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world_size)
-        self.group = dist.group.WORLD
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _needs_reference(self) -> bool:
         return (
             self.cfg.loss_fn.reference_policy_kl_penalty != 0
-            and not self.cfg.grpo.skip_reference_policy_logprobs_calculation
-        )
-
-    def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        if self.group is None:
-            return t
-        import torch.distributed as dist
-
-        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
-        return t
-
-    def _fetch(self, meta: KVBatchMeta, fields: list[str]) -> dict[str, torch.Tensor]:
-        pad_to = meta.extra_info.get("global_forward_pad_seqlen")
-        return self.dp.get_samples(
-            meta, meta.partition_id, fields, pad_values={f: PAD_VALUES.get(f, 0) for f in fields}, pad_to=pad_to
+            and not self.cfg.loop.skip_reference_policy_logprobs_calculation
         )
 
     # ---- logprobs --------------------------------------------------------------------------------
@@ -162,50 +126,27 @@ class PolicyWorker:
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
         ids = data["input_ids"]
         attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
-        per_rank_gbs = cfg.policy.train_global_batch_size // self.world_size
-        mbs = min(cfg.policy.train_micro_batch_size, per_rank_gbs)
-        num_gb = max(1, len(ids) // per_rank_gbs)
         temp = cfg.policy.generation.temperature
-        metrics_per_mb: list[dict[str, torch.Tensor]] = []
-        grad_norms = []
-        for g in range(num_gb):
-            gb = slice(g * per_rank_gbs, (g + 1) * per_rank_gbs)
-            tm = data["token_mask"][gb, 1:].float() * sample_mask[gb, None]
-            counts = self._all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
-            global_toks, global_seqs = counts[0], counts[1]
-            self.optimizer.zero_grad(set_to_none=True)
-            for start in range(gb.start, gb.stop, mbs):
-                mb = slice(start, start + mbs)
-                curr = token_logprobs(self.model, ids[mb], attn[mb], temp)[:, 1:]  # (b, T-1)
-                loss, m = clipped_pg_loss(
-                    curr_logprobs=curr,
-                    prev_logprobs=data["prev_logprobs"][mb, 1:] if use_prev else curr.detach(),
-                    generation_logprobs=data["generation_logprobs"][mb, 1:],
-                    reference_logprobs=data["reference_policy_logprobs"][mb, 1:] if use_ref else None,
-                    advantages=data["advantages"][mb, 1:],
-                    token_mask=data["token_mask"][mb, 1:].float(),
-                    sample_mask=sample_mask[mb],
-                    global_valid_tokens=global_toks,
-                    global_valid_seqs=global_seqs,
-                    **loss_kwargs,
-                )
-                loss.backward()
-                metrics_per_mb.append({"loss": loss.detach(), **{k: v.detach() for k, v in m.items()}})
-            if self.group is not None:
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        self._all_reduce(p.grad)
-            max_norm = cfg.policy.max_grad_norm
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm if max_norm else math.inf)
-            grad_norms.append(norm)
-            self.optimizer.step()
-        self.scheduler.step()
-        out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
-        out["grad_norm"] = float(torch.stack(grad_norms).mean())
-        out["lr"] = self.optimizer.param_groups[0]["lr"]
-        out["global_valid_toks"] = float(global_toks)
-        out["global_valid_seqs"] = float(global_seqs)
-        return out
+
+        def mb_loss(mb: slice, global_toks: torch.Tensor, global_seqs: torch.Tensor):
+            curr = token_logprobs(self.model, ids[mb], attn[mb], temp)[:, 1:]  # (b, T-1)
+            return clipped_pg_loss(
+                curr_logprobs=curr,
+                prev_logprobs=data["prev_logprobs"][mb, 1:] if use_prev else curr.detach(),
+                generation_logprobs=data["generation_logprobs"][mb, 1:],
+                reference_logprobs=data["reference_policy_logprobs"][mb, 1:] if use_ref else None,
+                advantages=data["advantages"][mb, 1:],
+                token_mask=data["token_mask"][mb, 1:].float(),
+                sample_mask=sample_mask[mb],
+                global_valid_tokens=global_toks,
+                global_valid_seqs=global_seqs,
+                **loss_kwargs,
+            )
+
+        return self._train_global_batches(
+            data["token_mask"][:, 1:], sample_mask, cfg.policy.train_global_batch_size,
+            cfg.policy.train_micro_batch_size, cfg.policy.max_grad_norm, mb_loss,
+        )
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -239,18 +180,3 @@ class PolicyWorker:
         self.model.load_state_dict(state)
         if self.reference is not None:
             self.reference.load_state_dict(state)
-
-    def ping(self) -> int:
-        return self.rank
-
-    def node_address(self) -> str:
-        import socket
-
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"{ip}:{port}"
-

@@ -34,7 +34,7 @@ class RolloutWorker:
             tiny = cfg.policy.tiny
             model, tokenizer = load_policy(
                 cfg.policy.model_name,
-                seed=cfg.grpo.seed,
+                seed=cfg.loop.seed,
                 model_kwargs=tiny.model_dump() if cfg.policy.model_name.startswith("embedded:") else None,
             )
         self.tokenizer = tokenizer

@@ -1,0 +1,138 @@
+"""What the policy and value workers share: optimizer and schedule, the gloo DP group, shard fetches,
+and the global-batch training loop (micro-batches → summed gradients → all-reduce → clip → AdamW).
+
+Both workers are plain classes (``runtime: local``) that Ray wraps as actors (``runtime: ray``); the
+methods here are the ones the runtime calls on either (``setup_distributed``, ``node_address``, ``ping``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from rlplane.config.schema import OptimizerConfig, SchedulerConfig
+from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.utils.metrics import reduce_microbatch_metrics
+
+# (micro-batch slice, global valid tokens, global valid sequences) -> (loss, detached metrics)
+MicroBatchLoss = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def _lr_lambda(warmup_steps: int, start_factor: float):
+    def f(step: int) -> float:
+        if warmup_steps <= 0 or step >= warmup_steps:
+            return 1.0
+        return start_factor + (1.0 - start_factor) * step / warmup_steps
+
+    return f
+
+
+def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
+    """AdamW over ``model``'s parameters and a LambdaLR with linear warm-up; ``(optimizer, scheduler)``."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor))
+    return optimizer, scheduler
+
+
+class DPTrainWorker:
+    """Base of the trainable workers. Subclasses set ``cfg``, ``dp``, ``rank``, ``world_size``,
+    ``model``, ``optimizer``, ``scheduler`` and ``group = None`` in their constructor."""
+
+    cfg: object
+    dp: DataPlaneClient | None
+    rank: int
+    world_size: int
+    group: object | None
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    pad_values: dict[str, float | int] = {}
+
+    # ---- data parallelism ------------------------------------------------------------------------
+    def setup_distributed(self, address: str) -> None:
+        """Join the gloo group of all DP ranks (called on every rank at once; blocks until all join)."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world_size)
+        self.group = dist.group.WORLD
+
+    def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.group is None:
+            return t
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+        return t
+
+    def ping(self) -> int:
+        return self.rank
+
+    def node_address(self) -> str:
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ip}:{port}"
+
+    # ---- data ------------------------------------------------------------------------------------
+    def _fetch(self, meta: KVBatchMeta, fields: list[str]) -> dict[str, torch.Tensor]:
+        """This rank's shard of ``fields``, padded to the step's common length (all ranks alike)."""
+        pad_to = meta.extra_info.get("global_forward_pad_seqlen")
+        return self.dp.get_samples(
+            meta, meta.partition_id, fields, pad_values={f: self.pad_values.get(f, 0) for f in fields}, pad_to=pad_to
+        )
+
+    # ---- training --------------------------------------------------------------------------------
+    def _train_global_batches(
+        self,
+        token_mask: torch.Tensor,
+        sample_mask: torch.Tensor,
+        global_batch_size: int,
+        micro_batch_size: int,
+        max_grad_norm: float | None,
+        mb_loss: MicroBatchLoss,
+    ) -> dict[str, float]:
+        """One optimizer step per global batch of this rank's shard, then one scheduler step.
+
+        ``token_mask`` (B, T') is the loss's token mask (already sliced like the loss inputs) and
+        ``sample_mask`` (B,). The loss is normalised by the global counts of each global batch
+        (summed over micro-batches and DP ranks), so the summed gradient is the global-batch mean.
+        Returns the reduced metrics plus ``grad_norm``, ``lr``, ``global_valid_toks/seqs``.
+        """
+        per_rank_gbs = global_batch_size // self.world_size
+        mbs = min(micro_batch_size, per_rank_gbs)
+        num_gb = max(1, len(token_mask) // per_rank_gbs)
+        metrics_per_mb: list[dict[str, torch.Tensor]] = []
+        grad_norms = []
+        for g in range(num_gb):
+            gb = slice(g * per_rank_gbs, (g + 1) * per_rank_gbs)
+            tm = token_mask[gb].float() * sample_mask[gb, None]
+            counts = self._all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
+            global_toks, global_seqs = counts[0], counts[1]
+            self.optimizer.zero_grad(set_to_none=True)
+            for start in range(gb.start, gb.stop, mbs):
+                loss, m = mb_loss(slice(start, start + mbs), global_toks, global_seqs)
+                loss.backward()
+                metrics_per_mb.append({"loss": loss.detach(), **{k: v.detach() for k, v in m.items()}})
+            if self.group is not None:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        self._all_reduce(p.grad)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
+            grad_norms.append(norm)
+            self.optimizer.step()
+        self.scheduler.step()
+        out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
+        out["grad_norm"] = float(torch.stack(grad_norms).mean())
+        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        out["global_valid_toks"] = float(global_toks)
+        out["global_valid_seqs"] = float(global_seqs)
+        return out

@@ -1,0 +1,149 @@
+"""The value worker (PPO critic): the policy's architecture with a scalar head, on its DP shard.
+
+The model is ``AutoModelForTokenClassification`` with ``num_labels = 1`` built from the policy's
+config (for Llama: ``LlamaForTokenClassification``, the trunk plus a linear ``score`` head), so its
+checkpoint is an ordinary HF directory. It starts from the policy's initial trunk weights (the
+warm-up state, or ``policy.model_name``) and a zero head: V ≡ 0 before the first update.
+
+Value convention (as NeMo RL): ``values[:, t] = V(s_t)``, the value of the state *before* token t,
+which is the head's output at position t − 1 (it has seen tokens ≤ t − 1). So the head output is
+right-shifted by one and ``values[:, 0] = 0``; with ``token_mask`` on response tokens, GAE and the
+value loss use ``values``, ``returns`` and ``token_mask`` unshifted against each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForTokenClassification
+
+from rlplane.algorithms.losses import value_loss
+from rlplane.config.schema import RunConfig
+from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.models.loading import load_policy
+from rlplane.workers.base import DPTrainWorker, build_optimizer
+
+PAD_VALUES = {"input_ids": 0, "token_mask": 0, "values": 0.0, "returns": 0.0}
+
+
+def build_value_model(cfg: RunConfig, init_state: dict[str, torch.Tensor] | None = None):
+    """``(value_model, tokenizer)``: the policy's trunk (``init_state`` = a causal-LM state dict, if
+    given) under a zero-initialised scalar head. Deterministic; leaves the global RNG untouched."""
+    embedded = cfg.policy.model_name.startswith("embedded:")
+    causal, tokenizer = load_policy(
+        cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=cfg.policy.tiny.model_dump() if embedded else None
+    )
+    if init_state is not None:
+        causal.load_state_dict(init_state)
+    config = copy.deepcopy(causal.config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # values must not depend on train/eval mode (old values vs training)
+    config.architectures = None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.loop.seed)
+        model = AutoModelForTokenClassification.from_config(config)
+    trunk = getattr(model, model.base_model_prefix)
+    trunk.load_state_dict(getattr(causal, causal.base_model_prefix).state_dict())
+    head = model.score
+    torch.nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        torch.nn.init.zeros_(head.bias)
+    return model.to(torch.float32), tokenizer
+
+
+def shifted_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) ``V(s_t)``: the scalar head at t − 1 shifted right by one; position 0 is 0."""
+    head = model(input_ids=input_ids, attention_mask=attention_mask).logits[..., 0].float()  # (B, T)
+    return F.pad(head[:, :-1], (1, 0))
+
+
+class ValueWorker(DPTrainWorker):
+    """One data-parallel rank of the critic: ``compute_values`` and ``train`` on its shard."""
+
+    pad_values = PAD_VALUES
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        data_plane: DataPlaneClient | None,
+        rank: int = 0,
+        world_size: int = 1,
+        init_state: dict[str, torch.Tensor] | None = None,
+    ):
+        self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
+        torch.set_num_threads(cfg.policy.threads_per_worker)
+        self.model, self.tokenizer = build_value_model(cfg, init_state)
+        self.model.train()
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.value.optimizer, cfg.value.scheduler)
+        self.group = None
+
+    def _inputs(self, meta: KVBatchMeta, fields: list[str]):
+        data = self._fetch(meta, fields)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
+        attn = (torch.arange(data["input_ids"].shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        return data, lengths, attn
+
+    @torch.no_grad()
+    def compute_values(self, meta: KVBatchMeta, out_field: str = "values") -> None:
+        """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
+        if len(meta) == 0:
+            return None
+        data, lengths, attn = self._inputs(meta, ["input_ids"])
+        ids = data["input_ids"]
+        bs = self.cfg.policy.logprob_batch_size
+        self.model.eval()
+        out = torch.cat([shifted_values(self.model, ids[i : i + bs], attn[i : i + bs]) for i in range(0, len(ids), bs)])
+        self.model.train()
+        self.dp.put_samples(
+            list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
+        )
+        return None
+
+    def train(self, meta: KVBatchMeta, **_: Any) -> dict[str, float]:
+        """Every global batch of this rank's shard with the clipped value loss (``value.loss_fn``):
+        ``0.5·scale·Σ max((v − R)², (clamp(v, v_old ± ε) − R)²)·m / N_tok`` against the stored
+        ``returns``, ``v_old`` = the stored ``values``. Metrics: :func:`rlplane.algorithms.value_loss`'s."""
+        cfg = self.cfg
+        data, _, attn = self._inputs(meta, ["input_ids", "token_mask", "values", "returns"])
+        ids = data["input_ids"]
+        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags])  # (B,)
+        token_mask = data["token_mask"][:, 1:].float()  # position 0 is never a response token
+        loss_cfg = cfg.value.loss_fn
+
+        def mb_loss(mb: slice, global_toks: torch.Tensor, _global_seqs: torch.Tensor):
+            v = shifted_values(self.model, ids[mb], attn[mb])[:, 1:]  # (b, T-1)
+            return value_loss(
+                v, data["values"][mb, 1:], data["returns"][mb, 1:], token_mask[mb], global_toks,
+                clip_range=loss_cfg.cliprange, sample_mask=sample_mask[mb], scale=loss_cfg.scale,
+            )
+
+        return self._train_global_batches(
+            token_mask, sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,
+            cfg.value.max_grad_norm, mb_loss,
+        )
+
+    # ---- weights and state -----------------------------------------------------------------------
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str) -> None:
+        """HF weights (``AutoModelForTokenClassification.from_pretrained`` loads them) + tokenizer to
+        ``path/weights``, optimizer/scheduler state to ``path/optimizer.pt`` (rank 0 only)."""
+        if self.rank != 0:
+            return
+        self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
+        self.tokenizer.save_pretrained(os.path.join(path, "weights"))
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        torch.save(state, os.path.join(path, "optimizer.pt"))
+
+    def load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(os.path.join(path, "weights", "model.safetensors")))
+        state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
