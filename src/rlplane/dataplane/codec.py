@@ -95,17 +95,29 @@ def gather_jagged(
     [0, batch) appears exactly once over all parts. Rows longer than pad_len are the caller's
     error to catch first.
     """
-    # One slice copy per row. Measured at 500 rows x ~1k tokens: 8 ms, against 30+ ms for a
-    # vectorised repeat_interleave gather (repeat_interleave is slow on one CPU thread).
     ref = parts[0][0].values
-    out = torch.full((batch, pad_len, *ref.shape[1:]), pad_value, dtype=ref.dtype)
+    if batch == 0:
+        out = torch.full((batch, pad_len, *ref.shape[1:]), pad_value, dtype=ref.dtype)
+        for col, rows, pos in parts:
+            assert col.offsets is not None
+            offsets = col.offsets.tolist()
+            for r, p in zip(rows, pos):
+                out[p, : offsets[r + 1] - offsets[r]] = col.values[offsets[r] : offsets[r + 1]]
+        return out
+    # Row views in output order, then pad_sequence's C++ copy loop: measured 3.8 ms at 500 rows x
+    # ~1k tokens against 6.1 ms for a Python loop of slice copies and 30+ ms for a vectorised
+    # repeat_interleave gather (slow on one CPU thread).
+    views: list = [None] * batch
     for col, rows, pos in parts:
         assert col.offsets is not None
         offsets = col.offsets.tolist()
         values = col.values
         for r, p in zip(rows, pos):
-            start, stop = offsets[r], offsets[r + 1]
-            out[p, : stop - start] = values[start:stop]
+            views[p] = values[offsets[r] : offsets[r + 1]]
+    out = torch.nn.utils.rnn.pad_sequence(views, batch_first=True, padding_value=pad_value)
+    if out.shape[1] < pad_len:  # pad dim 1 up to the common length; trailing dims untouched
+        trail = (0, 0) * (out.dim() - 2)
+        out = torch.nn.functional.pad(out, (*trail, 0, pad_len - out.shape[1]), value=pad_value)
     return out
 
 
