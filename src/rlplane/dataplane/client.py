@@ -239,7 +239,10 @@ class IndexedClient(DataPlaneClient):
                         f"partition {pid!r}: field {name!r} has {len(rows)} rows for {n} keys {fmt_keys(ids)}"
                     )
                 rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
-                kinds = {(r.shape[1:], r.dtype) for r in rows}
+                # dtype and rank first (cheap attributes); trailing shapes only when rows are not 1-D.
+                kinds = {(r.dtype, r.dim()) for r in rows}
+                if len(kinds) == 1 and next(iter(kinds))[1] > 1:
+                    kinds = {(r.shape[1:], r.dtype) for r in rows}
                 if len(kinds) > 1:
                     raise ShapeError(
                         f"partition {pid!r}: field {name!r} rows disagree in trailing shape or dtype "

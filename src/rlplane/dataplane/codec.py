@@ -63,8 +63,9 @@ def pack_rows(rows: Sequence[torch.Tensor]) -> Column:
     """Jagged column from a list of tensors that share trailing dims: (L_i, *trail) each."""
     if not rows:
         return Column(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
-    rows = [r.reshape(1) if r.dim() == 0 else r for r in rows]
-    lens = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
+    if rows[0].dim() == 0:  # rows agree in rank (checked by the caller): scalars become length 1
+        rows = [r.reshape(1) for r in rows]
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.int64)
     offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=offsets[1:])
     return Column(torch.cat(rows).detach().cpu().contiguous(), offsets)
