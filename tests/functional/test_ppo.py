@@ -45,29 +45,6 @@ def _timings_free(rows):
     return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
 
 
-class FirstDigitEnv:
-    """Reward 1 when the response starts with an odd digit: varied rewards even from random weights."""
-
-    def step(self, message_logs, metadata):
-        from rlplane.envs import EnvironmentReturn, last_assistant_content
-
-        texts = [last_assistant_content(m) for m in message_logs]
-        rewards = torch.tensor([float(t[:1] in "13579" and t[:1] != "") for t in texts])
-        n = len(texts)
-        return EnvironmentReturn([{}] * n, [None] * n, [None] * n, rewards, torch.ones(n, dtype=torch.bool), None)
-
-
-@pytest.fixture
-def first_digit_env():
-    from rlplane.envs import ENV_REGISTRY, register_env
-
-    saved = dict(ENV_REGISTRY)
-    register_env("arithmetic", FirstDigitEnv)
-    yield
-    ENV_REGISTRY.clear()
-    ENV_REGISTRY.update(saved)
-
-
 @pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_ppo_steps_write_values_and_train_both_models(tmp_path, first_digit_env, runtime, request):
     extra = RAY if runtime == "ray" else []
