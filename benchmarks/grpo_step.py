@@ -28,9 +28,9 @@ from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.data.arithmetic import ArithmeticDataset, ArithmeticSpec  # noqa: E402
 from rlplane.envs import create_env  # noqa: E402
 from rlplane.generation.hf import HFGenerationBackend  # noqa: E402
-from rlplane.models.loading import load_policy  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
-from rlplane.recipes.setup import build_session, model_kwargs  # noqa: E402
+from rlplane.recipes.setup import build_session  # noqa: E402
+from rlplane.workers.base import load_configured_policy  # noqa: E402
 from rlplane.workers.policy import token_logprobs  # noqa: E402
 
 
@@ -39,7 +39,7 @@ class FloorLoop:
 
     def __init__(self, cfg, init_state):
         self.cfg = cfg
-        self.model, self.tok = load_policy(cfg.policy.model_name, seed=cfg.grpo.seed, model_kwargs=model_kwargs(cfg))
+        self.model, self.tok = load_configured_policy(cfg)
         self.model.load_state_dict(init_state)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.policy.optimizer.lr, weight_decay=0.0)

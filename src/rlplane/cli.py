@@ -74,10 +74,9 @@ def cmd_sft(args) -> int:
     s = build_session(cfg, quiet=args.quiet)
     try:
         state = s._warm_up()
-        from rlplane.models.loading import load_policy
-        from rlplane.recipes.setup import model_kwargs
+        from rlplane.workers.base import load_configured_policy
 
-        model, tok = load_policy(cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=model_kwargs(cfg))
+        model, tok = load_configured_policy(cfg)
         model.load_state_dict(state)
         out = s.run_dir / "sft"
         model.save_pretrained(out)

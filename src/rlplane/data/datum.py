@@ -6,7 +6,7 @@ plain ``list[int]`` (cheap to pickle, to ship through Ray and to pass to a gener
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase

@@ -26,11 +26,11 @@ from rlplane.data import (
     load_jsonl_dataset,
 )
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
-from rlplane.models.loading import load_policy
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import CheckpointManager
 from rlplane.utils.logging import MetricsLogger
+from rlplane.workers.base import load_configured_policy
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.value import ValueWorker
@@ -72,10 +72,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def model_kwargs(cfg: RunConfig) -> dict | None:
-    return cfg.policy.tiny.model_dump() if cfg.policy.model_name.startswith("embedded:") else None
-
-
 class Session:
     def __init__(self, cfg: RunConfig, quiet: bool = False):
         self.cfg = cfg
@@ -90,7 +86,7 @@ class Session:
         self._stale = False
         self._t_start = time.perf_counter()
         # Tokenizer and data first: data errors should surface before anything slow starts.
-        _, self.tokenizer = load_policy(cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=model_kwargs(cfg))
+        _, self.tokenizer = load_configured_policy(cfg)
         self.train_loader, self.val_datums, self.data_stats = build_datasets(cfg, self.tokenizer)
         if self.data_stats.get("skipped_overlong"):
             self.say(f"skipped {self.data_stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
@@ -223,7 +219,7 @@ class Session:
 
     def _warm_up(self) -> dict:
         cfg = self.cfg
-        model, tok = load_policy(cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=model_kwargs(cfg))
+        model, tok = load_configured_policy(cfg)
         evaluator = RolloutWorker(cfg, None, model=model, tokenizer=tok, seed=cfg.loop.seed + 1)
         val = self.val_datums[: cfg.warmup.eval_samples]
         sft_rows = self.train_loader.dataset

@@ -14,10 +14,19 @@ import torch
 
 from rlplane.config.schema import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.models.loading import load_policy
 from rlplane.utils.metrics import reduce_microbatch_metrics
 
 # (micro-batch slice, global valid tokens, global valid sequences) -> (loss, detached metrics)
 MicroBatchLoss = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def load_configured_policy(cfg):
+    """``(model, tokenizer)`` for ``policy.model_name``: the embedded model takes its shape from
+    ``policy.tiny``; initialisation is seeded by the run's seed."""
+    p = cfg.policy
+    embedded = p.model_name.startswith("embedded:")
+    return load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
 
 
 def _lr_lambda(warmup_steps: int, start_factor: float):

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
-from rlplane.models.loading import load_policy
-from rlplane.workers.base import DPTrainWorker, build_optimizer
+from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 
 # Fields the trainer reads from the data plane, and the pad value of each.
 PAD_VALUES = {
@@ -60,19 +59,7 @@ class PolicyWorker(DPTrainWorker):
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
         torch.set_num_threads(cfg.policy.threads_per_worker)
-        tiny = cfg.policy.tiny
-        self.model, self.tokenizer = load_policy(
-            cfg.policy.model_name,
-            seed=cfg.loop.seed,
-            model_kwargs=dict(
-                hidden_size=tiny.hidden_size,
-                num_layers=tiny.num_layers,
-                num_heads=tiny.num_heads,
-                intermediate_size=tiny.intermediate_size,
-            )
-            if cfg.policy.model_name.startswith("embedded:")
-            else None,
-        )
+        self.model, self.tokenizer = load_configured_policy(cfg)
         if init_state is not None:
             self.model.load_state_dict(init_state)
         self.reference = None

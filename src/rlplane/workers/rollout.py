@@ -23,7 +23,7 @@ from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.envs import create_env
 from rlplane.generation.hf import HFGenerationBackend
-from rlplane.models.loading import load_policy
+from rlplane.workers.base import load_configured_policy
 
 
 class RolloutWorker:
@@ -31,12 +31,7 @@ class RolloutWorker:
         self.cfg, self.dp = cfg, data_plane
         torch.set_num_threads(cfg.policy.threads_per_worker)
         if model is None:
-            tiny = cfg.policy.tiny
-            model, tokenizer = load_policy(
-                cfg.policy.model_name,
-                seed=cfg.loop.seed,
-                model_kwargs=tiny.model_dump() if cfg.policy.model_name.startswith("embedded:") else None,
-            )
+            model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
         self.backend = HFGenerationBackend(model, tokenizer)
         self.generator = torch.Generator().manual_seed(seed)

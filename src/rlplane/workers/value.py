@@ -24,8 +24,7 @@ from transformers import AutoModelForTokenClassification
 from rlplane.algorithms.losses import value_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
-from rlplane.models.loading import load_policy
-from rlplane.workers.base import DPTrainWorker, build_optimizer
+from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 
 PAD_VALUES = {"input_ids": 0, "token_mask": 0, "values": 0.0, "returns": 0.0}
 
@@ -33,10 +32,7 @@ PAD_VALUES = {"input_ids": 0, "token_mask": 0, "values": 0.0, "returns": 0.0}
 def build_value_model(cfg: RunConfig, init_state: dict[str, torch.Tensor] | None = None):
     """``(value_model, tokenizer)``: the policy's trunk (``init_state`` = a causal-LM state dict, if
     given) under a zero-initialised scalar head. Deterministic; leaves the global RNG untouched."""
-    embedded = cfg.policy.model_name.startswith("embedded:")
-    causal, tokenizer = load_policy(
-        cfg.policy.model_name, seed=cfg.loop.seed, model_kwargs=cfg.policy.tiny.model_dump() if embedded else None
-    )
+    causal, tokenizer = load_configured_policy(cfg)
     if init_state is not None:
         causal.load_state_dict(init_state)
     config = copy.deepcopy(causal.config)
