@@ -6,10 +6,10 @@ One step (what a sync GRPO step asks of the data plane):
   put 1000 samples (input_ids int64, generation_logprobs fp32, token_mask bool: per token; reward
   fp32: per sample) -> 2 actor DP ranks fetch their shard padded (B, T) -> each writes a padded
   prev_logprobs column back -> the driver reads prev_logprobs for all samples, padded, in the
-  original order -> clear.
+  original order -> clear (without waiting for the store's answer, as the trainer's step-end clear).
 
 Variants:
-  ray        rlplane's `ray` backend (index in a store actor, one object per column per put).
+  ray        rlplane's `ray` backend (index in a store actor, one object per put).
   ray/store  the same with owner="store" (data outlives its producer; one extra copy per put).
   raw        what one would write by hand: the driver packs each column jagged (numpy values +
              offsets) per DP shard, one ray.put per shard; actors get and pad it, return their
@@ -134,7 +134,7 @@ def plane_step(variant, client, ranks, batch, ids, step, timings):
     t2 = time.perf_counter()
     full = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]
     t3 = time.perf_counter()
-    client.clear_samples(meta, None)
+    client.clear_samples(meta, None, wait=False)  # as the trainer's step-end clear
     t4 = time.perf_counter()
     timings.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
     return full

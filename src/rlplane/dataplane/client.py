@@ -88,9 +88,13 @@ class DataPlaneClient(abc.ABC):
         `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`, else the longest row."""
 
     @abc.abstractmethod
-    def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None) -> int:
+    def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None, *, wait: bool = True) -> int | None:
         """Forget `sample_ids` (every live key if None) and free their storage; returns the count.
-        A cleared key cannot be written or read again in this partition."""
+        A cleared key cannot be written or read again in this partition.
+
+        `wait=False` (a step's final clear, whose answer nobody needs) lets a remote backend return
+        at once and return None; if the store refuses the clear, this client's next call raises
+        the error (same class and message). Local backends clear synchronously either way."""
 
     @abc.abstractmethod
     def list_samples(self, partition_id: str) -> list[str]:
@@ -239,16 +243,18 @@ class IndexedClient(DataPlaneClient):
                         f"partition {pid!r}: field {name!r} has {len(rows)} rows for {n} keys {fmt_keys(ids)}"
                     )
                 rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
-                # dtype and rank first (cheap attributes); trailing shapes only when rows are not 1-D.
-                kinds = {(r.dtype, r.dim()) for r in rows}
-                if len(kinds) == 1 and next(iter(kinds))[1] > 1:
-                    kinds = {(r.shape[1:], r.dtype) for r in rows}
-                if len(kinds) > 1:
+                # One dtype (cat would silently promote); shapes are checked by the cat itself, and
+                # only a failed put pays for listing them (the common path stays one C call).
+                try:
+                    if len({r.dtype for r in rows}) > 1:
+                        raise TypeError
+                    col = pack_rows(rows)
+                except (RuntimeError, TypeError):
+                    kinds = {(f"{r.dim()}-D", tuple(r.shape[1:]), r.dtype) for r in rows}
                     raise ShapeError(
-                        f"partition {pid!r}: field {name!r} rows disagree in trailing shape or dtype "
+                        f"partition {pid!r}: field {name!r} rows disagree in rank, trailing shape or dtype "
                         f"{sorted(map(str, kinds))} (keys {fmt_keys(ids)}); rows must differ only in length"
-                    )
-                col = pack_rows(rows)
+                    ) from None
                 columns[name] = col
                 if name in self.token_fields:
                     token_lens[name] = col.row_lengths().tolist()
@@ -350,7 +356,7 @@ class IndexedClient(DataPlaneClient):
                 out[field] = gather_dense(field_parts, n)
         return out
 
-    def clear_samples(self, sample_ids, partition_id):
+    def clear_samples(self, sample_ids, partition_id, *, wait=True):
         self._check_open()
         ids, pid, _ = _resolve(sample_ids, partition_id)
         return self._index_call("clear", pid, ids)

@@ -69,7 +69,7 @@ def grpo_step(s: Session, step: int) -> dict[str, float]:
         results = s.policy_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size,
                                    loss_kwargs=s.loss_kwargs)
     s.mark_stale()
-    s.data_plane.clear_samples(None, TRAIN_PARTITION)
+    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # the step is over: do not wait on the store
 
     metrics.update(merge_rank_metrics(results))
     metrics["filtered_reward"] = float(carry["rewards"].mean())

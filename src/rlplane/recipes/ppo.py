@@ -164,7 +164,7 @@ def ppo_step(s: Session, step: int) -> dict[str, float]:
                     s.policy_sharded("train", meta, batch_size=gbs, loss_kwargs=s.loss_kwargs)))
     if train_actor:
         s.mark_stale()
-    s.data_plane.clear_samples(None, TRAIN_PARTITION)
+    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # the step is over: do not wait on the store
 
     metrics.update(mean_over_epochs(actor))
     cm = critic_metrics(critic)

@@ -210,6 +210,32 @@ def test_error_write_or_read_cleared_key(client, pid):
         client.clear_samples(KEYS[:1], pid)
 
 
+def test_clear_without_waiting_reports_a_refusal_on_the_next_call(client, pid):
+    client.put_samples(KEYS, pid, batch())
+    client.clear_samples(KEYS[:1], pid, wait=False)
+    assert client.list_samples(pid) == KEYS[1:]
+    # Refused (already cleared): a remote store tells this client at its next call; memory at once.
+    with pytest.raises(ClearedKeyError, match=r"keys \['p0_g0'\] were cleared"):
+        client.clear_samples(KEYS[:1], pid, wait=False)
+        client.list_samples(pid)
+    assert client.list_samples(pid) == KEYS[1:]  # reported once; the client goes on working
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [torch.ones(2), torch.ones(3, dtype=torch.int64)],  # dtypes (a cat would silently promote)
+        [torch.ones(2), torch.ones(3, 2)],  # ranks
+        [torch.ones(2, 4), torch.ones(3, 2)],  # trailing shapes
+        [torch.tensor(1.0), torch.ones(3)],  # a scalar among rows
+    ],
+)
+def test_error_rows_that_differ_in_more_than_length(client, pid, rows):
+    with pytest.raises(ShapeError, match=rf"partition '{pid}': field 'emb' rows disagree.*\['a', 'b'\]"):
+        client.put_samples(["a", "b"], pid, {"emb": rows})
+    assert client.list_samples(pid) == []  # nothing half-written
+
+
 def test_error_padded_token_field_without_lengths(client, pid):
     with pytest.raises(ShapeError, match="'prev_logprobs' is padded but keys.*no sequence length"):
         client.put_samples(["fresh"], pid, {"prev_logprobs": torch.ones(1, 4)})
