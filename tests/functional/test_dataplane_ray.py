@@ -14,9 +14,12 @@ pytestmark = pytest.mark.ray
 
 def plasma_usage():
     """(MiB, objects) in Ray's shared-memory object store, from the raylet's own summary."""
+    import ray
     from ray._private.internal_api import memory_summary
 
-    m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", memory_summary(stats_only=True))
+    # This session's own cluster: with no address Ray refuses when other Ray instances run on the host.
+    summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", summary)
     return int(m.group(1)), int(m.group(2))
 
 
