@@ -20,6 +20,7 @@ from rlplane.config.algorithms import (
     RewardShapingConfig,
 )
 from rlplane.config.base import StrictModel
+from rlplane.config.envs import EnvConfig
 
 
 class GenerationConfig(StrictModel):
@@ -300,6 +301,7 @@ class RunConfig(StrictModel):
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Per-environment settings, by task_name.")
     data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)

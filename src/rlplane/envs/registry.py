@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
-from rlplane.envs.arithmetic import ArithmeticEnv
 from rlplane.envs.interface import Environment
 
-ENV_REGISTRY: dict[str, Callable[..., Environment]] = {"arithmetic": ArithmeticEnv}
+# name -> factory, or "module:attribute" imported on first use (so optional extras stay optional).
+ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
+    "arithmetic": "rlplane.envs.arithmetic:ArithmeticEnv",
+}
 
 
 class UnknownEnvironmentError(ValueError):
@@ -29,6 +32,9 @@ def create_env(name: str, **kwargs: Any) -> Environment:
         raise UnknownEnvironmentError(
             f"task_name {name!r}: no environment registered; known: {known} (add one with rlplane.envs.register_env)"
         ) from None
+    if isinstance(factory, str):
+        module, _, attribute = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attribute)
     return factory(**kwargs)
 
 

@@ -10,6 +10,13 @@ from rlplane.generation.interface import (
 )
 from rlplane.generation.sampling import apply_top_k, apply_top_p, process_logits, sample
 
+
+def create_backend(backend: str, model, tokenizer) -> GenerationBackend:
+    """The generation backend named by ``policy.generation.backend``, around ``model``/``tokenizer``."""
+    if backend == "hf":
+        return HFGenerationBackend(model, tokenizer)
+    raise ValueError(f"policy.generation.backend = {backend!r}: unknown backend; use hf")
+
 __all__ = [
     "FINISH_LENGTH",
     "FINISH_STOP",
@@ -17,6 +24,7 @@ __all__ = [
     "GenerationOutput",
     "HFGenerationBackend",
     "apply_top_k",
+    "create_backend",
     "apply_top_p",
     "normalize_stop_strings",
     "process_logits",

@@ -22,7 +22,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.envs import create_env
-from rlplane.generation.hf import HFGenerationBackend
+from rlplane.generation import create_backend
 from rlplane.workers.base import load_configured_policy
 
 
@@ -33,7 +33,7 @@ class RolloutWorker:
         if model is None:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
-        self.backend = HFGenerationBackend(model, tokenizer)
+        self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
         self.generator = torch.Generator().manual_seed(seed)
         self._envs: dict[str, object] = {}
 
@@ -50,7 +50,7 @@ class RolloutWorker:
     # ---- rollout ---------------------------------------------------------------------------------
     def _env(self, task_name: str):
         if task_name not in self._envs:
-            self._envs[task_name] = create_env(task_name)
+            self._envs[task_name] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
         return self._envs[task_name]
 
     def _score(self, datums: Sequence[DatumSpec], responses: list[str]) -> torch.Tensor:
