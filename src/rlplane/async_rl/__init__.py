@@ -2,5 +2,6 @@
 policy trains, and a versioned replay buffer with bounded staleness (``recipes/async_grpo.py``)."""
 
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
+from rlplane.async_rl.collector import AsyncTrajectoryCollector, target_versions
 
-__all__ = ["ReplayBuffer", "SampleResult", "TrajectoryGroup", "buffer_capacity"]
+__all__ = ["AsyncTrajectoryCollector", "target_versions", "ReplayBuffer", "SampleResult", "TrajectoryGroup", "buffer_capacity"]
