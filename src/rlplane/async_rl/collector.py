@@ -245,12 +245,12 @@ class AsyncTrajectoryCollector:
             self._failures += 1
             self.counters["failures"] += 1
             if self._failures > self.max_generation_failures:
+                self._traceback = traceback.format_exc()  # before the error: health() readers may then read it
                 self._error = (
                     f"async collector: generation failed {self._failures} times in a row "
                     f"(grpo.async_grpo.max_generation_failures = {self.max_generation_failures}); last error: "
                     f"{type(e).__name__}: {e}"
                 )
-                self._traceback = traceback.format_exc()
                 self._stop = True
             else:
                 time.sleep(min(0.1 * self._failures, 1.0))
