@@ -375,8 +375,6 @@ class RunConfig(StrictModel):
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
             errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
                           "skips; unset one of them")
-        if g.max_rollout_turns != 1:
-            errors.append(f"{name}.max_rollout_turns = {g.max_rollout_turns}: multi-turn rollouts are not built yet; set it to 1")
         if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
             errors.append(
                 "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "
