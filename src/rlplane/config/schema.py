@@ -26,12 +26,25 @@ from rlplane.config.envs import EnvConfig
 class GenerationConfig(StrictModel):
     """How the rollout worker samples responses."""
 
-    backend: Literal["hf"] = Field("hf", description="Generation backend: `hf` (transformers, KV-cached decode loop).")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
+        "its engine is refit after every optimizer step).",
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> GenerationConfig:
+        if self.backend == "vllm":
+            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
+
+            if not vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+        return self
 
 
 class OptimizerConfig(StrictModel):
@@ -390,8 +403,6 @@ class RunConfig(StrictModel):
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
             errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
                           "skips; unset one of them")
-        if g.max_rollout_turns != 1:
-            errors.append(f"{name}.max_rollout_turns = {g.max_rollout_turns}: multi-turn rollouts are not built yet; set it to 1")
         if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
             errors.append(
                 "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "

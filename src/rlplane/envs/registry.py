@@ -11,6 +11,7 @@ from rlplane.envs.interface import Environment
 # name -> factory, or "module:attribute" imported on first use (so optional extras stay optional).
 ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
     "arithmetic": "rlplane.envs.arithmetic:ArithmeticEnv",
+    "code": "rlplane.envs.code:CodeEnv",
 }
 
 
