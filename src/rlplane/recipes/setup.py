@@ -10,6 +10,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,13 @@ class Session:
         self.value = None
         self.rollout_worker = None
         self._bar = None
+        # Extra state a recipe keeps in each checkpoint (file name -> state getter, written with
+        # torch.save; async GRPO's replay buffer), the checkpoint a run resumed from, and what
+        # close() must stop first.
+        self.checkpoint_parts: dict[str, Callable[[], object]] = {}
+        self.resumed_from: Path | None = None
+        self.closers: list[Callable[[], None]] = []
+        self.collector = None  # async GRPO's trajectory collector, once started
 
     # ---- console -----------------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -217,6 +225,7 @@ class Session:
             self.initial_validation = info.get("initial_validation", {})
             self.warmup_result = info.get("warmup", {})
             self._stale = self._rollout_remote or self._refit_local
+            self.resumed_from = latest
             self.say(f"resumed from {latest} at step {info['step']}")
             return int(info["step"])
         init_state = self._warm_up() if cfg.warmup.enabled else None
@@ -288,6 +297,8 @@ class Session:
                 self.value.run("save", str(tmp / "value"))
             torch.save(self.train_loader.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.rollout("rng_state")}, tmp / "rng.pt")
+            for name, state in self.checkpoint_parts.items():
+                torch.save(state(), tmp / name)
 
         return self.ckpt.save(step, info, write)
 
@@ -303,6 +314,9 @@ class Session:
         return out
 
     def close(self) -> None:
+        for stop in self.closers:
+            stop()
+        self.closers.clear()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
