@@ -24,6 +24,7 @@ from rlplane.generation.interface import (
     normalize_stop_strings,
 )
 from rlplane.generation.sampling import sample
+from rlplane.models.precision import autocast
 
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
@@ -77,7 +78,7 @@ class HFGenerationBackend(GenerationBackend):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(self.model):
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
