@@ -143,3 +143,27 @@ def test_turn_limit_and_failing_environment(envs):
     assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == pytest.approx(2 / 6)
     assert metrics["max_turns_reached_rate"] == pytest.approx(4 / 6)
     assert len(meta) == 6  # the step goes on with every sample written
+
+
+def test_grpo_calculator_preset_runs_multi_turn(tmp_path):
+    """The tool-use preset end to end (tiny sizes): the turn metrics are logged and finite."""
+    import math
+
+    from rlplane.recipes.grpo import train
+    from rlplane.utils.logging import read_metrics
+
+    cfg = load_config("grpo_calculator", [
+        f"run_dir={tmp_path}", "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=32", "policy.train_micro_batch_size=32", "policy.logprob_batch_size=32",
+        "grpo.max_num_steps=2", "grpo.val_period=2", "grpo.max_val_samples=16", "grpo.val_batch_size=16",
+        "warmup.num_steps=4", "warmup.target_accuracy=null", "warmup.eval_every=4", "warmup.eval_samples=8",
+        "logger.progress_bar=false", "logger.tensorboard_enabled=false", "checkpointing.enabled=false",
+    ])
+    train(cfg, quiet=True)
+    steps = [r for r in read_metrics(tmp_path / "logs") if r["step"] > 0]
+    assert len(steps) == 2
+    for r in steps:
+        for key in ("avg_turns_per_sample", "natural_termination_rate", "truncation_rate", "max_turns_reached_rate",
+                    "mean_gen_tokens_per_sample", "mean_env_tokens_per_sample", "env_error_rate", "loss"):
+            assert math.isfinite(r[f"train/{key}"]), key
+        assert 1.0 <= r["train/avg_turns_per_sample"] <= 2.0

@@ -207,6 +207,7 @@ class ArithmeticDataConfig(StrictModel):
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
     min_operand: int = Field(0, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
+    task_name: str = Field("arithmetic", description="Environment that scores them (e.g. `calculator`: tool use).")
 
     @model_validator(mode="after")
     def _range(self) -> "ArithmeticDataConfig":

@@ -11,7 +11,9 @@ from rlplane.envs.interface import Environment
 # name -> factory, or "module:attribute" imported on first use (so optional extras stay optional).
 ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
     "arithmetic": "rlplane.envs.arithmetic:ArithmeticEnv",
+    "calculator": "rlplane.envs.calculator:CalculatorEnv",
     "code": "rlplane.envs.code:CodeEnv",
+    "guess_number": "rlplane.envs.guess_number:GuessNumberEnv",
 }
 
 

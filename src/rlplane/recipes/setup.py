@@ -26,6 +26,7 @@ from rlplane.data import (
     load_jsonl_dataset,
 )
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
+from rlplane.envs.demonstrations import warmup_examples
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import CheckpointManager
@@ -46,8 +47,8 @@ def build_datasets(cfg: RunConfig, tokenizer):
         a = d.arithmetic
         spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand)
         train = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
-                                  max_prompt_length=max_prompt)
-        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples)
+                                  max_prompt_length=max_prompt, task_name=a.task_name)
+        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, task_name=a.task_name)
     else:
         def load(j):
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key)
@@ -224,14 +225,12 @@ class Session:
         val = self.val_datums[: cfg.warmup.eval_samples]
         sft_rows = self.train_loader.dataset
         rng = random.Random(cfg.loop.seed + 2)
-        eos = [tok.eos_token_id]
 
         def batches(n: int):
+            # (prompt, answer + eos) per problem; an env with a demonstration gives one example per turn.
             picks = [sft_rows[rng.randrange(len(sft_rows))] for _ in range(n)]
-            return (
-                [d.prompt_token_ids for d in picks],
-                [tok(str(d.ground_truth), add_special_tokens=False)["input_ids"] + eos for d in picks],
-            )
+            examples = [ex for d in picks for ex in warmup_examples(d, tok, evaluator._env(d.task_name))]
+            return [c for c, _ in examples], [t for _, t in examples]
 
         def evaluate() -> float:
             model.eval()
