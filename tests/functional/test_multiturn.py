@@ -37,9 +37,13 @@ class ThreeTurnEnv:
         )
 
 
-class BrokenEnv:
+class BrokenEnv(ThreeTurnEnv):
+    """Crashes on any batch that holds a "5+6=" problem; scores the others like ThreeTurnEnv."""
+
     def step(self, message_logs, metadata):
-        raise RuntimeError("verifier crashed")
+        if any(log[0]["content"] == "5+6=" for log in message_logs):
+            raise RuntimeError("verifier crashed")
+        return super().step(message_logs, metadata)
 
 
 @pytest.fixture
@@ -136,13 +140,14 @@ def test_truncation_at_the_maximum_length_is_marked(envs):
 
 def test_turn_limit_and_failing_environment(envs):
     cfg, model, tok, dp, worker = _setup(max_total=64, turns=2)
-    datums = _datums(tok, ["1+2=", "3+4="]) + _datums(tok, ["5+6="], task="broken")
+    datums = _datums(tok, ["1+2=", "3+4="]) + _datums(tok, ["5+6=", "7+8="], task="broken")
     meta, carry, metrics = worker.rollout(datums, group_size=2, partition_id="train")
-    # Two turns of the three-turn env: reward 2, stopped by the turn limit; the broken env's samples fail.
-    assert carry["rewards"].tolist() == [2.0, 2.0, 2.0, 2.0, 0.0, 0.0]
-    assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == pytest.approx(2 / 6)
-    assert metrics["max_turns_reached_rate"] == pytest.approx(4 / 6)
-    assert len(meta) == 6  # the step goes on with every sample written
+    # Two turns of the three-turn env: reward 2, stopped by the turn limit. The broken env's batch is
+    # retried sample by sample: only the samples it crashes on fail (reward 0), the others score.
+    assert carry["rewards"].tolist() == [2.0, 2.0, 2.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+    assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == pytest.approx(2 / 8)
+    assert metrics["max_turns_reached_rate"] == pytest.approx(6 / 8)
+    assert len(meta) == 8  # the step goes on with every sample written
 
 
 def test_grpo_calculator_preset_runs_multi_turn(tmp_path):

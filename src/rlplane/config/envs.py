@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlplane.config.base import StrictModel
 
@@ -36,6 +36,12 @@ class GuessNumberEnvConfig(StrictModel):
 
     low: int = Field(0, ge=0, description="Smallest secret.")
     high: int = Field(63, ge=0, description="Largest secret.")
+
+    @model_validator(mode="after")
+    def _range(self) -> "GuessNumberEnvConfig":
+        if self.low > self.high:
+            raise ValueError(f"low = {self.low} > high = {self.high}; swap them")
+        return self
 
 
 class EnvConfig(StrictModel):

@@ -230,7 +230,9 @@ class JsonlDataConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where prompts come from."""
 
-    dataset: Literal["arithmetic", "jsonl"] = Field("arithmetic", description="Which dataset kind.")
+    dataset: Literal["arithmetic", "jsonl", "guess_number"] = Field(
+        "arithmetic", description="Which dataset kind (guess_number: games over env.guess_number's range)."
+    )
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
     train: JsonlDataConfig | None = Field(None, description="Training JSONL (dataset: jsonl).")
     validation: JsonlDataConfig | None = Field(None, description="Validation JSONL (dataset: jsonl).")

@@ -85,9 +85,22 @@ class GuessNumberEnv(Environment):
 
 def guess_number_datums(tokenizer, num: int, *, low: int = 0, high: int = 63, seed: int = 0) -> list[DatumSpec]:
     """``num`` games with secrets drawn uniformly from ``[low, high]`` (deterministic in ``seed``)."""
-    rng = np.random.default_rng(seed)
-    prompt = GuessNumberEnv(low, high).prompt()
-    return [
-        make_prompt_datum(prompt, str(int(s)), tokenizer, idx=i, task_name=TASK_NAME)
-        for i, s in enumerate(rng.integers(low, high + 1, size=num))
-    ]
+    ds = GuessNumberDataset(tokenizer, num, low=low, high=high, seed=seed)
+    return [ds[i] for i in range(num)]
+
+
+class GuessNumberDataset:
+    """``num_games`` games, item ``i`` depending only on ``(seed, i)`` (a map-style dataset)."""
+
+    def __init__(self, tokenizer, num_games: int, *, low: int = 0, high: int = 63, seed: int = 0):
+        self.tokenizer, self.num_games, self.low, self.high, self.seed = tokenizer, num_games, low, high, seed
+        self.prompt = GuessNumberEnv(low, high).prompt()
+
+    def __len__(self) -> int:
+        return self.num_games
+
+    def __getitem__(self, idx: int) -> DatumSpec:
+        if not 0 <= idx < self.num_games:
+            raise IndexError(idx)
+        secret = int(np.random.default_rng([self.seed % 2**63, idx]).integers(self.low, self.high + 1))
+        return make_prompt_datum(self.prompt, str(secret), self.tokenizer, idx=idx, task_name=TASK_NAME)

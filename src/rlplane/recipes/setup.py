@@ -49,6 +49,13 @@ def build_datasets(cfg: RunConfig, tokenizer):
         train = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
                                   max_prompt_length=max_prompt, task_name=a.task_name)
         val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, task_name=a.task_name)
+    elif d.dataset == "guess_number":
+        from rlplane.envs.guess_number import GuessNumberDataset
+
+        r = cfg.env.guess_number
+        train = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=g.seed)
+        val_ds = GuessNumberDataset(tokenizer, g.max_val_samples, low=r.low, high=r.high, seed=g.seed + 1)
+        val = [val_ds[i] for i in range(len(val_ds))]
     else:
         def load(j):
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key)
