@@ -172,3 +172,23 @@ def test_grpo_calculator_preset_runs_multi_turn(tmp_path):
                     "mean_gen_tokens_per_sample", "mean_env_tokens_per_sample", "env_error_rate", "loss"):
             assert math.isfinite(r[f"train/{key}"]), key
         assert 1.0 <= r["train/avg_turns_per_sample"] <= 2.0
+
+
+def test_single_turn_is_one_generate_call_as_before(envs):
+    """max_rollout_turns = 1 reproduces the single-turn rollout exactly: one generate call with the
+    same arguments (same RNG draws), prompt + response columns, the env's reward."""
+    cfg, model, tok, dp, worker = _setup(max_total=32, turns=1)
+    datums = _datums(tok, ["12+34=", "5+6=", "99+1="])
+    meta, carry, metrics = worker.rollout(datums, group_size=4, partition_id="train")
+    gen = cfg.policy.generation
+    prompts = [d.prompt_token_ids for d in datums for _ in range(4)]
+    out = worker.backend.generate(
+        prompts, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
+        greedy=False, stop_strings=gen.stop_strings, generator=torch.Generator().manual_seed(5),
+    )
+    for (ids, mask, lp), p, o, olp in zip(_columns(dp, meta), prompts, out.output_ids, out.logprobs):
+        assert ids.tolist() == p + o
+        assert mask.tolist() == [0] * len(p) + [1] * len(o)
+        assert torch.equal(lp, torch.cat([torch.zeros(len(p)), olp]))
+    assert carry["rewards"].tolist() == [1.0] * 12 and metrics["avg_turns_per_sample"] == 1.0
+    assert carry["truncated"].tolist() == [r == "length" for r in out.finish_reasons]

@@ -118,7 +118,10 @@ def run_turns(
     states = [
         SampleState(
             input_ids=list(d.prompt_token_ids), prompt_length=0,
-            message_log=[dict(m) for m in d.message_log], env_info=d.extra_env_info, task_name=d.task_name,
+            message_log=[dict(m) for m in d.message_log],
+            # A copy per sample: group members share their datum, and an env may update its state in place.
+            env_info=dict(d.extra_env_info) if isinstance(d.extra_env_info, dict) else d.extra_env_info,
+            task_name=d.task_name,
             stop_strings=d.stop_strings,
         )
         for d in datums
