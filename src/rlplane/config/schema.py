@@ -26,12 +26,25 @@ from rlplane.config.envs import EnvConfig
 class GenerationConfig(StrictModel):
     """How the rollout worker samples responses."""
 
-    backend: Literal["hf"] = Field("hf", description="Generation backend: `hf` (transformers, KV-cached decode loop).")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
+        "its engine is refit after every optimizer step).",
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> GenerationConfig:
+        if self.backend == "vllm":
+            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
+
+            if not vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+        return self
 
 
 class OptimizerConfig(StrictModel):
@@ -122,12 +135,27 @@ class RolloutLoopConfig(StrictModel):
         return self
 
 
+class AsyncGRPOConfig(StrictModel):
+    """Asynchronous GRPO (NeMo RL `grpo.async_grpo.*`): a collector generates for future steps while
+    the policy trains; each step trains on groups generated at most `max_trajectory_age_steps` weight
+    versions ago, corrected by importance sampling (`loss_fn.use_importance_sampling_correction`)."""
+
+    enabled: bool = Field(False, description="Generate beside training (`recipes/async_grpo.py`) instead of in turn.")
+    max_trajectory_age_steps: int = Field(
+        1, ge=1, description="How many weight versions old a trained-on trajectory may be (the collector's lead)."
+    )
+    max_generation_failures: int = Field(
+        3, ge=0, description="Consecutive failed generation batches the collector retries before stopping the run."
+    )
+
+
 class GRPOConfig(RolloutLoopConfig):
     """The GRPO loop (NeMo RL `grpo.*`): the shared rollout knobs plus group-baseline advantages."""
 
     advantage_clip_low: float | None = Field(None, description="Clamp advantages below (null = off).")
     advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
     adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig, description="Asynchronous generation.")
 
     @model_validator(mode="after")
     def _clip_order(self) -> "GRPOConfig":
@@ -393,6 +421,23 @@ class RunConfig(StrictModel):
                 f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
                 f"{g.ppo_epochs}; set ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"
             )
+        if name == "grpo" and g.async_grpo.enabled:
+            errors.extend(_async_grpo_errors(self))
         if errors:
             raise ValueError("\n".join(errors))
         return self
+
+
+def _async_grpo_errors(cfg: RunConfig) -> list[str]:
+    """What async GRPO cannot run with (NeMo RL asserts the first two as well)."""
+    errors = []
+    if not cfg.loss_fn.use_importance_sampling_correction:
+        errors.append("grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true (trajectories "
+                      "come from older weights; the IS weight π_old/π_gen corrects for it); set it to true")
+    if cfg.grpo.use_dynamic_sampling:
+        errors.append("grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole "
+                      "steps ahead of time, there is no refill); set one of them to false")
+    if cfg.loss_fn.force_on_policy_ratio:
+        errors.append("loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the "
+                      "prev logprobs with the current weights); set it to false")
+    return errors

@@ -92,6 +92,7 @@ class Session:
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}
         self._stale = False
+        self._refit_local = False
         self._t_start = time.perf_counter()
         # Tokenizer and data first: data errors should surface before anything slow starts.
         _, self.tokenizer = load_configured_policy(cfg)
@@ -139,6 +140,8 @@ class Session:
             self.rollout_worker = RolloutWorker(cfg, self.data_plane, model=w.model, tokenizer=w.tokenizer,
                                                 seed=cfg.loop.seed)
             self._rollout_remote = False
+            # hf samples from the policy's own module; vllm holds a copy that needs a refit per step.
+            self._refit_local = not self.rollout_worker.backend.shares_weights
             if self.uses_critic:
                 self.value = LocalGroup(ValueWorker, kwargs)
         else:
@@ -179,10 +182,13 @@ class Session:
         return group.run(method, per_rank=[{"meta": m} for m in metas], **kwargs)
 
     def mark_stale(self) -> None:
-        self._stale = self._rollout_remote
+        self._stale = self._rollout_remote or self._refit_local
 
     def refit_if_stale(self) -> None:
-        """Push the policy's weights into the generator (only needed when it is a separate actor)."""
+        """Push the policy's weights into the generator (a separate actor, or a backend with its own copy)."""
+        if self._stale and not self._rollout_remote:
+            self.rollout_worker.update_weights(self.policy.workers[0].model.state_dict())
+            self._stale = False
         if self._stale:
             import ray
 
@@ -218,7 +224,7 @@ class Session:
             self.rollout("set_rng_state", rng["rollout"])
             self.initial_validation = info.get("initial_validation", {})
             self.warmup_result = info.get("warmup", {})
-            self._stale = self._rollout_remote
+            self._stale = self._rollout_remote or self._refit_local
             self.say(f"resumed from {latest} at step {info['step']}")
             return int(info["step"])
         init_state = self._warm_up() if cfg.warmup.enabled else None
