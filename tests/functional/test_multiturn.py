@@ -37,9 +37,13 @@ class ThreeTurnEnv:
         )
 
 
-class BrokenEnv:
+class BrokenEnv(ThreeTurnEnv):
+    """Crashes on any batch that holds a "5+6=" problem; scores the others like ThreeTurnEnv."""
+
     def step(self, message_logs, metadata):
-        raise RuntimeError("verifier crashed")
+        if any(log[0]["content"] == "5+6=" for log in message_logs):
+            raise RuntimeError("verifier crashed")
+        return super().step(message_logs, metadata)
 
 
 @pytest.fixture
@@ -136,10 +140,55 @@ def test_truncation_at_the_maximum_length_is_marked(envs):
 
 def test_turn_limit_and_failing_environment(envs):
     cfg, model, tok, dp, worker = _setup(max_total=64, turns=2)
-    datums = _datums(tok, ["1+2=", "3+4="]) + _datums(tok, ["5+6="], task="broken")
+    datums = _datums(tok, ["1+2=", "3+4="]) + _datums(tok, ["5+6=", "7+8="], task="broken")
     meta, carry, metrics = worker.rollout(datums, group_size=2, partition_id="train")
-    # Two turns of the three-turn env: reward 2, stopped by the turn limit; the broken env's samples fail.
-    assert carry["rewards"].tolist() == [2.0, 2.0, 2.0, 2.0, 0.0, 0.0]
-    assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == pytest.approx(2 / 6)
-    assert metrics["max_turns_reached_rate"] == pytest.approx(4 / 6)
-    assert len(meta) == 6  # the step goes on with every sample written
+    # Two turns of the three-turn env: reward 2, stopped by the turn limit. The broken env's batch is
+    # retried sample by sample: only the samples it crashes on fail (reward 0), the others score.
+    assert carry["rewards"].tolist() == [2.0, 2.0, 2.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+    assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == pytest.approx(2 / 8)
+    assert metrics["max_turns_reached_rate"] == pytest.approx(6 / 8)
+    assert len(meta) == 8  # the step goes on with every sample written
+
+
+def test_grpo_calculator_preset_runs_multi_turn(tmp_path):
+    """The tool-use preset end to end (tiny sizes): the turn metrics are logged and finite."""
+    import math
+
+    from rlplane.recipes.grpo import train
+    from rlplane.utils.logging import read_metrics
+
+    cfg = load_config("grpo_calculator", [
+        f"run_dir={tmp_path}", "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=32", "policy.train_micro_batch_size=32", "policy.logprob_batch_size=32",
+        "grpo.max_num_steps=2", "grpo.val_period=2", "grpo.max_val_samples=16", "grpo.val_batch_size=16",
+        "warmup.num_steps=4", "warmup.target_accuracy=null", "warmup.eval_every=4", "warmup.eval_samples=8",
+        "logger.progress_bar=false", "logger.tensorboard_enabled=false", "checkpointing.enabled=false",
+    ])
+    train(cfg, quiet=True)
+    steps = [r for r in read_metrics(tmp_path / "logs") if r["step"] > 0]
+    assert len(steps) == 2
+    for r in steps:
+        for key in ("avg_turns_per_sample", "natural_termination_rate", "truncation_rate", "max_turns_reached_rate",
+                    "mean_gen_tokens_per_sample", "mean_env_tokens_per_sample", "env_error_rate", "loss"):
+            assert math.isfinite(r[f"train/{key}"]), key
+        assert 1.0 <= r["train/avg_turns_per_sample"] <= 2.0
+
+
+def test_single_turn_is_one_generate_call_as_before(envs):
+    """max_rollout_turns = 1 reproduces the single-turn rollout exactly: one generate call with the
+    same arguments (same RNG draws), prompt + response columns, the env's reward."""
+    cfg, model, tok, dp, worker = _setup(max_total=32, turns=1)
+    datums = _datums(tok, ["12+34=", "5+6=", "99+1="])
+    meta, carry, metrics = worker.rollout(datums, group_size=4, partition_id="train")
+    gen = cfg.policy.generation
+    prompts = [d.prompt_token_ids for d in datums for _ in range(4)]
+    out = worker.backend.generate(
+        prompts, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
+        greedy=False, stop_strings=gen.stop_strings, generator=torch.Generator().manual_seed(5),
+    )
+    for (ids, mask, lp), p, o, olp in zip(_columns(dp, meta), prompts, out.output_ids, out.logprobs):
+        assert ids.tolist() == p + o
+        assert mask.tolist() == [0] * len(p) + [1] * len(o)
+        assert torch.equal(lp, torch.cat([torch.zeros(len(p)), olp]))
+    assert carry["rewards"].tolist() == [1.0] * 12 and metrics["avg_turns_per_sample"] == 1.0
+    assert carry["truncated"].tolist() == [r == "length" for r in out.finish_reasons]

@@ -245,6 +245,7 @@ class ArithmeticDataConfig(StrictModel):
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
     min_operand: int = Field(0, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
+    task_name: str = Field("arithmetic", description="Environment that scores them (e.g. `calculator`: tool use).")
 
     @model_validator(mode="after")
     def _range(self) -> "ArithmeticDataConfig":
@@ -306,7 +307,9 @@ class PromptConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where prompts come from."""
 
-    dataset: Literal["arithmetic", "jsonl", "hf", "reasoning_gym"] = Field("arithmetic", description="Which dataset kind.")
+    dataset: Literal["arithmetic", "jsonl", "hf", "reasoning_gym", "guess_number"] = Field(
+        "arithmetic", description="Which dataset kind (guess_number: games over env.guess_number's range)."
+    )
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
     train: JsonlDataConfig | None = Field(None, description="Training file (dataset: jsonl or hf).")
     validation: JsonlDataConfig | None = Field(None, description="Validation file (dataset: jsonl or hf).")

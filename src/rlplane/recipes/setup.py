@@ -32,6 +32,7 @@ from rlplane.data.processors import resolve_prompt_format
 from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.envs import check_task_names
+from rlplane.envs.demonstrations import warmup_examples
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import CheckpointManager
@@ -63,8 +64,8 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
         spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand)
         if train:
             train_ds = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
-                                         max_prompt_length=max_prompt, prompt_format=fmt)
-        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, prompt_format=fmt)
+                                         max_prompt_length=max_prompt, prompt_format=fmt, task_name=a.task_name)
+        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, prompt_format=fmt, task_name=a.task_name)
     elif d.dataset == "reasoning_gym":
         r = d.reasoning_gym
         val_rows = reasoning_gym_rows(r.tasks, r.val_size, r.val_seed, r.config)
@@ -73,6 +74,14 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
             held_out = {row["problem"] for row in val_rows}
             train_rows = reasoning_gym_rows(r.tasks, r.train_size, r.train_seed, r.config, exclude_questions=held_out)
             train_ds = tokenized(train_rows, "reasoning_gym training problems")
+    elif d.dataset == "guess_number":
+        from rlplane.envs.guess_number import GuessNumberDataset
+
+        r = cfg.env.guess_number
+        if train:
+            train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=g.seed)
+        val_ds = GuessNumberDataset(tokenizer, g.max_val_samples, low=r.low, high=r.high, seed=g.seed + 1)
+        val = [val_ds[i] for i in range(len(val_ds))]
     else:
         def rows(j):
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
@@ -271,14 +280,12 @@ class Session:
         val = self.val_datums[: cfg.warmup.eval_samples]
         sft_rows = self.train_loader.dataset
         rng = random.Random(cfg.loop.seed + 2)
-        eos = [tok.eos_token_id]
 
         def batches(n: int):
+            # (prompt, answer + eos) per problem; an env with a demonstration gives one example per turn.
             picks = [sft_rows[rng.randrange(len(sft_rows))] for _ in range(n)]
-            return (
-                [d.prompt_token_ids for d in picks],
-                [tok(str(d.ground_truth), add_special_tokens=False)["input_ids"] + eos for d in picks],
-            )
+            examples = [ex for d in picks for ex in warmup_examples(d, tok, evaluator._env(d.task_name))]
+            return [c for c, _ in examples], [t for _, t in examples]
 
         def evaluate() -> float:
             model.eval()

@@ -7,8 +7,8 @@ Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md
    datum's for the first turn, plus what its environment returned for later ones);
 2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
 3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
-   **summed** over turns. An environment that raises fails its samples of that batch: total reward 0,
-   sample done, counted in ``env_errors``; the other samples go on;
+   **summed** over turns. An environment that raises is retried sample by sample, and the samples
+   that still raise fail: total reward 0, sample done, counted in ``env_errors``; the others go on;
 4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
    has no room left (a response that fills the sequence is marked truncated): the observation (tokenized without special tokens) is appended, cut to the
    room left, and a sample that could not take it whole plus one more generated token is marked
@@ -118,7 +118,10 @@ def run_turns(
     states = [
         SampleState(
             input_ids=list(d.prompt_token_ids), prompt_length=0,
-            message_log=[dict(m) for m in d.message_log], env_info=d.extra_env_info, task_name=d.task_name,
+            message_log=[dict(m) for m in d.message_log],
+            # A copy per sample: group members share their datum, and an env may update its state in place.
+            env_info=dict(d.extra_env_info) if isinstance(d.extra_env_info, dict) else d.extra_env_info,
+            task_name=d.task_name,
             stop_strings=d.stop_strings,
         )
         for d in datums
@@ -179,37 +182,54 @@ def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | No
 
 
 def _step_envs(states: list[SampleState], active: list[int], env_for: Callable[[str], Any]) -> int:
-    """Step each task's environment on its active samples; returns how many samples failed."""
+    """Step each task's environment on its active samples; returns how many samples failed.
+
+    When a task's batch raises, its samples are stepped one by one, so only the ones that raise fail.
+    """
     by_task: dict[str, list[int]] = {}
     for i in active:
         by_task.setdefault(states[i].task_name, []).append(i)
     failed = 0
     for task, rows in by_task.items():
         try:
-            ret = env_for(task).step([states[i].message_log for i in rows], [states[i].env_info for i in rows])
-            rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1).tolist()
-            terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
-            if not len(rewards) == len(terminated) == len(ret.observations) == len(rows):
-                raise ValueError(f"environment {task!r} returned {len(rewards)} rewards for {len(rows)} samples")
-        except Exception:  # a broken environment fails its samples, not the step
+            env = env_for(task)
+            outcomes = [(rows, _checked_step(env, task, [states[i] for i in rows]))]
+        except Exception:  # isolate the samples that break the environment
+            outcomes = []
             for i in rows:
-                s = states[i]
-                s.reward, s.env_error, s.done = 0.0, True, True
-            failed += len(rows)
-            continue
-        next_stops = ret.next_stop_strings or [None] * len(rows)
-        metadata = ret.metadata if ret.metadata is not None else [states[i].env_info for i in rows]
-        for j, i in enumerate(rows):
-            s = states[i]
-            s.reward += rewards[j]
-            if terminated[j]:
-                s.done = s.terminated = True
-                continue
-            obs = ret.observations[j] or {}
-            s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
-            s.env_info = metadata[j]
-            s.stop_strings = next_stops[j]
+                try:
+                    outcomes.append(([i], _checked_step(env_for(task), task, [states[i]])))
+                except Exception:
+                    s = states[i]
+                    s.reward, s.env_error, s.done = 0.0, True, True
+                    failed += 1
+        for group, (ret, rewards, terminated) in outcomes:
+            _apply(states, group, ret, rewards, terminated)
     return failed
+
+
+def _checked_step(env, task: str, batch: list[SampleState]):
+    ret = env.step([s.message_log for s in batch], [s.env_info for s in batch])
+    rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1).tolist()
+    terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
+    if not len(rewards) == len(terminated) == len(ret.observations) == len(batch):
+        raise ValueError(f"environment {task!r} returned {len(rewards)} rewards for {len(batch)} samples")
+    return ret, rewards, terminated
+
+
+def _apply(states: list[SampleState], rows: list[int], ret, rewards: list[float], terminated: list[bool]) -> None:
+    next_stops = ret.next_stop_strings or [None] * len(rows)
+    metadata = ret.metadata if ret.metadata is not None else [states[i].env_info for i in rows]
+    for j, i in enumerate(rows):
+        s = states[i]
+        s.reward += rewards[j]
+        if terminated[j]:
+            s.done = s.terminated = True
+            continue
+        obs = ret.observations[j] or {}
+        s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
+        s.env_info = metadata[j]
+        s.stop_strings = next_stops[j]
 
 
 def _result(states: list[SampleState], env_errors: int, max_turns: int) -> TurnsResult:
