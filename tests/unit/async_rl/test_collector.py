@@ -193,3 +193,18 @@ def test_state_dict_restores_buffer_loader_and_pending_prompts():
         assert ids == [x.idx for _ in range(3) for x in next(loader3)]
     finally:
         d.stop()
+
+
+def test_pause_holds_new_generation_until_resume():
+    c, _ = make_collector()
+    try:
+        c.start()
+        c.pause()  # returns once any batch in flight has landed
+        n = c.counters["groups_generated"]
+        assert n in (0, P)
+        time.sleep(0.3)
+        assert c.counters["groups_generated"] == n
+        c.resume()
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+    finally:
+        c.stop()
