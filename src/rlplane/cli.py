@@ -55,6 +55,8 @@ def cmd_train(args) -> int:
     cfg = _load(args)
     if cfg.algorithm == "ppo":
         from rlplane.recipes.ppo import train
+    elif cfg.grpo.async_grpo.enabled:
+        from rlplane.recipes.async_grpo import train
     else:
         from rlplane.recipes.grpo import train
     summary = train(cfg, quiet=args.quiet)

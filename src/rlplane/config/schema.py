@@ -26,12 +26,25 @@ from rlplane.config.envs import EnvConfig
 class GenerationConfig(StrictModel):
     """How the rollout worker samples responses."""
 
-    backend: Literal["hf"] = Field("hf", description="Generation backend: `hf` (transformers, KV-cached decode loop).")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
+        "its engine is refit after every optimizer step).",
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> GenerationConfig:
+        if self.backend == "vllm":
+            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
+
+            if not vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+        return self
 
 
 class OptimizerConfig(StrictModel):
@@ -132,12 +145,27 @@ class RolloutLoopConfig(StrictModel):
         return self
 
 
+class AsyncGRPOConfig(StrictModel):
+    """Asynchronous GRPO (NeMo RL `grpo.async_grpo.*`): a collector generates for future steps while
+    the policy trains; each step trains on groups generated at most `max_trajectory_age_steps` weight
+    versions ago, corrected by importance sampling (`loss_fn.use_importance_sampling_correction`)."""
+
+    enabled: bool = Field(False, description="Generate beside training (`recipes/async_grpo.py`) instead of in turn.")
+    max_trajectory_age_steps: int = Field(
+        1, ge=1, description="How many weight versions old a trained-on trajectory may be (the collector's lead)."
+    )
+    max_generation_failures: int = Field(
+        3, ge=0, description="Consecutive failed generation batches the collector retries before stopping the run."
+    )
+
+
 class GRPOConfig(RolloutLoopConfig):
     """The GRPO loop (NeMo RL `grpo.*`): the shared rollout knobs plus group-baseline advantages."""
 
     advantage_clip_low: float | None = Field(None, description="Clamp advantages below (null = off).")
     advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
     adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig, description="Asynchronous generation.")
 
     @model_validator(mode="after")
     def _clip_order(self) -> "GRPOConfig":
@@ -217,6 +245,7 @@ class ArithmeticDataConfig(StrictModel):
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
     min_operand: int = Field(0, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
+    task_name: str = Field("arithmetic", description="Environment that scores them (e.g. `calculator`: tool use).")
 
     @model_validator(mode="after")
     def _range(self) -> "ArithmeticDataConfig":
@@ -278,7 +307,9 @@ class PromptConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where prompts come from."""
 
-    dataset: Literal["arithmetic", "jsonl", "hf", "reasoning_gym"] = Field("arithmetic", description="Which dataset kind.")
+    dataset: Literal["arithmetic", "jsonl", "hf", "reasoning_gym", "guess_number"] = Field(
+        "arithmetic", description="Which dataset kind (guess_number: games over env.guess_number's range)."
+    )
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
     train: JsonlDataConfig | None = Field(None, description="Training file (dataset: jsonl or hf).")
     validation: JsonlDataConfig | None = Field(None, description="Validation file (dataset: jsonl or hf).")
@@ -428,8 +459,6 @@ class RunConfig(StrictModel):
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
             errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
                           "skips; unset one of them")
-        if g.max_rollout_turns != 1:
-            errors.append(f"{name}.max_rollout_turns = {g.max_rollout_turns}: multi-turn rollouts are not built yet; set it to 1")
         if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
             errors.append(
                 "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "
@@ -445,6 +474,23 @@ class RunConfig(StrictModel):
                 f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
                 f"{g.ppo_epochs}; set ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"
             )
+        if name == "grpo" and g.async_grpo.enabled:
+            errors.extend(_async_grpo_errors(self))
         if errors:
             raise ValueError("\n".join(errors))
         return self
+
+
+def _async_grpo_errors(cfg: RunConfig) -> list[str]:
+    """What async GRPO cannot run with (NeMo RL asserts the first two as well)."""
+    errors = []
+    if not cfg.loss_fn.use_importance_sampling_correction:
+        errors.append("grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true (trajectories "
+                      "come from older weights; the IS weight π_old/π_gen corrects for it); set it to true")
+    if cfg.grpo.use_dynamic_sampling:
+        errors.append("grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole "
+                      "steps ahead of time, there is no refill); set one of them to false")
+    if cfg.loss_fn.force_on_policy_ratio:
+        errors.append("loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the "
+                      "prev logprobs with the current weights); set it to false")
+    return errors

@@ -11,8 +11,11 @@ from rlplane.envs.interface import Environment
 # name -> factory, or "module:attribute" imported on first use (so optional extras stay optional).
 ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
     "arithmetic": "rlplane.envs.arithmetic:ArithmeticEnv",
+    "calculator": "rlplane.envs.calculator:CalculatorEnv",
+    "code": "rlplane.envs.code:CodeEnv",
     "math": "rlplane.envs.math_env:MathEnv",
     "reasoning_gym": "rlplane.envs.reasoning_gym_env:ReasoningGymEnv",
+    "guess_number": "rlplane.envs.guess_number:GuessNumberEnv",
 }
 
 

@@ -11,11 +11,20 @@ from rlplane.generation.interface import (
 from rlplane.generation.sampling import apply_top_k, apply_top_p, process_logits, sample
 
 
-def create_backend(backend: str, model, tokenizer) -> GenerationBackend:
-    """The generation backend named by ``policy.generation.backend``, around ``model``/``tokenizer``."""
+def create_backend(backend: str, model, tokenizer, **options) -> GenerationBackend:
+    """The generation backend named by ``policy.generation.backend``, around ``model``/``tokenizer``.
+
+    ``hf`` samples from ``model`` itself; ``vllm`` (imported only here: it is an optional extra)
+    builds an engine from ``model``'s weights and needs ``update_weights`` after each optimizer step
+    (see ``shares_weights``). ``options`` go to the backend's constructor.
+    """
     if backend == "hf":
-        return HFGenerationBackend(model, tokenizer)
-    raise ValueError(f"policy.generation.backend = {backend!r}: unknown backend; use hf")
+        return HFGenerationBackend(model, tokenizer, **options)
+    if backend == "vllm":
+        from rlplane.generation.vllm_backend import VLLMGenerationBackend
+
+        return VLLMGenerationBackend(model, tokenizer, **options)
+    raise ValueError(f"policy.generation.backend = {backend!r}: unknown backend; use hf or vllm")
 
 __all__ = [
     "FINISH_LENGTH",

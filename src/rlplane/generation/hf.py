@@ -38,6 +38,8 @@ class HFGenerationBackend(GenerationBackend):
     needed), or a copy and call ``update_weights`` after each optimizer step.
     """
 
+    shares_weights = True
+
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
         self.model = model
         self.tokenizer = tokenizer

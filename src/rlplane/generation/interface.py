@@ -41,6 +41,10 @@ StopStrings = Sequence[str] | Sequence[Sequence[str] | None] | None
 class GenerationBackend(abc.ABC):
     """Interface of a generation backend. Stateless between calls apart from the weights."""
 
+    # True when the backend samples from the very module it was given (hf), so a colocated trainer's
+    # optimizer steps reach it without a refit; False when it holds its own copy (vllm).
+    shares_weights: bool = False
+
     @abc.abstractmethod
     def generate(
         self,

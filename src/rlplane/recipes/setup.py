@@ -10,6 +10,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from rlplane.data.processors import resolve_prompt_format
 from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.envs import check_task_names
+from rlplane.envs.demonstrations import warmup_examples
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import CheckpointManager
@@ -62,8 +64,8 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
         spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand)
         if train:
             train_ds = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
-                                         max_prompt_length=max_prompt, prompt_format=fmt)
-        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, prompt_format=fmt)
+                                         max_prompt_length=max_prompt, prompt_format=fmt, task_name=a.task_name)
+        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, prompt_format=fmt, task_name=a.task_name)
     elif d.dataset == "reasoning_gym":
         r = d.reasoning_gym
         val_rows = reasoning_gym_rows(r.tasks, r.val_size, r.val_seed, r.config)
@@ -72,6 +74,14 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
             held_out = {row["problem"] for row in val_rows}
             train_rows = reasoning_gym_rows(r.tasks, r.train_size, r.train_seed, r.config, exclude_questions=held_out)
             train_ds = tokenized(train_rows, "reasoning_gym training problems")
+    elif d.dataset == "guess_number":
+        from rlplane.envs.guess_number import GuessNumberDataset
+
+        r = cfg.env.guess_number
+        if train:
+            train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=g.seed)
+        val_ds = GuessNumberDataset(tokenizer, g.max_val_samples, low=r.low, high=r.high, seed=g.seed + 1)
+        val = [val_ds[i] for i in range(len(val_ds))]
     else:
         def rows(j):
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
@@ -116,6 +126,7 @@ class Session:
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}
         self._stale = False
+        self._refit_local = False
         self._t_start = time.perf_counter()
         # Tokenizer and data first: data errors should surface before anything slow starts.
         _, self.tokenizer = load_configured_policy(cfg)
@@ -142,6 +153,13 @@ class Session:
         self.value = None
         self.rollout_worker = None
         self._bar = None
+        # Extra state a recipe keeps in each checkpoint (file name -> state getter, written with
+        # torch.save; async GRPO's replay buffer), the checkpoint a run resumed from, and what
+        # close() must stop first.
+        self.checkpoint_parts: dict[str, Callable[[], object]] = {}
+        self.resumed_from: Path | None = None
+        self.closers: list[Callable[[], None]] = []
+        self.collector = None  # async GRPO's trajectory collector, once started
 
     # ---- console -----------------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -163,6 +181,8 @@ class Session:
             self.rollout_worker = RolloutWorker(cfg, self.data_plane, model=w.model, tokenizer=w.tokenizer,
                                                 seed=cfg.loop.seed)
             self._rollout_remote = False
+            # hf samples from the policy's own module; vllm holds a copy that needs a refit per step.
+            self._refit_local = not self.rollout_worker.backend.shares_weights
             if self.uses_critic:
                 self.value = LocalGroup(ValueWorker, kwargs)
         else:
@@ -203,10 +223,13 @@ class Session:
         return group.run(method, per_rank=[{"meta": m} for m in metas], **kwargs)
 
     def mark_stale(self) -> None:
-        self._stale = self._rollout_remote
+        self._stale = self._rollout_remote or self._refit_local
 
     def refit_if_stale(self) -> None:
-        """Push the policy's weights into the generator (only needed when it is a separate actor)."""
+        """Push the policy's weights into the generator (a separate actor, or a backend with its own copy)."""
+        if self._stale and not self._rollout_remote:
+            self.rollout_worker.update_weights(self.policy.workers[0].model.state_dict())
+            self._stale = False
         if self._stale:
             import ray
 
@@ -242,7 +265,8 @@ class Session:
             self.rollout("set_rng_state", rng["rollout"])
             self.initial_validation = info.get("initial_validation", {})
             self.warmup_result = info.get("warmup", {})
-            self._stale = self._rollout_remote
+            self._stale = self._rollout_remote or self._refit_local
+            self.resumed_from = latest
             self.say(f"resumed from {latest} at step {info['step']}")
             return int(info["step"])
         init_state = self._warm_up() if cfg.warmup.enabled else None
@@ -256,14 +280,12 @@ class Session:
         val = self.val_datums[: cfg.warmup.eval_samples]
         sft_rows = self.train_loader.dataset
         rng = random.Random(cfg.loop.seed + 2)
-        eos = [tok.eos_token_id]
 
         def batches(n: int):
+            # (prompt, answer + eos) per problem; an env with a demonstration gives one example per turn.
             picks = [sft_rows[rng.randrange(len(sft_rows))] for _ in range(n)]
-            return (
-                [d.prompt_token_ids for d in picks],
-                [tok(str(d.ground_truth), add_special_tokens=False)["input_ids"] + eos for d in picks],
-            )
+            examples = [ex for d in picks for ex in warmup_examples(d, tok, evaluator._env(d.task_name))]
+            return [c for c, _ in examples], [t for _, t in examples]
 
         def evaluate() -> float:
             model.eval()
@@ -314,6 +336,8 @@ class Session:
                 self.value.run("save", str(tmp / "value"))
             torch.save(self.train_loader.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.rollout("rng_state")}, tmp / "rng.pt")
+            for name, state in self.checkpoint_parts.items():
+                torch.save(state(), tmp / name)
 
         return self.ckpt.save(step, info, write)
 
@@ -329,6 +353,9 @@ class Session:
         return out
 
     def close(self) -> None:
+        for stop in self.closers:
+            stop()
+        self.closers.clear()
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -1,14 +1,14 @@
 """The rollout worker: generation plus environments, writing each sample's columns to the data plane.
 
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
-prompt's ``task_name``, mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
+prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`), mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
 columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
 small per-row carry: rewards, group index, truncation, lengths. Nothing else crosses to the driver.
 
 Columns written (per-token ones are jagged, length = prompt + response):
-  input_ids            prompt + response token ids
-  token_mask           1 on response tokens (the ones trained on), 0 on prompt tokens
-  generation_logprobs  logprob of each response token under the sampler, 0 on prompt tokens
+  input_ids            prompt + response token ids (multi-turn: prompt, responses and observations)
+  token_mask           1 on generated tokens (the ones trained on), 0 on prompt and observation tokens
+  generation_logprobs  logprob of each generated token under the sampler, 0 elsewhere
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.envs import create_env
 from rlplane.generation import create_backend
 from rlplane.workers.base import load_configured_policy
+from rlplane.workers.turns import run_turns
 
 
 class RolloutWorker:
@@ -53,20 +54,6 @@ class RolloutWorker:
             self._envs[task_name] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
         return self._envs[task_name]
 
-    def _score(self, datums: Sequence[DatumSpec], responses: list[str]) -> torch.Tensor:
-        """Route each sample to its environment by task_name; return (B,) rewards."""
-        rewards = torch.zeros(len(datums))
-        by_task: dict[str, list[int]] = {}
-        for i, d in enumerate(datums):
-            by_task.setdefault(d.task_name, []).append(i)
-        for task, rows in by_task.items():
-            logs = [
-                [*datums[i].message_log, {"role": "assistant", "content": responses[i]}] for i in rows
-            ]
-            ret = self._env(task).step(logs, [datums[i].extra_env_info for i in rows])
-            rewards[rows] = torch.as_tensor(ret.rewards, dtype=torch.float32)
-        return rewards
-
     def rollout(
         self,
         datums: Sequence[DatumSpec],
@@ -75,52 +62,45 @@ class RolloutWorker:
         partition_id: str | None,
         greedy: bool = False,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
-        """Generate ``group_size`` responses per datum and score them.
+        """Generate ``group_size`` responses per datum and score them, over up to
+        ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
 
         With a ``partition_id`` the columns go to the data plane and the receipt is returned;
         without one (validation) only the carry comes back.
         """
         gen = self.cfg.policy.generation
         rows = [d for d in datums for _ in range(group_size)]
-        prompts = [d.prompt_token_ids for d in rows]
-        max_total = self.cfg.policy.max_total_sequence_length
-        max_new = min(gen.max_new_tokens, max_total - max(len(p) for p in prompts))
-        out = self.backend.generate(
-            prompts,
-            max_new_tokens=max_new,
+        res = run_turns(
+            self.backend,
+            self.tokenizer,
+            rows,
+            self._env,
+            max_turns=self.cfg.loop.max_rollout_turns,
+            max_total_sequence_length=self.cfg.policy.max_total_sequence_length,
+            max_new_tokens=gen.max_new_tokens,
+            stop_strings=gen.stop_strings,
             temperature=gen.temperature,
             top_p=gen.top_p,
             top_k=gen.top_k,
             greedy=greedy,
-            stop_strings=gen.stop_strings,
             generator=self.generator,
         )
-        responses = self.tokenizer.batch_decode(out.output_ids, skip_special_tokens=True)
-        rewards = self._score(rows, responses)
-        prompt_lens = torch.tensor([len(p) for p in prompts])
-        resp_lens = torch.tensor([len(o) for o in out.output_ids])
         carry = {
-            "rewards": rewards,
+            "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
-            "truncated": torch.tensor([r == "length" for r in out.finish_reasons]),
+            "truncated": res.truncated,
             "loss_multiplier": torch.tensor([d.loss_multiplier for d in rows], dtype=torch.float32),
-            "prompt_lengths": prompt_lens,
-            "response_lengths": resp_lens,
+            "prompt_lengths": res.prompt_lengths,
+            "response_lengths": res.response_lengths,
         }
-        metrics = {"mean_gen_tokens_per_sample": float(resp_lens.float().mean())}
         if partition_id is None:
-            return None, carry, metrics
-        input_ids, token_mask, gen_lp = [], [], []
-        for p, o, lp in zip(prompts, out.output_ids, out.logprobs):
-            input_ids.append(torch.tensor(list(p) + list(o), dtype=torch.long))
-            token_mask.append(torch.cat([torch.zeros(len(p), dtype=torch.int8), torch.ones(len(o), dtype=torch.int8)]))
-            gen_lp.append(torch.cat([torch.zeros(len(p)), lp.float()]))
+            return None, carry, res.metrics
         uids = [uuid.uuid4().hex[:12] for _ in datums]
         keys = [f"{uids[i // group_size]}_g{i % group_size}" for i in range(len(rows))]
         meta = self.dp.put_samples(
             keys,
             partition_id,
-            {"input_ids": input_ids, "token_mask": token_mask, "generation_logprobs": gen_lp},
+            {"input_ids": res.input_ids, "token_mask": res.token_mask, "generation_logprobs": res.generation_logprobs},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
-        return meta, carry, metrics
+        return meta, carry, res.metrics

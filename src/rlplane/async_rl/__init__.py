@@ -1,0 +1,7 @@
+"""Asynchronous GRPO: a trajectory collector that generates for future weight versions while the
+policy trains, and a versioned replay buffer with bounded staleness (``recipes/async_grpo.py``)."""
+
+from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
+from rlplane.async_rl.collector import AsyncTrajectoryCollector, target_versions
+
+__all__ = ["AsyncTrajectoryCollector", "target_versions", "ReplayBuffer", "SampleResult", "TrajectoryGroup", "buffer_capacity"]

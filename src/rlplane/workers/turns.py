@@ -1,0 +1,268 @@
+"""The turn loop of a rollout: generate, step the environments, append their observations, repeat.
+
+Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md`` §7). Each turn:
+
+1. generate for the samples still active (prompt = everything so far: prompt, earlier responses,
+   observations), each with its own stop strings (``policy.generation.stop_strings`` plus the
+   datum's for the first turn, plus what its environment returned for later ones);
+2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
+3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
+   **summed** over turns. An environment that raises is retried sample by sample, and the samples
+   that still raise fail: total reward 0, sample done, counted in ``env_errors``; the others go on;
+4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
+   has no room left (a response that fills the sequence is marked truncated): the observation (tokenized without special tokens) is appended, cut to the
+   room left, and a sample that could not take it whole plus one more generated token is marked
+   truncated and done.
+
+Only generated tokens are trained on: ``token_mask`` is 1 exactly on them and ``generation_logprobs``
+holds their sampler logprobs at the same positions (0 on prompt and observation tokens).
+
+With one turn this is the single-turn rollout: one ``generate`` call with the same arguments, the
+environment stepped once, nothing appended.
+
+Metrics (means are over the batch's samples):
+  mean_gen_tokens_per_sample / max_gen_tokens_per_sample   tokens the model generated
+  mean_env_tokens_per_sample                               observation tokens appended
+  mean_total_tokens_per_sample                             prompt + generated + observation tokens
+  avg_turns_per_sample / max_turns_per_sample              generation calls a sample took part in
+  natural_termination_rate                                 share its environment terminated
+  truncation_rate                                          share that hit max_total_sequence_length (a
+                                                           response cut there, or an observation that did not fit)
+  max_turns_reached_rate                                   share stopped by the turn limit
+  env_errors / env_error_rate                              samples whose environment raised (count, share)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlplane.data.datum import DatumSpec
+from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
+
+
+@dataclass
+class SampleState:
+    """One sample's conversation so far, as token columns and as a message log."""
+
+    input_ids: list[int]
+    prompt_length: int
+    message_log: list[dict[str, Any]]
+    env_info: Any
+    task_name: str
+    stop_strings: list[str] | None
+    token_mask: list[torch.Tensor] = field(default_factory=list)  # chunks, int8
+    logprobs: list[torch.Tensor] = field(default_factory=list)  # chunks, float32
+    reward: float = 0.0
+    turns: int = 0
+    gen_tokens: int = 0
+    env_tokens: int = 0
+    finish_reason: str | None = None
+    done: bool = False
+    terminated: bool = False
+    truncated: bool = False  # the sequence hit max_total_sequence_length
+    env_error: bool = False
+
+    def append(self, ids: Sequence[int], generated: torch.Tensor | None) -> None:
+        """Add ``ids``; ``generated`` is their logprobs when the model produced them, None for observations."""
+        n = len(ids)
+        self.input_ids.extend(ids)
+        if generated is None:
+            self.token_mask.append(torch.zeros(n, dtype=torch.int8))
+            self.logprobs.append(torch.zeros(n))
+            self.env_tokens += n
+        else:
+            self.token_mask.append(torch.ones(n, dtype=torch.int8))
+            self.logprobs.append(generated.float())
+            self.gen_tokens += n
+
+
+@dataclass
+class TurnsResult:
+    """Per sample, in input order: the token columns and the rollout's outcome."""
+
+    input_ids: list[torch.Tensor]  # (L_i,) long
+    token_mask: list[torch.Tensor]  # (L_i,) int8, 1 on generated tokens
+    generation_logprobs: list[torch.Tensor]  # (L_i,) float32, 0 off the mask
+    rewards: torch.Tensor  # (B,) float32, summed over turns
+    truncated: torch.Tensor  # (B,) bool: last response cut by a length limit, or sequence at the max length
+    prompt_lengths: torch.Tensor  # (B,)
+    response_lengths: torch.Tensor  # (B,) everything after the prompt (generated + observations)
+    metrics: dict[str, float]
+    states: list[SampleState]
+
+
+def run_turns(
+    backend: GenerationBackend,
+    tokenizer,
+    datums: Sequence[DatumSpec],
+    env_for: Callable[[str], Any],
+    *,
+    max_turns: int,
+    max_total_sequence_length: int,
+    max_new_tokens: int,
+    stop_strings: Sequence[str] | None = None,
+    **sampling: Any,
+) -> TurnsResult:
+    """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
+
+    ``env_for(task_name)`` returns that task's environment; ``sampling`` goes to ``backend.generate``
+    (temperature, top_p, top_k, greedy, generator).
+    """
+    if max_turns < 1:
+        raise ValueError(f"max_turns = {max_turns}: must be >= 1")
+    max_total = max_total_sequence_length
+    states = [
+        SampleState(
+            input_ids=list(d.prompt_token_ids), prompt_length=0,
+            message_log=[dict(m) for m in d.message_log],
+            # A copy per sample: group members share their datum, and an env may update its state in place.
+            env_info=dict(d.extra_env_info) if isinstance(d.extra_env_info, dict) else d.extra_env_info,
+            task_name=d.task_name,
+            stop_strings=d.stop_strings,
+        )
+        for d in datums
+    ]
+    for s in states:
+        s.prompt_length = len(s.input_ids)
+        s.token_mask.append(torch.zeros(s.prompt_length, dtype=torch.int8))
+        s.logprobs.append(torch.zeros(s.prompt_length))
+        if s.prompt_length >= max_total:  # no room to generate anything
+            s.done = s.truncated = True
+    env_errors = 0
+    for turn in range(max_turns):
+        active = [i for i, s in enumerate(states) if not s.done]
+        if not active:
+            break
+        rooms = [max_total - len(states[i].input_ids) for i in active]
+        # One generate call for all active rows: the longest room bounds it, each row is cut to its own below.
+        out = backend.generate(
+            [states[i].input_ids for i in active],
+            max_new_tokens=min(max_new_tokens, max(rooms)),
+            stop_strings=_row_stop_strings(stop_strings, [states[i].stop_strings for i in active]),
+            **sampling,
+        )
+        for i, room, ids, lps, reason in zip(active, rooms, out.output_ids, out.logprobs, out.finish_reasons):
+            s = states[i]
+            if len(ids) > room:
+                ids, lps, reason = ids[:room], lps[:room], FINISH_LENGTH
+            s.append(ids, lps)
+            s.truncated = reason == FINISH_LENGTH and len(s.input_ids) >= max_total  # filled the sequence
+            s.turns += 1
+            s.finish_reason = reason
+            s.message_log.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True),
+                                  "token_ids": list(ids), "generation_logprobs": lps})
+        env_errors += _step_envs(states, active, env_for)
+        last_turn = turn == max_turns - 1
+        for i in active:
+            s = states[i]
+            if s.done:  # terminated or failed in _step_envs
+                continue
+            if last_turn:
+                s.done = True
+                continue
+            room = max_total - len(s.input_ids)
+            obs = s.message_log[-1].get("content", "") if s.message_log[-1].get("role") != "assistant" else ""
+            obs_ids = tokenizer(obs, add_special_tokens=False)["input_ids"] if obs else []
+            if len(obs_ids) + 1 > room:  # the observation and at least one more generated token must fit
+                obs_ids = obs_ids[:room]
+                s.done = s.truncated = True
+            s.append(obs_ids, None)
+    return _result(states, env_errors, max_turns)
+
+
+def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | None]):
+    """The flat common list when no row has its own (the single-turn call, unchanged), else per-row lists."""
+    if not any(per_row):
+        return list(common) if common else common
+    return [[*(common or []), *(r or [])] for r in per_row]
+
+
+def _step_envs(states: list[SampleState], active: list[int], env_for: Callable[[str], Any]) -> int:
+    """Step each task's environment on its active samples; returns how many samples failed.
+
+    When a task's batch raises, its samples are stepped one by one, so only the ones that raise fail.
+    """
+    by_task: dict[str, list[int]] = {}
+    for i in active:
+        by_task.setdefault(states[i].task_name, []).append(i)
+    failed = 0
+    for task, rows in by_task.items():
+        try:
+            env = env_for(task)
+            outcomes = [(rows, _checked_step(env, task, [states[i] for i in rows]))]
+        except Exception:  # isolate the samples that break the environment
+            outcomes = []
+            for i in rows:
+                try:
+                    outcomes.append(([i], _checked_step(env_for(task), task, [states[i]])))
+                except Exception:
+                    s = states[i]
+                    s.reward, s.env_error, s.done = 0.0, True, True
+                    failed += 1
+        for group, (ret, rewards, terminated) in outcomes:
+            _apply(states, group, ret, rewards, terminated)
+    return failed
+
+
+def _checked_step(env, task: str, batch: list[SampleState]):
+    ret = env.step([s.message_log for s in batch], [s.env_info for s in batch])
+    rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1).tolist()
+    terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
+    if not len(rewards) == len(terminated) == len(ret.observations) == len(batch):
+        raise ValueError(f"environment {task!r} returned {len(rewards)} rewards for {len(batch)} samples")
+    return ret, rewards, terminated
+
+
+def _apply(states: list[SampleState], rows: list[int], ret, rewards: list[float], terminated: list[bool]) -> None:
+    next_stops = ret.next_stop_strings or [None] * len(rows)
+    metadata = ret.metadata if ret.metadata is not None else [states[i].env_info for i in rows]
+    for j, i in enumerate(rows):
+        s = states[i]
+        s.reward += rewards[j]
+        if terminated[j]:
+            s.done = s.terminated = True
+            continue
+        obs = ret.observations[j] or {}
+        s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
+        s.env_info = metadata[j]
+        s.stop_strings = next_stops[j]
+
+
+def _result(states: list[SampleState], env_errors: int, max_turns: int) -> TurnsResult:
+    n = max(len(states), 1)
+
+    def mean(xs) -> float:
+        return float(sum(xs)) / n
+
+    gen = [s.gen_tokens for s in states]
+    metrics = {
+        "mean_gen_tokens_per_sample": mean(gen),
+        "max_gen_tokens_per_sample": float(max(gen, default=0)),
+        "mean_env_tokens_per_sample": mean(s.env_tokens for s in states),
+        "mean_total_tokens_per_sample": mean(len(s.input_ids) for s in states),
+        "avg_turns_per_sample": mean(s.turns for s in states),
+        "max_turns_per_sample": float(max((s.turns for s in states), default=0)),
+        "natural_termination_rate": mean(s.terminated for s in states),
+        "truncation_rate": mean(s.truncated for s in states),
+        "max_turns_reached_rate": mean(
+            s.turns == max_turns and not (s.terminated or s.truncated or s.env_error) for s in states
+        ),
+        "env_errors": float(env_errors),
+        "env_error_rate": env_errors / n,
+    }
+    prompt_lengths = torch.tensor([s.prompt_length for s in states])
+    return TurnsResult(
+        input_ids=[torch.tensor(s.input_ids, dtype=torch.long) for s in states],
+        token_mask=[torch.cat(s.token_mask) for s in states],
+        generation_logprobs=[torch.cat(s.logprobs) for s in states],
+        rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
+        truncated=torch.tensor([s.truncated or s.finish_reason == FINISH_LENGTH for s in states]),
+        prompt_lengths=prompt_lengths,
+        response_lengths=torch.tensor([len(s.input_ids) for s in states]) - prompt_lengths,
+        metrics=metrics,
+        states=states,
+    )

@@ -1,0 +1,195 @@
+"""AsyncTrajectoryCollector with the real tiny model and the exact-match environment: targets per
+weight version, pause/resume around a refit, failures injected into the generation backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from rlplane.async_rl import AsyncTrajectoryCollector, target_versions
+from rlplane.config.loading import load_config
+from rlplane.recipes.setup import build_datasets
+from rlplane.workers.base import load_configured_policy
+
+P, G = 2, 2
+
+
+def make_cfg(*extra):
+    return load_config(None, [
+        f"grpo.num_prompts_per_step={P}", f"grpo.num_generations_per_prompt={G}",
+        f"policy.train_global_batch_size={P * G}", "data.num_train_samples=64",
+        "grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true", *extra,
+    ])
+
+
+def make_collector(*extra, start_version=0):
+    cfg = make_cfg(*extra)
+    _, tok = load_configured_policy(cfg)
+    loader, _, _ = build_datasets(cfg, tok)
+    return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0), loader
+
+
+def wait_until(cond, timeout=20.0):
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)
+
+
+def counts(c):
+    out = {}
+    for g in list(c.buffer._groups):
+        out[(g.generation_version, g.target_version)] = out.get((g.generation_version, g.target_version), 0) + 1
+    return out
+
+
+def test_target_versions():
+    # Its own step (only while still short) and the next max_age steps.
+    assert target_versions(0, max_age_steps=1) == [0, 1]
+    assert target_versions(10, max_age_steps=4) == [10, 11, 12, 13, 14]
+
+
+def test_collector_fills_targets_then_idles_and_follows_refits():
+    c, _ = make_collector()
+    try:
+        c.start()
+        # Version 0 serves steps 0 and 1, then every target is covered: it idles.
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+        time.sleep(0.3)
+        assert c.counters["groups_generated"] == 2 * P
+        assert counts(c) == {(0, 0): P, (0, 1): P}
+        first = c.sample(P, current_version=0)
+        assert [g.generation_version for g in first.groups] == [0] * P and first.avg_trajectory_age == 0
+        g = first.groups[0]
+        assert len(g.columns["input_ids"]) == G and g.carry["rewards"].shape == (G,)
+        # Token mask marks the response; generation logprobs are 0 on the prompt and < 0 on the response.
+        tm, lp = g.columns["token_mask"][0], g.columns["generation_logprobs"][0]
+        assert tm.shape == lp.shape == g.columns["input_ids"][0].shape
+        assert (lp[tm == 0] == 0).all() and (lp[tm == 1] < 0).all()
+
+        # Refit to version 1: serves steps 1 (already covered by version 0) and 2.
+        model, _ = load_configured_policy(make_cfg("grpo.seed=7"))
+        new = {k: v.clone() for k, v in model.state_dict().items()}
+        c.prepare_for_refit()
+        c.update_weights(new)
+        c.set_weight_version(1)
+        c.resume_after_refit()
+        for k, v in c.worker.backend.model.state_dict().items():
+            assert torch.equal(v, new[k]), k
+        wait_until(lambda: counts(c).get((1, 2), 0) == P)
+        second = c.sample(P, current_version=1)
+        assert [g.generation_version for g in second.groups] == [0] * P and second.avg_trajectory_age == 1.0
+        # Every prompt drawn from the loader is accounted for, once.
+        seen = [g.prompt_idx for g in first.groups + second.groups] + [g.prompt_idx for g in c.buffer._groups]
+        assert len(seen) == len(set(seen)) == 3 * P
+    finally:
+        c.stop()
+
+
+def test_refit_waits_for_the_batch_in_flight_and_blocks_new_starts():
+    c, _ = make_collector("grpo.async_grpo.max_trajectory_age_steps=2")
+    real = c.worker.backend.generate
+    started, release = threading.Event(), threading.Event()
+
+    def slow_generate(*args, **kwargs):
+        started.set()
+        release.wait(10)
+        return real(*args, **kwargs)
+
+    c.worker.backend.generate = slow_generate
+    try:
+        c.start()
+        assert started.wait(10)
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (c.prepare_for_refit(), done.set()))
+        t.start()
+        time.sleep(0.1)
+        assert not done.is_set()  # the batch in flight is not cut short
+        release.set()
+        assert done.wait(20)
+        assert c.counters["groups_generated"] == P  # it landed in the buffer before the refit went ahead
+        started.clear()
+        time.sleep(0.3)
+        assert not started.is_set() and c.counters["groups_generated"] == P  # no new start while refitting
+        c.set_weight_version(1)
+        c.resume_after_refit()
+        # Version 0 got to step 0 only; version 1 (max_age 2) serves the rest: 1 (still short), 2, 3.
+        wait_until(lambda: c.counters["groups_generated"] == 4 * P)
+        assert counts(c) == {(0, 0): P, (1, 1): P, (1, 2): P, (1, 3): P}
+    finally:
+        release.set()
+        c.stop()
+
+
+def test_generation_failures_are_retried_without_losing_prompts():
+    c, _ = make_collector("grpo.async_grpo.max_generation_failures=2")
+    real = c.worker.backend.generate
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise RuntimeError("backend lost")
+        return real(*args, **kwargs)
+
+    c.worker.backend.generate = flaky
+    try:
+        c.start()
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+        assert c.health() is None and c.counters["failures"] == 2
+        # The failed batch's prompts were generated on retry, in order: the loader's first two batches.
+        ids = [g.prompt_idx for g in c.buffer._groups]
+        c2, loader2 = make_collector()
+        expected = [d.idx for _ in range(2) for d in next(loader2)]
+        assert ids == expected
+    finally:
+        c.stop()
+
+
+def test_too_many_failures_stop_the_collector_with_a_one_line_reason():
+    c, _ = make_collector("grpo.async_grpo.max_generation_failures=1")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: device lost")
+
+    c.worker.backend.generate = broken
+    try:
+        c.start()
+        wait_until(lambda: c.health() is not None)
+        msg = c.health()
+        assert "\n" not in msg
+        assert msg.startswith("async collector: generation failed 2 times in a row")
+        assert "max_generation_failures = 1" in msg and "RuntimeError: CUDA error: device lost" in msg
+        assert "broken" in c.error_traceback()
+        assert c.sample(P, current_version=0, timeout_s=0) is None
+    finally:
+        c.stop()
+
+
+def test_state_dict_restores_buffer_loader_and_pending_prompts():
+    c, _ = make_collector()
+    try:
+        c.start()
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+        used = c.sample(P, current_version=0)
+        state = c.state_dict()
+    finally:
+        c.stop()
+    assert len(state["replay_buffer"]["groups"]) == P
+    torch.save(state, "/dev/null")
+    d, _ = make_collector(start_version=1)
+    assert d.load_state_dict(state, current_version=1) == 0
+    try:
+        d.start()
+        # Resumed at version 1: serves steps 1 (covered by the restored groups) and 2 (needs P).
+        wait_until(lambda: d.counters["groups_generated"] == P)
+        time.sleep(0.2)
+        assert d.counters["groups_generated"] == P
+        ids = [g.prompt_idx for g in used.groups] + [g.prompt_idx for g in d.buffer._groups]
+        c3, loader3 = make_collector()
+        assert ids == [x.idx for _ in range(3) for x in next(loader3)]
+    finally:
+        d.stop()

@@ -1,0 +1,40 @@
+"""grpo.async_grpo: defaults, and what async GRPO refuses, one line each."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlplane.config.loading import ConfigError, load_config
+
+ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+
+
+def problems(overrides):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, list(overrides))
+    return e.value.problems
+
+
+def test_async_defaults_and_a_valid_async_config():
+    a = load_config(None, []).grpo.async_grpo
+    assert (a.enabled, a.max_trajectory_age_steps, a.max_generation_failures) == (False, 1, 3)
+    cfg = load_config(None, [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=2"])
+    assert cfg.grpo.async_grpo.enabled and cfg.grpo.async_grpo.max_trajectory_age_steps == 2
+
+
+def test_async_needs_importance_sampling_correction():
+    (line,) = problems(["grpo.async_grpo.enabled=true"])
+    assert line.startswith("grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true")
+    assert line.endswith("set it to true")
+
+
+def test_async_rejects_dynamic_sampling_and_forced_on_policy_ratio_all_at_once():
+    lines = problems([*ASYNC, "grpo.use_dynamic_sampling=true", "loss_fn.force_on_policy_ratio=true"])
+    assert len(lines) == 2
+    assert lines[0].startswith("grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled")
+    assert lines[1].startswith("loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled")
+
+
+def test_age_must_be_at_least_one():
+    (line,) = problems([*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=0"])
+    assert line.startswith("grpo.async_grpo.max_trajectory_age_steps:")
