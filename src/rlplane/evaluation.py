@@ -33,11 +33,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def generation_metrics(rewards: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:
-    """Mean reward, properly-ended fraction and response lengths of a flat batch (all (B,))."""
+def generation_metrics(
+    rewards: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
+) -> dict[str, float]:
+    """Mean reward, properly-ended fraction and response lengths of a flat batch (all (B,)).
+
+    A response ended properly if it stopped before ``max_new_tokens`` (the stop token counts in its
+    length, so one that stops on exactly its last allowed token is counted as cut: conservative).
+    """
+    ended = ~truncated & (lengths < max_new_tokens)
     return {
         "mean_reward": float(rewards.double().mean()),
-        "fraction_properly_ended": float((~truncated).double().mean()),
+        "fraction_properly_ended": float(ended.double().mean()),
         "mean_generation_length": float(lengths.double().mean()),
         "max_generation_length": int(lengths.max()),
     }
@@ -98,7 +105,7 @@ def evaluate(
         "sampling_seed": cfg.loop.seed,
         "max_new_tokens": max_new,
         "accuracy": float(g["rewards"].double().mean()),
-        "greedy": generation_metrics(g["rewards"], g["truncated"], g["lengths"]),
+        "greedy": generation_metrics(g["rewards"], g["truncated"], g["lengths"], max_new),
     }
     if k > 1:
         s = cat(sampled)
@@ -107,7 +114,7 @@ def evaluate(
         result["pass@1_sampled"] = sum(pass_at_k(k, c, 1) for c in correct) / len(correct)
         result["sampled"] = {
             "k": k, "temperature": cfg.policy.generation.temperature,
-            **generation_metrics(s["rewards"], s["truncated"], s["lengths"]),
+            **generation_metrics(s["rewards"], s["truncated"], s["lengths"], max_new),
         }
     for env in worker._envs.values():
         close = getattr(env, "close", None)

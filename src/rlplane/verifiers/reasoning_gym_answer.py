@@ -9,6 +9,8 @@ from typing import Any
 import reasoning_gym
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# "... the final answer is -129." (instruct models that ignore the \boxed{} instruction)
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]*?)\$?\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 def last_boxed(text: str) -> str | None:
@@ -25,13 +27,15 @@ def last_boxed(text: str) -> str | None:
 
 
 def extract_answer(response: str) -> str | None:
-    """The last ``\\boxed{}``, else the last ``<answer>`` tag, else the last non-empty line."""
+    """The last ``\\boxed{}``, else the last ``<answer>`` tag, else the last "answer is X" at a line's
+    end, else the last non-empty line."""
     boxed = last_boxed(response)
     if boxed is not None:
         return boxed.strip()
-    tags = _ANSWER_TAG.findall(response)
-    if tags:
-        return tags[-1].strip()
+    for pattern in (_ANSWER_TAG, _ANSWER_IS):
+        found = [m.strip() for m in pattern.findall(response) if m.strip()]
+        if found:
+            return found[-1]
     lines = [line.strip() for line in response.strip().splitlines() if line.strip()]
     return lines[-1] if lines else None
 

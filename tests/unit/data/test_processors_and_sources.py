@@ -120,6 +120,8 @@ def test_reasoning_gym_env_scores_with_task_verifier():
     assert extract_answer("so \\boxed{\\frac{1}{2}} done") == "\\frac{1}{2}"
     assert extract_answer("<answer> 12 </answer>") == "12"
     assert extract_answer("work\n\n  -129 ") == "-129"
+    assert extract_answer("steps\nSo, the final answer is 12.\nThanks") == "12"
+    assert extract_answer("The answer is: $-3.5$.") == "-3.5"
     cfg = _cfg("data.dataset=reasoning_gym", "data.reasoning_gym.val_size=2")
     _, val, _ = build_datasets(cfg, build_char_tokenizer(), train=False)
     env = create_env("reasoning_gym", **cfg.env.env_kwargs("reasoning_gym"))
