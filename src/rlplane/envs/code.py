@@ -1,6 +1,7 @@
 """Code execution: the model writes Python, the environment runs it against the sample's tests in the sandbox.
 
-``metadata["tests"]`` is Python source (asserts, typically) appended after the model's code; the
+``metadata["tests"]`` (or, for JSONL rows, the answer field: ``ground_truth``) is Python source
+(asserts, typically) appended after the model's code; the
 sample passes when the whole program exits 0 within the sandbox's limits (:mod:`rlplane.envs.sandbox`).
 The code is the last fenced block of the response (```` ```python ... ``` ````), or the whole
 response when there is none. Programs run ``num_workers`` at a time (each is its own process).
@@ -41,6 +42,14 @@ def failure_summary(result: SandboxResult) -> str:
     return lines[-1][:200] if lines else f"exit status {result.returncode}"
 
 
+def tests_of(metadata: dict[str, Any]) -> str:
+    """The sample's tests: ``metadata["tests"]``, else its ground truth (a JSONL row's answer field)."""
+    tests = metadata.get("tests", metadata.get("ground_truth"))
+    if not tests:
+        raise ValueError("code sample without tests: give metadata['tests'] (or the answer field of a JSONL row)")
+    return str(tests)
+
+
 class CodeEnv(Environment):
     """Reward 1.0 when the response's code passes ``metadata["tests"]`` in the sandbox, else 0.0."""
 
@@ -66,7 +75,7 @@ class CodeEnv(Environment):
         if len(message_logs) != len(metadata):
             raise ValueError(f"CodeEnv.step: {len(message_logs)} message logs for {len(metadata)} metadata")
         codes = [extract_code(last_assistant_content(log)) for log in message_logs]
-        results = self.run([f"{c}\n\n{m['tests']}\n" for c, m in zip(codes, metadata)])
+        results = self.run([f"{c}\n\n{tests_of(m)}\n" for c, m in zip(codes, metadata)])
         passed = [r.ok for r in results]
         attempts = [int(m.get("attempt", 0)) + 1 for m in metadata]
         done = [p or a >= self.max_attempts for p, a in zip(passed, attempts)]

@@ -160,3 +160,11 @@ def test_os_layers_hold_without_the_audit_hook(name, program):
     assert "sandbox:" not in r.stderr  # refused by the OS, not by the hook
     assert any(e in r.stderr for e in ("BlockingIOError", "PermissionError", "OSError: [Errno 101]")), r.stderr
     assert r.isolation == {"network_namespace": True, "own_uid": True}
+
+
+def test_code_env_reads_tests_from_the_ground_truth_of_jsonl_rows():
+    env = CodeEnv(num_workers=1)
+    good = [[{"role": "assistant", "content": GOOD}]]
+    assert env.step(good, [{"ground_truth": TESTS}]).rewards.tolist() == [1.0]
+    with pytest.raises(ValueError, match="code sample without tests"):
+        env.step(good, [{}])
