@@ -133,3 +133,15 @@ def test_async_grpo_ray_runtime(tmp_path, ray_session):
     assert [r["train/avg_trajectory_age"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(math.isfinite(r["train/loss"]) for r in rows)
     assert (tmp_path / "checkpoints" / "step_3" / "replay_buffer.pt").is_file()
+
+
+def test_async_grpo_with_multi_turn_rollouts(tmp_path):
+    """The collector runs whatever the rollout worker runs: here the guess-the-number game, 7 turns."""
+    cfg = load_config("grpo_guess_number", [*SMALL, f"run_dir={tmp_path}", "grpo.max_num_steps=2",
+                                            "checkpointing.enabled=false"])
+    async_grpo.train(cfg, quiet=True)
+    rows = steps_of(tmp_path)
+    assert [r["train/avg_trajectory_age"] for r in rows] == [0.0, 1.0]
+    for r in rows:
+        assert math.isfinite(r["train/loss"]) and r["train/avg_turns_per_sample"] >= 1
+        assert r["train/max_turns_per_sample"] <= 7

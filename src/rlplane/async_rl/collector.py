@@ -237,7 +237,7 @@ class AsyncTrajectoryCollector:
         t0 = time.perf_counter()
         try:
             self._scratch.register_partition(SCRATCH, COLUMNS, len(datums) * G)
-            meta, carry, _ = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH)
+            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH)
             cols = self._scratch.get_samples(meta, SCRATCH, COLUMNS)  # (B, T) padded
             self._scratch.clear_samples(meta, SCRATCH)
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
@@ -266,6 +266,7 @@ class AsyncTrajectoryCollector:
                 target_version=target,
                 columns={k: [cols[k][r, : lens[r]].clone() for r in rows] for k in COLUMNS},
                 carry={k: carry[k][i * G : (i + 1) * G].clone() for k in CARRY},
+                rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01
             while not self.buffer.add(group):  # full: the trainer frees room as it samples

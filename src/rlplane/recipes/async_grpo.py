@@ -119,6 +119,18 @@ def put_groups(s: Session, groups: list[TrajectoryGroup]) -> tuple[KVBatchMeta, 
     return meta, carry
 
 
+def merge_rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """The rollout metrics of the step's groups: each group carries its generation batch's values;
+    ``max_*`` take the maximum, the rest the mean over groups (the batch's own value when the step's
+    groups come from one batch, the usual case)."""
+    keys = {k for g in groups for k in g.rollout_metrics}
+    out = {}
+    for k in sorted(keys):
+        vals = [g.rollout_metrics[k] for g in groups if k in g.rollout_metrics]
+        out[k] = max(vals) if k.startswith("max_") else sum(vals) / len(vals)
+    return out
+
+
 def async_grpo_step(s: Session, step: int) -> dict[str, float]:
     """One async GRPO step at weight version ``step``; returns its metrics."""
     g = s.cfg.grpo
@@ -137,7 +149,7 @@ def async_grpo_step(s: Session, step: int) -> dict[str, float]:
     meta, carry = put_groups(s, result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
     carry["rewards"] = transform_rewards(s.cfg, carry)
-    metrics["mean_gen_tokens_per_sample"] = float(carry["response_lengths"].float().mean())
+    metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
