@@ -276,7 +276,11 @@ class Session:
     def _warm_up(self) -> dict:
         cfg = self.cfg
         model, tok = load_configured_policy(cfg)
-        evaluator = RolloutWorker(cfg, None, model=model, tokenizer=tok, seed=cfg.loop.seed + 1)
+        # The warm-up trains `model` in place and evaluates it as it goes: sample from that very module
+        # (hf), whatever backend the run uses (a vllm engine here would hold stale weights).
+        gen_cfg = cfg.policy.generation.model_copy(update={"backend": "hf"})
+        eval_cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"generation": gen_cfg})})
+        evaluator = RolloutWorker(eval_cfg, None, model=model, tokenizer=tok, seed=cfg.loop.seed + 1)
         val = self.val_datums[: cfg.warmup.eval_samples]
         sft_rows = self.train_loader.dataset
         rng = random.Random(cfg.loop.seed + 2)
