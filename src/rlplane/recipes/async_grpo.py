@@ -72,9 +72,10 @@ class CollectorHandle:
         return getattr(self.collector, method)(*args, **kwargs)
 
     def refit(self, version: int, timer: Timer) -> None:
-        """Collector to the trainer's new weights: wait for its batch in flight, copy, bump the version."""
+        """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
+        have served step ``version`` and for the batch in flight, copy, bump the version."""
         with timer("idle/refit_bubble"):
-            self.call("prepare_for_refit")
+            self.call("prepare_for_refit", version)
         with timer("weight_sync"):
             w = self._policy0.get_weights.remote() if self.remote else self._policy0.get_weights()
             self.call("update_weights", w)
