@@ -105,7 +105,7 @@ class VLLMGenerationBackend(GenerationBackend):
 
     ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds);
     ``max_model_len`` defaults to the model's ``max_position_embeddings``. The engine's dtype is
-    the model's.
+    the model's compute dtype (its autocast dtype under ``policy.precision: bf16``).
     """
 
     def __init__(
@@ -128,7 +128,9 @@ class VLLMGenerationBackend(GenerationBackend):
         self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
         model.save_pretrained(self._dir, safe_serialization=True)
         tokenizer.save_pretrained(self._dir)
-        dtype = next(model.parameters()).dtype
+        # The trainer's compute dtype: bf16 autocast over fp32 master weights (policy.precision: bf16)
+        # generates in bf16, so both sides round alike; otherwise the parameters' dtype.
+        dtype = getattr(model, "rlplane_autocast_dtype", None) or next(model.parameters()).dtype
         _keep_cpu_weights()
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
         # rollout worker (and a colocated trainer) keep the thread count they chose, so put it back.
