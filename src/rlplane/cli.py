@@ -1,4 +1,4 @@
-"""The ``rlplane`` command: train | sft | eval | show-config.
+"""The ``rlplane`` command: train | sft | eval | export | show-config.
 
 Configs are a preset name or YAML path (``--config``) plus dotted overrides
 (``grpo.num_prompts_per_step=16``). Mistakes a user can make end with one line per problem on
@@ -55,6 +55,8 @@ def cmd_train(args) -> int:
     cfg = _load(args)
     if cfg.algorithm == "ppo":
         from rlplane.recipes.ppo import train
+    elif cfg.grpo.async_grpo.enabled:
+        from rlplane.recipes.async_grpo import train
     else:
         from rlplane.recipes.grpo import train
     summary = train(cfg, quiet=args.quiet)
@@ -88,32 +90,108 @@ def cmd_sft(args) -> int:
     return 0
 
 
+def _checkpoint_weights(path: str):
+    """``(weights dir, checkpoint dir or None)`` for a run directory (its latest checkpoint), a
+    ``step_N`` checkpoint, or a plain HF model directory."""
+    from pathlib import Path
+
+    from rlplane.config.loading import ConfigError
+    from rlplane.utils.checkpoint import CheckpointManager
+
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError([f"--checkpoint {p}: no such directory; pass a run directory, a step_N checkpoint "
+                           "or an HF model directory"])
+    ckpt = p
+    if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
+        ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
+    weights = ckpt / "policy" / "weights"
+    if weights.is_dir() and (weights / "config.json").is_file():
+        return weights, ckpt
+    if (p / "config.json").is_file():
+        return p, None
+    raise ConfigError([f"--checkpoint {p}: no model there (expected checkpoints/step_N/policy/weights, "
+                       "policy/weights or config.json); pass a run directory, a step_N checkpoint or an HF model directory"])
+
+
+def _dataset_overrides(spec: str) -> list[str]:
+    """``--dataset`` shorthand -> ``data.*`` overrides: ``arithmetic``, ``reasoning_gym:TASK[,TASK]``,
+    or a file (``.jsonl`` read directly; ``.json``/``.parquet``/``.csv`` through HF datasets)."""
+    from rlplane.config.loading import ConfigError
+
+    if spec == "arithmetic":
+        return ["data.dataset=arithmetic"]
+    if spec.startswith("reasoning_gym"):
+        tasks = spec.partition(":")[2] or "basic_arithmetic"
+        return ["data.dataset=reasoning_gym", f"data.reasoning_gym.tasks=[{tasks}]"]
+    if os.path.exists(spec) or "*" in spec:
+        kind = "jsonl" if spec.endswith(".jsonl") else "hf"
+        return [f"data.dataset={kind}", f"data.train.path={spec}", f"data.validation.path={spec}"]
+    raise ConfigError([f"--dataset {spec!r}: not a file, 'arithmetic' or 'reasoning_gym:TASK'; "
+                       "e.g. --dataset reasoning_gym:basic_arithmetic or --dataset problems.jsonl"])
+
+
 def cmd_eval(args) -> int:
     from pathlib import Path
 
     from rlplane.config.loading import ConfigError, load_config
+    from rlplane.evaluation import evaluate
 
-    ckpt = Path(args.checkpoint)
-    weights = ckpt / "policy" / "weights" if (ckpt / "policy" / "weights").is_dir() else ckpt
-    if not (weights / "config.json").is_file():
-        raise ConfigError([f"--checkpoint {ckpt}: no HF model there (expected {weights}/config.json); "
-                           "pass a step_N checkpoint directory or an HF model directory"])
-    preset = args.config or (str(ckpt / "config.yaml") if (ckpt / "config.yaml").is_file() else None)
-    cfg = load_config(preset, [*args.overrides, f"policy.model_name={weights}", "warmup.enabled=false"])
-    from rlplane.recipes.common import validate
-    from rlplane.recipes.setup import build_session
-
-    s = build_session(cfg.model_copy(update={"runtime": "local"}), quiet=True)
-    try:
-        s._start_workers(None)
-        result = validate(s)
-    finally:
-        s.close()
-    result["checkpoint"] = str(ckpt)
-    result["num_problems"] = min(len(s.val_datums), cfg.loop.max_val_samples)
-    print(json.dumps(result, indent=2))
+    if bool(args.checkpoint) == bool(args.model):
+        raise ConfigError(["rlplane eval: give exactly one of --checkpoint DIR or --model NAME"])
+    overrides = []
+    preset = args.config
+    if args.checkpoint:
+        weights, ckpt = _checkpoint_weights(args.checkpoint)
+        saved = (ckpt / "config.yaml") if ckpt is not None else None
+        if preset is None and saved is not None and saved.is_file():
+            preset = str(saved)  # the run's own data, prompt format and environments
+        overrides.append(f"policy.model_name={weights}")
+    else:
+        overrides.append(f"policy.model_name={args.model}")
+    if args.dataset:
+        overrides += _dataset_overrides(args.dataset)
+    if args.seed is not None:
+        # Evaluation draws no training problems; keep the two seeds distinct for the config check.
+        overrides += [f"data.reasoning_gym.val_seed={args.seed}", f"data.reasoning_gym.train_seed={args.seed + 1}"]
+    if args.max_new_tokens is not None:
+        overrides.append(f"policy.generation.max_new_tokens={args.max_new_tokens}")
+    cfg = load_config(preset, [*overrides, *args.overrides, "warmup.enabled=false", "runtime=local"])
+    k = args.k if args.k is not None else cfg.loop.val_num_generations_per_prompt
+    result = evaluate(cfg, num_problems=args.num_problems, k=k, batch_size=args.batch_size, progress=not args.quiet)
+    if args.checkpoint:
+        result["checkpoint"] = str(args.checkpoint)
+    text = json.dumps(result, indent=2)
+    print(text)
+    line = f"accuracy (greedy): {result['accuracy']:.4f} on {result['num_problems']} problems"
+    if k > 1:
+        line += f"; pass@{k} (sampled, T={cfg.policy.generation.temperature:g}): {result[f'pass@{k}']:.4f}"
+    print(f"{line}  ({result['wall_seconds']} s)", file=sys.stderr)
     if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=2))
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+def cmd_export(args) -> int:
+    """Copy a checkpoint's policy weights + tokenizer out as a plain HF model directory."""
+    import shutil
+    from pathlib import Path
+
+    from rlplane.config.loading import ConfigError
+
+    weights, ckpt = _checkpoint_weights(args.checkpoint)
+    out = Path(args.output)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError([f"--output {out}: exists and is not empty; pick a new directory"])
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(weights, tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)  # never a half-copied model under the final name
+    where = f"{ckpt.name} of {ckpt.parent.parent}" if ckpt is not None else str(weights)
+    print(f"exported {where} to {out} (loads with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -128,11 +206,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_sft)
-    p = sub.add_parser("eval", help="held-out accuracy of a checkpoint (greedy; pass@k with grpo.val_num_generations_per_prompt)")
-    p.add_argument("--checkpoint", required=True, help="a step_N checkpoint directory or an HF model directory")
+    p = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k (sampled) of a checkpoint or model")
+    p.add_argument("--checkpoint", default=None, help="a run directory (latest checkpoint), a step_N checkpoint or an HF model directory")
+    p.add_argument("--model", default=None, help="a policy.model_name instead: packaged:smollm2-135m-instruct, embedded:tiny-llama, a directory")
+    p.add_argument("--dataset", default=None,
+                   help="arithmetic | reasoning_gym:TASK[,TASK] | FILE (.jsonl, .json, .parquet, .csv); default: the config's data")
+    p.add_argument("--num-problems", "-n", type=int, default=None, help="held-out problems (default: max_val_samples)")
+    p.add_argument("-k", type=int, default=None, help="sampled responses per problem for pass@k (default: val_num_generations_per_prompt)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the reasoning-gym held-out problems")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="response length cap")
+    p.add_argument("--batch-size", type=int, default=16, help="problems per generation call")
     p.add_argument("--output", "-o", default=None, help="also write the result JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_args(p)
     p.set_defaults(fn=cmd_eval)
+    p = sub.add_parser("export", help="copy a run's final checkpoint out as a plain HF model directory")
+    p.add_argument("--checkpoint", required=True, help="a run directory (latest checkpoint) or a step_N checkpoint")
+    p.add_argument("--output", "-o", required=True, help="the new model directory")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("show-config", help="print the resolved config")
     _add_config_args(p)
     p.add_argument("--list", action="store_true", help="list the presets")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ class TrajectoryGroup:
     target_version: the training step it is meant for.
     columns: per-sample jagged tensors, G each: ``input_ids``, ``token_mask``, ``generation_logprobs``.
     carry: (G,) tensors: ``rewards``, ``truncated``, ``loss_multiplier``, ``prompt_lengths``, ``response_lengths``.
+    rollout_metrics: the rollout's metrics of the generation batch the group came from.
     """
 
     prompt_idx: int
@@ -39,15 +40,17 @@ class TrajectoryGroup:
     target_version: int
     columns: dict[str, list[torch.Tensor]]
     carry: dict[str, torch.Tensor]
+    rollout_metrics: dict[str, float] = field(default_factory=dict)
 
     def to_state(self) -> dict[str, Any]:
         return {"prompt_idx": self.prompt_idx, "generation_version": self.generation_version,
-                "target_version": self.target_version, "columns": self.columns, "carry": self.carry}
+                "target_version": self.target_version, "columns": self.columns, "carry": self.carry,
+                "rollout_metrics": self.rollout_metrics}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> TrajectoryGroup:
         return cls(int(state["prompt_idx"]), int(state["generation_version"]), int(state["target_version"]),
-                   dict(state["columns"]), dict(state["carry"]))
+                   dict(state["columns"]), dict(state["carry"]), dict(state.get("rollout_metrics", {})))
 
 
 @dataclass

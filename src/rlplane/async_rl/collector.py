@@ -113,9 +113,19 @@ class AsyncTrajectoryCollector:
             self._paused = False
             self._cond.notify_all()
 
-    def prepare_for_refit(self) -> None:
-        """Stop new generation starts and wait for the batch in flight: the weights are about to change."""
+    def prepare_for_refit(self, next_version: int | None = None) -> None:
+        """Stop new generation starts and wait for the batch in flight: the weights are about to change.
+
+        With ``next_version`` (the step the trainer takes after the refit) it first waits until the
+        outgoing weights have served that step, when they can: otherwise whether a step is served by
+        the old or the new weights would depend on thread timing, and a run would not replay.
+        """
         with self._cond:
+            if next_version is not None and next_version in target_versions(self.weight_version, self.max_age_steps):
+                while not (self._stop or self._error or self._paused or self._hold) \
+                        and next_version > self.buffer.last_target_sampled \
+                        and self.buffer.count_for_target(next_version) < self.num_prompts_per_step:
+                    self._cond.wait(0.02)  # the collector is generating it (or about to)
             self._refitting = True
             self._wait_idle()
 
@@ -203,6 +213,10 @@ class AsyncTrajectoryCollector:
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._traceback = traceback.format_exc()
             self._error = f"async collector stopped: {type(e).__name__}: {e}"
+            with self._cond:
+                self._stop = True
+                self._busy = False
+                self._cond.notify_all()
 
     def _collect(self) -> None:
         while True:
@@ -237,7 +251,7 @@ class AsyncTrajectoryCollector:
         t0 = time.perf_counter()
         try:
             self._scratch.register_partition(SCRATCH, COLUMNS, len(datums) * G)
-            meta, carry, _ = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH)
+            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH)
             cols = self._scratch.get_samples(meta, SCRATCH, COLUMNS)  # (B, T) padded
             self._scratch.clear_samples(meta, SCRATCH)
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
@@ -266,6 +280,7 @@ class AsyncTrajectoryCollector:
                 target_version=target,
                 columns={k: [cols[k][r, : lens[r]].clone() for r in rows] for k in COLUMNS},
                 carry={k: carry[k][i * G : (i + 1) * G].clone() for k in CARRY},
+                rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01
             while not self.buffer.add(group):  # full: the trainer frees room as it samples

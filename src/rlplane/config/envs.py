@@ -14,6 +14,18 @@ from pydantic import Field, model_validator
 from rlplane.config.base import StrictModel
 
 
+class MathEnvConfig(StrictModel):
+    """``task_name: math``: answers checked with math-verify in a pool of verifier processes."""
+
+    num_workers: int = Field(2, ge=1, description="Verifier processes (each scores one answer at a time).")
+    timeout_s: float = Field(5.0, gt=0, description="Seconds one answer may take; a slower one scores 0.")
+
+
+class ReasoningGymEnvConfig(StrictModel):
+    """``task_name: reasoning_gym``: answers scored by the reasoning-gym task's own ``score_answer``."""
+
+    timeout_s: float = Field(5.0, gt=0, description="Seconds one answer may take; a slower one scores 0.")
+    num_workers: int = Field(1, ge=1, description="Scoring processes.")
 class CalculatorEnvConfig(StrictModel):
     """The calculator tool (``rlplane.envs.calculator``)."""
 
@@ -47,6 +59,10 @@ class GuessNumberEnvConfig(StrictModel):
 class EnvConfig(StrictModel):
     """Per-environment settings; add a field named after the environment's ``task_name``."""
 
+    math: MathEnvConfig = Field(default_factory=MathEnvConfig, description="The math-verify environment.")
+    reasoning_gym: ReasoningGymEnvConfig = Field(
+        default_factory=ReasoningGymEnvConfig, description="The reasoning-gym environment."
+    )
     calculator: CalculatorEnvConfig = Field(default_factory=CalculatorEnvConfig, description="Calculator tool.")
     code: CodeEnvConfig = Field(default_factory=CodeEnvConfig, description="Code execution in the sandbox.")
     guess_number: GuessNumberEnvConfig = Field(default_factory=GuessNumberEnvConfig, description="Guessing game.")

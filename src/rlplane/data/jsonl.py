@@ -89,6 +89,7 @@ class PromptDataset(Dataset):
             datum = make_prompt_datum(
                 row["problem"], row["answer"], tokenizer,
                 idx=len(self.datums), task_name=row["task_name"], prompt_format=prompt_format,
+                extra_env_info=row.get("extra_env_info"),
             )
             if max_prompt_length is not None and datum.length > max_prompt_length:
                 if on_overlong == "error":

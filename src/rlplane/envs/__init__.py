@@ -2,7 +2,14 @@
 
 from rlplane.envs.arithmetic import ArithmeticEnv, extract_answer, score_answer, score_answers
 from rlplane.envs.interface import Environment, EnvironmentReturn, last_assistant_content
-from rlplane.envs.registry import ENV_REGISTRY, UnknownEnvironmentError, create_env, create_envs, register_env
+from rlplane.envs.registry import (
+    ENV_REGISTRY,
+    UnknownEnvironmentError,
+    check_task_names,
+    create_env,
+    create_envs,
+    register_env,
+)
 
 __all__ = [
     "ENV_REGISTRY",
@@ -10,6 +17,7 @@ __all__ = [
     "Environment",
     "EnvironmentReturn",
     "UnknownEnvironmentError",
+    "check_task_names",
     "create_env",
     "create_envs",
     "extract_answer",

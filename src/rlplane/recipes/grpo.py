@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from rlplane.algorithms.advantages import clip_advantages, grpo_advantages
 from rlplane.config.schema import RunConfig
+from rlplane.dataplane import KVBatchMeta
 from rlplane.recipes.common import (
     TRAIN_PARTITION,
     Timer,
@@ -27,7 +30,8 @@ from rlplane.recipes.common import (
 from rlplane.recipes.setup import Session
 from rlplane.utils.metrics import merge_rank_metrics
 
-__all__ = ["TRAIN_FIELDS", "TRAIN_PARTITION", "Timer", "TrainingStopped", "grpo_step", "train", "validate"]
+__all__ = ["TRAIN_FIELDS", "TRAIN_PARTITION", "Timer", "TrainingStopped", "grpo_step", "train", "train_on_rollouts",
+           "validate"]
 
 # Columns of a GRPO step: written at rollout, by the logprob workers, and by the driver (advantages).
 TRAIN_FIELDS = ["input_ids", "token_mask", "generation_logprobs", "prev_logprobs", "reference_policy_logprobs",
@@ -36,7 +40,7 @@ TRAIN_FIELDS = ["input_ids", "token_mask", "generation_logprobs", "prev_logprobs
 
 def grpo_step(s: Session, step: int) -> dict[str, float]:
     """One GRPO step; returns its metrics (train/*, timing/train/*)."""
-    cfg, g = s.cfg, s.cfg.grpo
+    g = s.cfg.grpo
     t_step = time.perf_counter()
     timer = Timer()
     metrics: dict[str, float] = {}
@@ -45,8 +49,20 @@ def grpo_step(s: Session, step: int) -> dict[str, float]:
         s.refit_if_stale()
     s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, g.num_prompts_per_step * g.num_generations_per_prompt)
 
-    # ---- rollout, rewards, dynamic sampling, masks, logprobs -----------------------------------
+    # ---- rollout, rewards, dynamic sampling --------------------------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
+    out = train_on_rollouts(s, meta, carry, timer, metrics)
+    out["timing/train/total_step_time"] = time.perf_counter() - t_step
+    return out
+
+
+def train_on_rollouts(
+    s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], timer: Timer, metrics: dict[str, float]
+) -> dict[str, float]:
+    """The rest of a GRPO step once the rollouts are in ``TRAIN_PARTITION`` (sync and async alike):
+    masks and logprobs → group-baseline advantages → train → clear the step's keys.
+    Returns ``metrics`` and the step's results as ``train/*`` plus the timer's ``timing/train/*``."""
+    cfg, g = s.cfg, s.cfg.grpo
     meta, _ = masks_and_logprobs(s, meta, carry, timer, metrics)
 
     # ---- advantages: group baselines, one value per sample ---------------------------------------
@@ -79,7 +95,6 @@ def grpo_step(s: Session, step: int) -> dict[str, float]:
     metrics.update(rollout_metrics(carry, lengths))
     out = {f"train/{k}": v for k, v in metrics.items()}
     out.update({f"timing/train/{k}": v for k, v in timer.times.items()})
-    out["timing/train/total_step_time"] = time.perf_counter() - t_step
     return out
 
 

@@ -10,6 +10,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,15 @@ from rlplane.data import (
     ArithmeticSpec,
     JsonlFields,
     PromptDataLoader,
+    PromptDataset,
     build_eval_set,
-    load_jsonl_dataset,
+    read_jsonl_rows,
 )
+from rlplane.data.hf_files import read_hf_rows
+from rlplane.data.processors import resolve_prompt_format
+from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
+from rlplane.envs import check_task_names
 from rlplane.envs.demonstrations import warmup_examples
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
@@ -37,40 +43,68 @@ from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.value import ValueWorker
 
 
-def build_datasets(cfg: RunConfig, tokenizer):
-    """(train loader, held-out datums, stats) from ``data.*``."""
+def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
+    """(train loader, held-out datums, stats) from ``data.*``; with ``train=False`` the loader is None
+    (evaluation builds only the held-out set). Every task name must have an environment."""
     d, g = cfg.data, cfg.loop
     # A prompt must leave room for at least one generated token.
     max_prompt = cfg.policy.max_total_sequence_length - 1
-    stats: dict[str, int] = {}
+    fmt = resolve_prompt_format(d.prompt, tokenizer)
+    stats: dict[str, int] = {"skipped_overlong": 0}
+    train_ds = None
+
+    def tokenized(rows, source):
+        ds = PromptDataset(rows, tokenizer, max_prompt_length=max_prompt, on_overlong=d.on_overlong_prompt,
+                           prompt_format=fmt, source=source)
+        stats["skipped_overlong"] += ds.num_skipped_overlong
+        return ds
+
     if d.dataset == "arithmetic":
         a = d.arithmetic
         spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand)
-        train = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
-                                  max_prompt_length=max_prompt, task_name=a.task_name)
-        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, task_name=a.task_name)
+        if train:
+            train_ds = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
+                                         max_prompt_length=max_prompt, prompt_format=fmt, task_name=a.task_name)
+        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, prompt_format=fmt, task_name=a.task_name)
+    elif d.dataset == "reasoning_gym":
+        r = d.reasoning_gym
+        val_rows = reasoning_gym_rows(r.tasks, r.val_size, r.val_seed, r.config)
+        val = list(tokenized(val_rows, "reasoning_gym held-out problems").datums)
+        if train:
+            held_out = {row["problem"] for row in val_rows}
+            train_rows = reasoning_gym_rows(r.tasks, r.train_size, r.train_seed, r.config, exclude_questions=held_out)
+            train_ds = tokenized(train_rows, "reasoning_gym training problems")
     elif d.dataset == "guess_number":
         from rlplane.envs.guess_number import GuessNumberDataset
 
         r = cfg.env.guess_number
-        train = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=g.seed)
+        if train:
+            train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=g.seed)
         val_ds = GuessNumberDataset(tokenizer, g.max_val_samples, low=r.low, high=r.high, seed=g.seed + 1)
         val = [val_ds[i] for i in range(len(val_ds))]
     else:
-        def load(j):
-            fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key)
-            return load_jsonl_dataset(j.path, tokenizer, fields=fields, max_prompt_length=max_prompt,
-                                      on_overlong=d.on_overlong_prompt)
+        def rows(j):
+            fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
+                                 default_task_name=j.default_task_name)
+            if d.dataset == "hf":
+                return read_hf_rows(j.path, fields, j.format, j.split)
+            return read_jsonl_rows(j.path, fields)
 
-        train = load(d.train)
-        stats["skipped_overlong"] = train.num_skipped_overlong
+        train_source = f"dataset {d.train.path}"
+        if train or d.validation is None:
+            train_ds = tokenized(rows(d.train), train_source)
+            check_task_names((x.task_name for x in train_ds.datums), train_source)
         if d.validation is not None:
-            val_ds = load(d.validation)
-            stats["skipped_overlong"] += val_ds.num_skipped_overlong
-            val = list(val_ds.datums)
+            val_source = f"dataset {d.validation.path}"
+            val = list(tokenized(rows(d.validation), val_source).datums)
+            check_task_names((x.task_name for x in val), val_source)
         else:
-            val = list(train.datums[: g.max_val_samples])
-    loader = PromptDataLoader(train, g.num_prompts_per_step * g.batch_multiplier, seed=g.seed, shuffle=d.shuffle)
+            val = list(train_ds.datums[: g.max_val_samples])
+        if not train:
+            train_ds = None
+    loader = None
+    if train_ds is not None:
+        loader = PromptDataLoader(train_ds, g.num_prompts_per_step * g.batch_multiplier, seed=g.seed, shuffle=d.shuffle)
     return loader, val, stats
 
 
@@ -119,6 +153,13 @@ class Session:
         self.value = None
         self.rollout_worker = None
         self._bar = None
+        # Extra state a recipe keeps in each checkpoint (file name -> state getter, written with
+        # torch.save; async GRPO's replay buffer), the checkpoint a run resumed from, and what
+        # close() must stop first.
+        self.checkpoint_parts: dict[str, Callable[[], object]] = {}
+        self.resumed_from: Path | None = None
+        self.closers: list[Callable[[], None]] = []
+        self.collector = None  # async GRPO's trajectory collector, once started
 
     # ---- console -----------------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -225,6 +266,7 @@ class Session:
             self.initial_validation = info.get("initial_validation", {})
             self.warmup_result = info.get("warmup", {})
             self._stale = self._rollout_remote or self._refit_local
+            self.resumed_from = latest
             self.say(f"resumed from {latest} at step {info['step']}")
             return int(info["step"])
         init_state = self._warm_up() if cfg.warmup.enabled else None
@@ -294,6 +336,8 @@ class Session:
                 self.value.run("save", str(tmp / "value"))
             torch.save(self.train_loader.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.rollout("rng_state")}, tmp / "rng.pt")
+            for name, state in self.checkpoint_parts.items():
+                torch.save(state(), tmp / name)
 
         return self.ckpt.save(step, info, write)
 
@@ -309,6 +353,9 @@ class Session:
         return out
 
     def close(self) -> None:
+        for stop in self.closers:
+            stop()
+        self.closers.clear()
         if self._bar is not None:
             self._bar.close()
             self._bar = None

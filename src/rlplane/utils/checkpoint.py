@@ -13,6 +13,8 @@ Layout of ``step_N/``::
     policy/optimizer.pt  optimizer and scheduler state (torch.load(weights_only=True))
     dataloader.pt        dataloader position
     rng.pt               torch RNG states of the driver and the rollout sampler
+    replay_buffer.pt     async GRPO only: the replay buffer's groups, the collector's loader position,
+                         prompts drawn but not generated yet, and its sampler RNG
 """
 
 from __future__ import annotations

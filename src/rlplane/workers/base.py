@@ -15,6 +15,7 @@ import torch
 from rlplane.config.schema import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
+from rlplane.models.precision import set_precision
 from rlplane.utils.metrics import reduce_microbatch_metrics
 
 # (micro-batch slice, global valid tokens, global valid sequences) -> (loss, detached metrics)
@@ -23,10 +24,19 @@ MicroBatchLoss = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tenso
 
 def load_configured_policy(cfg):
     """``(model, tokenizer)`` for ``policy.model_name``: the embedded model takes its shape from
-    ``policy.tiny``; initialisation is seeded by the run's seed."""
+    ``policy.tiny``; initialisation is seeded by the run's seed. ``policy.precision`` and
+    ``policy.activation_checkpointing`` are applied to the model."""
     p = cfg.policy
     embedded = p.model_name.startswith("embedded:")
-    return load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
+    model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
+    set_precision(model, p.precision)
+    if p.activation_checkpointing:
+        # Non-reentrant: works with inputs that do not require grad and with autocast.
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, tokenizer
 
 
 def _lr_lambda(warmup_steps: int, start_factor: float):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.models.precision import autocast
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 
 # Fields the trainer reads from the data plane, and the pad value of each.
@@ -36,7 +37,8 @@ PAD_VALUES = {
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per-token logprobs of ``input_ids`` under ``model``; (B, T), position 0 is 0."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+    with autocast(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
     logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature

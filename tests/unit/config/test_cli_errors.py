@@ -21,6 +21,9 @@ def run(capsys, *argv):
         (["policy.optimizer.lr=abc"], "policy.optimizer.lr: Input should be a valid number"),
         (["loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3"], "CISPO has no dual clip"),
         (["--config", "nope"], "config 'nope': no such file or preset"),
+        (["grpo.async_grpo.enabled=true"], "grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true"),
+        (["--config", "grpo_arithmetic_async", "grpo.use_dynamic_sampling=true"],
+         "grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled"),
     ],
 )
 def test_config_mistakes(capsys, argv, expected):

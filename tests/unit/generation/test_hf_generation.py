@@ -189,3 +189,18 @@ def test_shared_training_model_is_restored_and_not_modified(tok):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     loss = model(torch.tensor([[1, 5, 6]])).logits.sum()  # still trainable after generation
     loss.backward()
+
+
+def test_preallocated_cache_equals_dynamic_cache(model, tok):
+    # Same tokens and logprobs as transformers' DynamicCache, through row compaction (a stop token
+    # that ends rows at different steps) and the shared-prefill expansion (repeated prompts).
+    prompts = [p for p in _prompts(6, seed=9, min_len=1, max_len=12) for _ in range(3)]
+    kwargs = dict(max_new_tokens=10, stop_token_ids=[7], seed=5)
+    fast = HFGenerationBackend(model, tok).generate(prompts, **kwargs)
+    slow = HFGenerationBackend(model, tok, kv_cache="dynamic").generate(prompts, **kwargs)
+    assert fast.output_ids == slow.output_ids and fast.finish_reasons == slow.finish_reasons
+    assert len({len(o) for o in fast.output_ids}) > 1
+    for a, b in zip(fast.logprobs, slow.logprobs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="kv_cache"):
+        HFGenerationBackend(model, tok, kv_cache="static")

@@ -1,0 +1,133 @@
+"""Sync vs async GRPO on the embedded arithmetic task, with a verifier that costs real time.
+
+The environment is the exact-match arithmetic one wrapped so that every scoring call sleeps
+``--judge-ms`` (100 ms by default): a stand-in for a code sandbox or a remote judge, whose latency
+sync GRPO pays on every step and async GRPO hides behind training. Both runs start from the same
+supervised warm-up (made once; ``--save-warm DIR`` keeps it for later invocations), take the same
+number of steps with the same seed, and validate once at the end on the same held-out problems.
+
+Throughput is trained samples (steps × prompts × generations) over the summed step time
+(``timing/train/total_step_time``: generation, scoring, logprobs, training and refit; validation
+and checkpointing excluded). Run it under the measurement lock:
+
+    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--save-warm DIR] [KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from rlplane.config.loading import load_config  # noqa: E402
+from rlplane.envs import ArithmeticEnv, register_env  # noqa: E402
+from rlplane.recipes import async_grpo, grpo  # noqa: E402
+from rlplane.recipes.setup import build_session  # noqa: E402
+from rlplane.utils.logging import read_metrics  # noqa: E402
+from rlplane.workers.base import load_configured_policy  # noqa: E402
+
+
+class SlowJudgeEnv(ArithmeticEnv):
+    """Exact match, plus a fixed latency per scoring call (per batch, as a remote judge costs)."""
+
+    delay_s = 0.1
+
+    def step(self, message_logs, metadata):
+        time.sleep(self.delay_s)
+        return super().step(message_logs, metadata)
+
+
+def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
+    """An HF directory with the SFT warm-up: loaded from ``save_dir`` if there, else made (and kept)."""
+    if save_dir is not None and (save_dir / "config.json").is_file():
+        print(f"warm start: {save_dir} (saved earlier)")
+        return save_dir
+    out = save_dir or tmp / "warm"
+    cfg = load_config(None, [*base, f"run_dir={tmp / 'sft'}"])
+    s = build_session(cfg, quiet=True)
+    try:
+        state = s._warm_up()
+    finally:
+        s.close()
+    model, tok = load_configured_policy(cfg)
+    model.load_state_dict(state)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"warm start: supervised warm-up, {s.warmup_result['steps']} steps, held-out accuracy "
+          f"{s.warmup_result['accuracy']:.3f} -> {out}")
+    return out
+
+
+def run(name: str, train, overrides: list[str], run_dir: Path) -> dict[str, float]:
+    cfg = load_config(None, [*overrides, f"run_dir={run_dir}"])
+    t0 = time.perf_counter()
+    summary = train(cfg, quiet=True)
+    wall = time.perf_counter() - t0
+    rows = [r for r in read_metrics(run_dir / "logs") if r["step"] > 0]
+    g = cfg.grpo
+    samples = len(rows) * g.num_prompts_per_step * g.num_generations_per_prompt
+    step_s = sum(r["timing/train/total_step_time"] for r in rows)
+    out = {
+        "samples_per_s": samples / step_s,
+        "median_step_ms": 1e3 * statistics.median(r["timing/train/total_step_time"] for r in rows),
+        "accuracy": summary["accuracy_after"],
+        "wall_s": wall,
+    }
+    phases = sorted({k for r in rows for k in r if k.startswith("timing/train/")})
+    out["phases_ms"] = {k.removeprefix("timing/train/"): 1e3 * sum(r.get(k, 0.0) for r in rows) / len(rows) for k in phases}
+    ages = [r["train/avg_trajectory_age"] for r in rows if "train/avg_trajectory_age" in r]
+    if ages:
+        out["mean_age"] = sum(ages) / len(ages)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100, help="GRPO steps of each run")
+    ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call")
+    ap.add_argument("--max-age", type=int, default=1, help="grpo.async_grpo.max_trajectory_age_steps")
+    ap.add_argument("--save-warm", type=Path, default=None, help="keep (or reuse) the warm-up model here")
+    ap.add_argument("overrides", nargs="*", help="KEY=VALUE for both runs")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    SlowJudgeEnv.delay_s = args.judge_ms / 1e3
+    register_env("arithmetic", SlowJudgeEnv)  # the task's samples now go to the slow judge (runtime: local)
+    quiet = ["logger.progress_bar=false", "logger.tensorboard_enabled=false", "checkpointing.enabled=false"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        warm = warm_start([*quiet, *args.overrides], args.save_warm, tmp)
+        common = [*quiet, f"policy.model_name={warm}", "warmup.enabled=false", f"grpo.max_num_steps={args.steps}",
+                  "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=true", "runtime=local",
+                  *args.overrides]
+        sync = run("sync", grpo.train, common, tmp / "sync")
+        asyn = run("async", async_grpo.train, [
+            *common, "grpo.async_grpo.enabled=true", f"grpo.async_grpo.max_trajectory_age_steps={args.max_age}",
+            "loss_fn.use_importance_sampling_correction=true"], tmp / "async")
+    cfg = load_config(None, common)
+    g = cfg.grpo
+    print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, judge "
+          f"{args.judge_ms:.0f} ms/call, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    for name, r in (("sync", sync), ("async", asyn)):
+        age = f", mean trajectory age {r['mean_age']:.2f}" if "mean_age" in r else ""
+        print(f"{name:5s} GRPO: {r['samples_per_s']:7.1f} samples/s (median step {r['median_step_ms']:.0f} ms), "
+              f"held-out accuracy {r['accuracy']:.3f}{age}")
+    print(f"async / sync throughput: {asyn['samples_per_s'] / sync['samples_per_s']:.2f}x; accuracy "
+          f"difference (async - sync): {asyn['accuracy'] - sync['accuracy']:+.3f}")
+    for name, r in (("sync", sync), ("async", asyn)):
+        print(f"{name} mean ms per step: " + ", ".join(f"{k} {v:.0f}" for k, v in r["phases_ms"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

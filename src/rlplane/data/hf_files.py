@@ -1,0 +1,69 @@
+"""Prompt rows from local files read by Hugging Face ``datasets`` (JSON/JSONL, Parquet, CSV).
+
+Needs ``pip install 'rlplane[hf]'``. Only local files are read (``data.train.path`` is a file, a
+glob or a directory); the rows become the same ``{"problem", "answer", "task_name"}`` dicts as
+JSONL rows, and the same one-line ``DatasetError`` names a missing file or a missing column.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+
+from rlplane.data.errors import DatasetError
+from rlplane.data.jsonl import JsonlFields
+
+_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in _FORMATS)
+    else:
+        files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else ([path] if os.path.isfile(path) else [])
+    if not files:
+        raise DatasetError(f"dataset {path}: no such file (or no .json/.jsonl/.parquet/.csv files there)")
+    return files
+
+
+def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: str = "auto", split: str = "train") -> list[dict]:
+    """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is the 1-based row number)."""
+    if importlib.util.find_spec("datasets") is None:
+        raise DatasetError(f"dataset {path}: dataset kind 'hf' needs the datasets package: pip install 'rlplane[hf]'")
+    files = _files(path)
+    if file_format == "auto":
+        exts = {os.path.splitext(f)[1] for f in files}
+        formats = {_FORMATS.get(e) for e in exts}
+        if len(formats) != 1 or None in formats:
+            raise DatasetError(
+                f"dataset {path}: cannot tell the format from {', '.join(sorted(exts))}; set data.train.format "
+                "(json, parquet or csv)"
+            )
+        file_format = formats.pop()
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.load_dataset(file_format, data_files={split: files}, split=split)
+    except Exception as e:  # datasets wraps parse errors in many types
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DatasetError(f"dataset {path}: cannot read it as {file_format}: {reason}") from None
+    missing = [k for k in (fields.problem, fields.answer) if k not in ds.column_names]
+    if missing:
+        raise DatasetError(
+            f"dataset {path}: no column {missing[0]!r} (columns: {', '.join(ds.column_names)}); set "
+            f"data.train.{'problem_key' if missing[0] == fields.problem else 'answer_key'} to the right column"
+        )
+    if len(ds) == 0:
+        raise DatasetError(f"dataset {path}: empty (no rows)")
+    has_task = fields.task_name in ds.column_names
+    rows = []
+    for i, row in enumerate(ds, start=1):
+        rows.append({
+            "problem": str(row[fields.problem]),
+            "answer": str(row[fields.answer]),
+            "task_name": str((row[fields.task_name] if has_task else None) or fields.default_task_name),
+            "line": i,
+        })
+    return rows

@@ -1,0 +1,81 @@
+"""``task_name: math``: free-form answers checked with math-verify (NeMo RL's ``MathEnvironment``).
+
+The reference (``metadata["ground_truth"]``) is boxed and parsed as LaTeX; the answer is parsed
+from the whole response (a ``\\boxed{}`` first), and the two are compared symbolically. Scoring
+runs in a :class:`~rlplane.verifiers.pool.VerifierPool` of processes with a per-answer deadline,
+so the environment works from any thread or Ray actor, and an answer that makes sympy hang scores
+0 after ``timeout_s`` instead of stalling the step. Needs ``pip install 'rlplane[math]'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlplane.data.datum import Message
+from rlplane.envs.interface import Environment, EnvironmentReturn
+
+VERIFY_FN = "rlplane.verifiers.math_answer:verify_math_answer"
+
+
+def assistant_text(message_log: list[Message]) -> str:
+    """Every assistant message's content, concatenated (the whole answer of a multi-turn sample)."""
+    return "".join(str(m.get("content", "")) for m in message_log if m.get("role") == "assistant")
+
+
+class PooledVerifierEnv(Environment):
+    """Single-turn scoring by ``verify_fn(response, ...)`` in a process pool; every sample terminates.
+
+    Subclasses say which arguments each sample sends (:meth:`verifier_args`). ``verify_fn``
+    returns ``(score, extracted answer)``; an error or a timeout scores 0.
+    """
+
+    verify_fn: str
+    requires: tuple[str, str] | None = None  # (module, pip extra) checked at construction
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, verify_fn: str | None = None):
+        from rlplane.verifiers.pool import VerifierPool
+
+        if self.requires and importlib.util.find_spec(self.requires[0]) is None:
+            raise ModuleNotFoundError(
+                f"{type(self).__name__} needs the {self.requires[0]!r} package: pip install 'rlplane[{self.requires[1]}]'"
+            )
+        self.pool = VerifierPool(verify_fn or self.verify_fn, num_workers=num_workers, timeout_s=timeout_s)
+
+    def verifier_args(self, response: str, metadata: dict[str, Any]) -> tuple:
+        raise NotImplementedError
+
+    def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
+        if len(message_logs) != len(metadata):
+            raise ValueError(f"{type(self).__name__}.step: {len(message_logs)} message logs for {len(metadata)} metadata")
+        results = self.pool.map([self.verifier_args(assistant_text(log), m) for log, m in zip(message_logs, metadata)])
+        scores = [float(r[0]) if r is not None else 0.0 for r in results]
+        answers = [r[1] if r is not None else None for r in results]
+        rewards = torch.tensor(scores, dtype=torch.float32)
+        return EnvironmentReturn(
+            observations=[
+                {"role": "environment", "content": "Environment: correct" if s else "Environment: incorrect"}
+                for s in scores
+            ],
+            metadata=list(metadata),
+            next_stop_strings=[None] * len(message_logs),
+            rewards=rewards,
+            terminateds=torch.ones(len(message_logs), dtype=torch.bool),
+            answers=answers,
+        )
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class MathEnv(PooledVerifierEnv):
+    """Math answers against ``metadata["ground_truth"]`` with math-verify (see the module docstring)."""
+
+    verify_fn = VERIFY_FN
+    requires = ("math_verify", "math")
+
+    def verifier_args(self, response: str, metadata: dict[str, Any]) -> tuple:
+        return (response, str(metadata["ground_truth"]))

@@ -1,0 +1,25 @@
+"""``task_name: reasoning_gym``: answers scored by the reasoning-gym task's own verifier.
+
+Each sample's metadata carries its reasoning-gym entry (``question``, ``answer``, ``metadata``
+with ``source_dataset``); the answer is extracted from the response (the last ``\\boxed{}``, else
+an ``<answer>`` tag, else the last non-empty line) and given to that task's ``score_answer``,
+which may give partial credit (e.g. a close number). Scoring runs in a verifier process pool
+with a deadline, as for the math environment. Needs ``pip install 'rlplane[reasoning]'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlplane.envs.math_env import PooledVerifierEnv
+
+
+class ReasoningGymEnv(PooledVerifierEnv):
+    verify_fn = "rlplane.verifiers.reasoning_gym_answer:score_reasoning_gym_answer"
+    requires = ("reasoning_gym", "reasoning")
+
+    def __init__(self, num_workers: int = 1, timeout_s: float = 5.0, verify_fn: str | None = None):
+        super().__init__(num_workers=num_workers, timeout_s=timeout_s, verify_fn=verify_fn)
+
+    def verifier_args(self, response: str, metadata: dict[str, Any]) -> tuple:
+        return (response, metadata["entry"])

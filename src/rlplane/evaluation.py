@@ -1,0 +1,136 @@
+"""Evaluation of a model on held-out problems: greedy accuracy and sampled pass@k.
+
+The held-out set, prompt format and environments are the training run's (``data.*``, ``env.*``),
+so a checkpoint is scored exactly as validation scored it. Metrics (the seeds' math metrics):
+
+- ``accuracy``: mean greedy reward (the environments' rewards are 0/1 except reasoning-gym tasks,
+  which may give partial credit);
+- ``pass@k``: fraction of problems where at least one of ``k`` sampled responses is fully
+  correct (reward 1); with ``n = k`` samples per problem this is the unbiased estimator
+  ``1 - C(n-c, k) / C(n, k)`` of Chen et al. 2021 at ``n = k``; ``pass@1`` (sampled) is the
+  same estimator at k = 1, i.e. the mean fraction of correct samples;
+- ``fraction_properly_ended``: responses that stopped on an end token rather than the length cap;
+- ``mean_generation_length`` / ``max_generation_length``: response tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import torch
+
+from rlplane.config.schema import RunConfig
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct (Chen et al. 2021, eq. 1)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def generation_metrics(
+    rewards: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
+) -> dict[str, float]:
+    """Mean reward, properly-ended fraction and response lengths of a flat batch (all (B,)).
+
+    A response ended properly if it stopped before ``max_new_tokens`` (the stop token counts in its
+    length, so one that stops on exactly its last allowed token is counted as cut: conservative).
+    """
+    ended = ~truncated & (lengths < max_new_tokens)
+    return {
+        "mean_reward": float(rewards.double().mean()),
+        "fraction_properly_ended": float(ended.double().mean()),
+        "mean_generation_length": float(lengths.double().mean()),
+        "max_generation_length": int(lengths.max()),
+    }
+
+
+def evaluate(
+    cfg: RunConfig, *, num_problems: int | None = None, k: int = 1, batch_size: int = 32, progress: bool = True
+) -> dict:
+    """Greedy accuracy (and pass@k over ``k`` sampled responses when ``k > 1``) of ``cfg``'s model on
+    ``num_problems`` held-out problems (default ``max_val_samples``). Returns the result dict."""
+    from rlplane.recipes.setup import build_datasets, seed_everything
+    from rlplane.workers.base import load_configured_policy
+    from rlplane.workers.rollout import RolloutWorker
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(cfg.policy.threads_per_worker)
+    seed_everything(cfg.loop.seed)
+    model, tokenizer = load_configured_policy(cfg)
+    # Room for any prompt: the sequence cap below is set from the longest one.
+    roomy = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": 1 << 20})})
+    _, datums, _ = build_datasets(roomy, tokenizer, train=False)
+    datums = datums[: num_problems or cfg.loop.max_val_samples]
+    max_new = cfg.policy.generation.max_new_tokens
+    longest = max(d.length for d in datums)
+    run_cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": longest + max_new})})
+    worker = RolloutWorker(run_cfg, None, model=model, tokenizer=tokenizer, seed=cfg.loop.seed)
+
+    greedy = {"rewards": [], "truncated": [], "lengths": []}
+    sampled = {"rewards": [], "truncated": [], "lengths": []}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(datums), desc="eval", unit="problem", file=sys.stderr, dynamic_ncols=True)
+    for i in range(0, len(datums), batch_size):
+        batch = datums[i : i + batch_size]
+        for out, group, is_greedy in ((greedy, 1, True), (sampled, k, False)):
+            if not is_greedy and k <= 1:
+                continue
+            _, carry, _ = worker.rollout(batch, group_size=group, partition_id=None, greedy=is_greedy)
+            out["rewards"].append(carry["rewards"])
+            out["truncated"].append(carry["truncated"])
+            out["lengths"].append(carry["response_lengths"])
+        if bar is not None:
+            bar.update(len(batch))
+            bar.set_postfix(accuracy=f"{float(torch.cat(greedy['rewards']).double().mean()):.3f}")
+    if bar is not None:
+        bar.close()
+
+    def cat(d):
+        return {key: torch.cat(v) for key, v in d.items()}
+
+    g = cat(greedy)
+    result = {
+        "model": cfg.policy.model_name,
+        "dataset": describe_dataset(cfg),
+        "num_problems": len(datums),
+        "sampling_seed": cfg.loop.seed,
+        "max_new_tokens": max_new,
+        "accuracy": float(g["rewards"].double().mean()),
+        "greedy": generation_metrics(g["rewards"], g["truncated"], g["lengths"], max_new),
+    }
+    if k > 1:
+        s = cat(sampled)
+        correct = (s["rewards"].view(-1, k) >= 1.0).sum(dim=1).tolist()  # fully correct samples per problem
+        result[f"pass@{k}"] = sum(pass_at_k(k, c, k) for c in correct) / len(correct)
+        result["pass@1_sampled"] = sum(pass_at_k(k, c, 1) for c in correct) / len(correct)
+        result["sampled"] = {
+            "k": k, "temperature": cfg.policy.generation.temperature,
+            **generation_metrics(s["rewards"], s["truncated"], s["lengths"], max_new),
+        }
+    for env in worker._envs.values():
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def describe_dataset(cfg: RunConfig) -> str:
+    d = cfg.data
+    if d.dataset == "reasoning_gym":
+        r = d.reasoning_gym
+        return f"reasoning_gym:{','.join(r.tasks)} (held-out seed {r.val_seed})"
+    if d.dataset == "arithmetic":
+        a = d.arithmetic
+        return f"arithmetic ({''.join(a.operators)}, operands {a.min_operand}..{a.max_operand})"
+    src = d.validation or d.train
+    return f"{d.dataset}:{src.path}"

@@ -1,0 +1,60 @@
+"""A preallocated KV cache for the ``hf`` decode loop.
+
+transformers' ``DynamicLayer`` appends each new token with ``torch.cat``, which copies the whole
+cache of every layer at every step: O(T²) memory traffic over a generation. ``PreallocatedLayer``
+allocates ``(B, H, capacity, D)`` once (capacity = longest prompt + ``max_new_tokens``), writes
+new keys/values in place, and hands attention a view of the filled prefix, so attention still
+covers only the real positions (unlike ``StaticCache``, which attends over the full capacity).
+Row compaction (``batch_select_indices``) copies the buffer once, as the dynamic cache does.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One attention layer's keys/values in a buffer of fixed length ``capacity``."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._k: torch.Tensor | None = None  # (B, H, capacity, D)
+        self._v: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        if self._k is None:
+            b, h, _, d = key_states.shape
+            self._k = key_states.new_empty((b, h, self.capacity, d))
+            self._v = value_states.new_empty((b, h, self.capacity, value_states.shape[-1]))
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.is_initialized = True
+        if self.length + n > self.capacity:
+            raise RuntimeError(f"PreallocatedLayer: {self.length + n} positions exceed capacity {self.capacity}")
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._k is not None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys = self._k[:, :, : self.length]
+            self.values = self._v[:, :, : self.length]
+
+
+def preallocated_cache(config, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` whose full-attention layers are ``PreallocatedLayer``s.
+
+    Models with other layer kinds (sliding window, linear attention) keep transformers' own layers.
+    """
+    cache = DynamicCache(config=config)
+    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [PreallocatedLayer(capacity) for _ in cache.layers]
+    return cache

@@ -1,0 +1,57 @@
+"""Scoring a response to a reasoning-gym problem with that task's own ``score_answer``."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+import reasoning_gym
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# "... the final answer is -129." (instruct models that ignore the \boxed{} instruction)
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]*?)\$?\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None  # unbalanced: the box never closes
+
+
+def extract_answer(response: str) -> str | None:
+    """The last ``\\boxed{}``, else the last ``<answer>`` tag, else the last "answer is X" at a line's
+    end, else the last non-empty line."""
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return boxed.strip()
+    for pattern in (_ANSWER_TAG, _ANSWER_IS):
+        found = [m.strip() for m in pattern.findall(response) if m.strip()]
+        if found:
+            return found[-1]
+    lines = [line.strip() for line in response.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+@lru_cache(maxsize=None)
+def _scorer(name: str):
+    return reasoning_gym.get_score_answer_fn(name)
+
+
+def score_reasoning_gym_answer(response: str, entry: dict[str, Any]) -> tuple[float, str | None]:
+    """``(score in [0, 1], extracted answer)`` by the task named in ``entry["metadata"]["source_dataset"]``."""
+    answer = extract_answer(response)
+    if answer is None:
+        return 0.0, None
+    try:
+        score = float(_scorer(entry["metadata"]["source_dataset"])(answer, entry))
+    except Exception:
+        return 0.0, answer
+    return score, answer
