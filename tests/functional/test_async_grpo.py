@@ -145,3 +145,16 @@ def test_async_grpo_with_multi_turn_rollouts(tmp_path):
     for r in rows:
         assert math.isfinite(r["train/loss"]) and r["train/avg_turns_per_sample"] >= 1
         assert r["train/max_turns_per_sample"] <= 7
+
+
+def test_async_resumes_a_sync_checkpoint(tmp_path, first_digit_env):
+    from rlplane.recipes import grpo
+
+    sync = [x for x in SMALL if not x.startswith(("grpo.async_grpo", "loss_fn.use_importance"))]
+    grpo.train(load_config(None, [*sync, f"run_dir={tmp_path}", "grpo.max_num_steps=2",
+                                  "checkpointing.save_period=2"]), quiet=True)
+    async_grpo.train(cfg_for(tmp_path, "grpo.max_num_steps=4", "checkpointing.save_period=2",
+                             "checkpointing.resume=true"), quiet=True)
+    rows = steps_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["train/avg_trajectory_age"] for r in rows[2:]] == [0.0, 1.0]

@@ -113,9 +113,19 @@ class AsyncTrajectoryCollector:
             self._paused = False
             self._cond.notify_all()
 
-    def prepare_for_refit(self) -> None:
-        """Stop new generation starts and wait for the batch in flight: the weights are about to change."""
+    def prepare_for_refit(self, next_version: int | None = None) -> None:
+        """Stop new generation starts and wait for the batch in flight: the weights are about to change.
+
+        With ``next_version`` (the step the trainer takes after the refit) it first waits until the
+        outgoing weights have served that step, when they can: otherwise whether a step is served by
+        the old or the new weights would depend on thread timing, and a run would not replay.
+        """
         with self._cond:
+            if next_version is not None and next_version in target_versions(self.weight_version, self.max_age_steps):
+                while not (self._stop or self._error or self._paused or self._hold) \
+                        and next_version > self.buffer.last_target_sampled \
+                        and self.buffer.count_for_target(next_version) < self.num_prompts_per_step:
+                    self._cond.wait(0.02)  # the collector is generating it (or about to)
             self._refitting = True
             self._wait_idle()
 
@@ -203,6 +213,10 @@ class AsyncTrajectoryCollector:
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._traceback = traceback.format_exc()
             self._error = f"async collector stopped: {type(e).__name__}: {e}"
+            with self._cond:
+                self._stop = True
+                self._busy = False
+                self._cond.notify_all()
 
     def _collect(self) -> None:
         while True:

@@ -57,7 +57,10 @@ class CollectorHandle:
         else:
             self.collector = AsyncTrajectoryCollector(**kwargs, init_weights=weights.get_weights())
         self._policy0 = weights
-        if s.resumed_from is not None:
+        if s.resumed_from is not None and not (s.resumed_from / CHECKPOINT_FILE).is_file():
+            # A synchronous run's checkpoint: the loader position (restored by the session) is all there is.
+            s.say(f"{s.resumed_from} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
+        elif s.resumed_from is not None:
             state = torch.load(s.resumed_from / CHECKPOINT_FILE, weights_only=True)
             dropped = self.call("load_state_dict", state, start_step)
             s.say(f"restored {len(state['replay_buffer']['groups']) - dropped} trajectory groups "
@@ -72,9 +75,10 @@ class CollectorHandle:
         return getattr(self.collector, method)(*args, **kwargs)
 
     def refit(self, version: int, timer: Timer) -> None:
-        """Collector to the trainer's new weights: wait for its batch in flight, copy, bump the version."""
+        """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
+        have served step ``version`` and for the batch in flight, copy, bump the version."""
         with timer("idle/refit_bubble"):
-            self.call("prepare_for_refit")
+            self.call("prepare_for_refit", version)
         with timer("weight_sync"):
             w = self._policy0.get_weights.remote() if self.remote else self._policy0.get_weights()
             self.call("update_weights", w)

@@ -208,3 +208,34 @@ def test_pause_holds_new_generation_until_resume():
         wait_until(lambda: c.counters["groups_generated"] == 2 * P)
     finally:
         c.stop()
+
+
+def test_refit_lets_the_outgoing_weights_serve_the_next_step_first():
+    c, _ = make_collector()
+    real = c.worker.backend.generate
+    calls, second, release = {"n": 0}, threading.Event(), threading.Event()
+
+    def gated(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # version 0's batch for step 1
+            second.set()
+            release.wait(10)
+        return real(*args, **kwargs)
+
+    c.worker.backend.generate = gated
+    try:
+        c.start()
+        assert second.wait(20)
+        c.sample(P, current_version=0, timeout_s=20)  # the trainer's step 0
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (c.prepare_for_refit(next_version=1), done.set()))
+        t.start()
+        time.sleep(0.2)
+        assert not done.is_set()
+        release.set()
+        assert done.wait(20)
+        # Step 1 was served by version 0 (age 1), whatever the threads' timing.
+        assert counts(c) == {(0, 1): P}
+    finally:
+        release.set()
+        c.stop()
