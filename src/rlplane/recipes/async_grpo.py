@@ -22,7 +22,6 @@ checkpoint and is restored on resume.
 from __future__ import annotations
 
 import time
-import uuid
 
 import torch
 
@@ -34,6 +33,7 @@ from rlplane.recipes.common import TRAIN_PARTITION, Timer, TrainingStopped, run_
 from rlplane.recipes.grpo import TRAIN_FIELDS, train_on_rollouts
 from rlplane.recipes.setup import Session
 from rlplane.runtime.groups import WORKER_ENV
+from rlplane.workers.rollout import group_keys
 
 CHECKPOINT_FILE = "replay_buffer.pt"
 _POLL_S = 0.5  # how long one wait on the buffer lasts before the collector's health is checked
@@ -114,8 +114,7 @@ def put_groups(s: Session, groups: list[TrajectoryGroup]) -> tuple[KVBatchMeta, 
     G = len(groups[0].columns["input_ids"])
     carry = {k: torch.cat([g.carry[k] for g in groups]) for k in CARRY}  # (B,) each, B = groups × G
     carry["group"] = torch.arange(len(groups)).repeat_interleave(G)
-    uids = [uuid.uuid4().hex[:12] for _ in groups]
-    keys = [f"{uids[i // G]}_g{i % G}" for i in range(len(groups) * G)]
+    keys = group_keys(len(groups), G)
     meta = s.data_plane.put_samples(
         keys, TRAIN_PARTITION, {k: [t for g in groups for t in g.columns[k]] for k in COLUMNS},
         tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],

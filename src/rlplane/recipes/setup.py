@@ -370,7 +370,9 @@ class Session:
             self.policy.kill()
             if self.value is not None:
                 self.value.kill()
-            ray.kill(self.rollout_worker)
+            ray.kill(self.rollout_worker)  # the actor's processes (and its envs' workers) go with it
+        elif self.rollout_worker is not None:
+            self.rollout_worker.close()
         self.data_plane.close()
 
 

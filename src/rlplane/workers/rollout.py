@@ -27,6 +27,12 @@ from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
 
 
+def group_keys(num_groups: int, group_size: int) -> list[str]:
+    """Fresh data-plane keys for ``num_groups`` prompt groups: ``{prompt_uid}_g{i}``, group-major."""
+    uids = [uuid.uuid4().hex[:12] for _ in range(num_groups)]
+    return [f"{uid}_g{i}" for uid in uids for i in range(group_size)]
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0):
         self.cfg, self.dp = cfg, data_plane
@@ -47,6 +53,14 @@ class RolloutWorker:
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
+
+    def close(self) -> None:
+        """Close the environments that hold resources (verifier or sandbox worker processes)."""
+        for env in self._envs.values():
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
+        self._envs.clear()
 
     # ---- rollout ---------------------------------------------------------------------------------
     def _env(self, task_name: str):
@@ -95,8 +109,7 @@ class RolloutWorker:
         }
         if partition_id is None:
             return None, carry, res.metrics
-        uids = [uuid.uuid4().hex[:12] for _ in datums]
-        keys = [f"{uids[i // group_size]}_g{i % group_size}" for i in range(len(rows))]
+        keys = group_keys(len(datums), group_size)
         meta = self.dp.put_samples(
             keys,
             partition_id,
