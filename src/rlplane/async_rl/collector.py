@@ -24,6 +24,7 @@ it as a threaded actor (its loop in a thread of the actor, the trainer's calls i
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import traceback
@@ -209,6 +210,7 @@ class AsyncTrajectoryCollector:
 
     def _loop(self) -> None:
         try:
+            _lower_thread_priority(NICE_INCREMENT)
             self._collect()
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._traceback = traceback.format_exc()
@@ -289,3 +291,16 @@ class AsyncTrajectoryCollector:
                 time.sleep(delay)
                 delay = min(2 * delay, 0.5)
             self.counters["groups_generated"] += 1
+
+
+# The trainer's step is the critical path (generation only has to stay one step ahead), so under
+# ``runtime: local`` the collector thread yields the CPU to it. Linux applies nice per thread.
+NICE_INCREMENT = 5
+
+
+def _lower_thread_priority(increment: int) -> None:
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
+        pass
