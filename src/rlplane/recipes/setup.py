@@ -288,7 +288,7 @@ class Session:
         def batches(n: int):
             # (prompt, answer + eos) per problem; an env with a demonstration gives one example per turn.
             picks = [sft_rows[rng.randrange(len(sft_rows))] for _ in range(n)]
-            examples = [ex for d in picks for ex in warmup_examples(d, tok, evaluator._env(d.task_name))]
+            examples = [ex for d in picks for ex in warmup_examples(d, tok, evaluator.env(d.task_name))]
             return [c for c, _ in examples], [t for _, t in examples]
 
         def evaluate() -> float:

@@ -63,7 +63,8 @@ class RolloutWorker:
         self._envs.clear()
 
     # ---- rollout ---------------------------------------------------------------------------------
-    def _env(self, task_name: str):
+    def env(self, task_name: str):
+        """The environment for ``task_name`` (made on first use, then kept)."""
         if task_name not in self._envs:
             self._envs[task_name] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
         return self._envs[task_name]
@@ -88,7 +89,7 @@ class RolloutWorker:
             self.backend,
             self.tokenizer,
             rows,
-            self._env,
+            self.env,
             max_turns=self.cfg.loop.max_rollout_turns,
             max_total_sequence_length=self.cfg.policy.max_total_sequence_length,
             max_new_tokens=gen.max_new_tokens,

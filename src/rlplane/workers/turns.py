@@ -117,7 +117,7 @@ def run_turns(
     max_total = max_total_sequence_length
     states = [
         SampleState(
-            input_ids=list(d.prompt_token_ids), prompt_length=0,
+            input_ids=list(d.prompt_token_ids), prompt_length=len(d.prompt_token_ids),
             message_log=[dict(m) for m in d.message_log],
             # A copy per sample: group members share their datum, and an env may update its state in place.
             env_info=dict(d.extra_env_info) if isinstance(d.extra_env_info, dict) else d.extra_env_info,
@@ -127,7 +127,6 @@ def run_turns(
         for d in datums
     ]
     for s in states:
-        s.prompt_length = len(s.input_ids)
         s.token_mask.append(torch.zeros(s.prompt_length, dtype=torch.int8))
         s.logprobs.append(torch.zeros(s.prompt_length))
         if s.prompt_length >= max_total:  # no room to generate anything
