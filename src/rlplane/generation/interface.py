@@ -3,8 +3,9 @@
 Every backend returns, per prompt, the generated tokens only (through the eos / stop token,
 inclusive), the log-probability of each generated token under the distribution the sampler drew
 from (``log_softmax`` of ``logits / temperature`` after top-k / top-p masking: vLLM's
-``logprobs_mode="processed_logprobs"``), and why the row stopped. Training-side logprobs divide
-logits by the same temperature so the two are comparable (``train/token_mult_prob_error``).
+``logprobs_mode="processed_logprobs"``), and why the row stopped. Training-side logprobs are
+computed under the same temperature, top-k and top-p (``sampling.sampling_logprobs``) so the two
+are comparable (``train/token_mult_prob_error`` is 1 when the weights are the same).
 """
 
 from __future__ import annotations
