@@ -32,9 +32,9 @@ from rlplane.models.precision import autocast
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
 _COMPACT_FRACTION = 0.25
-# Tokens decoded to find the text the newest one adds (stop-string pre-check): enough context for a
-# sentencepiece space or a UTF-8 character split over tokens; anything unclear falls back to a full decode.
-_CONTEXT_TOKENS = 4
+# The stop-string pre-check caches the text a token adds after the one before it, per (previous, newest)
+# pair; the cache is cleared when it reaches this many pairs.
+_MAX_CACHED_PAIRS = 200_000
 
 
 class HFGenerationBackend(GenerationBackend):
@@ -56,6 +56,7 @@ class HFGenerationBackend(GenerationBackend):
         if self.pad_token_id is None:
             raise ValueError("tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
+        self._added: dict[tuple[int, ...], str | None] = {}  # (previous, newest) -> text newest adds
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy ``state_dict`` into the generator's model in place (tied weights may be given once)."""
@@ -230,7 +231,7 @@ class HFGenerationBackend(GenerationBackend):
             stops = row_stop_strings[r]
             if is_done or not stops:
                 continue
-            added = self._added_text(out_tokens[r, max(0, step + 1 - _CONTEXT_TOKENS) : step + 1].tolist())
+            added = self._added_text(tuple(out_tokens[r, max(0, step - 1) : step + 1].tolist()))
             if added is not None and not any(s[-1] in added for s in stops):
                 continue
             text = self.tokenizer.decode(out_tokens[r, : step + 1].tolist(), skip_special_tokens=False)
@@ -238,17 +239,21 @@ class HFGenerationBackend(GenerationBackend):
                 hits[j] = True
         return hits
 
-    def _added_text(self, window: list[int]) -> str | None:
-        """The text the last token of ``window`` adds after the ones before it; None when unsure.
+    def _added_text(self, window: tuple[int, ...]) -> str | None:
+        """The text the last token of ``window`` (1 or 2 ids) adds after the one before it; None when unsure.
 
         Taken in context, not from the token alone: a sentencepiece token's leading space
         (``▁5``) is dropped when it is decoded on its own, a byte-level token may complete a
         character the previous one began, and a tokenizer's clean-up may rewrite earlier text.
         None (then the caller decodes the whole output) when the shorter decode is not a prefix of
-        the longer one or the text ends in an incomplete UTF-8 sequence.
+        the longer one or either holds an incomplete UTF-8 sequence.
         """
-        before = self.tokenizer.decode(window[:-1], skip_special_tokens=False) if len(window) > 1 else ""
-        after = self.tokenizer.decode(window, skip_special_tokens=False)
-        if "\ufffd" in after or not after.startswith(before):
-            return None
-        return after[len(before) :]
+        if window in self._added:
+            return self._added[window]
+        before = self.tokenizer.decode(list(window[:-1]), skip_special_tokens=False) if len(window) > 1 else ""
+        after = self.tokenizer.decode(list(window), skip_special_tokens=False)
+        added = None if "\ufffd" in after or not after.startswith(before) else after[len(before) :]
+        if len(self._added) >= _MAX_CACHED_PAIRS:
+            self._added.clear()
+        self._added[window] = added
+        return added
