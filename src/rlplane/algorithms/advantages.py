@@ -17,6 +17,7 @@ Formulas (``docs/algorithms.md`` has the full page):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -60,8 +61,12 @@ def calculate_baseline_and_std_per_prompt(
       divides by ``n_v − 1`` there too; it always passes an all-ones mask, so this never differs
       in practice and keeps the std shift-invariant).
 
-    The variance is computed on group-centred rewards in float64, so large rewards with a tiny
-    spread do not lose their std to cancellation.
+    Exactness: when the k samples are all equal (compared exactly, through the group's top-two
+    maximum and minimum), ``std_i`` is exactly 0 and ``b_i`` is their common value, never a
+    rounding residue of a sum: a residue (≈ 1e-9) would pass the ``std > 0`` test and blow the
+    advantage up by 1e6 (issue 16: ``[1, 0, 1]`` gave ``−992604`` instead of ``−1``). Otherwise the
+    variance is computed on group-centred rewards in float64, so large rewards with a tiny spread
+    do not lose their std to cancellation.
 
     Args:
         prompt_ids: (B,) or (B, L) integer prompt ids; identical rows form a group.
@@ -98,10 +103,39 @@ def calculate_baseline_and_std_per_prompt(
     std = torch.sqrt(safe_div(var_biased * k, k - 1.0))
     std = torch.where(k > 1, std, torch.zeros_like(std))
 
+    # The others all equal: std exactly 0 and the baseline their common value (exact, no residue).
+    others_max, others_min = _others_extrema(gid, r, v != 0, leave_one_out, num_groups)
+    equal = others_max == others_min  # (B,); False when there are no others (±inf)
+    baseline = torch.where(equal, others_max, baseline)
+    std = torch.where(equal, torch.zeros_like(std), std)
+
     small = n_valid <= 1
     baseline = torch.where(small, rewards.to(torch.float64), baseline)
     std = torch.where(small, torch.zeros_like(std), std)
     return baseline.to(rewards.dtype), std.to(rewards.dtype)
+
+
+def _others_extrema(gid: Tensor, r: Tensor, valid: Tensor, leave_one_out: bool, num_groups: int) -> tuple[Tensor, Tensor]:
+    """(max, min) over the valid rewards of sample i's group, without sample i under leave-one-out.
+
+    Exact (no arithmetic on the rewards): with leave-one-out, sample i's max is the group's
+    second-largest valid value when i is the group's only valid sample holding the largest one,
+    else the largest (min alike). −inf / +inf when there are no such samples. All (B,) float64.
+    """
+    def extremum(x: Tensor, reduce: str, fill: float) -> Tensor:  # (B,) -> (B,) per-group max/min
+        out = torch.full((num_groups,), fill, dtype=x.dtype, device=x.device)
+        return out.scatter_reduce(0, gid, x, reduce=reduce)[gid]
+
+    result = []
+    for reduce, fill in (("amax", -math.inf), ("amin", math.inf)):
+        top = extremum(torch.where(valid, r, torch.full_like(r, fill)), reduce, fill)  # (B,)
+        if leave_one_out:
+            at_top = valid & (r == top)
+            count = torch.zeros(num_groups, dtype=torch.long, device=r.device).index_add_(0, gid, at_top.long())[gid]
+            second = extremum(torch.where(valid & ~at_top, r, torch.full_like(r, fill)), reduce, fill)
+            top = torch.where(at_top & (count == 1), second, top)
+        result.append(top)
+    return result[0], result[1]
 
 
 def normalize_by_std(advantages: Tensor, std: Tensor, epsilon: float = GRPO_STD_EPS) -> Tensor:
