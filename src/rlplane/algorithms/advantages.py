@@ -28,6 +28,7 @@ from rlplane.algorithms.kl import kl_estimate
 
 GRPO_STD_EPS = 1e-6
 REINFORCE_PP_VAR_FLOOR = 1e-8
+RAW_REWARD_VAR_FLOOR = 1e-8
 
 
 def group_ids(prompt_ids: Tensor) -> Tensor:
@@ -223,13 +224,15 @@ def gdpo_advantages(
     valid_mask: Tensor | None = None,
     *,
     reward_weights: Sequence[float] | None = None,
+    normalize_rewards: bool = True,
     use_leave_one_out_baseline: bool = True,
     epsilon: float = GRPO_STD_EPS,
 ) -> Tensor:
     """GDPO per-sample advantage for multi-reward training (each component normalised separately).
 
     Components are taken in alphabetical order of their names (``reward/<name>``):
-    ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO per component, std > 0 only),
+    ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO per component, std > 0 only; without the division
+    when ``normalize_rewards`` is False),
     ``A = Σ_k w_k A_k`` (``w_k = 1`` by default), then batch whitening over valid samples:
     ``A ← (A − mean(A)) / std(A)`` where ``std(A) > 0`` (unbiased std).
 
@@ -251,7 +254,7 @@ def gdpo_advantages(
     total = None
     for w, name in zip(weights, names):
         a = grpo_advantages(
-            prompt_ids, reward_components[name], valid_mask,
+            prompt_ids, reward_components[name], valid_mask, normalize_rewards=normalize_rewards,
             use_leave_one_out_baseline=use_leave_one_out_baseline, epsilon=epsilon,
         )
         total = w * a if total is None else total + w * a
@@ -266,12 +269,13 @@ def gdpo_advantages(
 def raw_reward_advantages(rewards: Tensor, token_mask: Tensor, *, normalize_advantages: bool = True) -> Tensor:
     """PPO ``raw_reward`` estimator (no critic): ``A_t = r`` on every token of the sequence.
 
-    If ``normalize_advantages``: whiten over the masked tokens, ``(A − μ)·rsqrt(var + 1e-8)``
-    with the unbiased masked variance (as GAE). Returns (B, T), 0 outside ``token_mask``.
+    If ``normalize_advantages``: whiten over the masked tokens, ``(A − μ)·rsqrt(max(var, 1e-8))``
+    with the biased masked variance, as NeMo RL's ``RawRewardAdvantageEstimator`` (GAE whitening
+    differs: unbiased, ``var + 1e-8``). Returns (B, T), 0 outside ``token_mask``.
     """
     adv = rewards[:, None].expand(token_mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))
     if normalize_advantages:
-        return masked_whiten(adv, token_mask, unbiased=True, eps=1e-8)
+        return masked_whiten(adv, token_mask, unbiased=False, eps=RAW_REWARD_VAR_FLOOR, clamp_var=True)
     return torch.where(token_mask != 0, adv, torch.zeros_like(adv))
 
 
