@@ -32,6 +32,7 @@ import os
 import resource
 import signal
 import sys
+import types
 
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -241,7 +242,10 @@ def _program(spec: dict, code: str, tests: str, nonce_fd: int) -> None:
     if spec["audit_hook"]:
         _install_audit_hook(spec["read_roots"])
     sys.argv = ["solution.py"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    main_module = types.ModuleType("__main__")  # `import __main__` names the program, not this runner
+    sys.modules["__main__"] = main_module
+    namespace = main_module.__dict__
+    namespace["__builtins__"] = builtins
     _run_stage(code, "solution.py", namespace)
     _run_stage(tests, "tests.py", namespace)
     sys.stdout.write("\n" + os.read(nonce_fd, 64).decode() + "\n")

@@ -105,6 +105,7 @@ def run_suite(audit_hook: bool = True) -> dict:
     marker = f"rlplane-hostile-{uuid.uuid4().hex[:8]}"
     secret = f"s3cret-{uuid.uuid4().hex}"
     tmp = tempfile.mkdtemp(prefix=f"{marker}-tmp-")  # every sandbox process's argv names it
+    os.chmod(tmp, 0o711)  # as for the default temporary directory: another uid may pass through
     outside = tempfile.mkdtemp(prefix=f"{marker}-outside-")
     os.chmod(outside, 0o777)  # writable by any uid: only the sandbox stands between a program and it
     with open(f"{outside}/secret.txt", "w") as f:
