@@ -119,6 +119,27 @@ def _sweep_uid(uid: int) -> int:
     return found
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Until ``pid`` has exited (a zombie or reaped): a PID namespace's init exits after everything in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+
+
 def _read_head(path: Path, limit: int) -> str:
     with open(path, "rb") as f:
         return f.read(limit).decode("utf-8", errors="replace")
@@ -184,10 +205,13 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), tests: str = 
                 timed_out = True
                 returncode = None
             finally:
+                init = _children(proc.pid)  # the PID namespace's init, while the outer still lives
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the outer process: its PID namespace's init follows
+                    os.killpg(proc.pid, signal.SIGKILL)  # the outer and the init (the program, unless it left the group)
                 except ProcessLookupError:
                     pass
+                for pid in init:  # the kernel kills the namespace's processes before its init is gone
+                    _wait_gone(pid, timeout=10.0)
                 if uid is not None:
                     _sweep_uid(uid)
                 if returncode is None:
