@@ -151,7 +151,7 @@ def async_grpo_step(s: Session, step: int) -> dict[str, float]:
     s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, g.num_prompts_per_step * g.num_generations_per_prompt)
     meta, carry = put_groups(s, result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
-    carry["rewards"] = transform_rewards(s.cfg, carry)
+    _, carry["rewards"] = transform_rewards(s.cfg, carry)
     metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)

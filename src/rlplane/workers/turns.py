@@ -7,7 +7,7 @@ Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md
    datum's for the first turn, plus what its environment returned for later ones);
 2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
 3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
-   **summed** over turns. An environment that raises is retried sample by sample, and the samples
+   **summed** over turns (and so are the optional reward components). An environment that raises is retried sample by sample, and the samples
    that still raise fail: total reward 0, sample done, counted in ``env_errors``; the others go on;
 4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
    has no room left (a response that fills the sequence is marked truncated): the observation (tokenized without special tokens) is appended, cut to the
@@ -57,6 +57,7 @@ class SampleState:
     token_mask: list[torch.Tensor] = field(default_factory=list)  # chunks, int8
     logprobs: list[torch.Tensor] = field(default_factory=list)  # chunks, float32
     reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)  # summed over turns like reward
     turns: int = 0
     gen_tokens: int = 0
     env_tokens: int = 0
@@ -88,6 +89,7 @@ class TurnsResult:
     token_mask: list[torch.Tensor]  # (L_i,) int8, 1 on generated tokens
     generation_logprobs: list[torch.Tensor]  # (L_i,) float32, 0 off the mask
     rewards: torch.Tensor  # (B,) float32, summed over turns
+    reward_components: dict[str, torch.Tensor]  # name -> (B,) float32, summed over turns; 0 where not given
     truncated: torch.Tensor  # (B,) bool: last response cut by a length limit, or sequence at the max length
     prompt_lengths: torch.Tensor  # (B,)
     response_lengths: torch.Tensor  # (B,) everything after the prompt (generated + observations)
@@ -213,15 +215,23 @@ def _checked_step(env, task: str, batch: list[SampleState]):
     terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
     if not len(rewards) == len(terminated) == len(ret.observations) == len(batch):
         raise ValueError(f"environment {task!r} returned {len(rewards)} rewards for {len(batch)} samples")
+    for name, values in (ret.reward_components or {}).items():
+        if torch.as_tensor(values).numel() != len(batch):
+            raise ValueError(f"environment {task!r} returned reward component {name!r} for "
+                             f"{torch.as_tensor(values).numel()} of {len(batch)} samples")
     return ret, rewards, terminated
 
 
 def _apply(states: list[SampleState], rows: list[int], ret, rewards: list[float], terminated: list[bool]) -> None:
     next_stops = ret.next_stop_strings or [None] * len(rows)
     metadata = ret.metadata if ret.metadata is not None else [states[i].env_info for i in rows]
+    components = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).tolist()
+                  for k, v in (ret.reward_components or {}).items()}
     for j, i in enumerate(rows):
         s = states[i]
         s.reward += rewards[j]
+        for name, values in components.items():
+            s.reward_components[name] = s.reward_components.get(name, 0.0) + values[j]
         if terminated[j]:
             s.done = s.terminated = True
             continue
@@ -254,11 +264,14 @@ def _result(states: list[SampleState], env_errors: int, max_turns: int) -> Turns
         "env_error_rate": env_errors / n,
     }
     prompt_lengths = torch.tensor([s.prompt_length for s in states])
+    names = sorted({name for s in states for name in s.reward_components})
     return TurnsResult(
         input_ids=[torch.tensor(s.input_ids, dtype=torch.long) for s in states],
         token_mask=[torch.cat(s.token_mask) for s in states],
         generation_logprobs=[torch.cat(s.logprobs) for s in states],
         rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
+        reward_components={n: torch.tensor([s.reward_components.get(n, 0.0) for s in states], dtype=torch.float32)
+                           for n in names},
         truncated=torch.tensor([s.truncated or s.finish_reason == FINISH_LENGTH for s in states]),
         prompt_lengths=prompt_lengths,
         response_lengths=torch.tensor([len(s.input_ids) for s in states]) - prompt_lengths,
