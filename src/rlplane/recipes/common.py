@@ -182,8 +182,9 @@ def masks_and_logprobs(
 
 
 def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[str, float]:
-    """Reward and group statistics of the step's samples (after shaping and sampling)."""
-    out = {"filtered_reward": float(carry["rewards"].mean())}
+    """Reward and group statistics of the step's samples (after shaping and sampling);
+    ``num_samples`` is how many the step trains on (prompts × generations)."""
+    out = {"filtered_reward": float(carry["rewards"].mean()), "num_samples": float(len(carry["rewards"]))}
     # Per prompt group: all responses wrong (no signal), all right (no signal), or mixed.
     groups, inverse = torch.unique(carry["group"], return_inverse=True)
     group_mean = torch.zeros(len(groups)).scatter_add_(0, inverse, carry["rewards"]) / torch.bincount(inverse)
