@@ -116,7 +116,10 @@ class RolloutLoopConfig(StrictModel):
     num_generations_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the group size G).")
     max_rollout_turns: int = Field(1, ge=1, description="Turns per rollout (1 = single turn).")
     max_num_steps: int = Field(150, ge=0, description="Training steps to run.")
-    max_num_epochs: int = Field(1000, ge=1, description="Passes over a finite dataset, at most.")
+    max_num_epochs: int = Field(
+        1000, ge=1, description="Passes over the training prompts, at most: the run ends when they are used up, "
+        "if that comes before max_num_steps (every generation batch of dynamic sampling counts)."
+    )
     val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
     val_at_start: bool = Field(True, description="Validate before the first step.")
     val_at_end: bool = Field(True, description="Validate after the last step.")
