@@ -64,7 +64,11 @@ def test_score_answers_vector():
     assert score_answers(["1", "2<eos>", "x"], ["1", "2", "3"]).tolist() == [1.0, 1.0, 0.0]
 
 
-def test_registry_routes_and_errors():
+def test_registry_routes_and_errors(request):
+    from rlplane.envs import ENV_REGISTRY
+
+    # Later tests list the known environments: leave the registry as it was.
+    request.addfinalizer(lambda: ENV_REGISTRY.pop("arithmetic_custom_eos", None))
     assert isinstance(create_env("arithmetic"), ArithmeticEnv)
     envs = create_envs(["arithmetic", "arithmetic"])
     assert list(envs) == ["arithmetic"]
