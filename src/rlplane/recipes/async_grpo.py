@@ -26,7 +26,7 @@ import time
 import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
-from rlplane.async_rl.collector import CARRY, COLUMNS
+from rlplane.async_rl.collector import COLUMNS
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta
 from rlplane.recipes.common import TRAIN_PARTITION, Timer, TrainingStopped, run_training, transform_rewards
@@ -112,7 +112,7 @@ def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer
 def put_groups(s: Session, groups: list[TrajectoryGroup]) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
     """Write the groups' columns under fresh keys in ``TRAIN_PARTITION``; the receipt and the (B,) carry."""
     G = len(groups[0].columns["input_ids"])
-    carry = {k: torch.cat([g.carry[k] for g in groups]) for k in CARRY}  # (B,) each, B = groups × G
+    carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each, B = groups × G
     carry["group"] = torch.arange(len(groups)).repeat_interleave(G)
     keys = group_keys(len(groups), G)
     meta = s.data_plane.put_samples(
@@ -151,7 +151,7 @@ def async_grpo_step(s: Session, step: int) -> dict[str, float]:
     s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, g.num_prompts_per_step * g.num_generations_per_prompt)
     meta, carry = put_groups(s, result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
-    carry["rewards"] = transform_rewards(s.cfg, carry)
+    _, carry["rewards"] = transform_rewards(s.cfg, carry)
     metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)

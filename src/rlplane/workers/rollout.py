@@ -3,7 +3,8 @@
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
 prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`), mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
 columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
-small per-row carry: rewards, group index, truncation, lengths. Nothing else crosses to the driver.
+small per-row carry: rewards, group index, truncation, lengths, and the environments' reward
+components as ``reward/<name>``. Nothing else crosses to the driver.
 
 Columns written (per-token ones are jagged, length = prompt + response):
   input_ids            prompt + response token ids (multi-turn: prompt, responses and observations)
@@ -108,6 +109,12 @@ class RolloutWorker:
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
         }
+        # Every component an environment of the batch declares, 0 where it gave none (a failed
+        # sample): the carry's keys then depend on the tasks only, so batches concatenate.
+        declared = {n for d in datums for n in getattr(self.env(d.task_name), "reward_component_names", ())}
+        zeros = torch.zeros(len(rows), dtype=torch.float32)
+        for name in sorted(declared | set(res.reward_components)):
+            carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
         if partition_id is None:
             return None, carry, res.metrics
         keys = group_keys(len(datums), group_size)
