@@ -27,6 +27,7 @@ from rlplane.recipes.common import (
     run_training,
     validate,
 )
+from rlplane.recipes.samples import train_samples
 from rlplane.recipes.setup import Session
 from rlplane.utils.metrics import merge_rank_metrics
 
@@ -76,6 +77,8 @@ def train_on_rollouts(
     )  # (B,)
     adv = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
     lengths = meta.seq_lens
+    if s.train_samples_due():  # logger.log_train_samples_every
+        s.pending_samples.append(("train", train_samples(s, meta, carry, adv, TRAIN_PARTITION)))
     s.data_plane.put_samples(
         list(meta.sample_ids), TRAIN_PARTITION, {"advantages": [adv[i].expand(lengths[i]).clone() for i in range(len(adv))]}
     )
