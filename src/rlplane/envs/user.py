@@ -143,11 +143,16 @@ def _check_call(target: Callable, args: tuple, kwargs: dict, where: str, path: s
                             "change its parameters or env kwargs") from None
 
 
+def check_reward_fn(fn: Any, where: str, shown: str, kwargs: dict[str, Any] | None = None) -> None:
+    """A one-line error unless ``fn(prompt, completion, extra, **kwargs)`` can be called."""
+    if not callable(fn):
+        raise UserTaskError(f"{where} = {shown!r}: is a {type(fn).__name__}, not a function")
+    _check_call(fn, ("prompt", "completion", {}), kwargs or {}, where, shown, "fn(prompt, completion, extra, **kwargs)")
+
+
 def load_reward_fn(path: str, where: str, kwargs: dict[str, Any]) -> Callable[..., Any]:
     fn = import_object(path, where)
-    if not callable(fn):
-        raise UserTaskError(f"{where} = {path!r}: is a {type(fn).__name__}, not a function")
-    _check_call(fn, ("prompt", "completion", {}), kwargs, where, path, "fn(prompt, completion, extra, **kwargs)")
+    check_reward_fn(fn, where, path, kwargs)
     return fn
 
 
