@@ -119,6 +119,36 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
+def read_wandb_history(run_file: str) -> list[dict]:
+    """The history rows (``{"_step": N, key: value}``) of a wandb run file ``run-*.wandb``, read without
+    wandb's service (it no longer ships a Python reader). The file is a LevelDB-style log: a 7-byte
+    header (":W&B", magic, version), then 32 KiB blocks of records (crc32c u32, length u16, type u8:
+    1 full, 2 first, 3 middle, 4 last) holding ``wandb.proto`` ``Record`` messages."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(run_file).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{run_file}: not a wandb run file (no :W&B header)")
+    pos, block, rows, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
 def make_trackers(logger_cfg, run_name: str, log_dir: Path, config: dict) -> list:
     """The enabled tracker sinks (none by default)."""
     sinks: list = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import json
-import struct
 import sys
 from pathlib import Path
 
@@ -13,36 +12,10 @@ import pytest
 
 from rlplane.config.loading import ConfigError
 from rlplane.config.logger import LoggerConfig
-from rlplane.utils.trackers import flatten, make_trackers
+from rlplane.utils.trackers import flatten, make_trackers, read_wandb_history
 
 CONFIG = {"grpo": {"num_prompts_per_step": 32, "seed": 42}, "policy": {"optimizer": {"lr": 2e-4}}}
 METRICS = [{"train/reward": 0.25, "validation/pass@4": 0.5}, {"train/reward": 0.5}, {"train/reward": 0.75}]
-
-
-def read_wandb_history(run_file: str) -> list[dict]:
-    """The history rows of a wandb run file: a LevelDB-style log (7-byte header ":W&B" + magic +
-    version, then 32 KiB blocks of records: crc32c u32, length u16, type u8; types 1 full, 2 first,
-    3 middle, 4 last) of ``wandb.proto`` ``Record`` messages."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = open(run_file, "rb").read()
-    assert data[:4] == b":W&B"
-    pos, block, rows, pending = 7, 32768, [], b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind == 0:
-            break
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
-    return rows
 
 
 def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
