@@ -173,11 +173,25 @@ def make_user_env(task_name: str, reward_fn: str | None, class_path: str | None,
     return load_env_class(class_path, f"env.{task_name}.class", kwargs)(**kwargs)
 
 
-def register_user_tasks(env_cfg) -> None:
+def register_user_tasks(env_cfg, import_now: bool = False) -> None:
     """Route each user task of ``env_cfg`` (an :class:`~rlplane.config.envs.EnvConfig`) to its
-    factory in this process's registry. Only strings are registered; nothing is imported yet."""
+    factory in this process's registry. With ``import_now`` (a rollout worker) the modules are
+    imported here, so a path this process cannot import fails its start, not every sample later."""
     for name, task in env_cfg.user_tasks().items():
         ENV_REGISTRY[name] = functools.partial(make_user_env, name, task.reward_fn, task.class_)
+        if import_now:
+            key = "reward_fn" if task.reward_fn else "class"
+            import_object(task.reward_fn or task.class_, f"env.{name}.{key}")
+
+
+def user_task_error_in(err: BaseException) -> UserTaskError | None:
+    """The :class:`UserTaskError` that killed a Ray actor at start-up, from the error Ray raises, if any."""
+    text = str(err)
+    marker = "UserTaskError: "
+    if marker not in text:
+        return None
+    line = text[text.rindex(marker) + len(marker):].strip().splitlines()[0]
+    return UserTaskError(f"{line} (in the Ray rollout actor)")
 
 
 def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:

@@ -32,7 +32,7 @@ from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.envs import check_task_names
 from rlplane.envs.demonstrations import warmup_examples
-from rlplane.envs.user import check_user_tasks, import_path_env, register_user_tasks
+from rlplane.envs.user import check_user_tasks, import_path_env, register_user_tasks, user_task_error_in
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import CheckpointManager
@@ -209,7 +209,10 @@ class Session:
             self.rollout_worker = remote.remote(cfg, self.data_plane, seed=cfg.loop.seed)
             self._rollout_remote = True
             self._stale = True  # the rollout actor built its own weights: push the policy's now
-            self.refit_if_stale()
+            try:
+                self.refit_if_stale()
+            except ray.exceptions.RayActorError as e:  # e.g. a user task the actor's node cannot import
+                raise user_task_error_in(e) or e from None
 
     def rollout(self, method: str, *args, **kwargs):
         if self._rollout_remote:

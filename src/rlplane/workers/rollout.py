@@ -44,7 +44,7 @@ class RolloutWorker:
         self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
         self.generator = torch.Generator().manual_seed(seed)
         self._envs: dict[str, object] = {}
-        register_user_tasks(cfg.env)  # env.<task>.reward_fn / class: imported here, in this process, on first use
+        register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
