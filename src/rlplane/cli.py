@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("plot", help="PNG + HTML of runs' reward, accuracy, KL/entropy and step times, overlaid")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their logs/metrics.jsonl)")
-    p.add_argument("--output", "-o", default=None, help="the PNG (default: RUN_DIR/plot.png, or ./plot.png for several)")
+    p.add_argument("--output", "-o", default=None,
+                   help="the PNG (default: RUN_DIR/plot.png, or ./plot.png for several)")
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("show-config", help="print the resolved config")
     _add_config_args(p)

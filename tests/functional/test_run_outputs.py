@@ -10,6 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+for _extra in ("wandb", "mlflow", "matplotlib", "PIL"):
+    pytest.importorskip(_extra, reason="rlplane[trackers]")
+
 from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
 

@@ -322,7 +322,8 @@ class Session:
             if kind == "validation" and n and rows:
                 cols = [c for c in ("prompt", "completion", "ground_truth", "reward") if c in rows[0]]
                 where = self.logger.log_dir / "samples.jsonl"
-                self.say(f"validation samples at step {step} (all {len(rows)} in {where}):\n" + text_table(rows[:n], cols))
+                table = text_table(rows[:n], cols)
+                self.say(f"validation samples at step {step} (all {len(rows)} in {where}):\n{table}")
         self.pending_samples.clear()
         self.progress.update(step, metrics)
 

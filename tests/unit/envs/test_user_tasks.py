@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 
 import pytest
-import torch
 
 from rlplane.cli import main
 from rlplane.config.loading import ConfigError, load_config

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("wandb", reason="rlplane[trackers]")
+pytest.importorskip("mlflow", reason="rlplane[trackers]")
+
 from rlplane.config.loading import ConfigError
 from rlplane.config.logger import LoggerConfig
 from rlplane.utils.trackers import flatten, make_trackers, read_wandb_history
@@ -62,7 +65,8 @@ def test_mlflow_sqlite_store_read_back_with_mlflow_client(tmp_path):
 @pytest.mark.parametrize("key, module", [("wandb_enabled", "wandb"), ("mlflow_enabled", "mlflow")])
 def test_missing_package_gives_the_install_hint(tmp_path, monkeypatch, key, module):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
-    with pytest.raises(ConfigError, match=rf"^logger.{key}: {module} is not installed; pip install 'rlplane\[trackers\]'"):
+    hint = rf"^logger.{key}: {module} is not installed; pip install 'rlplane\[trackers\]'"
+    with pytest.raises(ConfigError, match=hint):
         make_trackers(LoggerConfig(**{key: True}), "r", tmp_path, {})
 
 
