@@ -21,6 +21,7 @@ from rlplane.config.algorithms import (
 )
 from rlplane.config.base import StrictModel
 from rlplane.config.envs import EnvConfig
+from rlplane.config.logger import LoggerConfig
 
 
 class GenerationConfig(StrictModel):
@@ -364,15 +365,6 @@ class CheckpointingConfig(StrictModel):
                 f"metric_name = {self.metric_name!r} must start with 'val:' or 'train:' (e.g. 'val:accuracy')"
             )
         return self
-
-
-class LoggerConfig(StrictModel):
-    """Metric sinks (NeMo RL `logger.*`)."""
-
-    log_dir: str | None = Field(None, description="Where (null = RUN_DIR/logs).")
-    jsonl_enabled: bool = Field(True, description="metrics.jsonl, one line per step.")
-    tensorboard_enabled: bool = Field(True, description="TensorBoard event files.")
-    progress_bar: bool = Field(True, description="A progress bar on stderr.")
 
 
 class RunConfig(StrictModel):

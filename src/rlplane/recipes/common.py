@@ -47,15 +47,17 @@ def validate(s: Session) -> dict[str, float]:
     """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1)."""
     g = s.cfg.loop
     datums = s.val_datums[: g.max_val_samples]
-    correct, passed = [], []
+    correct, passed, samples = [], [], []
     for i in range(0, len(datums), g.val_batch_size):
         batch = datums[i : i + g.val_batch_size]
         _, carry, _ = s.rollout("rollout", batch, group_size=1, partition_id=None, greedy=True)
         correct.append(carry["rewards"])
+        samples += s.rollout("last_samples")  # the greedy answers as text: samples.jsonl at the next log
         k = g.val_num_generations_per_prompt
         if k > 1:
             _, carry, _ = s.rollout("rollout", batch, group_size=k, partition_id=None, greedy=False)
             passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
+    s.pending_samples.append(("validation", samples))
     out = {"accuracy": float(torch.cat(correct).double().mean())}
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())

@@ -33,6 +33,7 @@ from rlplane.recipes.common import (
     run_training,
     validate,
 )
+from rlplane.recipes.samples import train_samples
 from rlplane.recipes.setup import Session
 from rlplane.utils.metrics import merge_rank_metrics
 
@@ -132,6 +133,9 @@ def train_on_rollouts(
         rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
     metrics.update(adv_metrics)
     lengths = meta.seq_lens
+    if s.train_samples_due():  # logger.log_train_samples_every; per-token advantages shown as their mean
+        shown = torch.stack([r.float().mean() if len(r) else torch.zeros(()) for r in rows])  # (B,)
+        s.pending_samples.append(("train", train_samples(s, meta, carry, shown, TRAIN_PARTITION)))
     s.data_plane.put_samples(list(meta.sample_ids), TRAIN_PARTITION, {"advantages": rows})
 
     # ---- train -----------------------------------------------------------------------------------

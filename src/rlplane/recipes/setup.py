@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +32,13 @@ from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.envs import check_task_names
 from rlplane.envs.demonstrations import warmup_examples
+from rlplane.envs.user import check_user_tasks, import_path_env, register_user_tasks, user_task_error_in
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import CheckpointManager
-from rlplane.utils.logging import MetricsLogger
+from rlplane.utils.logging import MetricsLogger, text_table
+from rlplane.utils.progress import Progress
+from rlplane.utils.trackers import make_trackers
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
@@ -47,6 +49,7 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
     """(train loader, held-out datums, stats) from ``data.*``; with ``train=False`` the loader is None
     (evaluation builds only the held-out set). Every task name must have an environment."""
     d, g = cfg.data, cfg.loop
+    register_user_tasks(cfg.env)  # user task names are known environments from here on
     # A prompt must leave room for at least one generated token.
     max_prompt = cfg.policy.max_total_sequence_length - 1
     fmt = resolve_prompt_format(d.prompt, tokenizer)
@@ -118,6 +121,8 @@ class Session:
     def __init__(self, cfg: RunConfig, quiet: bool = False):
         self.cfg = cfg
         self.quiet = quiet
+        self.progress = Progress(cfg.loop.max_num_steps, cfg.algorithm, cfg.logger.log_every_n_steps,
+                                 enabled=not quiet, bar=cfg.logger.progress_bar)
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -134,6 +139,7 @@ class Session:
         if self.data_stats.get("skipped_overlong"):
             self.say(f"skipped {self.data_stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
         self._train_iter = iter(self.train_loader)
+        check_user_tasks(cfg.env, [*self.val_datums, *getattr(self.train_loader.dataset, "datums", [])])
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
@@ -145,14 +151,18 @@ class Session:
         self.ckpt = CheckpointManager(
             ck.checkpoint_dir or self.run_dir / "checkpoints", ck.keep_top_k, ck.metric_name, ck.higher_is_better
         )
-        log_dir = cfg.logger.log_dir or self.run_dir / "logs"
-        self.logger = MetricsLogger(log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled)
+        log_dir = Path(cfg.logger.log_dir or self.run_dir / "logs")
+        trackers = make_trackers(cfg.logger, self.run_dir.name, log_dir, cfg.model_dump(mode="json"))
+        self.logger = MetricsLogger(log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled, trackers)
+        # (kind, rows) sample tables waiting for the next log() (validation and training samples), and
+        # the last step logged (training samples are due by step).
+        self.pending_samples: list[tuple[str, list[dict]]] = []
+        self.last_logged_step = 0
         # PPO with GAE trains a critic; GRPO and PPO's raw_reward estimator do not.
         self.uses_critic = cfg.algorithm == "ppo" and cfg.ppo.adv_estimator.name == "gae"
         self.policy = None
         self.value = None
         self.rollout_worker = None
-        self._bar = None
         # Extra state a recipe keeps in each checkpoint (file name -> state getter, written with
         # torch.save; async GRPO's replay buffer), the checkpoint a run resumed from, and what
         # close() must stop first.
@@ -164,10 +174,7 @@ class Session:
     # ---- console -----------------------------------------------------------------------------------
     def say(self, msg: str) -> None:
         if not self.quiet:
-            if self._bar is not None:
-                self._bar.write(msg)
-            else:
-                print(msg, file=sys.stderr, flush=True)
+            self.progress.write(msg)
 
     # ---- workers -----------------------------------------------------------------------------------
     def _start_workers(self, init_state: dict | None) -> None:
@@ -197,11 +204,15 @@ class Session:
                 self.value = RayGroup(ValueWorker, kwargs, num_cpus=0.25)
                 if n > 1:  # its own gloo group: every actor is its own process
                     self.value.run("setup_distributed", ray.get(self.value.workers[0].node_address.remote()))
-            remote = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})(RolloutWorker)
+            remote = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE",
+                                                                             **import_path_env()}})(RolloutWorker)
             self.rollout_worker = remote.remote(cfg, self.data_plane, seed=cfg.loop.seed)
             self._rollout_remote = True
             self._stale = True  # the rollout actor built its own weights: push the policy's now
-            self.refit_if_stale()
+            try:
+                self.refit_if_stale()
+            except ray.exceptions.RayActorError as e:  # e.g. a user task the actor's node cannot import
+                raise user_task_error_in(e) or e from None
 
     def rollout(self, method: str, *args, **kwargs):
         if self._rollout_remote:
@@ -267,6 +278,7 @@ class Session:
             self.warmup_result = info.get("warmup", {})
             self._stale = self._rollout_remote or self._refit_local
             self.resumed_from = latest
+            self.last_logged_step = int(info["step"])
             self.say(f"resumed from {latest} at step {info['step']}")
             return int(info["step"])
         init_state = self._warm_up() if cfg.warmup.enabled else None
@@ -303,17 +315,22 @@ class Session:
     # ---- logging and checkpoints -----------------------------------------------------------------
     def log(self, metrics: dict, step: int) -> None:
         self.logger.log(metrics, step)
-        if self._bar is None and self.cfg.logger.progress_bar and not self.quiet and step > 0:
-            from tqdm import tqdm
+        self.last_logged_step = step
+        for kind, rows in self.pending_samples:
+            self.logger.log_samples(kind, step, rows)
+            n = self.cfg.logger.num_val_samples_to_print
+            if kind == "validation" and n and rows:
+                cols = [c for c in ("prompt", "completion", "ground_truth", "reward") if c in rows[0]]
+                where = self.logger.log_dir / "samples.jsonl"
+                table = text_table(rows[:n], cols)
+                self.say(f"validation samples at step {step} (all {len(rows)} in {where}):\n{table}")
+        self.pending_samples.clear()
+        self.progress.update(step, metrics)
 
-            self._bar = tqdm(total=self.cfg.loop.max_num_steps, initial=step - 1, desc=self.cfg.algorithm, file=sys.stderr,
-                             dynamic_ncols=True)
-        if self._bar is not None:
-            self._bar.n = step
-            post = {"reward": metrics.get("train/reward")}
-            if "validation/accuracy" in metrics:
-                post["val_acc"] = metrics["validation/accuracy"]
-            self._bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None}, refresh=True)
+    def train_samples_due(self) -> bool:
+        """Whether the step being run writes its training samples (``logger.log_train_samples_every``)."""
+        every = self.cfg.logger.log_train_samples_every
+        return bool(every) and (self.last_logged_step + 1) % every == 0
 
     def checkpoint_due(self, step: int) -> bool:
         ck = self.cfg.checkpointing
@@ -360,9 +377,7 @@ class Session:
         for stop in self.closers:
             stop()
         self.closers.clear()
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        self.progress.close()
         self.logger.close()
         if isinstance(self.policy, RayGroup):
             import ray

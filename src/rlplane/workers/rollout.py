@@ -23,6 +23,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.envs import create_env
+from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
@@ -44,6 +45,7 @@ class RolloutWorker:
         self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
         self.generator = torch.Generator().manual_seed(seed)
         self._envs: dict[str, object] = {}
+        register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -62,6 +64,18 @@ class RolloutWorker:
             if close is not None:
                 close()
         self._envs.clear()
+
+    def last_samples(self, limit: int | None = None) -> list[dict]:
+        """The last rollout's samples as text, in row order: task, prompt, completion (every turn after
+        the prompt; non-assistant messages tagged with their role), reward, reference answer."""
+        rows, states = getattr(self, "_last", ([], []))
+        out = []
+        for d, st in list(zip(rows, states))[:limit]:
+            turns = [m.get("content", "") if m.get("role") == "assistant" else f"[{m.get('role')}] {m.get('content')}"
+                     for m in st.message_log[len(d.message_log):]]
+            out.append({"task_name": d.task_name, "prompt": "".join(m.get("content", "") for m in d.message_log),
+                        "completion": "\n".join(turns), "reward": float(st.reward), "ground_truth": d.ground_truth})
+        return out
 
     # ---- rollout ---------------------------------------------------------------------------------
     def env(self, task_name: str):
@@ -101,6 +115,7 @@ class RolloutWorker:
             greedy=greedy,
             generator=self.generator,
         )
+        self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
