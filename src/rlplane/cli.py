@@ -110,6 +110,7 @@ def cmd_sft(args) -> int:
     s = build_session(cfg, quiet=args.quiet)
     try:
         state = s._warm_up()
+        s.write_config()
         from rlplane.workers.base import load_configured_policy
 
         model, tok = load_configured_policy(cfg)

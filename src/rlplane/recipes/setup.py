@@ -192,6 +192,7 @@ class Session:
         self.ckpt = CheckpointManager(self.paths.checkpoint_dir, ck.keep_top_k, ck.metric_name, ck.higher_is_better)
         # Tokenizer, data and the checkpoint to resume first: their errors surface before anything slow starts.
         model, self.tokenizer = load_configured_policy(cfg)
+        self._resume_state: dict = {}
         self._resume_from = self._check_resume(model) if ck.resume else None
         del model
         self.train_loader, self.val_datums, self.data_stats = build_datasets(cfg, self.tokenizer)
@@ -210,7 +211,6 @@ class Session:
         )
         self.loss_kwargs = cfg.loss_fn.model_dump()
         self.logger = MetricsLogger(self.paths.log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled)
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))  # only once every check passed
         self.policy = None
         self.value = None
         self.rollout_worker = None
@@ -318,10 +318,12 @@ class Session:
         if latest is None:
             return None
         self.ckpt.load_info(latest)
-        for name in ("dataloader.pt", "rng.pt", "policy/optimizer.pt"):
-            if not (latest / name).is_file():
-                raise CheckpointError(f"checkpoint {latest}: {name} is missing (an incomplete checkpoint); delete "
-                                      f"{latest} to resume from the one before")
+        if not (latest / "policy" / "optimizer.pt").is_file():
+            raise CheckpointError(f"checkpoint {latest}: policy/optimizer.pt is missing (an incomplete checkpoint); "
+                                  f"delete {latest} to resume from the one before")
+        # Small: read them now, so that a damaged one is an error before any worker starts.
+        self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
+                              "rng": load_torch_state(latest / "rng.pt")}
         fix = (f"resume with the policy settings of the run that wrote it ({latest / 'config.yaml'}), or start a new "
                "run_dir")
         check_weights_fit(model, latest / "policy" / "weights", fix)
@@ -330,23 +332,19 @@ class Session:
         return latest
 
     def resume_or_warm_up(self) -> int:
+        """Load the checkpoint found at start-up (or warm up and start fresh workers); returns the step
+        to continue from. Only once that worked is anything of an earlier run touched."""
         cfg = self.cfg
         latest = self._resume_from
-        if cfg.checkpointing.resume:
-            # The killed stretch's rows (past the checkpoint) are redone: drop them; with nothing to
-            # resume the run starts over and keeps none.
-            step = self.ckpt.load_info(latest)["step"] if latest is not None else -1
-            if dropped := self.logger.drop_after(step):
-                self.say(f"dropped {dropped} metrics rows of the stretch after the checkpoint (they are redone)")
         if latest is not None:
             self._start_workers(init_state=None)
             info = self.ckpt.load_info(latest)
             self.policy.run("load", str(latest / "policy"))
             if self.value is not None:
                 self.value.run("load", str(latest / "value"))
-            self.train_loader.load_state_dict(load_torch_state(latest / "dataloader.pt"))
+            self.train_loader.load_state_dict(self._resume_state["dataloader"])
             self._train_iter = iter(self.train_loader)
-            rng = load_torch_state(latest / "rng.pt")
+            rng = self._resume_state["rng"]
             torch.set_rng_state(rng["torch"])
             self.rollout("set_rng_state", rng["rollout"])
             self.initial_validation = info.get("initial_validation", {})
@@ -354,10 +352,23 @@ class Session:
             self._stale = self._rollout_remote or self._refit_local
             self.resumed_from = latest
             self.say(f"resumed from {latest} at step {info['step']}")
-            return int(info["step"])
-        init_state = self._warm_up() if cfg.warmup.enabled else None
-        self._start_workers(init_state)
-        return 0
+            step = int(info["step"])
+        else:
+            init_state = self._warm_up() if cfg.warmup.enabled else None
+            self._start_workers(init_state)
+            step = 0
+        if cfg.checkpointing.resume:
+            # The killed stretch's rows (past the checkpoint) are redone: drop them; with nothing to
+            # resume the run starts over and keeps none.
+            if dropped := self.logger.drop_after(step if latest is not None else -1):
+                self.say(f"dropped {dropped} metrics rows logged after the checkpoint (those steps are redone)")
+        self.write_config()
+        return step
+
+    def write_config(self) -> None:
+        """``run_dir/config.yaml``: written once the run has really started (a run that failed its
+        checks leaves none, so running it again is not refused as an earlier run)."""
+        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
 
     def _warm_up(self) -> dict:
         cfg = self.cfg

@@ -274,6 +274,8 @@ def load_torch_state(path: str | os.PathLike):
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: delete it "
                               "(resume then starts from the one before)") from None
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a damaged file
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # torch's first sentence is the useful part (the rest advises weights_only=False: not for damage).
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        reason = f"{type(e).__name__}: {text.split('. ')[0]}" if text else type(e).__name__
         raise CheckpointError(f"checkpoint file {path} is damaged ({reason}); delete the checkpoint it belongs to "
                               "(resume then starts from the one before)") from None
