@@ -164,8 +164,6 @@ class CheckpointManager:
             fsync_dir(self.dir)
         return done
 
-    clean_partial = repair  # the older name
-
     def _metric(self, step: int) -> float | None:
         info = self.load_info(self.path(step))
         v = info.get("metrics", {}).get(self.metric_name)
