@@ -53,8 +53,17 @@ class OptimizerConfig(StrictModel):
 
     lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimizerConfig":
+        # torch checks this only at the first optimizer step, after the warm-up has run.
+        bad = [f"betas[{i}] = {b:g}" for i, b in enumerate(self.betas) if not 0.0 <= b < 1.0]
+        if bad:
+            raise ValueError(f"betas = {list(self.betas)}: {', '.join(bad)} is outside [0, 1); Adam's betas are decay "
+                             "rates, e.g. [0.9, 0.999]")
+        return self
 
 
 class SchedulerConfig(StrictModel):
@@ -446,6 +455,13 @@ class RunConfig(StrictModel):
         if self.runtime == "ray" and self.data_plane.backend == "memory":
             errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
                           "in-process memory); set data_plane.backend=ray")
+        if p.generation.max_new_tokens >= p.max_total_sequence_length:
+            # A prompt has at least one token, so a response never gets max_new_tokens: it would be cut silently.
+            errors.append(
+                f"policy.generation.max_new_tokens = {p.generation.max_new_tokens} leaves no room for a prompt in "
+                f"policy.max_total_sequence_length = {p.max_total_sequence_length} (prompt + response); raise "
+                f"max_total_sequence_length above max_new_tokens + the longest prompt, or lower max_new_tokens"
+            )
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
         if name == "grpo":

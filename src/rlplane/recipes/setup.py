@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlplane.config.loading import dump_config
+from rlplane.config.loading import ConfigError, dump_config
 from rlplane.config.schema import RunConfig
 from rlplane.data import (
     ArithmeticDataset,
@@ -35,9 +35,16 @@ from rlplane.envs.demonstrations import warmup_examples
 from rlplane.envs.user import check_user_tasks, import_path_env, register_user_tasks, user_task_error_in
 from rlplane.recipes.sft import supervised_warmup
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
-from rlplane.utils.checkpoint import CheckpointManager
+from rlplane.utils.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    check_weights_fit,
+    load_torch_state,
+    weight_shapes,
+)
 from rlplane.utils.logging import MetricsLogger, text_table
 from rlplane.utils.progress import Progress
+from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.trackers import make_trackers
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.policy import PolicyWorker
@@ -111,6 +118,58 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
     return loader, val, stats
 
 
+# CPUs each Ray actor asks for (``_start_workers``, async GRPO's collector).
+RAY_CPUS_POLICY_RANK, RAY_CPUS_ROLLOUT, RAY_CPUS_CRITIC_RANK, RAY_CPUS_COLLECTOR = 0.5, 0.5, 0.25, 0.5
+# An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
+ACTOR_START_TIMEOUT_S = 300.0
+
+
+def ray_cpu_demand(cfg: RunConfig, uses_critic: bool) -> float:
+    """CPUs the run's Ray actors ask for together; Ray never schedules an actor it cannot fit, so a
+    demand above the cluster's CPUs would wait forever."""
+    n = cfg.policy.dp_size
+    demand = n * RAY_CPUS_POLICY_RANK + RAY_CPUS_ROLLOUT
+    if uses_critic:
+        demand += n * RAY_CPUS_CRITIC_RANK
+    if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled:
+        demand += RAY_CPUS_COLLECTOR
+    return demand
+
+
+def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float | None = None) -> None:
+    """A one-line :class:`ConfigError` when the actors cannot all fit the Ray cluster's CPUs
+    (``cluster_cpus``, default ``ray.cluster_resources()``)."""
+    if cluster_cpus is None:
+        import ray
+
+        cluster_cpus = float(ray.cluster_resources().get("CPU", 0))
+    demand = ray_cpu_demand(cfg, uses_critic)
+    if demand > cluster_cpus:
+        parts = f"{RAY_CPUS_POLICY_RANK:g} per policy rank + {RAY_CPUS_ROLLOUT:g} rollout"
+        parts += f" + {RAY_CPUS_CRITIC_RANK:g} per critic rank" if uses_critic else ""
+        parts += f" + {RAY_CPUS_COLLECTOR:g} collector" if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else ""
+        raise ConfigError([
+            f"policy.dp_size = {cfg.policy.dp_size}: the Ray actors need {demand:g} CPUs ({parts}) but the Ray cluster "
+            f"has {cluster_cpus:g}; lower policy.dp_size, or give Ray more CPUs (cluster.num_cpus, cluster.address)"
+        ])
+
+
+def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None:
+    """Wait until every actor answers ``ping`` (its constructor finished); a one-line error after
+    ``timeout_s`` instead of a hang when one can never be scheduled."""
+    import ray
+
+    refs = [a.ping.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        raise ConfigError([
+            f"runtime=ray: {len(refs) - len(ready)} of {len(refs)} worker actors did not start within {timeout_s:g} s "
+            "(the Ray cluster lacks free CPUs or memory for them); free the cluster, lower policy.dp_size, or give Ray "
+            "more (cluster.num_cpus, cluster.address)"
+        ])
+    ray.get(ready)  # a constructor that raised raises here
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -122,10 +181,10 @@ class Session:
         self.cfg = cfg
         self.quiet = quiet
         self.progress = Progress(cfg.loop.max_num_steps, cfg.algorithm, cfg.logger.log_every_n_steps,
-                                 enabled=not quiet, bar=cfg.logger.progress_bar)
-        self.run_dir = Path(cfg.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+                                 enabled=not quiet, bar=cfg.logger.progress_bar)  # before anything that may say()
+        # Absolute, created and writable, and no earlier run there unless resuming: checked first.
+        self.paths = prepare_run_paths(cfg)
+        self.run_dir = self.paths.run_dir
         torch.set_num_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self.initial_validation: dict[str, float] = {}
@@ -133,33 +192,35 @@ class Session:
         self._stale = False
         self._refit_local = False
         self._t_start = time.perf_counter()
-        # Tokenizer and data first: data errors should surface before anything slow starts.
-        _, self.tokenizer = load_configured_policy(cfg)
+        ck = cfg.checkpointing
+        self.ckpt = CheckpointManager(self.paths.checkpoint_dir, ck.keep_top_k, ck.metric_name, ck.higher_is_better)
+        # Tokenizer, data and the checkpoint to resume first: their errors surface before anything slow starts.
+        model, self.tokenizer = load_configured_policy(cfg)
+        self._resume_state: dict = {}
+        self._resume_from = self._check_resume(model) if ck.resume else None
+        del model
         self.train_loader, self.val_datums, self.data_stats = build_datasets(cfg, self.tokenizer)
         if self.data_stats.get("skipped_overlong"):
             self.say(f"skipped {self.data_stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
         self._train_iter = iter(self.train_loader)
         check_user_tasks(cfg.env, [*self.val_datums, *getattr(self.train_loader.dataset, "datums", [])])
+        # PPO with GAE trains a critic; GRPO and PPO's raw_reward estimator do not.
+        self.uses_critic = cfg.algorithm == "ppo" and cfg.ppo.adv_estimator.name == "gae"
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address)
+        if cfg.runtime == "ray":
+            check_ray_resources(cfg, self.uses_critic)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
         self.needs_reference = (
             cfg.loss_fn.reference_policy_kl_penalty != 0 and not cfg.loop.skip_reference_policy_logprobs_calculation
         )
         self.loss_kwargs = cfg.loss_fn.model_dump()
-        ck = cfg.checkpointing
-        self.ckpt = CheckpointManager(
-            ck.checkpoint_dir or self.run_dir / "checkpoints", ck.keep_top_k, ck.metric_name, ck.higher_is_better
-        )
-        log_dir = Path(cfg.logger.log_dir or self.run_dir / "logs")
-        trackers = make_trackers(cfg.logger, self.run_dir.name, log_dir, cfg.model_dump(mode="json"))
-        self.logger = MetricsLogger(log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled, trackers)
+        trackers = make_trackers(cfg.logger, self.run_dir.name, self.paths.log_dir, cfg.model_dump(mode="json"))
+        self.logger = MetricsLogger(self.paths.log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled, trackers)
         # (kind, rows) sample tables waiting for the next log() (validation and training samples), and
         # the last step logged (training samples are due by step).
         self.pending_samples: list[tuple[str, list[dict]]] = []
         self.last_logged_step = 0
-        # PPO with GAE trains a critic; GRPO and PPO's raw_reward estimator do not.
-        self.uses_critic = cfg.algorithm == "ppo" and cfg.ppo.adv_estimator.name == "gae"
         self.policy = None
         self.value = None
         self.rollout_worker = None
@@ -195,17 +256,19 @@ class Session:
         else:
             import ray
 
-            self.policy = RayGroup(PolicyWorker, kwargs, num_cpus=0.5)
+            self.policy = RayGroup(PolicyWorker, kwargs, num_cpus=RAY_CPUS_POLICY_RANK)
+            await_actors(self.policy.workers)
             if n > 1:
                 address = ray.get(self.policy.workers[0].node_address.remote())
                 self.policy.run("setup_distributed", address)
             if self.uses_critic:
                 # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
-                self.value = RayGroup(ValueWorker, kwargs, num_cpus=0.25)
+                self.value = RayGroup(ValueWorker, kwargs, num_cpus=RAY_CPUS_CRITIC_RANK)
+                await_actors(self.value.workers)
                 if n > 1:  # its own gloo group: every actor is its own process
                     self.value.run("setup_distributed", ray.get(self.value.workers[0].node_address.remote()))
-            remote = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE",
-                                                                             **import_path_env()}})(RolloutWorker)
+            remote = ray.remote(num_cpus=RAY_CPUS_ROLLOUT, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE",
+                                                                                  **import_path_env()}})(RolloutWorker)
             self.rollout_worker = remote.remote(cfg, self.data_plane, seed=cfg.loop.seed)
             self._rollout_remote = True
             self._stale = True  # the rollout actor built its own weights: push the policy's now
@@ -256,22 +319,43 @@ class Session:
             return next(self._train_iter)
 
     # ---- warm-up or resume -----------------------------------------------------------------------
+    def _check_resume(self, model: torch.nn.Module) -> Path | None:
+        """Repair what a crash mid-save left, then check the latest checkpoint on the driver (its info,
+        its files, its weights' names and shapes against ``model``) so that a damaged checkpoint or a
+        different model shape is a one-line error before any worker starts. Returns it (or None)."""
+        for what in self.ckpt.repair():
+            self.say(f"checkpoint {what}")
+        latest = self.ckpt.latest()
+        if latest is None:
+            return None
+        self.ckpt.load_info(latest)
+        if not (latest / "policy" / "optimizer.pt").is_file():
+            raise CheckpointError(f"checkpoint {latest}: policy/optimizer.pt is missing (an incomplete checkpoint); "
+                                  f"delete {latest} to resume from the one before")
+        # Small: read them now, so that a damaged one is an error before any worker starts.
+        self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
+                              "rng": load_torch_state(latest / "rng.pt")}
+        fix = (f"resume with the policy settings of the run that wrote it ({latest / 'config.yaml'}), or start a new "
+               "run_dir")
+        check_weights_fit(model, latest / "policy" / "weights", fix)
+        if (latest / "value" / "weights").is_dir():
+            weight_shapes(latest / "value" / "weights")  # damaged or truncated: say so now
+        return latest
+
     def resume_or_warm_up(self) -> int:
+        """Load the checkpoint found at start-up (or warm up and start fresh workers); returns the step
+        to continue from. Only once that worked is anything of an earlier run touched."""
         cfg = self.cfg
-        latest = self.ckpt.latest() if cfg.checkpointing.resume else None
-        if cfg.checkpointing.resume:
-            removed = self.ckpt.clean_partial()
-            if removed:
-                self.say(f"removed incomplete checkpoint(s) {', '.join(removed)}")
+        latest = self._resume_from
         if latest is not None:
             self._start_workers(init_state=None)
             info = self.ckpt.load_info(latest)
             self.policy.run("load", str(latest / "policy"))
             if self.value is not None:
                 self.value.run("load", str(latest / "value"))
-            self.train_loader.load_state_dict(torch.load(latest / "dataloader.pt", weights_only=True))
+            self.train_loader.load_state_dict(self._resume_state["dataloader"])
             self._train_iter = iter(self.train_loader)
-            rng = torch.load(latest / "rng.pt", weights_only=True)
+            rng = self._resume_state["rng"]
             torch.set_rng_state(rng["torch"])
             self.rollout("set_rng_state", rng["rollout"])
             self.initial_validation = info.get("initial_validation", {})
@@ -280,10 +364,23 @@ class Session:
             self.resumed_from = latest
             self.last_logged_step = int(info["step"])
             self.say(f"resumed from {latest} at step {info['step']}")
-            return int(info["step"])
-        init_state = self._warm_up() if cfg.warmup.enabled else None
-        self._start_workers(init_state)
-        return 0
+            step = int(info["step"])
+        else:
+            init_state = self._warm_up() if cfg.warmup.enabled else None
+            self._start_workers(init_state)
+            step = 0
+        if cfg.checkpointing.resume:
+            # The killed stretch's rows (past the checkpoint) are redone: drop them; with nothing to
+            # resume the run starts over and keeps none.
+            if dropped := self.logger.drop_after(step if latest is not None else -1):
+                self.say(f"dropped {dropped} metrics rows logged after the checkpoint (those steps are redone)")
+        self.write_config()
+        return step
+
+    def write_config(self) -> None:
+        """``run_dir/config.yaml``: written once the run has really started (a run that failed its
+        checks leaves none, so running it again is not refused as an earlier run)."""
+        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
 
     def _warm_up(self) -> dict:
         cfg = self.cfg

@@ -181,13 +181,13 @@ class PolicyWorker(DPTrainWorker):
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
     def load(self, path: str) -> None:
-        from safetensors.torch import load_file
+        from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
-        weights = load_file(os.path.join(path, "weights", "model.safetensors"))
-        missing, _ = self.model.load_state_dict(weights, strict=False)
-        # Tied embeddings are saved once; everything else must be present.
-        assert all("lm_head" in k for k in missing), f"checkpoint {path} lacks weights: {missing}"
-        state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
+        weights_dir = os.path.join(path, "weights")
+        check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
+        # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
+        self.model.load_state_dict(load_weights(weights_dir), strict=False)
+        state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.reference is not None and "reference" in state:

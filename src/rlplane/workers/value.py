@@ -137,9 +137,11 @@ class ValueWorker(DPTrainWorker):
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
     def load(self, path: str) -> None:
-        from safetensors.torch import load_file
+        from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
-        self.model.load_state_dict(load_file(os.path.join(path, "weights", "model.safetensors")))
-        state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
+        weights_dir = os.path.join(path, "weights")
+        check_weights_fit(self.model, weights_dir, "resume with the run's own value settings (its config.yaml)")
+        self.model.load_state_dict(load_weights(weights_dir))
+        state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
