@@ -253,7 +253,8 @@ class AsyncTrajectoryCollector:
         t0 = time.perf_counter()
         try:
             self._scratch.register_partition(SCRATCH, COLUMNS, len(datums) * G)
-            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH)
+            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH,
+                                                                weight_version=version)
             cols = self._scratch.get_samples(meta, SCRATCH, COLUMNS)  # (B, T) padded
             self._scratch.clear_samples(meta, SCRATCH)
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit

@@ -227,6 +227,7 @@ def run_training(cfg: RunConfig, step_fn: Callable[[Session, int], dict[str, flo
         end = last_step(s)
         done = start
         for step in range(start, end):
+            s.rollout("set_weight_version", step)  # samples are seeded by (key, weight version = step)
             try:
                 metrics = step_fn(s, step)
             except DataExhausted as e:

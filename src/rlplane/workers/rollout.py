@@ -6,6 +6,11 @@ columns under those keys in one put. The driver gets back the receipt (:class:`K
 small per-row carry: rewards, group index, truncation, lengths, and the environments' reward
 components as ``reward/<name>``. Nothing else crosses to the driver.
 
+Sampling is seeded per sample (with a backend that supports it: ``hf``): the sample
+``(draw of the prompt, i-th of its group)`` under weight version ``v`` gets the seed
+``sample_seed(run seed, sample key, v)`` (:func:`sample_keys`), so it draws the same tokens
+whatever batch or worker generates it and in whatever order.
+
 Columns written (per-token ones are jagged, length = prompt + response):
   input_ids            prompt + response token ids (multi-turn: prompt, responses and observations)
   token_mask           1 on generated tokens (the ones trained on), 0 on prompt and observation tokens
@@ -25,6 +30,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
+from rlplane.generation.sampling import sample_seed
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
 
@@ -35,6 +41,16 @@ def group_keys(num_groups: int, group_size: int) -> list[str]:
     return [f"{uid}_g{i}" for uid in uids for i in range(group_size)]
 
 
+def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> list[str]:
+    """The sampling key of each row, group-major: ``{stream}/e{epoch}/p{idx}_g{i}``.
+
+    A prompt draw is named by its dataset position and the epoch that drew it (not by a uuid, which
+    would differ between runs); ``stream`` keeps training and held-out prompts (whose ``idx`` count
+    from 0 in their own set) apart.
+    """
+    return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0):
         self.cfg, self.dp = cfg, data_plane
@@ -43,13 +59,19 @@ class RolloutWorker:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
         self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
+        self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
+        self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
         self._envs: dict[str, object] = {}
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.backend.update_weights(state_dict)
+
+    def set_weight_version(self, version: int) -> None:
+        """The weight version the next rollouts are seeded with (the step whose weights sample them)."""
+        self.weight_version = int(version)
 
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -91,15 +113,22 @@ class RolloutWorker:
         group_size: int,
         partition_id: str | None,
         greedy: bool = False,
+        weight_version: int | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
 
         With a ``partition_id`` the columns go to the data plane and the receipt is returned;
-        without one (validation) only the carry comes back.
+        without one (validation) only the carry comes back. Sampling is seeded by each row's
+        :func:`sample_keys` and ``weight_version`` (default: the one set by :meth:`set_weight_version`).
         """
         gen = self.cfg.policy.generation
         rows = [d for d in datums for _ in range(group_size)]
+        version = self.weight_version if weight_version is None else int(weight_version)
+        row_seeds = None
+        if getattr(self.backend, "supports_row_seeds", False) and not greedy:
+            keys = sample_keys(datums, group_size, "heldout" if partition_id is None else "train")
+            row_seeds = [sample_seed(self.run_seed, k, version) for k in keys]
         res = run_turns(
             self.backend,
             self.tokenizer,
@@ -114,6 +143,7 @@ class RolloutWorker:
             top_k=gen.top_k,
             greedy=greedy,
             generator=self.generator,
+            row_seeds=row_seeds,
         )
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {

@@ -114,12 +114,14 @@ def run_turns(
     max_total_sequence_length: int,
     max_new_tokens: int,
     stop_strings: Sequence[str] | None = None,
+    row_seeds: Sequence[int] | None = None,
     **sampling: Any,
 ) -> TurnsResult:
     """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
 
     ``env_for(task_name)`` returns that task's environment; ``sampling`` goes to ``backend.generate``
-    (temperature, top_p, top_k, greedy, generator).
+    (temperature, top_p, top_k, greedy, generator). ``row_seeds`` (one per datum) go with their rows
+    to every turn's call: the backend draws by position in the sequence, which grows across turns.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -151,6 +153,7 @@ def run_turns(
             [states[i].input_ids for i in active],
             max_new_tokens=min(max_new_tokens, max(rooms)),
             stop_strings=_row_stop_strings(stop_strings, [states[i].stop_strings for i in active]),
+            **({} if row_seeds is None else {"row_seeds": [row_seeds[i] for i in active]}),
             **sampling,
         )
         for i, room, ids, lps, reason in zip(active, rooms, out.output_ids, out.logprobs, out.finish_reasons):
