@@ -3,8 +3,14 @@
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
 prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`), mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
 columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
-small per-row carry: rewards, group index, truncation, lengths, and the environments' reward
-components as ``reward/<name>``. Nothing else crosses to the driver.
+small per-row carry: rewards, group index, truncation, environment failure, lengths, and the
+environments' reward components as ``reward/<name>``. Nothing else crosses to the driver.
+
+A failed environment step (it raised, or returned something malformed for the sample) follows
+``{grpo,ppo}.rollout_failure_policy``: ``zero_reward`` and ``drop_group`` score it 0 here (the
+driver then drops the group for ``drop_group``), ``retry`` re-runs it on a fresh environment first
+(:meth:`RolloutWorker.renew_env`). Metrics ``rollout_failures`` (samples failed after retries) and
+``rollout_retries`` (environment steps re-run).
 
 Sampling is seeded per sample (with a backend that supports it: ``hf``): the sample
 ``(draw of the prompt, i-th of its group)`` under weight version ``v`` gets the seed
@@ -106,6 +112,15 @@ class RolloutWorker:
             self._envs[task_name] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
         return self._envs[task_name]
 
+    def renew_env(self, task_name: str):
+        """A fresh environment for ``task_name`` in place of the kept one (closed): a failed step's retry
+        should not reuse an instance that may be in a broken state (a dead verifier pool, say)."""
+        old = self._envs.pop(task_name, None)
+        close = getattr(old, "close", None)
+        if close is not None:
+            close()
+        return self.env(task_name)
+
     def rollout(
         self,
         datums: Sequence[DatumSpec],
@@ -144,12 +159,15 @@ class RolloutWorker:
             greedy=greedy,
             generator=self.generator,
             row_seeds=row_seeds,
+            renew_env=self.renew_env,
+            max_env_retries=self.cfg.loop.rollout_max_retries if self.cfg.loop.rollout_failure_policy == "retry" else 0,
         )
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
             "truncated": res.truncated,
+            "env_failed": res.env_failed,  # for rollout_failure_policy: drop_group
             "loss_multiplier": torch.tensor([d.loss_multiplier for d in rows], dtype=torch.float32),
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
@@ -160,8 +178,10 @@ class RolloutWorker:
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
+        metrics = {**res.metrics, "rollout_failures": res.metrics["env_errors"],
+                   "rollout_retries": res.metrics["env_retries"]}
         if partition_id is None:
-            return None, carry, res.metrics
+            return None, carry, metrics
         keys = group_keys(len(datums), group_size)
         meta = self.dp.put_samples(
             keys,
@@ -169,4 +189,4 @@ class RolloutWorker:
             {"input_ids": res.input_ids, "token_mask": res.token_mask, "generation_logprobs": res.generation_logprobs},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
-        return meta, carry, res.metrics
+        return meta, carry, metrics
