@@ -26,8 +26,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.models.loading import ModelLoadError
     from rlplane.recipes.common import TrainingStopped
+    from rlplane.workers.deadlines import DeadlineExceeded
 
-    return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped)
+    return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
+            DeadlineExceeded)
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

@@ -96,3 +96,49 @@ def test_retry_logs_retries(tmp_path, monkeypatch, flaky_env):
     for r in rows:  # the failing prompts fail again on a fresh environment: one retry each, then 0
         assert r["train/rollout_retries"] == r["train/rollout_failures"] and r["train/dropped_groups"] == 0
     assert sum(r["train/rollout_retries"] for r in rows) > 0
+
+
+class HangingEnv:
+    forever = __import__("threading").Event()
+
+    def step(self, message_logs, metadata):
+        self.forever.wait()
+
+
+def test_hanging_environment_ends_the_run_with_one_line(tmp_path, capsys):
+    import time
+
+    from rlplane.cli import main
+
+    saved = dict(ENV_REGISTRY)
+    register_env("arithmetic", HangingEnv)
+    try:
+        t0 = time.monotonic()
+        rc = main(["train", *SMALL, f"run_dir={tmp_path}", "env.step_timeout_s=1"])
+        assert time.monotonic() - t0 < 30
+    finally:
+        ENV_REGISTRY.clear()
+        ENV_REGISTRY.update(saved)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("rlplane: error: environment 'arithmetic': step on 32 samples did not return within 1 s")
+    assert "env.step_timeout_s" in err[0]
+
+
+def test_hanging_environment_stops_async_grpo(tmp_path):
+    import time
+
+    from rlplane.recipes import async_grpo
+
+    saved = dict(ENV_REGISTRY)
+    register_env("arithmetic", HangingEnv)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TrainingStopped, match=r"async collector: environment 'arithmetic'.*env.step_timeout_s") as e:
+            async_grpo.train(load_config(None, [*SMALL, f"run_dir={tmp_path}", "env.step_timeout_s=1",
+                                                "grpo.async_grpo.enabled=true",
+                                                "loss_fn.use_importance_sampling_correction=true"]), quiet=True)
+        assert time.monotonic() - t0 < 30 and "\n" not in str(e.value)
+    finally:
+        ENV_REGISTRY.clear()
+        ENV_REGISTRY.update(saved)

@@ -15,7 +15,8 @@ The trainer brackets each refit with :meth:`prepare_for_refit` (no new generatio
 batch in flight finishes: the ``hf`` backend cannot swap weights mid-batch) and
 :meth:`resume_after_refit`. Failed generation batches are retried, their prompts put back;
 after more than ``max_generation_failures`` in a row the collector stops and :meth:`health`
-returns the error for the trainer to raise. With ``grpo.rollout_failure_policy: drop_group`` a
+returns the error for the trainer to raise; a call past its deadline (``env.step_timeout_s``,
+``policy.generation.timeout_s``: :mod:`rlplane.workers.deadlines`) stops it at once. With ``grpo.rollout_failure_policy: drop_group`` a
 group holding a failed sample is not buffered (another is generated in its place); a batch that
 loses every group counts as a failed batch.
 
@@ -40,6 +41,7 @@ from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup,
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import make_data_plane
+from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
 # The rollout worker writes its columns to a private in-process data plane, from which whole groups are cut.
@@ -260,6 +262,11 @@ class AsyncTrajectoryCollector:
                                                                 weight_version=version)
             cols = self._scratch.get_samples(meta, SCRATCH, COLUMNS)  # (B, T) padded
             self._scratch.clear_samples(meta, SCRATCH)
+        except DeadlineExceeded as e:  # a hung generator or environment: no retry, the run stops
+            self._pending.extendleft(reversed(datums))
+            self._error = f"async collector: {e}"
+            self._stop = True
+            return
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
             self._pending.extendleft(reversed(datums))  # not lost: the retry takes them first
             self._failures += 1

@@ -37,6 +37,10 @@ class GenerationConfig(StrictModel):
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    timeout_s: float | None = Field(
+        1800.0, gt=0, description="Seconds one generate call (a turn of a rollout batch) may take before the run "
+        "stops with an error (null = wait forever)."
+    )
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:

@@ -161,6 +161,8 @@ class RolloutWorker:
             row_seeds=row_seeds,
             renew_env=self.renew_env,
             max_env_retries=self.cfg.loop.rollout_max_retries if self.cfg.loop.rollout_failure_policy == "retry" else 0,
+            env_step_timeout_s=self.cfg.env.step_timeout_s,
+            generation_timeout_s=gen.timeout_s,
         )
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {

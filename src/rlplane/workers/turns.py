@@ -49,6 +49,7 @@ import torch
 
 from rlplane.data.datum import DatumSpec
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
+from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ def run_turns(
     row_seeds: Sequence[int] | None = None,
     renew_env: Callable[[str], Any] | None = None,
     max_env_retries: int = 0,
+    env_step_timeout_s: float | None = None,
+    generation_timeout_s: float | None = None,
     **sampling: Any,
 ) -> TurnsResult:
     """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
@@ -128,7 +131,9 @@ def run_turns(
     (temperature, top_p, top_k, greedy, generator). ``row_seeds`` (one per datum) go with their rows
     to every turn's call: the backend draws by position in the sequence, which grows across turns.
     ``renew_env(task_name)`` gives a fresh environment for the ``max_env_retries`` re-runs of a
-    failed environment step (``rollout_failure_policy: retry``).
+    failed environment step (``rollout_failure_policy: retry``). A ``generate`` call or an
+    environment step that runs past its timeout raises :class:`DeadlineExceeded`
+    (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -156,12 +161,16 @@ def run_turns(
             break
         rooms = [max_total - len(states[i].input_ids) for i in active]
         # One generate call for all active rows: the longest room bounds it, each row is cut to its own below.
-        out = backend.generate(
-            [states[i].input_ids for i in active],
-            max_new_tokens=min(max_new_tokens, max(rooms)),
-            stop_strings=_row_stop_strings(stop_strings, [states[i].stop_strings for i in active]),
-            **({} if row_seeds is None else {"row_seeds": [row_seeds[i] for i in active]}),
-            **sampling,
+        out = call_with_deadline(
+            lambda: backend.generate(
+                [states[i].input_ids for i in active],
+                max_new_tokens=min(max_new_tokens, max(rooms)),
+                stop_strings=_row_stop_strings(stop_strings, [states[i].stop_strings for i in active]),
+                **({} if row_seeds is None else {"row_seeds": [row_seeds[i] for i in active]}),
+                **sampling,
+            ),
+            generation_timeout_s, f"rollout worker: generation of {len(active)} samples (turn {turn + 1})",
+            "policy.generation.timeout_s",
         )
         for i, room, ids, lps, reason in zip(active, rooms, out.output_ids, out.logprobs, out.finish_reasons):
             s = states[i]
@@ -173,7 +182,7 @@ def run_turns(
             s.finish_reason = reason
             s.message_log.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True),
                                   "token_ids": list(ids), "generation_logprobs": lps})
-        failed, retried = _step_envs(states, active, env_for, renew_env, max_env_retries)
+        failed, retried = _step_envs(states, active, env_for, renew_env, max_env_retries, env_step_timeout_s)
         env_errors, env_retries = env_errors + failed, env_retries + retried
         last_turn = turn == max_turns - 1
         for i in active:
@@ -206,6 +215,7 @@ def _step_envs(
     env_for: Callable[[str], Any],
     renew_env: Callable[[str], Any] | None = None,
     max_retries: int = 0,
+    timeout_s: float | None = None,
 ) -> tuple[int, int]:
     """Step each task's environment on its active samples; returns ``(failed, retried)`` sample counts.
 
@@ -214,19 +224,20 @@ def _step_envs(
     (wrong lengths), its samples are stepped one by one, so only the ones that break the
     environment fail. With ``max_retries`` > 0 (``rollout_failure_policy: retry``) the failed samples
     are stepped again, up to that many times, each time on a fresh environment from ``renew_env``;
-    the ones still failing then: reward 0, done, one warning line per task.
+    the ones still failing then: reward 0, done, one warning line per task. A step that does not
+    return within ``timeout_s`` raises :class:`DeadlineExceeded` (never retried: the run stops).
     """
     by_task: dict[str, list[int]] = {}
     for i in active:
         by_task.setdefault(states[i].task_name, []).append(i)
     failed = retried = 0
     for task, rows in by_task.items():
-        problems = _step_task(env_for(task), task, states, rows)
+        problems = _step_task(env_for(task), task, states, rows, timeout_s)
         for _ in range(max_retries if renew_env is not None else 0):
             if not problems:
                 break
             retried += len(problems)
-            problems = _step_task(renew_env(task), task, states, list(problems))
+            problems = _step_task(renew_env(task), task, states, list(problems), timeout_s)
         for i in problems:
             s = states[i]
             s.reward, s.env_error, s.done = 0.0, True, True
@@ -241,16 +252,25 @@ def _step_envs(
     return failed, retried
 
 
-def _step_task(env, task: str, states: list[SampleState], rows: list[int]) -> dict[int, str]:
+def _step_task(env, task: str, states: list[SampleState], rows: list[int], timeout_s: float | None) -> dict[int, str]:
     """Step ``env`` on the samples ``rows`` of ``task``, apply the good returns; the failed samples -> why."""
+
+    def step(batch: list[SampleState]):
+        return call_with_deadline(lambda: _checked_step(env, task, batch), timeout_s,
+                                  f"environment {task!r}: step on {len(batch)} samples", "env.step_timeout_s")
+
     problems: dict[int, str] = {}
     try:
-        outcomes = [(rows, _checked_step(env, task, [states[i] for i in rows]))]
+        outcomes = [(rows, step([states[i] for i in rows]))]
+    except DeadlineExceeded:
+        raise
     except Exception:  # isolate the samples that break the environment
         outcomes = []
         for i in rows:
             try:
-                outcomes.append(([i], _checked_step(env, task, [states[i]])))
+                outcomes.append(([i], step([states[i]])))
+            except DeadlineExceeded:
+                raise
             except Exception as e:
                 problems[i] = f"{type(e).__name__}: {e}"
     for group, (ret, rewards, terminated, sample_problems) in outcomes:
