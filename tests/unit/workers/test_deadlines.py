@@ -89,3 +89,28 @@ def test_quick_calls_are_unchanged_by_the_deadline(env_class):
     worker, datums = worker_and_prompts("env.step_timeout_s=30", "policy.generation.timeout_s=30")
     _, carry, _ = worker.rollout(datums, group_size=2, partition_id=None)
     assert carry["rewards"].tolist() == [1.0] * 8
+
+
+def test_ray_get_deadline_and_unwrapped_error(ray_session):
+    from rlplane.workers.deadlines import ray_get
+
+    @ray_session.remote(num_cpus=0)
+    class Actor:
+        def hang(self):
+            time.sleep(60)
+
+        def hung_inside(self):
+            call_with_deadline(lambda: time.sleep(60), 0.2, "environment 'x': step on 1 samples", "env.step_timeout_s")
+
+    actor = Actor.options(max_concurrency=2).remote()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match=r"^rollout worker did not return within 0.5 s .*policy.generation"):
+            ray_get(actor.hang.remote(), 0.5, "rollout worker", "policy.generation.timeout_s")
+        # A deadline hit inside the actor: its own one line, not Ray's wrapped traceback.
+        with pytest.raises(DeadlineExceeded) as e:
+            ray_get(actor.hung_inside.remote())
+        assert str(e.value).startswith("environment 'x': step on 1 samples did not return within 0.2 s")
+        assert "\n" not in str(e.value) and time.monotonic() - t0 < 30
+    finally:
+        ray_session.kill(actor)
