@@ -84,7 +84,8 @@ def test_drop_group_stops_with_one_line_when_every_group_fails(tmp_path, monkeyp
     register_env("arithmetic", AlwaysFails)
     try:
         with pytest.raises(TrainingStopped, match="rollout_failure_policy = drop_group") as e:
-            run(tmp_path, monkeypatch, "grpo.rollout_failure_policy=drop_group", "grpo.dynamic_sampling_max_gen_batches=2")
+            run(tmp_path, monkeypatch, "grpo.rollout_failure_policy=drop_group",
+                "grpo.dynamic_sampling_max_gen_batches=2")
         assert "\n" not in str(e.value)
     finally:
         ENV_REGISTRY.clear()
@@ -134,7 +135,8 @@ def test_hanging_environment_stops_async_grpo(tmp_path):
     register_env("arithmetic", HangingEnv)
     try:
         t0 = time.monotonic()
-        with pytest.raises(TrainingStopped, match=r"async collector: environment 'arithmetic'.*env.step_timeout_s") as e:
+        hung = r"async collector: environment 'arithmetic'.*env.step_timeout_s"
+        with pytest.raises(TrainingStopped, match=hung) as e:
             async_grpo.train(load_config(None, [*SMALL, f"run_dir={tmp_path}", "env.step_timeout_s=1",
                                                 "grpo.async_grpo.enabled=true",
                                                 "loss_fn.use_importance_sampling_correction=true"]), quiet=True)

@@ -16,9 +16,9 @@ batch in flight finishes: the ``hf`` backend cannot swap weights mid-batch) and
 :meth:`resume_after_refit`. Failed generation batches are retried, their prompts put back;
 after more than ``max_generation_failures`` in a row the collector stops and :meth:`health`
 returns the error for the trainer to raise; a call past its deadline (``env.step_timeout_s``,
-``policy.generation.timeout_s``: :mod:`rlplane.workers.deadlines`) stops it at once. With ``grpo.rollout_failure_policy: drop_group`` a
-group holding a failed sample is not buffered (another is generated in its place); a batch that
-loses every group counts as a failed batch.
+``policy.generation.timeout_s``: :mod:`rlplane.workers.deadlines`) stops it at once. With
+``grpo.rollout_failure_policy: drop_group`` a group holding a failed sample is not buffered
+(another is generated in its place); a batch that loses every group counts as a failed batch.
 
 A plain class: ``runtime: local`` runs its loop in a thread of the driver, ``runtime: ray`` wraps
 it as a threaded actor (its loop in a thread of the actor, the trainer's calls in others).

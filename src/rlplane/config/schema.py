@@ -142,7 +142,9 @@ class RolloutLoopConfig(StrictModel):
         "then scores 0; `drop_group` drops its prompt group from the step and refills from the next prompts (like "
         "dynamic sampling, at most dynamic_sampling_max_gen_batches batches; async: the collector regenerates)."
     )
-    rollout_max_retries: int = Field(2, ge=1, description="Environment re-runs per failed step (rollout_failure_policy: retry).")
+    rollout_max_retries: int = Field(
+        2, ge=1, description="Environment re-runs per failed step (rollout_failure_policy: retry)."
+    )
     skip_reference_policy_logprobs_calculation: bool = Field(
         False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
     )

@@ -79,7 +79,8 @@ def test_hanging_generator_stops_the_rollout(env_class, monkeypatch):
     worker, datums = worker_and_prompts("policy.generation.timeout_s=0.5")
     monkeypatch.setattr(worker.backend, "generate", lambda *a, **k: FOREVER.wait())
     t0 = time.monotonic()
-    with pytest.raises(DeadlineExceeded, match=r"rollout worker: generation of 8 samples .* policy.generation.timeout_s"):
+    hung = r"rollout worker: generation of 8 samples .* policy.generation.timeout_s"
+    with pytest.raises(DeadlineExceeded, match=hung):
         worker.rollout(datums, group_size=2, partition_id=None)
     assert time.monotonic() - t0 < 5
 

@@ -66,8 +66,8 @@ def test_failed_group_keep_mask_hand_computed():
     assert num_failed_groups(group, failed) == 2
     assert failed_group_keep_mask(group, torch.zeros(6, dtype=torch.bool)).all()
     totals = add_failure_counts(dict.fromkeys(("rollout_failures", "rollout_retries", "dropped_groups"), 1.0),
-                                {"rollout_failures": 3.0, "rollout_retries": 2.0}, {"group": group, "env_failed": failed},
-                                drop_failed_groups=True)
+                                {"rollout_failures": 3.0, "rollout_retries": 2.0},
+                                {"group": group, "env_failed": failed}, drop_failed_groups=True)
     assert totals == {"rollout_failures": 4.0, "rollout_retries": 3.0, "dropped_groups": 3.0}
 
 
