@@ -26,10 +26,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.models.loading import ModelLoadError
     from rlplane.recipes.common import TrainingStopped
+    from rlplane.envs.sandbox import SandboxUnavailable
     from rlplane.utils.checkpoint import CheckpointError
+    from rlplane.workers.deadlines import DeadlineExceeded
 
     return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
-            CheckpointError)
+            CheckpointError, DeadlineExceeded, SandboxUnavailable)
 
 
 class _Parser(argparse.ArgumentParser):

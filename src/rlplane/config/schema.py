@@ -37,6 +37,10 @@ class GenerationConfig(StrictModel):
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    timeout_s: float | None = Field(
+        1800.0, gt=0, description="Seconds one generate call (a turn of a rollout batch) may take before the run "
+        "stops with an error (null = wait forever)."
+    )
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
@@ -141,6 +145,15 @@ class RolloutLoopConfig(StrictModel):
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
     batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
     seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. prob error exceeds this.")
+    rollout_failure_policy: Literal["zero_reward", "retry", "drop_group"] = Field(
+        "zero_reward", description="A sample whose environment raises or returns something malformed: `zero_reward` "
+        "scores it 0; `retry` re-runs its environment step on a fresh environment up to rollout_max_retries times, "
+        "then scores 0; `drop_group` drops its prompt group from the step and refills from the next prompts (like "
+        "dynamic sampling, at most dynamic_sampling_max_gen_batches batches; async: the collector regenerates)."
+    )
+    rollout_max_retries: int = Field(
+        2, ge=1, description="Environment re-runs per failed step (rollout_failure_policy: retry)."
+    )
     skip_reference_policy_logprobs_calculation: bool = Field(
         False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
     )

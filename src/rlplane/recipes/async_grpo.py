@@ -27,6 +27,7 @@ import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
 from rlplane.async_rl.collector import COLUMNS
+from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta
 from rlplane.recipes.common import TRAIN_PARTITION, Timer, TrainingStopped, run_training, transform_rewards
@@ -156,6 +157,7 @@ def async_grpo_step(s: Session, step: int) -> dict[str, float]:
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
+    metrics.update(token_age_metrics(*group_token_ages(result.groups, step), g.async_grpo.max_trajectory_age_steps))
 
     # ---- logprobs, advantages, train (shared with sync GRPO), then refit ----------------------------
     out = train_on_rollouts(s, meta, carry, timer, metrics)

@@ -47,6 +47,7 @@ from rlplane.utils.progress import Progress
 from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.trackers import make_trackers
 from rlplane.workers.base import load_configured_policy
+from rlplane.workers.deadlines import ray_get
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.value import ValueWorker
@@ -278,10 +279,8 @@ class Session:
                 raise user_task_error_in(e) or e from None
 
     def rollout(self, method: str, *args, **kwargs):
-        if self._rollout_remote:
-            import ray
-
-            return ray.get(getattr(self.rollout_worker, method).remote(*args, **kwargs))
+        if self._rollout_remote:  # a deadline hit inside the actor comes out as its one line (ray_get)
+            return ray_get(getattr(self.rollout_worker, method).remote(*args, **kwargs))
         return getattr(self.rollout_worker, method)(*args, **kwargs)
 
     def policy_sharded(self, method: str, meta, batch_size: int | None = None, **kwargs) -> list:
