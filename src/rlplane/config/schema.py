@@ -89,8 +89,10 @@ class PolicyConfig(StrictModel):
         description="`embedded:tiny-llama`, `packaged:smollm2-135m-instruct`, a local HF directory, or a hub id "
         "(downloaded only with network and HF_HUB_OFFLINE=0).",
     )
-    precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="`bf16`: forwards under bf16 autocast on CPU (weights and optimizer stay fp32)."
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="`bf16`: forwards under bf16 autocast (weights and optimizer stay fp32); `auto`: bf16 where "
+        "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
     )
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."

@@ -142,5 +142,21 @@ def sample(
     if greedy:
         tokens = logprobs_all.argmax(dim=-1)
     else:
-        tokens = torch.multinomial(logprobs_all.exp(), 1, generator=generator).squeeze(-1)
+        tokens = inverse_cdf_sample(logprobs_all.exp(), generator)
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V), drawn by inverting the cumulative distribution; (B,) long.
+
+    Why not ``torch.multinomial``: for one sample it draws V exponential variates per row (the
+    exponential-race trick), which on a CPU costs ~120 ms per decode step for 64 rows of a 49k
+    vocabulary (a fifth of a SmolLM2 step); this draws one uniform per row. The token is the first
+    index whose cumulative mass exceeds ``u · total`` (``u`` uniform in [0, 1)); a zero-probability
+    token never is, since its cumulative mass equals its predecessor's. The cumsum runs in float64
+    so that the mass of the tail of a 150k vocabulary is not lost to rounding.
+    """
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)  # (B, V)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)  # (B,)
+    return tokens.clamp_(max=probs.shape[-1] - 1)

@@ -15,7 +15,7 @@ import torch
 from rlplane.config.schema import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
-from rlplane.models.precision import set_precision
+from rlplane.models.precision import apply_precision
 from rlplane.utils.metrics import reduce_microbatch_metrics
 
 # (micro-batch slice, global valid tokens, global valid sequences) -> (loss, detached metrics)
@@ -29,7 +29,7 @@ def load_configured_policy(cfg):
     p = cfg.policy
     embedded = p.model_name.startswith("embedded:")
     model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
-    set_precision(model, p.precision)
+    apply_precision(model, p.precision)
     if p.activation_checkpointing:
         # Non-reentrant: works with inputs that do not require grad and with autocast.
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
