@@ -75,3 +75,18 @@ def test_bf16_generation_logprobs_match_bf16_training_logprobs():
         errors.append(torch.exp((train_lp - lp).abs()))
     err = torch.cat(errors).mean().item()
     assert 1.0 <= err < 1.02, err
+
+
+def test_bf16_keeps_the_lm_head_fp32_without_renaming_anything():
+    model, tok = _model(64)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    keys = list(model.state_dict())
+    prec.set_precision(model, "bf16")
+    assert type(model.lm_head) is prec.FP32OutputLinear and list(model.state_dict()) == keys
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # still tied
+    ids = torch.tensor([tok("12+34=46")["input_ids"]])
+    with prec.autocast(model):
+        assert model(ids).logits.dtype == torch.float32
+    prec.set_precision(model, "fp32")
+    assert type(model.lm_head) is torch.nn.Linear
