@@ -104,7 +104,9 @@ class PolicyConfig(StrictModel):
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
-    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker process.")
+    threads_per_worker: int | None = Field(
+        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS if set, else the cores the process may use)."
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")

@@ -41,6 +41,7 @@ from rlplane.workers.base import load_configured_policy
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.value import ValueWorker
+from rlplane.utils.threads import set_worker_threads
 
 
 def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
@@ -121,7 +122,7 @@ class Session:
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}

@@ -28,6 +28,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.precision import autocast
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.utils.threads import set_worker_threads
 
 # Fields the trainer reads from the data plane, and the pad value of each.
 PAD_VALUES = {
@@ -79,7 +80,7 @@ class PolicyWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         self.model, self.tokenizer = load_configured_policy(cfg)
         if init_state is not None:
             self.model.load_state_dict(init_state)
