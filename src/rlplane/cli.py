@@ -106,8 +106,8 @@ def _checkpoint_weights(path: str):
     if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
         ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
     weights = ckpt / "policy" / "weights"
-    if weights.is_dir() and (weights / "config.json").is_file():
-        return weights, ckpt
+    if weights.is_dir() and ((weights / "config.json").is_file() or (weights / "adapter_config.json").is_file()):
+        return weights, ckpt  # full weights, or a LoRA adapter (policy.lora.enabled)
     if (p / "config.json").is_file():
         return p, None
     raise ConfigError([f"--checkpoint {p}: no model there (expected checkpoints/step_N/policy/weights, "
@@ -186,7 +186,13 @@ def cmd_export(args) -> int:
         raise ConfigError([f"--output {out}: exists and is not empty; pick a new directory"])
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(weights, tmp)
+    if (weights / "adapter_config.json").is_file():  # a LoRA checkpoint: merge it into its base model
+        from rlplane.config.loading import load_config
+        from rlplane.models.lora import export_merged
+
+        export_merged(str(ckpt), str(tmp), load_config(str(ckpt / "config.yaml"), []))
+    else:
+        shutil.copytree(weights, tmp)
     if out.exists():
         out.rmdir()
     tmp.rename(out)  # never a half-copied model under the final name

@@ -81,6 +81,20 @@ class TinyModelConfig(StrictModel):
         return self
 
 
+class LoRAConfig(StrictModel):
+    """Low-rank adapters through `peft` (`policy.lora.*`): only the adapters train; generation uses the
+    merged weights; checkpoints hold the adapter; `rlplane export` writes the merged model."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
+    rank: int = Field(8, ge=1, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / rank) · B·A.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Names of the linear layers that get adapters (Llama names by default).",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+
+
 class PolicyConfig(StrictModel):
     """The trained model, its optimizer and how batches are cut."""
 
@@ -94,6 +108,7 @@ class PolicyConfig(StrictModel):
         description="`bf16`: forwards under bf16 autocast (weights and optimizer stay fp32); `auto`: bf16 where "
         "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
     )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."
     )
@@ -452,6 +467,9 @@ class RunConfig(StrictModel):
                 f"policy.train_micro_batch_size = {p.train_micro_batch_size} does not divide the per-rank batch "
                 f"{per_rank} (= train_global_batch_size / dp_size); pick a divisor"
             )
+        if p.lora.enabled and self.warmup.enabled:
+            errors.append("policy.lora.enabled with warmup.enabled: the warm-up trains every weight, which an adapter "
+                          "checkpoint does not hold; set warmup.enabled=false (or policy.lora.enabled=false)")
         if self.runtime == "ray" and self.data_plane.backend == "memory":
             errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
                           "in-process memory); set data_plane.backend=ray")

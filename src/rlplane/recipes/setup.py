@@ -229,7 +229,7 @@ class Session:
     def refit_if_stale(self) -> None:
         """Push the policy's weights into the generator (a separate actor, or a backend with its own copy)."""
         if self._stale and not self._rollout_remote:
-            self.rollout_worker.update_weights(self.policy.workers[0].model.state_dict())
+            self.rollout_worker.update_weights(self.policy.workers[0].get_weights())  # merged, under LoRA
             self._stale = False
         if self._stale:
             import ray

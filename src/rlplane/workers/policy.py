@@ -26,6 +26,7 @@ from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
+from rlplane.models.lora import load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.utils.threads import set_worker_threads
@@ -81,9 +82,7 @@ class PolicyWorker(DPTrainWorker):
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
         set_worker_threads(cfg.policy.threads_per_worker)
-        self.model, self.tokenizer = load_configured_policy(cfg)
-        if init_state is not None:
-            self.model.load_state_dict(init_state)
+        self.model, self.tokenizer = load_configured_policy(cfg, trainable=True, init_state=init_state)
         self.reference = None
         if self._needs_reference():
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -168,7 +167,8 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """What a generator loads: the weights under HF names (merged, under LoRA)."""
+        return policy_weights(self.model)
 
     def save(self, path: str) -> None:
         """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only)."""
@@ -182,12 +182,7 @@ class PolicyWorker(DPTrainWorker):
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
     def load(self, path: str) -> None:
-        from safetensors.torch import load_file
-
-        weights = load_file(os.path.join(path, "weights", "model.safetensors"))
-        missing, _ = self.model.load_state_dict(weights, strict=False)
-        # Tied embeddings are saved once; everything else must be present.
-        assert all("lm_head" in k for k in missing), f"checkpoint {path} lacks weights: {missing}"
+        load_policy_weights(self.model, os.path.join(path, "weights"))  # full weights, or the LoRA adapter
         state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
