@@ -93,7 +93,11 @@ class ModelGenerate:
     def __init__(self, model, tok, dtype):
         import copy
 
-        self.model = copy.deepcopy(model).to(dtype).eval()
+        from rlplane.models.precision import set_precision
+
+        self.model = copy.deepcopy(model)
+        set_precision(self.model, "fp32")  # a plain transformers model: no rlplane autocast, plain lm_head
+        self.model = self.model.to(dtype).eval()
         self.tok = tok
 
     def generate(self, prompts, *, max_new_tokens, seed, **_):

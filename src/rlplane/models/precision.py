@@ -56,7 +56,7 @@ class FP32OutputLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            return super().forward(x.float())
+            return super().forward(x.to(self.weight.dtype))  # fp32 master weights: fp32
 
 
 def set_precision(model: torch.nn.Module, precision: str) -> None:
