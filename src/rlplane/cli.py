@@ -146,6 +146,8 @@ def _checkpoint_weights(path: str):
     if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
         ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
     weights = ckpt / "policy" / "weights"
+    if weights.is_dir() and (weights / "adapter_config.json").is_file():
+        return weights, ckpt  # a LoRA adapter (policy.lora.enabled): export merges it into its base model
     if weights.is_dir() and (weights / "config.json").is_file():
         weight_shapes(weights)  # a damaged or truncated file: one line now, not a traceback in the loader
         return weights, ckpt
@@ -261,7 +263,13 @@ def cmd_export(args) -> int:
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(weights, tmp)
+        if (weights / "adapter_config.json").is_file():  # a LoRA checkpoint: merge it into its base model
+            from rlplane.config.loading import load_config
+            from rlplane.models.lora import export_merged
+
+            export_merged(str(ckpt), str(tmp), load_config(str(ckpt / "config.yaml"), []))
+        else:
+            shutil.copytree(weights, tmp)
         if out.exists():
             out.rmdir()
         tmp.rename(out)  # never a half-copied model under the final name

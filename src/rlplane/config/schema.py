@@ -95,6 +95,20 @@ class TinyModelConfig(StrictModel):
         return self
 
 
+class LoRAConfig(StrictModel):
+    """Low-rank adapters through `peft` (`policy.lora.*`): only the adapters train; generation uses the
+    merged weights; checkpoints hold the adapter; `rlplane export` writes the merged model."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
+    rank: int = Field(8, ge=1, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / rank) · B·A.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Names of the linear layers that get adapters (Llama names by default).",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+
+
 class PolicyConfig(StrictModel):
     """The trained model, its optimizer and how batches are cut."""
 
@@ -103,9 +117,12 @@ class PolicyConfig(StrictModel):
         description="`embedded:tiny-llama`, `packaged:smollm2-135m-instruct`, a local HF directory, or a hub id "
         "(downloaded only with network and HF_HUB_OFFLINE=0).",
     )
-    precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="`bf16`: forwards under bf16 autocast on CPU (weights and optimizer stay fp32)."
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="`bf16`: forwards under bf16 autocast (weights and optimizer stay fp32); `auto`: bf16 where "
+        "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
     )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."
     )
@@ -116,7 +133,9 @@ class PolicyConfig(StrictModel):
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
-    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker process.")
+    threads_per_worker: int | None = Field(
+        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS if set, else the cores the process may use)."
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
@@ -465,6 +484,9 @@ class RunConfig(StrictModel):
                 f"policy.train_micro_batch_size = {p.train_micro_batch_size} does not divide the per-rank batch "
                 f"{per_rank} (= train_global_batch_size / dp_size); pick a divisor"
             )
+        if p.lora.enabled and self.warmup.enabled:
+            errors.append("policy.lora.enabled with warmup.enabled: the warm-up trains every weight, which an adapter "
+                          "checkpoint does not hold; set warmup.enabled=false (or policy.lora.enabled=false)")
         if self.runtime == "ray" and self.data_plane.backend == "memory":
             errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
                           "in-process memory); set data_plane.backend=ray")

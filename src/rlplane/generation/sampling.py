@@ -184,8 +184,12 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     -> (B,) long. Token ``j`` owns ``[cdf_{j-1}, cdf_j)`` of ``[0, total)``, so it is drawn with
     probability ``p_j / total`` and a token of probability 0 (an empty interval) never is. The
     cumulative sum is taken in float64 so that it does not drift over a large vocabulary.
+
+    Why not ``torch.multinomial``: for one sample it draws V exponential variates per row, which on
+    a CPU cost ~120 ms per decode step for 64 rows of a 49k vocabulary (a fifth of a SmolLM2 step);
+    this needs one uniform per row.
     """
-    cdf = probs.double().cumsum(dim=-1)  # (B, V)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, V); converting inside the cumsum saves a pass
     target = (uniforms.double() * cdf[:, -1])[:, None]  # (B, 1)
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first j with cdf_j > target
     # u · total can round up to total itself: fall back on the last token with mass, never past it.
@@ -218,6 +222,7 @@ def sample(
             raise ValueError("sample: row_seeds needs positions (the counter of each row's draw)")
         tokens = inverse_cdf_sample(logprobs_all.exp(), counter_uniforms(row_seeds, positions))
     else:
-        tokens = torch.multinomial(logprobs_all.exp(), 1, generator=generator).squeeze(-1)
+        uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64, device=logits.device)
+        tokens = inverse_cdf_sample(logprobs_all.exp(), uniforms)
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
 

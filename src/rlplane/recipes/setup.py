@@ -51,6 +51,7 @@ from rlplane.workers.deadlines import ray_get
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.value import ValueWorker
+from rlplane.utils.threads import set_worker_threads
 
 
 def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
@@ -186,7 +187,7 @@ class Session:
         # Absolute, created and writable, and no earlier run there unless resuming: checked first.
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}
@@ -301,7 +302,7 @@ class Session:
     def refit_if_stale(self) -> None:
         """Push the policy's weights into the generator (a separate actor, or a backend with its own copy)."""
         if self._stale and not self._rollout_remote:
-            self.rollout_worker.update_weights(self.policy.workers[0].model.state_dict())
+            self.rollout_worker.update_weights(self.policy.workers[0].get_weights())  # merged, under LoRA
             self._stale = False
         if self._stale:
             import ray

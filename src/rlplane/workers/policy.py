@@ -26,8 +26,10 @@ from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
+from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.utils.threads import set_worker_threads
 
 # Fields the trainer reads from the data plane, and the pad value of each.
 PAD_VALUES = {
@@ -79,10 +81,8 @@ class PolicyWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        torch.set_num_threads(cfg.policy.threads_per_worker)
-        self.model, self.tokenizer = load_configured_policy(cfg)
-        if init_state is not None:
-            self.model.load_state_dict(init_state)
+        set_worker_threads(cfg.policy.threads_per_worker)
+        self.model, self.tokenizer = load_configured_policy(cfg, trainable=True, init_state=init_state)
         self.reference = None
         if self._needs_reference():
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -167,7 +167,8 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """What a generator loads: the weights under HF names (merged, under LoRA)."""
+        return policy_weights(self.model)
 
     def save(self, path: str) -> None:
         """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only)."""
@@ -184,9 +185,12 @@ class PolicyWorker(DPTrainWorker):
         from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
         weights_dir = os.path.join(path, "weights")
-        check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
-        # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
-        self.model.load_state_dict(load_weights(weights_dir), strict=False)
+        if is_lora(self.model):
+            load_policy_weights(self.model, weights_dir)  # the LoRA adapter
+        else:
+            check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
+            # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
+            self.model.load_state_dict(load_weights(weights_dir), strict=False)
         state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -39,6 +39,7 @@ from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
+from rlplane.utils.threads import set_worker_threads
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:
@@ -60,7 +61,7 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0):
         self.cfg, self.dp = cfg, data_plane
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         if model is None:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer

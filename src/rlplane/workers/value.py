@@ -25,6 +25,7 @@ from rlplane.algorithms.losses import value_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.utils.threads import set_worker_threads
 
 PAD_VALUES = {"input_ids": 0, "token_mask": 0, "values": 0.0, "returns": 0.0}
 
@@ -71,7 +72,7 @@ class ValueWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         self.model, self.tokenizer = build_value_model(cfg, init_state)
         self.model.train()
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.value.optimizer, cfg.value.scheduler)
