@@ -1,4 +1,4 @@
-"""Numeric precision of forward passes: fp32, or bf16 autocast on CPU.
+"""Numeric precision of forward passes: fp32, or bf16 autocast on the model's device.
 
 With ``policy.precision: bf16`` the parameters and optimizer state stay fp32 (master weights) and
 matmuls run in bf16 under ``torch.autocast``. Logprobs and the loss are computed from fp32-cast
@@ -26,9 +26,14 @@ def set_precision(model: torch.nn.Module, precision: str) -> None:
     model.rlplane_autocast_dtype = PRECISIONS[precision]
 
 
-def autocast(model: torch.nn.Module):
-    """The context a forward of ``model`` runs in: bf16 autocast if so configured, else nothing."""
+def autocast(model: torch.nn.Module, device_type: str | None = None):
+    """The context a forward of ``model`` runs in: bf16 autocast if so configured, else nothing.
+
+    Autocast only acts on ops of its own device type, so it follows the device of ``model``'s
+    parameters (``device_type`` overrides): a CUDA model under CPU autocast would run fp32.
+    """
     dtype = getattr(model, "rlplane_autocast_dtype", None)
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=dtype)
+    device_type = device_type or next(model.parameters()).device.type
+    return torch.autocast(device_type=device_type, dtype=dtype)

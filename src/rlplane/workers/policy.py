@@ -27,6 +27,8 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.precision import autocast
+from rlplane.runtime.devices import resolve_device
+from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 
 # Fields the trainer reads from the data plane, and the pad value of each.
@@ -80,7 +82,9 @@ class PolicyWorker(DPTrainWorker):
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
         torch.set_num_threads(cfg.policy.threads_per_worker)
+        self.device = resolve_device(cfg.policy.device)
         self.model, self.tokenizer = load_configured_policy(cfg)
+        self.model.to(self.device)
         if init_state is not None:
             self.model.load_state_dict(init_state)
         self.reference = None
@@ -91,6 +95,9 @@ class PolicyWorker(DPTrainWorker):
         self.group = None
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return {"reference": self.reference} if self.reference is not None else {}
+
     def _needs_reference(self) -> bool:
         return (
             self.cfg.loss_fn.reference_policy_kl_penalty != 0
@@ -101,13 +108,13 @@ class PolicyWorker(DPTrainWorker):
     @torch.no_grad()
     def compute_logprobs(self, meta: KVBatchMeta, out_field: str = "prev_logprobs", reference: bool = False) -> None:
         """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
-        if len(meta) == 0:
-            return None
         model = self.reference if reference else self.model
+        if len(meta) == 0:
+            return self._forward_rounds(model, 0)
         data = self._fetch(meta, ["input_ids"])
         ids = data["input_ids"]  # (B, T)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
-        attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
+        attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()  # (B, T)
         gen = self.cfg.policy.generation
         # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
         # use_reference_model), and the loss compares them with the policy's unfiltered ones.
@@ -118,7 +125,8 @@ class PolicyWorker(DPTrainWorker):
         out = torch.cat([
             token_logprobs(model, ids[i : i + bs], attn[i : i + bs], gen.temperature, top_k, top_p)
             for i in range(0, len(ids), bs)
-        ])
+        ]).cpu()  # the data plane holds host tensors
+        self._forward_rounds(model, -(-len(ids) // bs))
         model.train(was_training)
         self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
@@ -134,10 +142,10 @@ class PolicyWorker(DPTrainWorker):
         use_ref = self.reference is not None
         fields += ["prev_logprobs"] * use_prev + ["reference_policy_logprobs"] * use_ref
         data = self._fetch(meta, fields)
-        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags])  # (B,)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
+        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
         ids = data["input_ids"]
-        attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+        attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         gen = cfg.policy.generation
         # With top-k/top-p on, the KL term needs the current policy's unfiltered logprobs as well
         # (the reference's are unfiltered); both come from one forward pass.
@@ -167,10 +175,14 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """Host copies of the whole weights; under FSDP a gather every rank calls (rank 0 gets them)."""
+        return parallel.full_state_dict(self.model)
 
     def save(self, path: str) -> None:
-        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only)."""
+        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only;
+        under FSDP every rank gathers the weights and writes its optimizer shard)."""
+        if parallel.is_sharded(self.model):
+            return self._save_sharded(path)
         if self.rank != 0:
             return
         self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
@@ -180,13 +192,26 @@ class PolicyWorker(DPTrainWorker):
             state["reference"] = self.reference.state_dict()
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
+    def _save_sharded(self, path: str) -> None:
+        weights = parallel.full_state_dict(self.model)
+        if self.rank == 0:
+            self.model.save_pretrained(os.path.join(path, "weights"), state_dict=weights, safe_serialization=True)
+            self.tokenizer.save_pretrained(os.path.join(path, "weights"))
+            torch.save({"scheduler": self.scheduler.state_dict()}, os.path.join(path, "scheduler.pt"))
+        parallel.save_sharded_state(path, self.model, self.optimizer, self.frozen_models())
+
     def load(self, path: str) -> None:
         from safetensors.torch import load_file
 
+        parallel.check_resume_layout(path, self.world_size, parallel.is_sharded(self.model))
         weights = load_file(os.path.join(path, "weights", "model.safetensors"))
-        missing, _ = self.model.load_state_dict(weights, strict=False)
+        missing, _ = parallel.load_full_state_dict(self.model, weights, strict=False)
         # Tied embeddings are saved once; everything else must be present.
         assert all("lm_head" in k for k in missing), f"checkpoint {path} lacks weights: {missing}"
+        if parallel.is_sharded(self.model):
+            parallel.load_sharded_state(path, self.model, self.optimizer, self.frozen_models())
+            state = torch.load(os.path.join(path, "scheduler.pt"), weights_only=True)
+            return self.scheduler.load_state_dict(state["scheduler"])
         state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -194,6 +219,6 @@ class PolicyWorker(DPTrainWorker):
             self.reference.load_state_dict(state["reference"])
 
     def set_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
+        parallel.load_full_state_dict(self.model, state)
         if self.reference is not None:
-            self.reference.load_state_dict(state)
+            parallel.load_full_state_dict(self.reference, state)
