@@ -85,9 +85,14 @@ class DPTrainWorker:
         blocks until all join); with ``policy.dtensor_cfg.enabled`` shard the models with FSDP2."""
         self.group = parallel.init_dp_group(address, self.rank, self.world_size, self.device)
         if self.cfg.policy.dtensor_cfg.enabled:
-            for m in (self.model, *self.frozen_models().values()):
-                parallel.shard_model(m, self.device, self.world_size)
-            self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
+            self.shard_models()
+
+    def shard_models(self) -> None:
+        """FSDP2-shard the trained and frozen models over the joined group; the optimizer is rebuilt
+        over the shards (before any step, so nothing is lost)."""
+        for m in (self.model, *self.frozen_models().values()):
+            parallel.shard_model(m, self.device, self.world_size)
+        self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
 
     def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.group is None:
@@ -120,11 +125,17 @@ class DPTrainWorker:
         )
         return to_device(host, self.device)
 
-    def _forward_rounds(self, model: torch.nn.Module, num_local: int) -> None:
-        """Under FSDP, no-op forwards until this rank has run as many as the busiest rank (call after
-        a shard's ``num_local`` no-grad forwards; FSDP forwards are collectives)."""
-        for _ in range(parallel.extra_forward_rounds(num_local, model, self.group, self.device)):
-            parallel.noop_forward(model, self.device)
+    def _lockstep(self, model: torch.nn.Module, num_local: int):
+        """Under FSDP (whose forwards are collectives), a callable that runs the no-op forwards this
+        rank owes after its shard's ``num_local`` no-grad forwards, so every rank runs as many as the
+        busiest. Call it before the first forward: agreeing on the count is itself a collective."""
+        extra = parallel.extra_forward_rounds(num_local, model, self.group, self.device)
+
+        def finish() -> None:
+            for _ in range(extra):
+                parallel.noop_forward(model, self.device)
+
+        return finish
 
     # ---- training --------------------------------------------------------------------------------
     def _train_global_batches(

@@ -106,17 +106,23 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -
         if type(module).__name__ in block_names:
             fully_shard(module, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    # The loss divides by global counts already: rank gradients must be summed, not averaged.
+    # The loss divides by global counts already: rank gradients must be summed, not averaged. A plain
+    # SUM reduce-scatter (divide factor 1, applied after it, a no-op) also runs on gloo, which lacks
+    # the PREMUL_SUM op FSDP would otherwise use for a custom factor.
     for module in model.modules():
         if is_sharded(module):
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
     return model
 
 
 def rebuild_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler):
     """A fresh optimizer of the same class and hyperparameters over ``model``'s (now sharded)
     parameters, and a LambdaLR with the same schedule: AdamW state is then created per shard."""
-    new_opt = type(optimizer)(model.parameters(), **optimizer.defaults)
+    import inspect
+
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    new_opt = type(optimizer)(model.parameters(), **{k: v for k, v in optimizer.defaults.items() if k in accepted})
     new_sch = torch.optim.lr_scheduler.LambdaLR(new_opt, scheduler.lr_lambdas)
     return new_opt, new_sch
 

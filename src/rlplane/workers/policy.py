@@ -109,8 +109,10 @@ class PolicyWorker(DPTrainWorker):
     def compute_logprobs(self, meta: KVBatchMeta, out_field: str = "prev_logprobs", reference: bool = False) -> None:
         """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
         model = self.reference if reference else self.model
+        bs = self.cfg.policy.logprob_batch_size
+        finish_lockstep = self._lockstep(model, -(-len(meta) // bs))
         if len(meta) == 0:
-            return self._forward_rounds(model, 0)
+            return finish_lockstep()
         data = self._fetch(meta, ["input_ids"])
         ids = data["input_ids"]  # (B, T)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
@@ -119,14 +121,13 @@ class PolicyWorker(DPTrainWorker):
         # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
         # use_reference_model), and the loss compares them with the policy's unfiltered ones.
         top_k, top_p = (None, 1.0) if reference else (gen.top_k, gen.top_p)
-        bs = self.cfg.policy.logprob_batch_size
         was_training = model.training
         model.eval()
         out = torch.cat([
             token_logprobs(model, ids[i : i + bs], attn[i : i + bs], gen.temperature, top_k, top_p)
             for i in range(0, len(ids), bs)
         ]).cpu()  # the data plane holds host tensors
-        self._forward_rounds(model, -(-len(ids) // bs))
+        finish_lockstep()
         model.train(was_training)
         self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}

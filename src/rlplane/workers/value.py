@@ -90,15 +90,16 @@ class ValueWorker(DPTrainWorker):
     @torch.no_grad()
     def compute_values(self, meta: KVBatchMeta, out_field: str = "values") -> None:
         """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
+        bs = self.cfg.policy.logprob_batch_size
+        finish_lockstep = self._lockstep(self.model, -(-len(meta) // bs))
         if len(meta) == 0:
-            return self._forward_rounds(self.model, 0)
+            return finish_lockstep()
         data, lengths, attn = self._inputs(meta, ["input_ids"])
         ids = data["input_ids"]
-        bs = self.cfg.policy.logprob_batch_size
         self.model.eval()
         out = torch.cat([shifted_values(self.model, ids[i : i + bs], attn[i : i + bs]) for i in range(0, len(ids), bs)])
         out = out.cpu()  # the data plane holds host tensors
-        self._forward_rounds(self.model, -(-len(ids) // bs))
+        finish_lockstep()
         self.model.train()
         self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
