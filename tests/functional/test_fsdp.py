@@ -19,9 +19,10 @@ import torch.multiprocessing as mp
 
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
-from rlplane.recipes.grpo import TRAIN_FIELDS
+from rlplane.recipes.ppo import TRAIN_FIELDS as PPO_FIELDS
 from rlplane.workers.parallel import check_resume_layout, local_state_bytes
 from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.value import ValueWorker
 
 GBS = 8  # two global batches of 8 rows = two AdamW steps
 N_INFER = 5  # an odd logprob batch: shards of 3 and 2 rows, 2 and 1 chunks of LOGPROB_BS
@@ -31,11 +32,13 @@ COMMON = ["warmup.enabled=false", f"policy.train_global_batch_size={GBS}", "poli
           "policy.optimizer.lr=1e-2", "loss_fn.reference_policy_kl_penalty=0.05"]
 
 
-def _cfg(world: int):
+def _cfg(world: int, ppo: bool = False):
+    common = [c.replace("grpo.", "ppo.") for c in COMMON] if ppo else COMMON
+    preset = "ppo_arithmetic" if ppo else None
     if world == 1:
-        return load_config(None, COMMON)
-    return load_config(None, [*COMMON, "runtime=ray", "data_plane.backend=ray", f"policy.dp_size={world}",
-                              "policy.dtensor_cfg.enabled=true"])
+        return load_config(preset, common)
+    return load_config(preset, [*common, "runtime=ray", "data_plane.backend=ray", f"policy.dp_size={world}",
+                                "policy.dtensor_cfg.enabled=true"])
 
 
 def _batch(client, n=2 * GBS, seed=0, partition="train"):
@@ -45,7 +48,7 @@ def _batch(client, n=2 * GBS, seed=0, partition="train"):
     ids = [torch.randint(4, 21, (int(L),), generator=g) for L in lengths]
     mask = [torch.cat([torch.zeros(int(p)), torch.ones(int(L - p))]).to(torch.int8) for p, L in zip(prompt, lengths)]
     adv = torch.randn(n, generator=g)
-    client.register_partition(partition, TRAIN_FIELDS, n)
+    client.register_partition(partition, PPO_FIELDS, n)
     return client.put_samples(
         [f"{partition}{i}_g0" for i in range(n)], partition,
         {"input_ids": ids, "token_mask": mask, "generation_logprobs": [torch.zeros(int(L)) for L in lengths],
@@ -58,6 +61,15 @@ def _step(worker, meta, loss_kwargs, batch_size=GBS):
     worker.compute_logprobs(meta, out_field="prev_logprobs")
     worker.compute_logprobs(meta, out_field="reference_policy_logprobs", reference=True)
     return worker.train(meta, loss_kwargs)
+
+
+def _critic_step(critic, client, meta):
+    """compute_values, stored returns = values + 1, one value-loss step; (values by id, metrics)."""
+    critic.compute_values(meta)
+    values = client.get_samples(meta, meta.partition_id, ["values"])["values"]
+    client.put_samples(list(meta.sample_ids), meta.partition_id,
+                       {"returns": [values[i, : n] + 1.0 for i, n in enumerate(meta.seq_lens)]})
+    return dict(zip(meta.sample_ids, values)), critic.train(meta)
 
 
 def _full_grads(model) -> dict[str, torch.Tensor]:
@@ -101,6 +113,12 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
     fresh.load(ckpt)
     res["resumed"] = _step(fresh, shard, loss_kwargs)
 
+    # The critic shards the same way: values and one value-loss step match the unsharded critic.
+    critic = ValueWorker(_cfg(world, ppo=True), client, rank=rank, world_size=world)
+    critic.group = w.group
+    critic.shard_models()
+    res["critic"] = _critic_step(critic, client, shard)
+
     # Plain DP's bucketed all-reduce == one all-reduce per tensor (mixed dtypes, several buckets).
     g = torch.Generator().manual_seed(rank)
     tensors = [torch.randn(s, generator=g) for s in [(3, 4), (7,), (2, 2, 2)]]
@@ -137,6 +155,8 @@ def fsdp_run(tmp_path_factory):
     infer = _batch(client, n=N_INFER, seed=1, partition="infer")
     single.compute_logprobs(infer, out_field="prev_logprobs")
     one["infer"] = dict(zip(infer.sample_ids, client.get_samples(infer, "infer", ["prev_logprobs"])["prev_logprobs"]))
+    critic = ValueWorker(_cfg(1, ppo=True), client)
+    one["critic"] = _critic_step(critic, client, meta)
     return ranks, one, out
 
 
@@ -206,3 +226,13 @@ def test_bucketed_all_reduce_equals_per_tensor(fsdp_run):
         for b, t in zip(r["bucketed"], r["per_tensor"]):
             assert b.dtype == t.dtype
             torch.testing.assert_close(b, t, rtol=0, atol=0)
+
+
+def test_fsdp_critic_matches_one_rank(fsdp_run):
+    ranks, one, _ = fsdp_run
+    values = {**ranks[0]["critic"][0], **ranks[1]["critic"][0]}
+    for k, v in one["critic"][0].items():
+        torch.testing.assert_close(values[k], v, rtol=1e-5, atol=1e-6)
+    loss = sum(r["critic"][1]["loss"] for r in ranks)
+    assert loss == pytest.approx(one["critic"][1]["loss"], rel=1e-5, abs=1e-7)
+    assert ranks[0]["critic"][1]["grad_norm"] == pytest.approx(one["critic"][1]["grad_norm"], rel=1e-5)
