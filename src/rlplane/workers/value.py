@@ -84,7 +84,8 @@ class ValueWorker(DPTrainWorker):
     def _inputs(self, meta: KVBatchMeta, fields: list[str]):
         data = self._fetch(meta, fields)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
-        attn = (torch.arange(data["input_ids"].shape[1], device=self.device)[None, :] < lengths[:, None]).long()  # (B, T)
+        positions = torch.arange(data["input_ids"].shape[1], device=self.device)
+        attn = (positions[None, :] < lengths[:, None]).long()  # (B, T)
         return data, lengths, attn
 
     @torch.no_grad()
