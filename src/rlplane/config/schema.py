@@ -109,6 +109,15 @@ class LoRAConfig(StrictModel):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
 
 
+class DTensorConfig(StrictModel):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) over the DP ranks (NeMo RL `policy.dtensor_cfg.*`)."""
+
+    enabled: bool = Field(
+        False, description="Shard parameters, gradients and optimizer state of the policy, reference and value "
+        "models across the policy.dp_size ranks (`runtime: ray`); `false` = plain DP, every rank a full copy."
+    )
+
+
 class PolicyConfig(StrictModel):
     """The trained model, its optimizer and how batches are cut."""
 
@@ -125,6 +134,13 @@ class PolicyConfig(StrictModel):
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu", description="Where the policy/value workers compute: `cpu`, `cuda`, or `auto` (CUDA when the worker "
+        "sees a GPU). Models, batches and autocast follow it; NCCL between CUDA ranks, gloo on CPU."
+    )
+    dtensor_cfg: DTensorConfig = Field(
+        default_factory=DTensorConfig, description="FSDP2 sharding of the trained models (NeMo RL's key)."
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the embedded model.")
     train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
@@ -386,6 +402,8 @@ class ClusterConfig(StrictModel):
 
     num_cpus: int | None = Field(None, ge=1, description="CPUs Ray may use (null = all).")
     address: str | None = Field(None, description="Existing Ray cluster to join (null = start one).")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs Ray may use on this node (0 = none; `policy.device: auto` "
+                               "then computes on CPU).")
 
 
 class CheckpointingConfig(StrictModel):
@@ -497,6 +515,15 @@ class RunConfig(StrictModel):
                 f"policy.max_total_sequence_length = {p.max_total_sequence_length} (prompt + response); raise "
                 f"max_total_sequence_length above max_new_tokens + the longest prompt, or lower max_new_tokens"
             )
+        if p.dtensor_cfg.enabled and p.lora.enabled:
+            errors.append("policy.dtensor_cfg.enabled with policy.lora.enabled is not supported yet (the adapter "
+                          "refit and checkpoints assume an unsharded model); disable one of them")
+        if p.dtensor_cfg.enabled and self.runtime == "local":
+            errors.append("policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the "
+                          "policy's unsharded module); set runtime=ray or policy.dtensor_cfg.enabled=false")
+        if p.dtensor_cfg.enabled and name == "grpo" and g.async_grpo.enabled:
+            errors.append("policy.dtensor_cfg.enabled is not supported with grpo.async_grpo.enabled (the collector "
+                          "refits from rank 0 alone, an FSDP gather needs every rank); disable one of them")
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
         if name == "grpo":

@@ -72,13 +72,17 @@ def set_precision(model: torch.nn.Module, precision: str) -> None:
         head.__class__ = FP32OutputLinear if precision == "bf16" else torch.nn.Linear
 
 
-def autocast(model: torch.nn.Module):
-    """The context a forward of ``model`` runs in: bf16 autocast if so configured, else nothing."""
+def autocast(model: torch.nn.Module, device_type: str | None = None):
+    """The context a forward of ``model`` runs in: bf16 autocast if so configured, else nothing.
+
+    Autocast only acts on ops of its own device type, so it follows the device of ``model``'s
+    parameters (``device_type`` overrides): a CUDA model under CPU autocast would run fp32.
+    """
     dtype = getattr(model, "rlplane_autocast_dtype", None)
     if dtype is None:
         return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
-    return torch.autocast(device, dtype=dtype)
+    device_type = device_type or next(model.parameters()).device.type
+    return torch.autocast(device_type=device_type, dtype=dtype)
 
 
 def _matmul_seconds(dtype: torch.dtype, budget_s: float) -> float:

@@ -34,6 +34,7 @@ from rlplane.envs import check_task_names
 from rlplane.envs.demonstrations import warmup_examples
 from rlplane.envs.user import check_user_tasks, import_path_env, register_user_tasks, user_task_error_in
 from rlplane.recipes.sft import supervised_warmup
+from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
 from rlplane.runtime.groups import LocalGroup, RayGroup, init_ray
 from rlplane.utils.checkpoint import (
     CheckpointError,
@@ -48,6 +49,7 @@ from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.trackers import make_trackers
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.deadlines import ray_get
+from rlplane.workers.parallel import check_resume_layout
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.value import ValueWorker
@@ -209,7 +211,7 @@ class Session:
         # PPO with GAE trains a critic; GRPO and PPO's raw_reward estimator do not.
         self.uses_critic = cfg.algorithm == "ppo" and cfg.ppo.adv_estimator.name == "gae"
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
-            init_ray(cfg.cluster.num_cpus, cfg.cluster.address)
+            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":
             check_ray_resources(cfg, self.uses_critic)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
@@ -258,16 +260,20 @@ class Session:
         else:
             import ray
 
-            self.policy = RayGroup(PolicyWorker, kwargs, num_cpus=RAY_CPUS_POLICY_RANK)
+            cluster_gpus = ray.cluster_resources().get("GPU", 0)
+            check_cluster_gpus(cfg.policy.device, n * (1 + self.uses_critic), cluster_gpus)
+            gpus = num_gpus_per_worker(cfg.policy.device, cluster_gpus)
+            self.policy = RayGroup(PolicyWorker, kwargs, num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=gpus)
             await_actors(self.policy.workers)
-            if n > 1:
+            sharded = cfg.policy.dtensor_cfg.enabled  # FSDP needs its process group even on one rank
+            if n > 1 or sharded:
                 address = ray.get(self.policy.workers[0].node_address.remote())
                 self.policy.run("setup_distributed", address)
             if self.uses_critic:
                 # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
-                self.value = RayGroup(ValueWorker, kwargs, num_cpus=RAY_CPUS_CRITIC_RANK)
+                self.value = RayGroup(ValueWorker, kwargs, num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=gpus)
                 await_actors(self.value.workers)
-                if n > 1:  # its own gloo group: every actor is its own process
+                if n > 1 or sharded:  # its own gloo group: every actor is its own process
                     self.value.run("setup_distributed", ray.get(self.value.workers[0].node_address.remote()))
             remote = ray.remote(num_cpus=RAY_CPUS_ROLLOUT, runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE",
                                                                                   **import_path_env()}})(RolloutWorker)
@@ -308,7 +314,10 @@ class Session:
             import ray
 
             # The ref goes straight from the rank-0 actor to the rollout actor; the driver never holds it.
-            ray.get(self.rollout_worker.update_weights.remote(self.policy.workers[0].get_weights.remote()))
+            # Under FSDP get_weights is a gather every rank takes part in (rank 0 gets the weights).
+            refs = [w.get_weights.remote() for w in self.policy.workers[: len(self.policy) if
+                                                                  self.cfg.policy.dtensor_cfg.enabled else 1]]
+            ray.get([self.rollout_worker.update_weights.remote(refs[0]), *refs[1:]])
             self._stale = False
 
     def next_prompts(self) -> list:
@@ -348,6 +357,7 @@ class Session:
         cfg = self.cfg
         latest = self._resume_from
         if latest is not None:
+            check_resume_layout(str(latest / "policy"), cfg.policy.dp_size, cfg.policy.dtensor_cfg.enabled)
             self._start_workers(init_state=None)
             info = self.ckpt.load_info(latest)
             self.policy.run("load", str(latest / "policy"))

@@ -31,10 +31,10 @@ class LocalGroup:
 class RayGroup:
     """One Ray actor per rank; calls are issued to all ranks at once and awaited together."""
 
-    def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0):
+    def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0, num_gpus: float = 0.0):
         import ray
 
-        remote_cls = ray.remote(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV})(cls)
+        remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": WORKER_ENV})(cls)
         self.workers = [remote_cls.remote(**kw) for kw in per_rank_kwargs]
 
     def __len__(self) -> int:
@@ -56,7 +56,7 @@ class RayGroup:
             ray.kill(w)
 
 
-def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
+def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: int | None = None) -> None:
     """Start (or join) Ray once per process, quietly and without the dashboard."""
     import tempfile
 
@@ -69,4 +69,4 @@ def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)

@@ -1,5 +1,6 @@
-"""What the policy and value workers share: optimizer and schedule, the gloo DP group, shard fetches,
-and the global-batch training loop (micro-batches → summed gradients → all-reduce → clip → AdamW).
+"""What the policy and value workers share: optimizer and schedule, the DP group (plain or FSDP2,
+:mod:`rlplane.workers.parallel`), shard fetches onto the worker's device, and the global-batch
+training loop (micro-batches → summed gradients → all-reduce → clip → AdamW).
 
 Both workers are plain classes (``runtime: local``) that Ray wraps as actors (``runtime: ray``); the
 methods here are the ones the runtime calls on either (``setup_distributed``, ``node_address``, ``ping``).
@@ -16,6 +17,8 @@ from rlplane.config.schema import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
+from rlplane.runtime.devices import to_device
+from rlplane.workers import parallel
 from rlplane.utils.metrics import reduce_microbatch_metrics
 
 # (micro-batch slice, global valid tokens, global valid sequences) -> (loss, detached metrics)
@@ -67,9 +70,11 @@ def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: Scheduler
 
 class DPTrainWorker:
     """Base of the trainable workers. Subclasses set ``cfg``, ``dp``, ``rank``, ``world_size``,
-    ``model``, ``optimizer``, ``scheduler`` and ``group = None`` in their constructor."""
+    ``device``, ``model`` (on ``device``), ``optimizer``, ``scheduler`` and ``group = None`` in their
+    constructor; ``frozen_models`` names the models sharded alongside ``model`` without training."""
 
     cfg: object
+    device: torch.device
     dp: DataPlaneClient | None
     rank: int
     world_size: int
@@ -80,12 +85,22 @@ class DPTrainWorker:
     pad_values: dict[str, float | int] = {}
 
     # ---- data parallelism ------------------------------------------------------------------------
-    def setup_distributed(self, address: str) -> None:
-        """Join the gloo group of all DP ranks (called on every rank at once; blocks until all join)."""
-        import torch.distributed as dist
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return {}
 
-        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world_size)
-        self.group = dist.group.WORLD
+    def setup_distributed(self, address: str) -> None:
+        """Join the group of all DP ranks (NCCL on CUDA, gloo on CPU; called on every rank at once,
+        blocks until all join); with ``policy.dtensor_cfg.enabled`` shard the models with FSDP2."""
+        self.group = parallel.init_dp_group(address, self.rank, self.world_size, self.device)
+        if self.cfg.policy.dtensor_cfg.enabled:
+            self.shard_models()
+
+    def shard_models(self) -> None:
+        """FSDP2-shard the trained and frozen models over the joined group; the optimizer is rebuilt
+        over the shards (before any step, so nothing is lost)."""
+        for m in (self.model, *self.frozen_models().values()):
+            parallel.shard_model(m, self.device, self.world_size)
+        self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
 
     def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.group is None:
@@ -113,9 +128,22 @@ class DPTrainWorker:
     def _fetch(self, meta: KVBatchMeta, fields: list[str]) -> dict[str, torch.Tensor]:
         """This rank's shard of ``fields``, padded to the step's common length (all ranks alike)."""
         pad_to = meta.extra_info.get("global_forward_pad_seqlen")
-        return self.dp.get_samples(
+        host = self.dp.get_samples(
             meta, meta.partition_id, fields, pad_values={f: self.pad_values.get(f, 0) for f in fields}, pad_to=pad_to
         )
+        return to_device(host, self.device)
+
+    def _lockstep(self, model: torch.nn.Module, num_local: int):
+        """Under FSDP (whose forwards are collectives), a callable that runs the no-op forwards this
+        rank owes after its shard's ``num_local`` no-grad forwards, so every rank runs as many as the
+        busiest. Call it before the first forward: agreeing on the count is itself a collective."""
+        extra = parallel.extra_forward_rounds(num_local, model, self.group, self.device)
+
+        def finish() -> None:
+            for _ in range(extra):
+                parallel.noop_forward(model, self.device)
+
+        return finish
 
     # ---- training --------------------------------------------------------------------------------
     def _train_global_batches(
@@ -149,12 +177,9 @@ class DPTrainWorker:
                 loss, m = mb_loss(slice(start, start + mbs), global_toks, global_seqs)
                 loss.backward()
                 metrics_per_mb.append({"loss": loss.detach(), **{k: v.detach() for k, v in m.items()}})
-            if self.group is not None:
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        self._all_reduce(p.grad)
+            parallel.sync_gradients(self.model, self.group)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
-            grad_norms.append(norm)
+            grad_norms.append(parallel.as_float(norm))
             self.optimizer.step()
         self.scheduler.step()
         out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)

@@ -28,6 +28,8 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
+from rlplane.runtime.devices import resolve_device
+from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.utils.threads import set_worker_threads
 
@@ -82,7 +84,9 @@ class PolicyWorker(DPTrainWorker):
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
         set_worker_threads(cfg.policy.threads_per_worker)
+        self.device = resolve_device(cfg.policy.device)
         self.model, self.tokenizer = load_configured_policy(cfg, trainable=True, init_state=init_state)
+        self.model.to(self.device)
         self.reference = None
         if self._needs_reference():
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -91,6 +95,9 @@ class PolicyWorker(DPTrainWorker):
         self.group = None
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return {"reference": self.reference} if self.reference is not None else {}
+
     def _needs_reference(self) -> bool:
         return (
             self.cfg.loss_fn.reference_policy_kl_penalty != 0
@@ -101,24 +108,26 @@ class PolicyWorker(DPTrainWorker):
     @torch.no_grad()
     def compute_logprobs(self, meta: KVBatchMeta, out_field: str = "prev_logprobs", reference: bool = False) -> None:
         """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
-        if len(meta) == 0:
-            return None
         model = self.reference if reference else self.model
+        bs = self.cfg.policy.logprob_batch_size
+        finish_lockstep = self._lockstep(model, -(-len(meta) // bs))
+        if len(meta) == 0:
+            return finish_lockstep()
         data = self._fetch(meta, ["input_ids"])
         ids = data["input_ids"]  # (B, T)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
-        attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
+        attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()  # (B, T)
         gen = self.cfg.policy.generation
         # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
         # use_reference_model), and the loss compares them with the policy's unfiltered ones.
         top_k, top_p = (None, 1.0) if reference else (gen.top_k, gen.top_p)
-        bs = self.cfg.policy.logprob_batch_size
         was_training = model.training
         model.eval()
         out = torch.cat([
             token_logprobs(model, ids[i : i + bs], attn[i : i + bs], gen.temperature, top_k, top_p)
             for i in range(0, len(ids), bs)
-        ])
+        ]).cpu()  # the data plane holds host tensors
+        finish_lockstep()
         model.train(was_training)
         self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
@@ -134,10 +143,10 @@ class PolicyWorker(DPTrainWorker):
         use_ref = self.reference is not None
         fields += ["prev_logprobs"] * use_prev + ["reference_policy_logprobs"] * use_ref
         data = self._fetch(meta, fields)
-        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags])  # (B,)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
+        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
         ids = data["input_ids"]
-        attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+        attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         gen = cfg.policy.generation
         # With top-k/top-p on, the KL term needs the current policy's unfiltered logprobs as well
         # (the reference's are unfiltered); both come from one forward pass.
@@ -167,11 +176,17 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """What a generator loads: the weights under HF names (merged, under LoRA)."""
+        """What a generator loads: host copies of the weights under HF names (merged, under LoRA;
+        under FSDP a gather every rank calls, rank 0 gets them)."""
+        if parallel.is_sharded(self.model):
+            return parallel.full_state_dict(self.model)
         return policy_weights(self.model)
 
     def save(self, path: str) -> None:
-        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only)."""
+        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only;
+        under FSDP every rank gathers the weights and writes its optimizer shard)."""
+        if parallel.is_sharded(self.model):
+            return self._save_sharded(path)
         if self.rank != 0:
             return
         self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
@@ -181,16 +196,29 @@ class PolicyWorker(DPTrainWorker):
             state["reference"] = self.reference.state_dict()
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
+    def _save_sharded(self, path: str) -> None:
+        weights = parallel.full_state_dict(self.model)
+        if self.rank == 0:
+            self.model.save_pretrained(os.path.join(path, "weights"), state_dict=weights, safe_serialization=True)
+            self.tokenizer.save_pretrained(os.path.join(path, "weights"))
+            torch.save({"scheduler": self.scheduler.state_dict()}, os.path.join(path, "scheduler.pt"))
+        parallel.save_sharded_state(path, self.model, self.optimizer, self.frozen_models())
+
     def load(self, path: str) -> None:
         from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
+        parallel.check_resume_layout(path, self.world_size, parallel.is_sharded(self.model))
         weights_dir = os.path.join(path, "weights")
         if is_lora(self.model):
             load_policy_weights(self.model, weights_dir)  # the LoRA adapter
         else:
             check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
             # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
-            self.model.load_state_dict(load_weights(weights_dir), strict=False)
+            parallel.load_full_state_dict(self.model, load_weights(weights_dir), strict=False)
+        if parallel.is_sharded(self.model):
+            parallel.load_sharded_state(path, self.model, self.optimizer, self.frozen_models())
+            state = load_torch_state(os.path.join(path, "scheduler.pt"))
+            return self.scheduler.load_state_dict(state["scheduler"])
         state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -198,6 +226,6 @@ class PolicyWorker(DPTrainWorker):
             self.reference.load_state_dict(state["reference"])
 
     def set_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
+        parallel.load_full_state_dict(self.model, state)
         if self.reference is not None:
-            self.reference.load_state_dict(state)
+            parallel.load_full_state_dict(self.reference, state)

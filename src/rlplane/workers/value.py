@@ -24,6 +24,8 @@ from transformers import AutoModelForTokenClassification
 from rlplane.algorithms.losses import value_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.runtime.devices import resolve_device
+from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.utils.threads import set_worker_threads
 
@@ -73,27 +75,33 @@ class ValueWorker(DPTrainWorker):
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
         set_worker_threads(cfg.policy.threads_per_worker)
+        self.device = resolve_device(cfg.policy.device)
         self.model, self.tokenizer = build_value_model(cfg, init_state)
+        self.model.to(self.device)
         self.model.train()
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.value.optimizer, cfg.value.scheduler)
         self.group = None
 
     def _inputs(self, meta: KVBatchMeta, fields: list[str]):
         data = self._fetch(meta, fields)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
-        attn = (torch.arange(data["input_ids"].shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
+        positions = torch.arange(data["input_ids"].shape[1], device=self.device)
+        attn = (positions[None, :] < lengths[:, None]).long()  # (B, T)
         return data, lengths, attn
 
     @torch.no_grad()
     def compute_values(self, meta: KVBatchMeta, out_field: str = "values") -> None:
         """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
+        bs = self.cfg.policy.logprob_batch_size
+        finish_lockstep = self._lockstep(self.model, -(-len(meta) // bs))
         if len(meta) == 0:
-            return None
+            return finish_lockstep()
         data, lengths, attn = self._inputs(meta, ["input_ids"])
         ids = data["input_ids"]
-        bs = self.cfg.policy.logprob_batch_size
         self.model.eval()
         out = torch.cat([shifted_values(self.model, ids[i : i + bs], attn[i : i + bs]) for i in range(0, len(ids), bs)])
+        out = out.cpu()  # the data plane holds host tensors
+        finish_lockstep()
         self.model.train()
         self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
@@ -107,7 +115,7 @@ class ValueWorker(DPTrainWorker):
         cfg = self.cfg
         data, _, attn = self._inputs(meta, ["input_ids", "token_mask", "values", "returns"])
         ids = data["input_ids"]
-        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags])  # (B,)
+        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
         token_mask = data["token_mask"][:, 1:].float()  # position 0 is never a response token
         loss_cfg = cfg.value.loss_fn
 
@@ -125,11 +133,20 @@ class ValueWorker(DPTrainWorker):
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """Host copies of the whole weights; under FSDP a gather every rank calls (rank 0 gets them)."""
+        return parallel.full_state_dict(self.model)
 
     def save(self, path: str) -> None:
         """HF weights (``AutoModelForTokenClassification.from_pretrained`` loads them) + tokenizer to
-        ``path/weights``, optimizer/scheduler state to ``path/optimizer.pt`` (rank 0 only)."""
+        ``path/weights``, optimizer/scheduler state to ``path/optimizer.pt`` (rank 0 only; under FSDP
+        every rank gathers the weights and writes its optimizer shard)."""
+        if parallel.is_sharded(self.model):
+            weights = parallel.full_state_dict(self.model)
+            if self.rank == 0:
+                self.model.save_pretrained(os.path.join(path, "weights"), state_dict=weights, safe_serialization=True)
+                self.tokenizer.save_pretrained(os.path.join(path, "weights"))
+                torch.save({"scheduler": self.scheduler.state_dict()}, os.path.join(path, "scheduler.pt"))
+            return parallel.save_sharded_state(path, self.model, self.optimizer, {})
         if self.rank != 0:
             return
         self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
@@ -140,9 +157,14 @@ class ValueWorker(DPTrainWorker):
     def load(self, path: str) -> None:
         from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
+        parallel.check_resume_layout(path, self.world_size, parallel.is_sharded(self.model))
         weights_dir = os.path.join(path, "weights")
         check_weights_fit(self.model, weights_dir, "resume with the run's own value settings (its config.yaml)")
-        self.model.load_state_dict(load_weights(weights_dir))
+        parallel.load_full_state_dict(self.model, load_weights(weights_dir))
+        if parallel.is_sharded(self.model):
+            parallel.load_sharded_state(path, self.model, self.optimizer, {})
+            state = load_torch_state(os.path.join(path, "scheduler.pt"))
+            return self.scheduler.load_state_dict(state["scheduler"])
         state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
