@@ -25,7 +25,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.models.loading import ModelLoadError
-    from rlplane.recipes.common import TrainingStopped
+    from rlplane.training import TrainingStopped
 
     return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped)
 
@@ -52,14 +52,10 @@ def cmd_show_config(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from rlplane.config.recipes import recipe_for, train_function
+
     cfg = _load(args)
-    if cfg.algorithm == "ppo":
-        from rlplane.recipes.ppo import train
-    elif cfg.grpo.async_grpo.enabled:
-        from rlplane.recipes.async_grpo import train
-    else:
-        from rlplane.recipes.grpo import train
-    summary = train(cfg, quiet=args.quiet)
+    summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     name = cfg.algorithm.upper()
@@ -70,23 +66,31 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from rlplane.recipes.setup import build_session
+    from pathlib import Path
+
+    import torch
+
+    from rlplane.training.prompts import Prompts
+    from rlplane.training.warmup import warm_up
+    from rlplane.utils.seeding import seed_everything
+    from rlplane.workers.base import load_configured_policy
 
     cfg = _load(args)
-    s = build_session(cfg, quiet=args.quiet)
-    try:
-        state = s._warm_up()
-        from rlplane.workers.base import load_configured_policy
+    out = Path(cfg.run_dir) / "sft"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.policy.threads_per_worker)
+    seed_everything(cfg.loop.seed)
+    model, tok = load_configured_policy(cfg)
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
 
-        model, tok = load_configured_policy(cfg)
-        model.load_state_dict(state)
-        out = s.run_dir / "sft"
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
-        print(f"warm-up: {s.warmup_result['steps']} steps, held-out accuracy {s.warmup_result['accuracy']:.3f}")
-        print(f"saved {out} (loads with AutoModelForCausalLM.from_pretrained)")
-    finally:
-        s.close()
+    state, result = warm_up(cfg, Prompts(cfg, tok), say)
+    model.load_state_dict(state)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"warm-up: {result['steps']} steps, held-out accuracy {result['accuracy']:.3f}")
+    print(f"saved {out} (loads with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 

@@ -1,71 +1,65 @@
 """Synchronous GRPO through the data plane, in the order the seeds run it.
 
 Each step: refit the generator if stale → register the step's partition → rollout writes columns
-under per-sample keys, returns a receipt and a small carry → reward scaling/shaping, baselines →
-dynamic sampling (drop zero-std groups, clear their keys, refill) → overlong filtering → prev and
-reference logprobs computed by the policy workers and written back → advantages written back by
-the driver → workers train on their shard → clear the step's keys → validate → checkpoint.
-The driver holds only receipts and (B,) tensors. The steps shared with PPO live in ``common.py``.
+under per-sample keys, returns a receipt and a small carry → reward scaling/shaping → dynamic
+sampling (drop zero-std groups, clear their keys, refill) → sample mask (overlong filtering) →
+prev and reference logprobs computed by the policy workers and written back → group-baseline
+advantages written back by the driver → workers train on their shard with the clipped PG loss →
+clear the step's keys. Then the session validates, logs and checkpoints when due.
+The driver holds only receipts and (B,) tensors.
 """
 
 from __future__ import annotations
 
-import time
-
-import torch
-
 from rlplane.algorithms.advantages import clip_advantages, grpo_advantages
 from rlplane.config.schema import RunConfig
-from rlplane.dataplane import KVBatchMeta
-from rlplane.recipes.common import (
-    TRAIN_PARTITION,
-    Timer,
-    TrainingStopped,
-    collect_rollouts,
-    masks_and_logprobs,
-    rollout_metrics,
-    run_training,
-    validate,
+from rlplane.dataplane.columns import (
+    ADVANTAGES,
+    GENERATION_LOGPROBS,
+    INPUT_IDS,
+    PREV_LOGPROBS,
+    REFERENCE_LOGPROBS,
+    TOKEN_MASK,
 )
-from rlplane.recipes.setup import Session
+from rlplane.training import Session, Timer
+from rlplane.training.rollouts import (
+    TRAIN_PARTITION,
+    collect_rollouts,
+    mask_logprob_errors,
+    rollout_metrics,
+    stamp_sample_mask,
+)
 from rlplane.utils.metrics import merge_rank_metrics
+from rlplane.workers.policy import ClippedPGLoss
 
-__all__ = ["TRAIN_FIELDS", "TRAIN_PARTITION", "Timer", "TrainingStopped", "grpo_step", "train", "train_on_rollouts",
-           "validate"]
-
-# Columns of a GRPO step: written at rollout, by the logprob workers, and by the driver (advantages).
-TRAIN_FIELDS = ["input_ids", "token_mask", "generation_logprobs", "prev_logprobs", "reference_policy_logprobs",
-                "advantages"]
+# The step's columns: written at rollout, by the policy workers (logprobs) and by the driver (advantages).
+TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, ADVANTAGES]
 
 
-def grpo_step(s: Session, step: int) -> dict[str, float]:
+def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     """One GRPO step; returns its metrics (train/*, timing/train/*)."""
-    g = s.cfg.grpo
-    t_step = time.perf_counter()
+    cfg, g = s.cfg, s.cfg.grpo
     timer = Timer()
     metrics: dict[str, float] = {}
 
     with timer("refit"):
-        s.refit_if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, g.num_prompts_per_step * g.num_generations_per_prompt)
+        s.refit.if_stale()
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
 
-    # ---- rollout, rewards, dynamic sampling --------------------------------------------------------
+    # ---- rollout, rewards, dynamic sampling; the sample mask ------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
-    out = train_on_rollouts(s, meta, carry, timer, metrics)
-    out["timing/train/total_step_time"] = time.perf_counter() - t_step
-    return out
+    meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
 
+    # ---- prev and reference logprobs, written back by the policy workers -------------------------
+    with timer("logprobs"):
+        if not cfg.loss_fn.force_on_policy_ratio:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
+        if loss.reference:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
+    if g.seq_logprob_error_threshold is not None:
+        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
 
-def train_on_rollouts(
-    s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], timer: Timer, metrics: dict[str, float]
-) -> dict[str, float]:
-    """The rest of a GRPO step once the rollouts are in ``TRAIN_PARTITION`` (sync and async alike):
-    masks and logprobs → group-baseline advantages → train → clear the step's keys.
-    Returns ``metrics`` and the step's results as ``train/*`` plus the timer's ``timing/train/*``."""
-    cfg, g = s.cfg, s.cfg.grpo
-    meta, _ = masks_and_logprobs(s, meta, carry, timer, metrics)
-
-    # ---- advantages: group baselines, one value per sample ---------------------------------------
+    # ---- advantages: group baselines, one value per sample, written per token ---------------------
     est = g.adv_estimator
     adv = grpo_advantages(
         carry["group"],
@@ -77,27 +71,27 @@ def train_on_rollouts(
     adv = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
     lengths = meta.seq_lens
     s.data_plane.put_samples(
-        list(meta.sample_ids), TRAIN_PARTITION, {"advantages": [adv[i].expand(lengths[i]).clone() for i in range(len(adv))]}
+        list(meta.sample_ids), TRAIN_PARTITION, {ADVANTAGES: [adv[i].expand(lengths[i]).clone() for i in range(len(adv))]}
     )
 
-    # ---- train -----------------------------------------------------------------------------------
+    # ---- train; the step is over ----------------------------------------------------------------
     with timer("policy_training"):
-        results = s.policy_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size,
-                                   loss_kwargs=s.loss_kwargs)
-    s.mark_stale()
-    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # the step is over: do not wait on the store
+        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+    s.refit.mark_stale()
+    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 
     metrics.update(merge_rank_metrics(results))
-    metrics["filtered_reward"] = float(carry["rewards"].mean())
     metrics["advantages/mean"] = float(adv.mean())
     metrics["advantages/max"] = float(adv.max())
     metrics["advantages/min"] = float(adv.min())
     metrics.update(rollout_metrics(carry, lengths))
-    out = {f"train/{k}": v for k, v in metrics.items()}
-    out.update({f"timing/train/{k}": v for k, v in timer.times.items()})
-    return out
+    return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     """Run the whole job: warm-up (or resume), GRPO steps, validation, checkpoints. Returns a summary."""
-    return run_training(cfg, grpo_step, quiet=quiet)
+    with Session(cfg, quiet) as s:
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        for step in range(s.start(), cfg.grpo.max_num_steps):
+            s.end_step(step, grpo_step(s, loss, step))
+        return s.summary()

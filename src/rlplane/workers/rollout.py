@@ -5,10 +5,8 @@ prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.w
 columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
 small per-row carry: rewards, group index, truncation, lengths. Nothing else crosses to the driver.
 
-Columns written (per-token ones are jagged, length = prompt + response):
-  input_ids            prompt + response token ids (multi-turn: prompt, responses and observations)
-  token_mask           1 on generated tokens (the ones trained on), 0 on prompt and observation tokens
-  generation_logprobs  logprob of each generated token under the sampler, 0 elsewhere
+Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
+:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import torch
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.generation import create_backend
 from rlplane.workers.base import load_configured_policy
@@ -114,7 +113,7 @@ class RolloutWorker:
         meta = self.dp.put_samples(
             keys,
             partition_id,
-            {"input_ids": res.input_ids, "token_mask": res.token_mask, "generation_logprobs": res.generation_logprobs},
+            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
         return meta, carry, res.metrics
