@@ -36,6 +36,7 @@ from rlplane.algorithms.losses import (
     clipped_pg_loss,
     explained_variance,
     nll_loss,
+    reverse_kl_loss,
     value_loss,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "length_adaptive_lambda",
     "ClippedPGOptions",
     "nll_loss",
+    "reverse_kl_loss",
     "opd_advantages",
     "overlong_filter_sample_mask",
     "raw_reward_advantages",

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from rlplane.algorithms._ops import as_tensor_like, masked_mean, masked_sum, safe_div
+from rlplane.algorithms.advantages import opd_advantages
 from rlplane.algorithms.kl import kl_estimate
 from rlplane.algorithms.loss_options import ClippedPGOptions
 
@@ -342,6 +343,47 @@ def clipped_pg_loss(
     metrics["loss"] = loss.detach()
     metrics["actor_loss"] = actor_loss.detach()
     metrics.update(_diagnostics(x, o, ratio, ratio_c, is_w))
+    return loss, metrics
+
+
+#: How each :func:`reverse_kl_loss` metric combines across micro-batches.
+REVERSE_KL_METRIC_REDUCTIONS: dict[str, str] = {"loss": "sum", "reverse_kl": "sum", "num_valid_samples": "sum"}
+
+
+def reverse_kl_loss(
+    curr_logprobs: Tensor,
+    teacher_logprobs: Tensor,
+    token_mask: Tensor,
+    sample_mask: Tensor,
+    global_valid_tokens: float | Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """On-policy distillation: the per-token reverse KL ``KL(π_θ ‖ π_teacher)``, sampled estimate.
+
+    On the student's own samples y ~ π_θ, ``k_t = log π_θ(y_t) − log π_T(y_t)`` estimates the reverse
+    KL at each token, and ``E[k_t·∇log π_θ(y_t)]`` is its gradient (the ``E[∇log π_θ] = 0`` term
+    drops). That is REINFORCE with the ``opd`` advantage ``A_t = sg(log π_T − log π_θ)``
+    (:func:`~rlplane.algorithms.opd_advantages`; NeMo RL's ``OPDAdvantageEstimator``, MOPD
+    arXiv:2601.02780 Eq. 8; Agarwal et al. 2024 GKD; Thinking Machines "on-policy distillation").
+
+    ``loss = Σ m·(−A)·(1 + curr − sg(curr)) / N``: its value is the token-mean estimate
+    ``Σ m·k / N`` and its gradient ``Σ m·sg(k)·∇curr / N``, with ``m = token_mask·sample_mask`` and
+    N = ``global_valid_tokens`` (summed over micro-batches and DP ranks, so splitting a batch does not
+    change the loss or the gradient). Positions outside ``m`` may hold -inf/NaN.
+
+    Shapes: curr_logprobs (with gradient), teacher_logprobs, token_mask (B, T); sample_mask (B,).
+    Metrics (sums across micro-batches): ``loss``, ``reverse_kl`` (= the loss's value),
+    ``num_valid_samples``.
+    """
+    dtype = torch.promote_types(curr_logprobs.dtype, torch.float32)
+    m = token_mask.to(dtype) * sample_mask.to(dtype)[:, None]  # (B, T)
+    valid = m != 0
+    zero = torch.zeros((), dtype=dtype, device=curr_logprobs.device)
+    curr = torch.where(valid, curr_logprobs.to(dtype), zero)
+    teacher = torch.where(valid, teacher_logprobs.to(dtype), zero)
+    adv = opd_advantages(teacher, curr.detach(), m)  # (B, T) = −k, no gradient
+    per_token = -adv * (1.0 + curr - curr.detach())  # value −A = k, gradient −A·∇curr
+    loss = safe_div(masked_sum(per_token, m), as_tensor_like(global_valid_tokens, m))
+    metrics = {"loss": loss.detach(), "reverse_kl": loss.detach(), "num_valid_samples": sample_mask.to(dtype).sum()}
     return loss, metrics
 
 

@@ -496,6 +496,11 @@ class RunConfig(StrictModel):
                 f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
                 f"{g.ppo_epochs}; set ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"
             )
+        if name == "distillation" and samples != p.train_global_batch_size:
+            errors.append(
+                "distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for "
+                f"the weights that sampled it): set policy.train_global_batch_size = {samples} (prompts × generations)"
+            )
         if name == "grpo" and g.async_grpo.enabled:
             errors.extend(_async_grpo_errors(self))
         if errors:
