@@ -150,6 +150,54 @@ def test_turn_limit_and_failing_environment(envs):
     assert len(meta) == 8  # the step goes on with every sample written
 
 
+class MalformedEnv(ThreeTurnEnv):
+    """Scores like ThreeTurnEnv but breaks its return for "5+6=" problems, in the way ``kind`` says."""
+
+    kind = "observation"
+
+    def step(self, message_logs, metadata):
+        ret = super().step(message_logs, metadata)
+        bad = [j for j, log in enumerate(message_logs) if log[0]["content"] == "5+6="]
+        if not bad:
+            return ret
+        if MalformedEnv.kind == "observation":  # a bare string where the message dict belongs
+            obs = list(ret.observations)
+            for j in bad:
+                obs[j] = "=1+"
+            return ret._replace(observations=obs)
+        if MalformedEnv.kind == "metadata":  # one metadata entry short
+            return ret._replace(metadata=ret.metadata[:-1])
+        if MalformedEnv.kind == "rewards":  # one reward too many
+            return ret._replace(rewards=torch.cat([ret.rewards, torch.ones(1)]))
+        if MalformedEnv.kind == "nan_reward":
+            rewards = ret.rewards.clone()
+            rewards[bad] = float("nan")
+            return ret._replace(rewards=rewards)
+        return None  # "none": not an EnvironmentReturn at all
+
+
+@pytest.mark.parametrize("kind", ["observation", "metadata", "rewards", "nan_reward", "none"])
+def test_malformed_environment_return_fails_only_its_samples(envs, kind, caplog):
+    """Issue 16 item 13a: a malformed return used to fail the whole rollout (AttributeError on a
+    str observation, IndexError on short metadata) or pass unnoticed; now only the samples it is
+    malformed for fail (reward 0, env_errors), with one warning line that says why."""
+    MalformedEnv.kind = kind
+    register_env("malformed", MalformedEnv)
+    cfg, model, tok, dp, worker = _setup(max_total=64, turns=2)
+    datums = _datums(tok, ["1+2="]) + _datums(tok, ["5+6=", "7+8="], task="malformed")
+    with caplog.at_level("WARNING", logger="rlplane.workers.turns"):
+        meta, carry, metrics = worker.rollout(datums, group_size=2, partition_id="train")
+    # Two turns of reward 1 for the good samples; the "5+6=" pair fails on its first turn.
+    assert carry["rewards"].tolist() == [2.0, 2.0, 0.0, 0.0, 2.0, 2.0]
+    assert metrics["env_errors"] == 2.0 and len(meta) == 6
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlplane.workers.turns"]
+    assert len(lines) == 1 and "environment 'malformed' failed on 2 of 4 samples" in lines[0], lines
+    why = {"observation": "observations[0] is a str, not a dict", "metadata": "0 metadata for 1 samples",
+           "rewards": "2 rewards for 1 samples", "nan_reward": "rewards[0] = nan",
+           "none": "returned a NoneType, not an EnvironmentReturn"}[kind]
+    assert why in lines[0], lines[0]
+
+
 def test_grpo_calculator_preset_runs_multi_turn(tmp_path):
     """The tool-use preset end to end (tiny sizes): the turn metrics are logged and finite."""
     import math

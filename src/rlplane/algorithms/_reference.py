@@ -16,27 +16,28 @@ from torch import Tensor
 def baseline_and_std_loop(
     prompt_ids: Tensor, rewards: Tensor, valid_mask: Tensor, leave_one_out: bool = True
 ) -> tuple[Tensor, Tensor]:
-    """Twin of :func:`rlplane.algorithms.advantages.calculate_baseline_and_std_per_prompt`."""
+    """Twin of :func:`rlplane.algorithms.advantages.calculate_baseline_and_std_per_prompt`.
+
+    Straight from the definition: list the other valid samples' rewards, take their mean and
+    two-pass unbiased std; when they are all equal, the mean is that value and the std is 0.
+    """
     b = rewards.shape[0]
     keys = [tuple(prompt_ids[i].reshape(-1).tolist()) for i in range(b)]
-    r, v = rewards.tolist(), [float(x) for x in valid_mask.tolist()]
+    r, v = rewards.tolist(), [float(x) != 0 for x in valid_mask.tolist()]
     baseline, std = [0.0] * b, [0.0] * b
     for i in range(b):
-        members = [j for j in range(b) if keys[j] == keys[i]]
-        n_valid = sum(v[j] for j in members)
-        if n_valid <= 1:
+        members = [j for j in range(b) if keys[j] == keys[i] and v[j]]
+        if len(members) <= 1:
             baseline[i], std[i] = r[i], 0.0
             continue
-        others = [j for j in members if not (leave_one_out and j == i)]
-        k = n_valid - (v[i] if leave_one_out else 0.0)
-        mean = sum(v[j] * r[j] for j in others) / k
-        sq = sum(v[j] * r[j] ** 2 for j in others) / k
+        others = [r[j] for j in members if not (leave_one_out and j == i)]
+        k = len(others)
+        if all(x == others[0] for x in others):
+            baseline[i], std[i] = others[0], 0.0
+            continue
+        mean = sum(others) / k
         baseline[i] = mean
-        if k <= 1:
-            std[i] = 0.0
-        else:
-            var = max(sq - mean**2, 0.0) * k / (k - 1)
-            std[i] = math.sqrt(var)
+        std[i] = math.sqrt(sum((x - mean) ** 2 for x in others) / (k - 1))
     return torch.tensor(baseline, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
 
 

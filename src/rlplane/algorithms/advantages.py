@@ -17,6 +17,7 @@ Formulas (``docs/algorithms.md`` has the full page):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -27,6 +28,7 @@ from rlplane.algorithms.kl import kl_estimate
 
 GRPO_STD_EPS = 1e-6
 REINFORCE_PP_VAR_FLOOR = 1e-8
+RAW_REWARD_VAR_FLOOR = 1e-8
 
 
 def group_ids(prompt_ids: Tensor) -> Tensor:
@@ -60,8 +62,12 @@ def calculate_baseline_and_std_per_prompt(
       divides by ``n_v − 1`` there too; it always passes an all-ones mask, so this never differs
       in practice and keeps the std shift-invariant).
 
-    The variance is computed on group-centred rewards in float64, so large rewards with a tiny
-    spread do not lose their std to cancellation.
+    Exactness: when the k samples are all equal (compared exactly, through the group's top-two
+    maximum and minimum), ``std_i`` is exactly 0 and ``b_i`` is their common value, never a
+    rounding residue of a sum: a residue (≈ 1e-9) would pass the ``std > 0`` test and blow the
+    advantage up by 1e6 (issue 16: ``[1, 0, 1]`` gave ``−992604`` instead of ``−1``). Otherwise the
+    variance is computed on group-centred rewards in float64, so large rewards with a tiny spread
+    do not lose their std to cancellation.
 
     Args:
         prompt_ids: (B,) or (B, L) integer prompt ids; identical rows form a group.
@@ -98,10 +104,39 @@ def calculate_baseline_and_std_per_prompt(
     std = torch.sqrt(safe_div(var_biased * k, k - 1.0))
     std = torch.where(k > 1, std, torch.zeros_like(std))
 
+    # The others all equal: std exactly 0 and the baseline their common value (exact, no residue).
+    others_max, others_min = _others_extrema(gid, r, v != 0, leave_one_out, num_groups)
+    equal = others_max == others_min  # (B,); False when there are no others (±inf)
+    baseline = torch.where(equal, others_max, baseline)
+    std = torch.where(equal, torch.zeros_like(std), std)
+
     small = n_valid <= 1
     baseline = torch.where(small, rewards.to(torch.float64), baseline)
     std = torch.where(small, torch.zeros_like(std), std)
     return baseline.to(rewards.dtype), std.to(rewards.dtype)
+
+
+def _others_extrema(gid: Tensor, r: Tensor, valid: Tensor, leave_one_out: bool, num_groups: int) -> tuple[Tensor, Tensor]:
+    """(max, min) over the valid rewards of sample i's group, without sample i under leave-one-out.
+
+    Exact (no arithmetic on the rewards): with leave-one-out, sample i's max is the group's
+    second-largest valid value when i is the group's only valid sample holding the largest one,
+    else the largest (min alike). −inf / +inf when there are no such samples. All (B,) float64.
+    """
+    def extremum(x: Tensor, reduce: str, fill: float) -> Tensor:  # (B,) -> (B,) per-group max/min
+        out = torch.full((num_groups,), fill, dtype=x.dtype, device=x.device)
+        return out.scatter_reduce(0, gid, x, reduce=reduce)[gid]
+
+    result = []
+    for reduce, fill in (("amax", -math.inf), ("amin", math.inf)):
+        top = extremum(torch.where(valid, r, torch.full_like(r, fill)), reduce, fill)  # (B,)
+        if leave_one_out:
+            at_top = valid & (r == top)
+            count = torch.zeros(num_groups, dtype=torch.long, device=r.device).index_add_(0, gid, at_top.long())[gid]
+            second = extremum(torch.where(valid & ~at_top, r, torch.full_like(r, fill)), reduce, fill)
+            top = torch.where(at_top & (count == 1), second, top)
+        result.append(top)
+    return result[0], result[1]
 
 
 def normalize_by_std(advantages: Tensor, std: Tensor, epsilon: float = GRPO_STD_EPS) -> Tensor:
@@ -189,13 +224,15 @@ def gdpo_advantages(
     valid_mask: Tensor | None = None,
     *,
     reward_weights: Sequence[float] | None = None,
+    normalize_rewards: bool = True,
     use_leave_one_out_baseline: bool = True,
     epsilon: float = GRPO_STD_EPS,
 ) -> Tensor:
     """GDPO per-sample advantage for multi-reward training (each component normalised separately).
 
     Components are taken in alphabetical order of their names (``reward/<name>``):
-    ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO per component, std > 0 only),
+    ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO per component, std > 0 only; without the division
+    when ``normalize_rewards`` is False),
     ``A = Σ_k w_k A_k`` (``w_k = 1`` by default), then batch whitening over valid samples:
     ``A ← (A − mean(A)) / std(A)`` where ``std(A) > 0`` (unbiased std).
 
@@ -217,7 +254,7 @@ def gdpo_advantages(
     total = None
     for w, name in zip(weights, names):
         a = grpo_advantages(
-            prompt_ids, reward_components[name], valid_mask,
+            prompt_ids, reward_components[name], valid_mask, normalize_rewards=normalize_rewards,
             use_leave_one_out_baseline=use_leave_one_out_baseline, epsilon=epsilon,
         )
         total = w * a if total is None else total + w * a
@@ -232,12 +269,13 @@ def gdpo_advantages(
 def raw_reward_advantages(rewards: Tensor, token_mask: Tensor, *, normalize_advantages: bool = True) -> Tensor:
     """PPO ``raw_reward`` estimator (no critic): ``A_t = r`` on every token of the sequence.
 
-    If ``normalize_advantages``: whiten over the masked tokens, ``(A − μ)·rsqrt(var + 1e-8)``
-    with the unbiased masked variance (as GAE). Returns (B, T), 0 outside ``token_mask``.
+    If ``normalize_advantages``: whiten over the masked tokens, ``(A − μ)·rsqrt(max(var, 1e-8))``
+    with the biased masked variance, as NeMo RL's ``RawRewardAdvantageEstimator`` (GAE whitening
+    differs: unbiased, ``var + 1e-8``). Returns (B, T), 0 outside ``token_mask``.
     """
     adv = rewards[:, None].expand(token_mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))
     if normalize_advantages:
-        return masked_whiten(adv, token_mask, unbiased=True, eps=1e-8)
+        return masked_whiten(adv, token_mask, unbiased=False, eps=RAW_REWARD_VAR_FLOOR, clamp_var=True)
     return torch.where(token_mask != 0, adv, torch.zeros_like(adv))
 
 

@@ -223,7 +223,9 @@ def seq_logprob_error_mask(
 
     ``sample_mask_b ← sample_mask_b · [seq_err_b ≤ threshold]`` (unchanged when the threshold is None).
 
-    Metrics (0-d tensors, over sequences with ``sample_mask ≠ 0``; extrema 0 when there are none):
+    Metrics (0-d tensors, over sequences with ``sample_mask ≠ 0`` and at least one valid token,
+    as NeMo RL: a sequence with no valid token has no error, not an error of 0; all 0 when there
+    are none):
     ``max/mean/min_seq_mult_prob_error`` (before masking), the same with ``_after_mask`` (over the
     sequences still kept), ``num_masked_seqs_by_logprob_error``, and ``masked_correct_pct``
     (fraction of the masked sequences with reward == 1; needs ``rewards``).
@@ -231,7 +233,8 @@ def seq_logprob_error_mask(
     Returns ``(new_sample_mask (B,), metrics)``.
     """
     err = seq_mult_prob_error(generation_logprobs, prev_logprobs, token_mask, sample_mask)  # (B,)
-    alive = sample_mask != 0
+    # (B,) sample_mask ≠ 0 and at least one valid token
+    alive = (token_mask.to(err.dtype) * sample_mask.to(err.dtype)[:, None]).sum(dim=-1) > 0
     new_mask = sample_mask if seq_logprob_error_threshold is None else sample_mask * (err <= seq_logprob_error_threshold).to(sample_mask.dtype)
     metrics: dict[str, Tensor] = {}
 
@@ -244,7 +247,7 @@ def seq_logprob_error_mask(
         metrics[f"mean_seq_mult_prob_error{suffix}"] = safe_div(masked_sum(err, sel.to(err.dtype)), sel.sum().to(err.dtype))
 
     stats(alive, "")
-    stats(new_mask != 0, "_after_mask")
+    stats((new_mask != 0) & alive, "_after_mask")
     masked = alive & (new_mask == 0)
     metrics["num_masked_seqs_by_logprob_error"] = masked.sum()
     if rewards is not None:

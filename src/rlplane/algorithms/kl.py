@@ -31,13 +31,18 @@ def kl_estimate(
     ``log r = clamp(logprobs_reference − logprobs, ±input_clamp_value)``;
     ``k = k1|k2|k3(log r)``; then ``clamp(importance_weights · k, ±output_clamp_value)``.
     The clamps bound the estimate when the two policies disagree wildly (defaults in the loss:
-    20 and 10); inside an active clamp the gradient is 0.
+    20 and 10); inside an active clamp the gradient is 0: where the input clamp acts, the
+    importance weight is detached as well (else ``d(w·k)/dθ = k·dw/dθ`` would leak through the
+    constant clamped ``k``; NeMo RL's ``calculate_kl`` does the same).
 
     Shapes: any, all inputs broadcastable; output has the broadcast shape.
     """
     log_ratio = logprobs_reference - logprobs
     if input_clamp_value is not None:
-        log_ratio = log_ratio.clamp(-input_clamp_value, input_clamp_value)
+        clamped = log_ratio.clamp(-input_clamp_value, input_clamp_value)
+        if importance_weights is not None:
+            importance_weights = torch.where(clamped == log_ratio, importance_weights, importance_weights.detach())
+        log_ratio = clamped
     if kl_type == "k1":
         kl = -log_ratio
     elif kl_type == "k2":

@@ -116,7 +116,7 @@ class PPOAdvEstimatorConfig(StrictModel):
     name: Literal["gae", "raw_reward"] = Field("gae", description="gae (needs the value model) or raw_reward (A = r on every token).")
     gae_lambda: float = Field(0.95, description="λ of GAE for both advantages and returns unless overridden below.")
     gae_gamma: float = Field(1.0, description="Discount γ per token.")
-    normalize_advantages: bool = Field(True, description="Whiten advantages over the valid tokens (unbiased variance, +1e-8).")
+    normalize_advantages: bool = Field(True, description="Whiten advantages over the valid tokens (unbiased variance, +1e-8; raw_reward uses the biased masked variance clamped at 1e-8, as NeMo RL).")
     gae_lambda_value: float | None = Field(None, description="VAPO: λ for the value targets (returns); null = gae_lambda.")
     gae_lambda_policy: float | None = Field(None, description="VAPO: λ for the policy advantages; null = gae_lambda.")
     length_adaptive_alpha: float = Field(0.0, description="VAPO length-adaptive λ_policy = 1 − 1/(α·L) per sample when > 0 (overrides gae_lambda_policy).")

@@ -25,6 +25,11 @@ class EnvironmentReturn(NamedTuple):
     rewards: (B,) float32.
     terminateds: (B,) bool; True ends the sample's rollout.
     answers: what the environment extracted from each response (None where nothing), or None.
+
+    The rollout checks every return (``workers/turns.py``): lists of the wrong length make it
+    step the batch's samples one by one; a sample whose own entry is malformed (an observation
+    that is neither a dict nor None, a non-finite reward, stop strings that are not a list of
+    strings) fails alone: reward 0, counted in ``env_errors``, with a warning in the log.
     """
 
     observations: list[dict[str, str]]

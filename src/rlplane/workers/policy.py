@@ -5,8 +5,12 @@ same class as an actor, one per data-parallel rank, with gradients summed over a
 It never receives bulk tensors from the driver: it is handed a :class:`KVBatchMeta` receipt for
 its shard, fetches the fields it needs from the data plane, and writes results back there.
 
-Logprob convention (as in the seeds): ``logprobs[:, t] = log π(token_t | tokens_<t)`` under
-``logits / temperature``, ``logprobs[:, 0] = 0``. The loss sees every per-token tensor sliced ``[:, 1:]``.
+Logprob convention (as in the seeds): ``logprobs[:, t] = log π(token_t | tokens_<t)`` under the
+sampling distribution of ``policy.generation`` (``logits / temperature``, then top-k, then top-p,
+renormalised: :func:`rlplane.generation.sampling.sampling_logprobs`, the function the sampler draws
+with), ``logprobs[:, 0] = 0``. The loss sees every per-token tensor sliced ``[:, 1:]``.
+As in NeMo RL, the reference policy's logprobs and the current policy's logprobs inside the KL term
+are unfiltered (temperature only): the reference's top-k/top-p set differs from the policy's.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
+from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.precision import autocast
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 
@@ -44,6 +49,9 @@ class PolicyLoss(Protocol):
     """
 
     def columns(self) -> list[str]: ...
+
+    # Optional: ``wants_unfiltered_logprobs`` (bool) asks for ``(filtered, unfiltered)`` logprobs
+    # when the sampler filters (top-k/top-p); see ClippedPGLoss.
 
     def __call__(self, curr_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], sample_mask: torch.Tensor,
                  global_valid_tokens: torch.Tensor, global_valid_seqs: torch.Tensor): ...
@@ -60,10 +68,18 @@ class ClippedPGLoss:
         prev = [] if self.options.force_on_policy_ratio else [PREV_LOGPROBS]
         return [TOKEN_MASK, ADVANTAGES, GENERATION_LOGPROBS, *prev, *[REFERENCE_LOGPROBS] * self.reference]
 
+    @property
+    def wants_unfiltered_logprobs(self) -> bool:
+        """With top-k/top-p sampling the KL term compares temperature-only logprobs (NeMo RL)."""
+        return self.reference
+
     def __call__(self, curr_logprobs, batch, sample_mask, global_valid_tokens, global_valid_seqs):
+        # (filtered, unfiltered) when wants_unfiltered_logprobs and the sampler filters; else filtered only.
+        curr, curr_unfiltered = curr_logprobs if isinstance(curr_logprobs, tuple) else (curr_logprobs, None)
         return clipped_pg_loss(
-            curr_logprobs=curr_logprobs,
-            prev_logprobs=batch.get(PREV_LOGPROBS, curr_logprobs.detach()),
+            curr_logprobs=curr,
+            curr_logprobs_unfiltered=curr_unfiltered,
+            prev_logprobs=batch.get(PREV_LOGPROBS, curr.detach()),
             generation_logprobs=batch[GENERATION_LOGPROBS],
             reference_logprobs=batch.get(REFERENCE_LOGPROBS),
             advantages=batch[ADVANTAGES],
@@ -75,15 +91,29 @@ class ClippedPGLoss:
         )
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Per-token logprobs of ``input_ids`` under ``model``; (B, T), position 0 is 0."""
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    unfiltered: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Per-token logprobs of ``input_ids`` under ``model``'s sampling distribution; (B, T), position 0 is 0.
+
+    With ``unfiltered`` also returns the temperature-only logprobs of the same forward pass (for the
+    KL term), as ``(filtered, unfiltered)``.
+    """
     with autocast(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
     logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    return F.pad(logp, (1, 0))
+    targets = input_ids[:, 1:]  # (B, T-1)
+    logp = sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p, tokens=targets)  # (B, T-1)
+    if not unfiltered:
+        return F.pad(logp, (1, 0))
+    plain = sampling_logprobs(logits, temperature=temperature, top_k=None, top_p=1.0, tokens=targets)
+    return F.pad(logp, (1, 0)), F.pad(plain, (1, 0))
 
 
 class PolicyWorker(DPTrainWorker):
@@ -127,13 +157,17 @@ class PolicyWorker(DPTrainWorker):
         ids = data[INPUT_IDS]  # (B, T)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
         attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
-        temp = self.cfg.policy.generation.temperature
+        gen = self.cfg.policy.generation
+        # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
+        # use_reference_model), and the loss compares them with the policy's unfiltered ones.
+        top_k, top_p = (None, 1.0) if reference else (gen.top_k, gen.top_p)
         bs = self.cfg.policy.logprob_batch_size
         was_training = model.training
         model.eval()
-        out = torch.cat(
-            [token_logprobs(model, ids[i : i + bs], attn[i : i + bs], temp) for i in range(0, len(ids), bs)]
-        )
+        out = torch.cat([
+            token_logprobs(model, ids[i : i + bs], attn[i : i + bs], gen.temperature, top_k, top_p)
+            for i in range(0, len(ids), bs)
+        ])
         model.train(was_training)
         self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
@@ -150,11 +184,16 @@ class PolicyWorker(DPTrainWorker):
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long)
         ids = data[INPUT_IDS]  # (B, T)
         attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
-        temp = cfg.policy.generation.temperature
+        gen = cfg.policy.generation
         batch = {c: data[c][:, 1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
+        # With top-k/top-p on, a KL-to-reference term needs the current policy's unfiltered logprobs as
+        # well (the reference's are unfiltered); both come from one forward pass.
+        split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)
 
-        def forward(mb: slice) -> torch.Tensor:
-            return token_logprobs(self.model, ids[mb], attn[mb], temp)[:, 1:]  # (b, T-1)
+        def forward(mb: slice):
+            """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``."""
+            lp = token_logprobs(self.model, ids[mb], attn[mb], gen.temperature, gen.top_k, gen.top_p, split_kl)
+            return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
         return self._train_global_batches(
             batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,

@@ -7,8 +7,10 @@ Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md
    datum's for the first turn, plus what its environment returned for later ones);
 2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
 3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
-   **summed** over turns. An environment that raises is retried sample by sample, and the samples
-   that still raise fail: total reward 0, sample done, counted in ``env_errors``; the others go on;
+   **summed** over turns. An environment that raises, or returns a malformed batch (lists of the
+   wrong length), is retried sample by sample; the samples that still raise, or whose own entry is
+   malformed (an observation that is not a dict, a non-finite reward, bad stop strings), fail: total
+   reward 0, sample done, counted in ``env_errors``, one warning line per task; the others go on;
 4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
    has no room left (a response that fills the sequence is marked truncated): the observation (tokenized without special tokens) is appended, cut to the
    room left, and a sample that could not take it whole plus one more generated token is marked
@@ -29,11 +31,14 @@ Metrics (means are over the batch's samples):
   truncation_rate                                          share that hit max_total_sequence_length (a
                                                            response cut there, or an observation that did not fit)
   max_turns_reached_rate                                   share stopped by the turn limit
-  env_errors / env_error_rate                              samples whose environment raised (count, share)
+  env_errors / env_error_rate                              samples whose environment raised or returned
+                                                           something malformed (count, share)
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +47,8 @@ import torch
 
 from rlplane.data.datum import DatumSpec
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -183,52 +190,97 @@ def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | No
 def _step_envs(states: list[SampleState], active: list[int], env_for: Callable[[str], Any]) -> int:
     """Step each task's environment on its active samples; returns how many samples failed.
 
-    When a task's batch raises, its samples are stepped one by one, so only the ones that raise fail.
+    A sample fails when its environment raises on it or returns something malformed for it (see
+    :func:`_check_return`): reward 0, done, one warning line per task. When a task's whole batch
+    raises or comes back malformed as a batch (wrong lengths), its samples are stepped one by one,
+    so only the ones that break the environment fail.
     """
     by_task: dict[str, list[int]] = {}
     for i in active:
         by_task.setdefault(states[i].task_name, []).append(i)
     failed = 0
     for task, rows in by_task.items():
+        problems: dict[int, str] = {}  # failed sample -> why
         try:
-            env = env_for(task)
-            outcomes = [(rows, _checked_step(env, task, [states[i] for i in rows]))]
+            outcomes = [(rows, _checked_step(env_for(task), task, [states[i] for i in rows]))]
         except Exception:  # isolate the samples that break the environment
             outcomes = []
             for i in rows:
                 try:
                     outcomes.append(([i], _checked_step(env_for(task), task, [states[i]])))
-                except Exception:
-                    s = states[i]
-                    s.reward, s.env_error, s.done = 0.0, True, True
-                    failed += 1
-        for group, (ret, rewards, terminated) in outcomes:
-            _apply(states, group, ret, rewards, terminated)
+                except Exception as e:
+                    problems[i] = f"{type(e).__name__}: {e}"
+        for group, (ret, rewards, terminated, sample_problems) in outcomes:
+            for j, i in enumerate(group):
+                if sample_problems[j]:
+                    problems[i] = sample_problems[j]
+                else:
+                    _apply(states[i], ret, j, rewards[j], terminated[j])
+        for i in problems:
+            s = states[i]
+            s.reward, s.env_error, s.done = 0.0, True, True
+        if problems:
+            first, why = next(iter(problems.items()))
+            log.warning(
+                "environment %r failed on %d of %d samples (scored 0, counted in env_errors); first, sample %d: %s",
+                task, len(problems), len(rows), first, why,
+            )
+        failed += len(problems)
     return failed
 
 
 def _checked_step(env, task: str, batch: list[SampleState]):
+    """Step ``env`` on ``batch``; ``(ret, rewards, terminated, problems)`` with per-sample problems
+    ("" where the sample's return is well formed). Raises when the return is malformed as a whole."""
     ret = env.step([s.message_log for s in batch], [s.env_info for s in batch])
+    n = len(batch)
+    fields = ("observations", "metadata", "next_stop_strings", "rewards", "terminateds")
+    if not all(hasattr(ret, f) for f in fields):
+        raise TypeError(f"environment {task!r} returned a {type(ret).__name__}, not an EnvironmentReturn")
     rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1).tolist()
     terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
-    if not len(rewards) == len(terminated) == len(ret.observations) == len(batch):
-        raise ValueError(f"environment {task!r} returned {len(rewards)} rewards for {len(batch)} samples")
-    return ret, rewards, terminated
+    lengths = {"rewards": len(rewards), "terminateds": len(terminated), "observations": _len(ret.observations)}
+    for optional in ("metadata", "next_stop_strings"):  # None means "unchanged" / "no stop strings"
+        if getattr(ret, optional) is not None:
+            lengths[optional] = _len(getattr(ret, optional))
+    wrong = {k: v for k, v in lengths.items() if v != n}
+    if wrong:
+        raise ValueError(f"environment {task!r} returned " + ", ".join(f"{v} {k}" for k, v in wrong.items())
+                         + f" for {n} samples; every list needs one entry per sample")
+    problems = [_sample_problem(ret, j, rewards[j], terminated[j]) for j in range(n)]
+    return ret, rewards, terminated, problems
 
 
-def _apply(states: list[SampleState], rows: list[int], ret, rewards: list[float], terminated: list[bool]) -> None:
-    next_stops = ret.next_stop_strings or [None] * len(rows)
-    metadata = ret.metadata if ret.metadata is not None else [states[i].env_info for i in rows]
-    for j, i in enumerate(rows):
-        s = states[i]
-        s.reward += rewards[j]
-        if terminated[j]:
-            s.done = s.terminated = True
-            continue
-        obs = ret.observations[j] or {}
-        s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
-        s.env_info = metadata[j]
-        s.stop_strings = next_stops[j]
+def _len(x) -> int:
+    return len(x) if isinstance(x, (list, tuple)) else -1  # -1: not a list at all
+
+
+def _sample_problem(ret, j: int, reward: float, terminated: bool) -> str:
+    """Why sample ``j`` of an environment's return is malformed ("" if it is not)."""
+    if not math.isfinite(reward):
+        return f"rewards[{j}] = {reward}, not a finite number"
+    if terminated:  # nothing else of a finished sample is read
+        return ""
+    obs = ret.observations[j]
+    if obs is not None and not isinstance(obs, dict):
+        return f"observations[{j}] is a {type(obs).__name__}, not a dict {{'role': ..., 'content': ...}}"
+    stops = ret.next_stop_strings[j] if ret.next_stop_strings is not None else None
+    if stops is not None and not (isinstance(stops, (list, tuple)) and all(isinstance(x, str) for x in stops)):
+        return f"next_stop_strings[{j}] = {stops!r}, not None or a list of strings"
+    return ""
+
+
+def _apply(s: SampleState, ret, j: int, reward: float, terminated: bool) -> None:
+    """Add entry ``j`` of a (checked) environment return to sample ``s``."""
+    s.reward += reward
+    if terminated:
+        s.done = s.terminated = True
+        return
+    obs = ret.observations[j] or {}
+    s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
+    if ret.metadata is not None:
+        s.env_info = ret.metadata[j]
+    s.stop_strings = list(ret.next_stop_strings[j]) if ret.next_stop_strings is not None and ret.next_stop_strings[j] else None
 
 
 def _result(states: list[SampleState], env_errors: int, max_turns: int) -> TurnsResult:

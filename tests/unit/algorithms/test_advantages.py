@@ -204,16 +204,45 @@ def test_gdpo_all_equal_is_zero_not_nan():
     close(gdpo_advantages(p, {"a": torch.ones(2), "b": torch.zeros(2)}), [0.0, 0.0])
 
 
+def test_gdpo_normalize_rewards_false_skips_the_per_component_std():
+    # issue 16 item 9 (NeMo RL GDPOAdvantageEstimator: normalize_rewards gates the per-component
+    # division; the final batch whitening always runs). One group of 4, LOO.
+    # a = [1, 0, 0, 0]: b = [0, 1/3, 1/3, 1/3] -> A_a = [1, −1/3, −1/3, −1/3]
+    # b = [1, 1, 0, 0]: b = [1/3, 1/3, 2/3, 2/3] -> A_b = [2/3, 2/3, −2/3, −2/3]
+    # sum = [5/3, 1/3, −1, −1]; mean 0; unbiased var = (25/9 + 1/9 + 1 + 1)/3 = 44/27
+    p = torch.zeros(4, dtype=torch.long)
+    comps = {"a": torch.tensor([1.0, 0.0, 0.0, 0.0]), "b": torch.tensor([1.0, 1.0, 0.0, 0.0])}
+    sd = math.sqrt(44 / 27)
+    close(gdpo_advantages(p, comps, normalize_rewards=False), [5 / 3 / sd, 1 / 3 / sd, -1 / sd, -1 / sd])
+    # normalised: A_a = [1, −y, −y, −y] (sample 0 sees [0, 0, 0]: std 0), y = (1/3)/(sqrt(1/3) + 1e-6);
+    # A_b = [z, z, −z, −z], z = (2/3)/(sqrt(1/3) + 1e-6); sum = [1 + z, z − y, −y − z, −y − z]
+    y, z = (1 / 3) / (math.sqrt(1 / 3) + 1e-6), (2 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    s = torch.tensor([1 + z, z - y, -y - z, -y - z], dtype=torch.float64)
+    close(gdpo_advantages(p, comps), (s - s.mean()) / s.std())
+
+
 # ---------------------------------------------------------------- raw reward / OPD
 
 
 def test_raw_reward_advantages():
-    # r = [1, 0]; tokens [[1, 1], [1, 0]] -> values [1, 1, 0]; μ = 2/3; unbiased var = (2·(1/3)² + (2/3)²)/2 = 1/3
+    # issue 16 item 7: NeMo RL's RawRewardAdvantageEstimator whitens with the *biased* masked
+    # variance and rsqrt(clamp(var, 1e-8)).
+    # r = [1, 0]; tokens [[1, 1], [1, 0]] -> values [1, 1, 0]; μ = 2/3;
+    # biased var = (2·(1/3)² + (2/3)²)/3 = (2/9 + 4/9)/3 = 2/9 -> sd = sqrt(2)/3
+    # A = (1/3)/(sqrt(2)/3) = 1/sqrt(2), (−2/3)/(sqrt(2)/3) = −sqrt(2)   (unbiased var 1/3 gave 0.577/−1.155)
     tm = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     a = raw_reward_advantages(torch.tensor([1.0, 0.0]), tm)
-    sd = math.sqrt(1 / 3 + 1e-8)
-    close(a, [[(1 / 3) / sd, (1 / 3) / sd], [(-2 / 3) / sd, 0.0]])
+    close(a, [[1 / S2, 1 / S2], [-S2, 0.0]])
     close(raw_reward_advantages(torch.tensor([1.0, 0.0]), tm, normalize_advantages=False), [[1.0, 1.0], [0.0, 0.0]])
+
+
+def test_raw_reward_advantages_variance_is_clamped_not_shifted():
+    # rewards [1 + 1e-5, 1]: values [1 + 1e-5, 1], μ = 1 + 5e-6, biased var = (5e-6)² = 2.5e-11 < 1e-8
+    # clamp: rsqrt(1e-8) = 1e4 -> A = ±5e-6·1e4 = ±0.05   (var + 1e-8 would give ±0.049999999)
+    # and one valid token: var = 0 -> clamped -> A = 0, not NaN
+    a = raw_reward_advantages(torch.tensor([1.0 + 1e-5, 1.0], dtype=torch.float64), torch.ones(2, 1, dtype=torch.float64))
+    torch.testing.assert_close(a, torch.tensor([[0.05], [-0.05]], dtype=torch.float64), atol=1e-12, rtol=1e-12)
+    close(raw_reward_advantages(torch.tensor([3.0]), torch.ones(1, 2)), [[0.0, 0.0]])
 
 
 def test_opd_advantages():

@@ -106,3 +106,26 @@ def test_seq_logprob_error_and_masking():
     same, m = seq_logprob_error_mask(gen, prev, tm, sm, None)
     close(same, sm)
     close(m["num_masked_seqs_by_logprob_error"], 0.0)
+
+
+def test_seq_logprob_error_metrics_skip_sequences_without_valid_tokens():
+    # issue 16 item 5. One token per row: row 0 |gen − prev| = ln 2 -> err 2; row 1 ln 4 -> err 4;
+    # row 2 has sample_mask 1 but no valid token (token_mask 0): it has no error at all and must
+    # not enter the statistics (NeMo RL's valid_seq_mask = Σ_t m > 0).
+    # over rows 0, 1: max 4, mean (2 + 4)/2 = 3, min 2 (counting row 2 as 0 gave mean 2, min 0)
+    gen = torch.tensor([[math.log(2.0)], [math.log(4.0)], [7.0]])
+    prev = torch.zeros(3, 1)
+    tm = torch.tensor([[1.0], [1.0], [0.0]])
+    sm = torch.ones(3)
+    new_sm, m = seq_logprob_error_mask(gen, prev, tm, sm, None)
+    close([m["max_seq_mult_prob_error"], m["mean_seq_mult_prob_error"], m["min_seq_mult_prob_error"]], [4.0, 3.0, 2.0])
+    close([m["max_seq_mult_prob_error_after_mask"], m["mean_seq_mult_prob_error_after_mask"],
+           m["min_seq_mult_prob_error_after_mask"]], [4.0, 3.0, 2.0])
+    close(new_sm, sm)
+    # threshold 3: row 1 is masked (4 > 3); row 2 is not "masked" (it has no error to exceed);
+    # after the mask only row 0 remains -> 2/2/2
+    new_sm, m = seq_logprob_error_mask(gen, prev, tm, sm, 3.0, rewards=torch.tensor([1.0, 1.0, 0.0]))
+    close(new_sm, [1.0, 0.0, 1.0])
+    close([m["max_seq_mult_prob_error_after_mask"], m["mean_seq_mult_prob_error_after_mask"],
+           m["min_seq_mult_prob_error_after_mask"]], [2.0, 2.0, 2.0])
+    close([m["num_masked_seqs_by_logprob_error"], m["masked_correct_pct"]], [1.0, 1.0])

@@ -345,3 +345,29 @@ def test_value_loss_masks_padding():
     # v_clip = clamp(1, −0.5, 0.5) = 0.5: max(1, 0.25) = 1 -> 0.5
     close(loss, 0.5)
     assert torch.isfinite(v.grad).all()
+
+
+@pytest.mark.parametrize("kl_type", ["k1", "k2", "k3"])
+def test_on_policy_kl_gradient_is_zero_where_the_input_clamp_is_active(kl_type):
+    # issue 16 item 6: curr = −25, gen = −20, ref = 0 -> log ρ = ref − curr = 25, clamped to 20.
+    # The clamped k(20) is a constant, and the importance weight w = exp(curr − gen) must be
+    # detached there too (kl.py's contract; NeMo RL's calculate_kl does torch.where(logr ==
+    # logr_clamped, w, w.detach())). Otherwise d/dcurr [w·k] = w·k(20) ≠ 0: for k1
+    # w·(−20) = e^−5·(−20) = −0.135. Output clamp off so only the input clamp acts.
+    _, m, grad = pg([[-25.0]], [0.0], prev=[[-20.0]], ref=[[0.0]], reference_policy_kl_penalty=1.0,
+                    reference_policy_kl_type=kl_type, use_on_policy_kl_approximation=True,
+                    kl_output_clamp_value=None)
+    k = {"k1": -20.0, "k2": 200.0, "k3": math.exp(20.0) - 21.0}[kl_type]
+    close(m["kl_penalty"], math.exp(-5.0) * k, tol=1e-6)  # the value keeps the weight
+    close(grad, [[0.0]], tol=0.0)
+
+
+def test_kl_estimate_importance_weight_detached_only_where_clamped():
+    # two tokens, ref = 0: token 0 log ρ = 1 (inside the clamp 2), token 1 log ρ = 5 (clamped).
+    # k1 with w = exp(lp − gen), gen = 0: token 0 gets d/dlp [e^lp·(−(0 − lp))] = e^lp·lp + e^lp
+    # = e^−1·(−1) + e^−1 = 0; take lp = −0.5 instead: e^−0.5·(−0.5 + 1) = 0.5·e^−0.5.
+    lp = torch.tensor([-0.5, -5.0], requires_grad=True)
+    w = torch.exp(lp - torch.zeros(2))
+    kl = kl_estimate(lp, torch.zeros(2), "k1", input_clamp_value=2.0, importance_weights=w)
+    kl.sum().backward()
+    close(lp.grad, [0.5 * math.exp(-0.5), 0.0])

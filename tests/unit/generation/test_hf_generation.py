@@ -204,3 +204,98 @@ def test_preallocated_cache_equals_dynamic_cache(model, tok):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="kv_cache"):
         HFGenerationBackend(model, tok, kv_cache="static")
+
+
+# ---- issue 16 item 13b: every eos of the generation config ends a row ------------------------------
+def test_default_stop_token_ids_union_of_tokenizer_and_generation_config(tok):
+    from rlplane.generation.interface import default_stop_token_ids
+
+    model = _model(tok)
+    model.generation_config.eos_token_id = [7, EOS, 9]
+    assert default_stop_token_ids(model, tok) == [EOS, 7, 9]  # tokenizer's eos first, no repeats
+    model.generation_config.eos_token_id = EOS
+    assert default_stop_token_ids(model, tok) == [EOS]
+    model.generation_config.eos_token_id = None
+    assert default_stop_token_ids(model, tok) == [EOS]
+
+
+def test_generation_config_eos_list_stops_rows(tok):
+    """A chat model's end-of-turn token that is not the tokenizer's eos, listed in
+    ``generation_config.eos_token_id``: rows end there (they ran to max_new_tokens before)."""
+    model = _model(tok)
+    prompts = _prompts(16, seed=4)
+    plain = HFGenerationBackend(model, tok).generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[])
+    counts = torch.bincount(torch.tensor([t for o in plain.output_ids for t in o[1:]]), minlength=len(tok))
+    counts[EOS] = 0
+    end_of_turn = int(counts.argmax())  # a token the model emits mid-way in some rows
+    model.generation_config.eos_token_id = [EOS, end_of_turn]
+    out = HFGenerationBackend(model, tok).generate(prompts, max_new_tokens=10, greedy=True)
+    explicit = HFGenerationBackend(model, tok).generate(
+        prompts, max_new_tokens=10, greedy=True, stop_token_ids=[EOS, end_of_turn])
+    assert out.output_ids == explicit.output_ids
+    stopped = [o for o, r in zip(out.output_ids, out.finish_reasons) if r == "stop"]
+    assert any(o[-1] == end_of_turn for o in stopped)
+    assert all(end_of_turn not in o[:-1] for o in out.output_ids)
+    # transformers' generate stops at the same list (cut each of its rows at its first stop token).
+    theirs = _hf_greedy(model, tok, prompts, 10, eos=[EOS, end_of_turn])
+    cut = [next((r[: k + 1] for k, t in enumerate(r) if t in (EOS, end_of_turn)), r) for r in theirs]
+    assert out.output_ids == cut
+
+
+# ---- issue 16 item 13c: stop strings that end in a space, or span tokens ---------------------------
+def _metaspace_tokenizer():
+    """A sentencepiece-style tokenizer: pieces ``▁x`` carry a leading space that decoding a piece on
+    its own drops (``decode(["▁5"]) == "5"``), as Llama's and Mistral's tokenizers do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list("0123456789+=")
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *chars, *("\u2581" + c for c in chars)])}
+    t = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    t.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", clean_up_tokenization_spaces=False)
+
+
+def test_stop_string_ending_in_a_space():
+    tok = _metaspace_tokenizer()
+    assert tok.decode([tok.convert_tokens_to_ids("\u25815")]) == "5"  # the space is lost on its own
+    model = _model(tok, seed=1)
+    prompts = [[1] + torch.randint(4, 28, (4,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(16)]
+    backend = HFGenerationBackend(model, tok)
+    plain = backend.generate(prompts, max_new_tokens=12, greedy=True, stop_token_ids=[])
+    texts = [tok.decode(o) for o in plain.output_ids]
+    # "<c> " where a space follows a character after the output's start: the space is the leading
+    # "▁" of the next piece, so the stop string ends inside that piece.
+    stop = next(t[i - 1 : i + 1] for t in texts for i in range(2, len(t)) if t[i] == " " and t[i - 1] != " ")
+    out = backend.generate(prompts, max_new_tokens=12, greedy=True, stop_token_ids=[], stop_strings=[stop])
+    hits = 0
+    for full, ids, reason in zip(texts, out.output_ids, out.finish_reasons):
+        text = tok.decode(ids)
+        if stop in full:
+            hits += 1
+            assert reason == "stop" and stop in text and stop not in tok.decode(ids[:-1]), (stop, full, text)
+        else:
+            assert reason == "length" and text == full
+    assert hits >= 1
+
+
+def test_stop_string_spanning_tokens_with_a_trailing_space():
+    # "<a><b> " spans three pieces ("a", "▁b" or "b", then the "▁" of the next piece).
+    tok = _metaspace_tokenizer()
+    model = _model(tok, seed=1)
+    prompts = [[1] + torch.randint(4, 28, (4,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(16)]
+    backend = HFGenerationBackend(model, tok)
+    plain = backend.generate(prompts, max_new_tokens=12, greedy=True, stop_token_ids=[])
+    texts = [tok.decode(o) for o in plain.output_ids]
+    stop = next(t[i - 3 : i + 1] for t in texts for i in range(4, len(t)) if t[i] == " " and " " not in t[i - 3 : i])
+    out = backend.generate(prompts, max_new_tokens=12, greedy=True, stop_token_ids=[], stop_strings=[stop])
+    for full, ids, reason in zip(texts, out.output_ids, out.finish_reasons):
+        text = tok.decode(ids)
+        if stop in full:
+            # Ends at the piece whose leading "▁" completes the stop string, that piece included.
+            assert reason == "stop" and full.startswith(text)
+            assert stop in text and stop not in tok.decode(ids[:-1])
+        else:
+            assert reason == "length" and text == full

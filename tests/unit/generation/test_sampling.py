@@ -7,6 +7,7 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from rlplane.generation import apply_top_k, apply_top_p, process_logits, sample
+from rlplane.generation.sampling import sampling_logprobs
 
 
 def _logits_from_probs(probs):
@@ -63,3 +64,67 @@ def test_sample_logprobs_are_of_processed_distribution_and_respect_masks():
     greedy, greedy_lp = sample(logits, temperature=0.7, greedy=True)
     assert torch.equal(greedy, logits.argmax(-1))
     assert torch.allclose(greedy_lp, (logits / 0.7).log_softmax(-1).max(-1).values)
+
+
+# ---- sampling_logprobs: the one distribution the sampler draws from and the trainer scores under ---
+P4 = [0.05, 0.5, 0.15, 0.3]  # token probabilities at temperature 1 (logits = log p)
+
+
+def test_sampling_logprobs_hand_computed_top_k_then_top_p():
+    logits = _logits_from_probs(P4)
+    # top_k 3 drops 0.05; renormalised over 0.95: 0.5263, 0.3158, 0.1579.
+    # top_p 0.82 on THAT distribution: mass before each (descending) is 0, 0.5263, 0.8421, and
+    # 0.8421 >= 0.82 drops 0.15. Kept {0.5, 0.3}, renormalised over 0.8: 0.625, 0.375.
+    # (top_p 0.82 alone would keep 0.15: its mass before is 0.8 < 0.82. top-p sees top-k's output,
+    # as in vLLM and transformers.)
+    lp = sampling_logprobs(logits, temperature=1.0, top_k=3, top_p=0.82)
+    assert torch.isinf(lp).tolist() == [[True, False, True, False]]
+    torch.testing.assert_close(lp[0, [1, 3]], torch.tensor([0.625, 0.375]).log())
+    assert torch.isinf(sampling_logprobs(logits, temperature=1.0, top_k=None, top_p=0.82)).tolist() == [
+        [True, False, False, False]]
+
+
+def test_sampling_logprobs_hand_computed_with_temperature():
+    # temperature 0.5: logits 2·log p, so q ∝ p²: 0.0025, 0.25, 0.0225, 0.09 (sum 0.365).
+    # top_k 3 drops 0.0025 (sum 0.3625): 0.6897, 0.0621, 0.2483. top_p 0.8: mass before 0, 0.6897,
+    # 0.9379 -> drop 0.0225. Kept {0.25, 0.09}: 0.25/0.34 = 0.73529, 0.09/0.34 = 0.26471.
+    lp = sampling_logprobs(_logits_from_probs(P4), temperature=0.5, top_k=3, top_p=0.8)
+    torch.testing.assert_close(lp[0].exp(), torch.tensor([0.0, 0.25 / 0.34, 0.0, 0.09 / 0.34]))
+
+
+def test_sampling_logprobs_of_tokens_are_finite_and_match_the_distribution():
+    logits = _logits_from_probs(P4)
+    dist = sampling_logprobs(logits, temperature=1.0, top_k=3, top_p=0.8)  # kept {1, 3}: 0.625, 0.375
+    for t in (1, 3):  # tokens the sampler can draw: the same number as in the distribution
+        lp = sampling_logprobs(logits, temperature=1.0, top_k=3, top_p=0.8, tokens=torch.tensor([t]))
+        torch.testing.assert_close(lp, dist[:, t])
+    # A token just outside the set (a top-p boundary a rounding difference can move) stays finite:
+    # renormalised over kept + itself, 0.15 / (0.5 + 0.3 + 0.15) = 0.15789.
+    lp = sampling_logprobs(logits, temperature=1.0, top_k=3, top_p=0.8, tokens=torch.tensor([2]))
+    torch.testing.assert_close(lp, torch.tensor([0.15 / 0.95]).log())
+    # Batched (B, T, V) logits with (B, T) tokens, as the trainer calls it.
+    big = torch.randn(3, 7, 40, generator=torch.Generator().manual_seed(4))
+    toks = torch.randint(0, 40, (3, 7), generator=torch.Generator().manual_seed(5))
+    out = sampling_logprobs(big, temperature=0.7, top_k=5, top_p=0.9, tokens=toks)
+    assert out.shape == (3, 7) and torch.isfinite(out).all()
+
+
+def test_sampler_logprobs_equal_the_trainers_function():
+    """The sampler's reported logprob of each drawn token is sampling_logprobs of that token."""
+    logits = torch.randn(256, 30, generator=torch.Generator().manual_seed(6)) * 3
+    tokens, logprobs = sample(logits, temperature=0.8, top_k=7, top_p=0.75, generator=torch.Generator().manual_seed(7))
+    trainer = sampling_logprobs(logits, temperature=0.8, top_k=7, top_p=0.75, tokens=tokens)
+    assert torch.equal(logprobs, trainer) and torch.isfinite(trainer).all()
+
+
+def test_gradient_flows_through_kept_logits_only():
+    # d log q_t / d z_j = (1/T)(1[j = t] - q_j) over the kept set, 0 for filtered tokens (the mask
+    # itself is not differentiated). T = 1, kept {1, 3} with q = 0.625, 0.375, token 1:
+    # grads 1 - 0.625 = 0.375 and -0.375; tokens 0 and 2 get 0.
+    logits = _logits_from_probs(P4).requires_grad_(True)
+    sampling_logprobs(logits, temperature=1.0, top_k=3, top_p=0.8, tokens=torch.tensor([1])).sum().backward()
+    torch.testing.assert_close(logits.grad, torch.tensor([[0.0, 0.375, 0.0, -0.375]]))
+    # T = 0.5: kept {1, 3} with q = 0.73529, 0.26471: grads 2·0.26471 = 0.52941 and -0.52941.
+    logits.grad = None
+    sampling_logprobs(logits, temperature=0.5, top_k=3, top_p=0.8, tokens=torch.tensor([1])).sum().backward()
+    torch.testing.assert_close(logits.grad, torch.tensor([[0.0, 0.18 / 0.34, 0.0, -0.18 / 0.34]]))

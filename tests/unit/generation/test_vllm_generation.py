@@ -136,3 +136,27 @@ def test_refit_many_times(engine, model, tok):
             previous = got
     finally:
         engine.update_weights(model.state_dict())
+
+
+def test_default_stop_ids_include_the_generation_config_eos_list(engine, model, tok):
+    """Issue 16 item 13b: with stop_token_ids=None the engine stops at every id of
+    default_stop_token_ids (tokenizer eos + generation_config.eos_token_id), like hf. The engine is
+    built once per process, so the list read at construction is swapped in here."""
+    from rlplane.generation.interface import default_stop_token_ids
+
+    assert engine.stop_token_ids == default_stop_token_ids(model, tok)
+    prompts = _prompts(16, seed=11)
+    plain = _greedy(engine, prompts, 10)
+    counts = torch.bincount(torch.tensor([t for o in plain for t in o[1:]]), minlength=len(tok))
+    counts[2] = 0
+    end_of_turn = int(counts.argmax())
+    saved, engine.stop_token_ids = engine.stop_token_ids, [2, end_of_turn]
+    try:
+        ours = engine.generate(prompts, max_new_tokens=10, greedy=True)
+    finally:
+        engine.stop_token_ids = saved
+    hf_model = _model(tok)
+    hf_model.generation_config.eos_token_id = [2, end_of_turn]
+    ref = HFGenerationBackend(hf_model, tok).generate(prompts, max_new_tokens=10, greedy=True)
+    assert ours.output_ids == ref.output_ids and ours.finish_reasons == ref.finish_reasons
+    assert any(o[-1] == end_of_turn for o in ours.output_ids)
