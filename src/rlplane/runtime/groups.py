@@ -45,7 +45,10 @@ class LocalGroup:
     def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
         """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its shard."""
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
-        return [getattr(w, method)(**kwargs, **shards[i]) for i, w in enumerate(self.workers)]
+        results = []
+        for worker, shard in zip(self.workers, shards):  # a plain loop: one frame less between a step and its worker
+            results.append(getattr(worker, method)(**kwargs, **shard))
+        return results
 
     def lazy(self, method: str, *args, rank: int = 0, **kwargs):
         return getattr(self.workers[rank], method)(*args, **kwargs)
