@@ -1,9 +1,10 @@
 """Config models for the RL math: ``loss_fn.*``, ``grpo.adv_estimator.*``, ``grpo.reward_shaping.*``,
 ``grpo.reward_scaling.*``, ``ppo.adv_estimator.*``.
 
-Field names are NeMo RL's keys and defaults are NeMo RL's defaults. ``LossConfig().model_dump()``
-has exactly the keyword names of :func:`rlplane.algorithms.clipped_pg_loss`, so the trainer calls
-``clipped_pg_loss(..., **cfg.loss_fn.model_dump())``; likewise ``RewardShapingConfig`` /
+Field names are NeMo RL's keys and defaults are NeMo RL's defaults. ``LossConfig`` is generated
+from :class:`~rlplane.algorithms.loss_options.ClippedPGOptions` (fields, defaults, descriptions and
+rules live there) and ``cfg.loss_fn.options()`` is what :func:`rlplane.algorithms.clipped_pg_loss`
+takes; likewise ``RewardShapingConfig`` /
 ``RewardScalingConfig`` feed :func:`~rlplane.algorithms.apply_reward_shaping` /
 :func:`~rlplane.algorithms.scale_rewards`, and ``PPOAdvEstimatorConfig.gae_kwargs()`` feeds
 :func:`~rlplane.algorithms.compute_gae`.
