@@ -199,6 +199,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    from pathlib import Path
+
+    from rlplane.utils.plot import plot_runs
+
+    output = args.output or (Path(args.run_dirs[0]) / "plot.png" if len(args.run_dirs) == 1 else "plot.png")
+    png, page = plot_runs(args.run_dirs, output)
+    print(f"wrote {png} and {page}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlplane", description="RL post-training of language models (GRPO, PPO).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="a run directory (latest checkpoint) or a step_N checkpoint")
     p.add_argument("--output", "-o", required=True, help="the new model directory")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("plot", help="PNG + HTML of runs' reward, accuracy, KL/entropy and step times, overlaid")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their logs/metrics.jsonl)")
+    p.add_argument("--output", "-o", default=None,
+                   help="the PNG (default: RUN_DIR/plot.png, or ./plot.png for several)")
+    p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("show-config", help="print the resolved config")
     _add_config_args(p)
     p.add_argument("--list", action="store_true", help="list the presets")

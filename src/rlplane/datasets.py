@@ -19,12 +19,14 @@ from rlplane.data.hf_files import read_hf_rows
 from rlplane.data.processors import resolve_prompt_format
 from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.envs import check_task_names
+from rlplane.envs.user import register_user_tasks
 
 
 def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
     """(train loader, held-out datums, stats) from ``data.*``; with ``train=False`` the loader is None
     (evaluation builds only the held-out set). Every task name must have an environment."""
     d, g = cfg.data, cfg.loop
+    register_user_tasks(cfg.env)  # user task names are known environments from here on
     # A prompt must leave room for at least one generated token.
     max_prompt = cfg.policy.max_total_sequence_length - 1
     fmt = resolve_prompt_format(d.prompt, tokenizer)

@@ -76,7 +76,7 @@ def evaluate(
     greedy = {"rewards": [], "truncated": [], "lengths": []}
     sampled = {"rewards": [], "truncated": [], "lengths": []}
     bar = None
-    if progress:
+    if progress and sys.stderr.isatty():  # a bar's redraws would flood a captured log
         from tqdm import tqdm
 
         bar = tqdm(total=len(datums), desc="eval", unit="problem", file=sys.stderr, dynamic_ncols=True)

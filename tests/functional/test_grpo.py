@@ -155,10 +155,11 @@ def test_grpo_ray_runtime_two_policy_workers(tmp_path, ray_session):
 
 
 def test_grpo_with_dapo_options_kl_and_masks(tmp_path, first_digit_env):
-    """Dynamic sampling (refill + overflow slice), overlong filter, shaping, seq masking and a KL term together."""
+    """Dynamic sampling (refill from one-step batches, overflow slice), overlong filter, shaping, seq
+    masking and a KL term together."""
     cfg = small_cfg(
         tmp_path, "warmup.enabled=false", "checkpointing.enabled=false", "grpo.max_num_steps=2",
-        "grpo.val_at_start=false", "grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=2",
+        "grpo.val_at_start=false", "grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=1",
         "grpo.overlong_filtering=true", "grpo.seq_logprob_error_threshold=2.0",
         "grpo.reward_shaping.enabled=true", "grpo.reward_shaping.stop_properly_penalty_coef=0.5",
         "loss_fn.reference_policy_kl_penalty=0.01", "loss_fn.ratio_clip_c=3",
@@ -168,6 +169,7 @@ def test_grpo_with_dapo_options_kl_and_masks(tmp_path, first_digit_env):
     assert len(rows) == 2
     for r in rows:
         assert r["train/dynamic_sampling_num_gen_batches"] >= 1
-        assert r["train/global_valid_seqs"] <= 32  # sliced to the target; truncated ones masked
+        assert r["train/num_samples"] == 32  # exactly the target after refills and the overflow slice
+        assert r["train/global_valid_seqs"] <= 32  # truncated ones masked
         for key in ("train/kl_penalty", "train/max_seq_mult_prob_error", "train/loss"):
             assert math.isfinite(r[key]), key

@@ -53,11 +53,11 @@ LossConfig = _loss_config()
 class GRPOAdvEstimatorConfig(StrictModel):
     """``grpo.adv_estimator``: which advantage estimator GRPO uses."""
 
-    name: Literal["grpo", "gdpo", "reinforce_plus_plus", "opd"] = Field("grpo", description="grpo (group-normalised), gdpo (per-reward-component), reinforce_plus_plus (group mean + global whitening) or opd (on-policy distillation).")
-    normalize_rewards: bool = Field(True, description="grpo/gdpo: divide r − b by the group std + 1e-6 where std > 0.")
-    use_leave_one_out_baseline: bool = Field(True, description="Baseline and std over the other samples of the group (RLOO-style) instead of all of them.")
+    name: Literal["grpo", "gdpo", "reinforce_plus_plus"] = Field("grpo", description="grpo (group-normalised), gdpo (per reward component; needs an environment with reward components, e.g. arithmetic) or reinforce_plus_plus (group mean + global whitening over tokens; with loss_fn.use_kl_in_reward the KL goes into the reward).")
+    normalize_rewards: bool = Field(True, description="grpo: divide r − b by the group std + 1e-6 where std > 0.")
+    use_leave_one_out_baseline: bool = Field(True, description="grpo/gdpo: baseline and std over the other samples of the group (RLOO-style) instead of all of them (reinforce_plus_plus always uses the whole group mean).")
     reward_weights: list[float] | None = Field(None, description="gdpo: one weight per reward component, in alphabetical order of the reward/<name> keys; null = all 1.")
-    minus_baseline: bool = Field(True, description="Subtract the group baseline (false: A = r before normalisation/whitening).")
+    minus_baseline: bool = Field(True, description="grpo/reinforce_plus_plus: subtract the group baseline (false: A = r before normalisation/whitening).")
 
     @model_validator(mode="after")
     def _check(self) -> GRPOAdvEstimatorConfig:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rlplane.config.base import StrictModel
 
@@ -56,8 +56,61 @@ class GuessNumberEnvConfig(StrictModel):
         return self
 
 
+class UserTaskConfig(StrictModel):
+    """A user's task, ``env.<task_name>``: a reward function or an environment class named by import path.
+
+    Paths are ``module:attribute``, imported relative to the working directory or from an installed
+    package, inside the process that runs the environment (this one, or the Ray rollout actor).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    reward_fn: str | None = Field(
+        None, description="module:function(prompt, completion, extra) -> float (or a list of floats, summed)."
+    )
+    class_: str | None = Field(None, alias="class", description="module:Class, an rlplane.envs.Environment.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class or function.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "UserTaskConfig":
+        if (self.reward_fn is None) == (self.class_ is None):
+            raise ValueError("reward_fn: set exactly one of reward_fn=module:function or class=module:Class")
+        for key, path in (("reward_fn", self.reward_fn), ("class", self.class_)):
+            if path is not None and (path.count(":") != 1 or not all(path.split(":"))):
+                raise ValueError(f"{key} = {path!r}: expected module:attribute, e.g. my_rewards:score")
+        return self
+
+
 class EnvConfig(StrictModel):
-    """Per-environment settings; add a field named after the environment's ``task_name``."""
+    """Per-environment settings; add a field named after the environment's ``task_name``.
+
+    Any other key names a user task (:class:`UserTaskConfig`): ``env.my_task.reward_fn=my_rewards:score``.
+    """
+
+    # Extra keys are user tasks, validated as UserTaskConfig.
+    model_config = ConfigDict(extra="allow", frozen=True, validate_default=True)
+    __pydantic_extra__: dict[str, UserTaskConfig]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _extra_keys_are_user_tasks(cls, data):
+        """A key that is neither a built-in section nor a user task is most likely a typo: say so."""
+        if not isinstance(data, dict):
+            return data
+        import difflib
+
+        builtin = list(cls.model_fields)
+        for key, value in data.items():
+            if key in builtin or (isinstance(value, dict) and ("reward_fn" in value or "class" in value)):
+                continue
+            close = difflib.get_close_matches(key, builtin, n=1, cutoff=0.5)
+            hint = f"did you mean env.{close[0]}? " if close else ""
+            raise ValueError(
+                f"{key}: not an environment section ({', '.join(builtin)}) nor a user task; {hint}a user task "
+                f"needs env.{key}.reward_fn=module:function or env.{key}.class=module:Class"
+            )
+        return data
 
     math: MathEnvConfig = Field(default_factory=MathEnvConfig, description="The math-verify environment.")
     reasoning_gym: ReasoningGymEnvConfig = Field(
@@ -70,4 +123,10 @@ class EnvConfig(StrictModel):
     def env_kwargs(self, task_name: str) -> dict[str, Any]:
         """Keyword arguments for ``task_name``'s factory ({} when it has no subsection)."""
         section = getattr(self, task_name, None)
+        if isinstance(section, UserTaskConfig):
+            return dict(section.kwargs)
         return section.model_dump() if isinstance(section, StrictModel) else {}
+
+    def user_tasks(self) -> dict[str, UserTaskConfig]:
+        """The user tasks named in the config, by task name."""
+        return dict(self.__pydantic_extra__ or {})

@@ -8,6 +8,7 @@ the value is parsed as YAML (``true``, ``1e-4``, ``[a, b]``, ``null``).
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,10 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     for part in loc[:-1]:
         field = getattr(cls, "model_fields", {}).get(part)
         if field is None:
-            return []
-        ann = field.annotation
+            extra = typing.get_type_hints(cls).get("__pydantic_extra__") if isinstance(cls, type) else None
+            if extra is None:  # a section whose extra keys have a model (env.<user task>) falls through to it
+                return []
+        ann = field.annotation if field is not None else extra
         args = getattr(ann, "__args__", ()) or ()
         cls = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if cls is None:

@@ -21,6 +21,7 @@ from rlplane.config.algorithms import (
 )
 from rlplane.config.base import StrictModel
 from rlplane.config.envs import EnvConfig
+from rlplane.config.logger import LoggerConfig
 from rlplane.config.recipes import RECIPES, owner_of
 
 AlgorithmName = Literal[tuple(RECIPES)]  # type: ignore[valid-type]
@@ -119,7 +120,10 @@ class RolloutLoopConfig(StrictModel):
     num_generations_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the group size G).")
     max_rollout_turns: int = Field(1, ge=1, description="Turns per rollout (1 = single turn).")
     max_num_steps: int = Field(150, ge=0, description="Training steps to run.")
-    max_num_epochs: int = Field(1000, ge=1, description="Passes over a finite dataset, at most.")
+    max_num_epochs: int = Field(
+        1000, ge=1, description="Passes over the training prompts, at most: the run ends when they are used up, "
+        "if that comes before max_num_steps (every generation batch of dynamic sampling counts)."
+    )
     val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
     val_at_start: bool = Field(True, description="Validate before the first step.")
     val_at_end: bool = Field(True, description="Validate after the last step.")
@@ -381,15 +385,6 @@ class CheckpointingConfig(StrictModel):
         return self
 
 
-class LoggerConfig(StrictModel):
-    """Metric sinks (NeMo RL `logger.*`)."""
-
-    log_dir: str | None = Field(None, description="Where (null = RUN_DIR/logs).")
-    jsonl_enabled: bool = Field(True, description="metrics.jsonl, one line per step.")
-    tensorboard_enabled: bool = Field(True, description="TensorBoard event files.")
-    progress_bar: bool = Field(True, description="A progress bar on stderr.")
-
-
 class RunConfig(StrictModel):
     """A whole run."""
 
@@ -475,9 +470,8 @@ class RunConfig(StrictModel):
                           "in-process memory); set data_plane.backend=ray")
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
-        if name == "grpo" and g.adv_estimator.name != "grpo":
-            errors.append(f"grpo.adv_estimator.name = {g.adv_estimator.name!r}: the GRPO trainer supports 'grpo' "
-                          "so far; set grpo.adv_estimator.name=grpo")
+        if name == "grpo":
+            errors.extend(_estimator_errors(self))
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
             errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
                           "skips; unset one of them")
@@ -487,10 +481,9 @@ class RunConfig(StrictModel):
                 f"policy.train_global_batch_size = {samples} (prompts × generations)"
             )
         lf = self.loss_fn
-        if name == "ppo" and lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0 and \
-                g.skip_reference_policy_logprobs_calculation:
+        if lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0 and g.skip_reference_policy_logprobs_calculation:
             errors.append("loss_fn.use_kl_in_reward needs reference logprobs, which "
-                          "ppo.skip_reference_policy_logprobs_calculation skips; unset one of them")
+                          f"{name}.skip_reference_policy_logprobs_calculation skips; unset one of them")
         if self.loss_fn.force_on_policy_ratio and name == "ppo" and g.ppo_epochs > 1:
             errors.append(
                 f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
@@ -506,6 +499,42 @@ class RunConfig(StrictModel):
         if errors:
             raise ValueError("\n".join(errors))
         return self
+
+
+def task_names_of(data: DataConfig) -> list[str]:
+    """The task names a run's data routes to, as far as the config says (file rows may name others)."""
+    if data.dataset == "arithmetic":
+        return [data.arithmetic.task_name]
+    if data.dataset in ("reasoning_gym", "guess_number"):
+        return [data.dataset]
+    return [j.default_task_name for j in (data.train, data.validation) if j is not None]
+
+
+def _estimator_errors(cfg: RunConfig) -> list[str]:
+    """What ``grpo.adv_estimator.name`` needs from the environments and the KL settings."""
+    from rlplane.envs.registry import reward_component_names
+
+    est, lf, errors = cfg.grpo.adv_estimator, cfg.loss_fn, []
+    if est.name == "gdpo":
+        for task in dict.fromkeys(task_names_of(cfg.data)):
+            names = reward_component_names(task)
+            if names is not None and len(names) < 2:
+                errors.append(
+                    f"grpo.adv_estimator.name = gdpo: environment {task!r} gives {len(names)} reward components "
+                    f"{list(names)}, GDPO needs at least 2 (task 'arithmetic' gives correct and format); use such "
+                    "an environment or set grpo.adv_estimator.name=grpo"
+                )
+    kl_in_reward = lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0
+    if kl_in_reward and est.name != "reinforce_plus_plus":
+        errors.append(
+            f"loss_fn.use_kl_in_reward puts the KL in the reward of reinforce_plus_plus (or PPO's GAE); with "
+            f"grpo.adv_estimator.name = {est.name} the KL would be dropped; set loss_fn.use_kl_in_reward=false "
+            "or grpo.adv_estimator.name=reinforce_plus_plus"
+        )
+    if kl_in_reward and lf.force_on_policy_ratio:
+        errors.append("loss_fn.use_kl_in_reward needs prev logprobs, which loss_fn.force_on_policy_ratio skips; "
+                      "unset one of them")
+    return errors
 
 
 def _async_grpo_errors(cfg: RunConfig) -> list[str]:

@@ -29,7 +29,8 @@ class JsonlFields:
 
 
 def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
-    """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped)."""
+    """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped),
+    plus ``extra_env_info`` holding the row's other fields when it has any."""
     if not os.path.isfile(path):
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
@@ -53,12 +54,17 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
                     f"dataset {path}, line {line_no}: missing field {missing[0]!r} (row has: {have}); "
                     f"fix the row or set the field name in the data config"
                 )
-            rows.append({
+            row = {
                 "problem": str(obj[fields.problem]),
                 "answer": str(obj[fields.answer]),
                 "task_name": str(obj.get(fields.task_name) or fields.default_task_name),
                 "line": line_no,
-            })
+            }
+            # The row's other fields reach the environment (a user reward function's `extra`).
+            extra = {k: v for k, v in obj.items() if k not in (fields.problem, fields.answer, fields.task_name)}
+            if extra:
+                row["extra_env_info"] = extra
+            rows.append(row)
     if not rows:
         raise DatasetError(f"dataset {path}: empty (no rows); add at least one JSON object per line")
     return rows

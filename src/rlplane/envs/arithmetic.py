@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,13 +42,27 @@ def score_answers(
     return torch.tensor(scores, dtype=torch.float32)
 
 
+_CANONICAL_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def is_canonical_integer(answer: str) -> bool:
+    """True for the integers the model is taught to write: no sign on 0, no leading zeros, no spaces."""
+    return answer != "-0" and _CANONICAL_INTEGER.fullmatch(answer) is not None
+
+
 class ArithmeticEnv(Environment):
     """Single-turn exact match against ``metadata["ground_truth"]``; every sample terminates.
+
+    The reward is correctness alone; ``reward_components`` add ``correct`` (the same 0/1) and
+    ``format`` (1 if the answer is a canonical integer, ``-?[1-9][0-9]*`` or ``0``, right or wrong),
+    for GDPO.
 
     The assistant content may be decoded with ``skip_special_tokens=True`` (nothing to cut) or with
     special tokens kept, in which case it is cut at the first of ``end_markers`` (the eos text:
     ``"<eos>"`` for the embedded tokenizer; pass e.g. ``("<|im_end|>",)`` for other tokenizers).
     """
+
+    reward_component_names = ("correct", "format")
 
     def __init__(self, end_markers: Sequence[str] = DEFAULT_END_MARKERS):
         self.end_markers = tuple(end_markers)
@@ -69,4 +84,8 @@ class ArithmeticEnv(Environment):
             rewards=rewards,
             terminateds=torch.ones(len(message_logs), dtype=torch.bool),
             answers=answers,
+            reward_components={
+                "correct": rewards.clone(),
+                "format": torch.tensor([float(is_canonical_integer(a)) for a in answers], dtype=torch.float32),
+            },
         )

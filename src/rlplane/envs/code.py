@@ -1,8 +1,13 @@
 """Code execution: the model writes Python, the environment runs it against the sample's tests in the sandbox.
 
 ``metadata["tests"]`` (or, for JSONL rows, the answer field: ``ground_truth``) is Python source
-(asserts, typically) appended after the model's code; the
-sample passes when the whole program exits 0 within the sandbox's limits (:mod:`rlplane.envs.sandbox`).
+(asserts, typically) run after the model's code, in the same module namespace. The harness decides the
+pass, not the program: the sample passes only when the code and then the tests ran to their end (the
+sandbox prints a nonce the program cannot know only after the tests) with exit status 0, within the
+sandbox's limits (:mod:`rlplane.envs.sandbox`). ``SystemExit`` or ``os._exit`` in the code is a failure.
+
+The environment refuses to start (a one-line error saying what is missing and how to get it) on a
+machine whose kernel cannot isolate the programs: it never runs model code without the OS fence.
 The code is the last fenced block of the response (```` ```python ... ``` ````), or the whole
 response when there is none. Programs run ``num_workers`` at a time (each is its own process).
 
@@ -21,7 +26,8 @@ import torch
 
 from rlplane.data.datum import Message
 from rlplane.envs.interface import Environment, EnvironmentReturn, last_assistant_content
-from rlplane.envs.sandbox import SandboxLimits, SandboxResult, run_python
+from rlplane.envs.registry import UnknownEnvironmentError
+from rlplane.envs.sandbox import SandboxLimits, SandboxResult, SandboxUnavailable, check_isolation, run_python
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
@@ -39,7 +45,11 @@ def failure_summary(result: SandboxResult) -> str:
     if result.killed_by:
         return f"killed by {result.killed_by}"
     lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
-    return lines[-1][:200] if lines else f"exit status {result.returncode}"
+    if lines:
+        return lines[-1][:200]
+    if result.returncode == 0 and not result.completed:
+        return "exited before the tests finished"
+    return f"exit status {result.returncode}"
 
 
 def tests_of(metadata: dict[str, Any]) -> str:
@@ -66,16 +76,21 @@ class CodeEnv(Environment):
                                     memory_bytes=memory_mb * 2**20, output_bytes=output_kb * 2**10)
         self.num_workers = max(1, num_workers)
         self.max_attempts = max(1, max_attempts)
+        try:
+            self.isolation = check_isolation()  # fail closed, before any model code exists
+        except SandboxUnavailable as e:
+            raise UnknownEnvironmentError(f"task_name 'code': {e}") from None
 
-    def run(self, programs: Sequence[str]) -> list[SandboxResult]:
+    def run(self, codes: Sequence[str], tests: Sequence[str]) -> list[SandboxResult]:
+        """Each code, then its tests, in its own sandbox; ``num_workers`` at a time."""
         with ThreadPoolExecutor(self.num_workers) as pool:
-            return list(pool.map(lambda p: run_python(p, self.limits), programs))
+            return list(pool.map(lambda c, t: run_python(c, self.limits, tests=t), codes, tests))
 
     def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         if len(message_logs) != len(metadata):
             raise ValueError(f"CodeEnv.step: {len(message_logs)} message logs for {len(metadata)} metadata")
         codes = [extract_code(last_assistant_content(log)) for log in message_logs]
-        results = self.run([f"{c}\n\n{tests_of(m)}\n" for c, m in zip(codes, metadata)])
+        results = self.run(codes, [tests_of(m) for m in metadata])
         passed = [r.ok for r in results]
         attempts = [int(m.get("attempt", 0)) + 1 for m in metadata]
         done = [p or a >= self.max_attempts for p, a in zip(passed, attempts)]

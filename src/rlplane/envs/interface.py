@@ -25,6 +25,9 @@ class EnvironmentReturn(NamedTuple):
     rewards: (B,) float32.
     terminateds: (B,) bool; True ends the sample's rollout.
     answers: what the environment extracted from each response (None where nothing), or None.
+    reward_components: optional named parts of the reward, ``{name: (B,) float32}`` (e.g. correctness
+        and format), summed over turns like ``rewards`` and carried as ``reward/<name>``; GDPO
+        (``grpo.adv_estimator.name: gdpo``) normalises each separately. None: the env has none.
 
     The rollout checks every return (``workers/turns.py``): lists of the wrong length make it
     step the batch's samples one by one; a sample whose own entry is malformed (an observation
@@ -38,10 +41,17 @@ class EnvironmentReturn(NamedTuple):
     rewards: torch.Tensor
     terminateds: torch.Tensor
     answers: list[str | None] | None
+    reward_components: dict[str, torch.Tensor] | None = None
 
 
 class Environment(abc.ABC):
-    """Scores model responses. Implementations are plain classes (a Ray wrapper may host them)."""
+    """Scores model responses. Implementations are plain classes (a Ray wrapper may host them).
+
+    ``reward_component_names``: the names of the ``reward_components`` every ``step`` returns
+    (empty: none). Config checks read it to refuse GDPO with an environment that has none.
+    """
+
+    reward_component_names: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[Any]) -> EnvironmentReturn:

@@ -28,19 +28,33 @@ def register_env(name: str, factory: Callable[..., Environment]) -> None:
     ENV_REGISTRY[name] = factory
 
 
-def create_env(name: str, **kwargs: Any) -> Environment:
-    """Instantiate the environment registered for ``name``."""
-    try:
-        factory = ENV_REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(ENV_REGISTRY))
-        raise UnknownEnvironmentError(
-            f"task_name {name!r}: no environment registered; known: {known} (add one with rlplane.envs.register_env)"
-        ) from None
+def _factory(name: str) -> Callable[..., Environment]:
+    factory = ENV_REGISTRY[name]
     if isinstance(factory, str):
         module, _, attribute = factory.partition(":")
         factory = getattr(importlib.import_module(module), attribute)
+    return factory
+
+
+def reward_component_names(name: str) -> tuple[str, ...] | None:
+    """The reward components the environment of ``name`` declares (``Environment.reward_component_names``),
+    without building it; None when ``name`` is unknown or its module cannot be imported."""
     try:
+        factory = _factory(name)
+    except (KeyError, ImportError):
+        return None
+    return tuple(getattr(factory, "reward_component_names", ()))
+
+
+def create_env(name: str, **kwargs: Any) -> Environment:
+    """Instantiate the environment registered for ``name``."""
+    if name not in ENV_REGISTRY:
+        known = ", ".join(sorted(ENV_REGISTRY))
+        raise UnknownEnvironmentError(
+            f"task_name {name!r}: no environment registered; known: {known} (add one with rlplane.envs.register_env)"
+        )
+    try:
+        factory = _factory(name)
         return factory(**kwargs)
     except ModuleNotFoundError as e:  # an optional extra that is not installed
         raise UnknownEnvironmentError(f"task_name {name!r}: {e}") from None

@@ -1,29 +1,36 @@
-"""Run untrusted Python (model-written code) in a separate, limited process.
+"""Run untrusted Python (model-written code) in a separate, isolated and limited process.
 
-Layers, each covering for the others:
+The fence is the operating system (:mod:`rlplane.envs._sandbox_runner` does the work in the child):
 
-- **resource limits** (``setrlimit`` in the child): CPU seconds, address space, file size (stdout and
-  stderr are files, so this also caps output), no core dumps, 64 open files, and (with its own uid)
-  the number of processes;
-- **wall clock**: the parent waits ``wall_seconds`` and then kills the child's whole process group;
-- **a fresh temporary directory** as the working directory, removed afterwards;
-- **a scrubbed environment**: the child gets a fixed handful of variables, never the parent's;
-- **an audit hook** (PEP 578) installed before the program runs: it refuses new processes, signals
-  to other processes, sockets, ``ctypes``, and file access outside the work directory (reads are
-  also allowed under the interpreter's own directories);
-- when the parent runs as root (containers): a **fresh network namespace** (no interfaces) and a
-  **throwaway uid** that owns nothing else, so file permissions fence the program in, the process
-  limit is per-run, and every process left with that uid is killed afterwards.
+- **namespaces**: a fresh network namespace (no interfaces), IPC, UTS and PID namespace (the program
+  sees and can signal no process outside its run), and a mount namespace whose root is a new tmpfs
+  holding only the work directory (read-write, its own size-capped tmpfs), the standard library and
+  the shared libraries it loads (read-only) and /dev/null, /dev/zero, /dev/urandom. The host's
+  filesystem is detached: no path, symlink, ``dir_fd`` or ``sqlite3`` trick can name it. When the
+  trainer is not root this runs in an unprivileged user namespace;
+- **no privileges**: as root the program runs as a throwaway uid that owns nothing; otherwise every
+  capability is dropped, and ``no_new_privs`` is set;
+- **resource limits** (``setrlimit``): CPU seconds, address space, file size (stdout and stderr are
+  files, so this also caps output), no core dumps, 64 open files, the number of processes;
+- **wall clock**: the parent waits ``wall_seconds`` and then kills the process group; the PID
+  namespace's init dies with it, and with the init every process of the run;
+- **a scrubbed environment** (a fixed handful of variables) and **an audit hook** (PEP 578): extra
+  layers that give clear messages, not the fence.
 
-Nothing outlives :func:`run_python`: the process group is killed, and processes of the run's uid
-(if it had one) are found in ``/proc`` and killed too. An audit hook alone is not a security boundary
-(CPython's own docs say so); the OS layers are what hold when it is bypassed. Modules are imported
-before the hook goes in (``preload_modules``); the program can import those and the standard library
-files its uid can read.
+Fail closed: when this machine cannot give that isolation (user namespaces disabled, no privilege to
+make namespaces), :func:`run_python` raises :class:`SandboxUnavailable` and runs nothing.
+:func:`check_isolation` asks once, up front (the code environment calls it when it starts).
+
+Pass/fail is decided by the harness: the tests run after the code in the same namespace, and only then
+is a random nonce (given to the child in a pipe, never in its arguments, environment or files)
+printed. A program that exits early (``SystemExit``, ``os._exit(0)``) never prints it, so it fails.
+A program that hunts the nonce in its own process's memory or descriptors could still forge a pass;
+the OS layers do not stop that, they stop it from harming anything outside its run.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -53,6 +60,7 @@ class SandboxLimits:
     output_bytes: stdout and stderr, each (RLIMIT_FSIZE; writing past it kills the program with SIGXFSZ).
     max_processes: processes of the run's uid (RLIMIT_NPROC; 1 = no child processes or threads).
     preload_modules: imported before the program runs (its uid may not be able to read the stdlib).
+    work_dir_bytes: size of the work directory's tmpfs (the only place the program may write).
     """
 
     cpu_seconds: float = 2.0
@@ -61,12 +69,18 @@ class SandboxLimits:
     output_bytes: int = 64 * 2**10
     max_processes: int = 1
     preload_modules: tuple[str, ...] = DEFAULT_PRELOAD
+    work_dir_bytes: int = 16 * 2**20
     audit_hook: bool = True  # off only in tests that check the OS layers on their own
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot isolate a program (one-line message: what is missing and how to get it)."""
 
 
 @dataclass
 class SandboxResult:
-    """How a run ended. ``ok``: exit status 0 within every limit."""
+    """How a run ended. ``ok``: the code and the tests ran to their end (the harness's nonce was printed),
+    exit status 0, within every limit."""
 
     returncode: int | None
     stdout: str
@@ -74,10 +88,11 @@ class SandboxResult:
     timed_out: bool
     wall_seconds: float
     isolation: dict = field(default_factory=dict)
+    completed: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and self.completed
 
     @property
     def killed_by(self) -> str | None:
@@ -104,40 +119,74 @@ def _sweep_uid(uid: int) -> int:
     return found
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Until ``pid`` has exited (a zombie or reaped): a PID namespace's init exits after everything in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+
+
 def _read_head(path: Path, limit: int) -> str:
     with open(path, "rb") as f:
         return f.read(limit).decode("utf-8", errors="replace")
 
 
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a sandboxed child process and return how it ended."""
+_HOW_TO_ISOLATE = (
+    "the code sandbox needs Linux namespaces: as a normal user, allow unprivileged user namespaces "
+    "(sysctl -w user.max_user_namespaces=15000; on Ubuntu 23.10+ also kernel.apparmor_restrict_unprivileged_userns=0); "
+    "in a container, run it with --security-opt seccomp=unconfined (Docker) or as root with CAP_SYS_ADMIN"
+)
+
+
+def _unavailable(status: dict, stderr: str) -> SandboxUnavailable:
+    what = status.get("error") or (stderr.strip().splitlines() or ["the sandbox's runner did not start"])[-1]
+    return SandboxUnavailable(f"code sandbox: no OS isolation on this machine ({what}); {_HOW_TO_ISOLATE}")
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), tests: str = "") -> SandboxResult:
+    """Run ``code`` as ``__main__`` in an isolated child process, then ``tests`` in the same namespace.
+
+    Raises :class:`SandboxUnavailable` (and runs nothing) when the OS isolation cannot be set up.
+    """
     root = Path(tempfile.mkdtemp(prefix="rlplane-sandbox-"))
-    work = root / "work"
-    work.mkdir()
-    as_root = os.geteuid() == 0
-    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if as_root else None
-    if uid is not None:
-        os.chmod(root, 0o711)  # the child may pass through to work/, and see nothing else here
-        os.chown(work, uid, uid)
-    code_path = root / "solution.py"
-    code_path.write_text(code)
-    os.chmod(code_path, 0o600)
-    read_roots = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p} - {"/"})
+    (root / "newroot").mkdir()
+    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if os.geteuid() == 0 else None
+    (root / "solution.py").write_text(code)
+    (root / "tests.py").write_text(tests)
+    nonce = secrets.token_hex(16)
     spec = {
-        "code_path": str(code_path),
-        "work_dir": str(work),
+        "code_path": str(root / "solution.py"),
+        "tests_path": str(root / "tests.py"),
+        "new_root": str(root / "newroot"),
         "status_path": str(root / "status.json"),
+        "nonce": nonce,
         "uid": uid,
         "cpu_seconds": limits.cpu_seconds,
         "memory_bytes": int(limits.memory_bytes),
-        "file_size_bytes": int(limits.output_bytes),
+        "file_size_bytes": int(limits.output_bytes) + 64,  # room for the nonce's line after a full output
         "max_processes": int(limits.max_processes),
+        "work_dir_bytes": int(limits.work_dir_bytes),
         "preload_modules": list(limits.preload_modules),
-        "read_roots": read_roots,
         "audit_hook": limits.audit_hook,
     }
-    (root / "spec.json").write_text(json.dumps(spec))
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work),
+    spec_path = root / "spec.json"
+    spec_path.touch(mode=0o600)
+    spec_path.write_text(json.dumps(spec))  # the runner deletes it once read
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work", "TMPDIR": "/work",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1"}
     out_path, err_path = root / "stdout", root / "stderr"
@@ -146,8 +195,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-I", str(_RUNNER), str(root / "spec.json")],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=str(work),
+                [sys.executable, "-I", "-S", str(_RUNNER), str(spec_path)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd="/",
                 start_new_session=True, close_fds=True,
             )
             try:
@@ -156,20 +205,38 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
                 timed_out = True
                 returncode = None
             finally:
+                init = _children(proc.pid)  # the PID namespace's init, while the outer still lives
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: anything it started goes too
+                    os.killpg(proc.pid, signal.SIGKILL)  # the outer and the init (the program, unless it left the group)
                 except ProcessLookupError:
                     pass
+                for pid in init:  # the kernel kills the namespace's processes before its init is gone
+                    _wait_gone(pid, timeout=10.0)
                 if uid is not None:
                     _sweep_uid(uid)
                 if returncode is None:
                     proc.wait()
                     returncode = proc.returncode
         elapsed = time.perf_counter() - t0
-        stdout = _read_head(out_path, limits.output_bytes)
+        stdout = _read_head(out_path, limits.output_bytes + 64)
         stderr = _read_head(err_path, limits.output_bytes)
         status = root / "status.json"
-        isolation = json.loads(status.read_text()) if status.exists() else {}
-        return SandboxResult(returncode, stdout, stderr, timed_out, elapsed, isolation)
+        isolation = json.loads(status.read_text() or "{}") if status.exists() else {}
+        if "mechanism" not in isolation or "error" in isolation:
+            raise _unavailable(isolation, stderr)
+        tail = f"\n{nonce}\n"
+        completed = stdout.endswith(tail)
+        stdout = stdout[: -len(tail)] if completed else stdout[: limits.output_bytes]
+        return SandboxResult(returncode, stdout, stderr, timed_out, elapsed, isolation, completed)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@functools.cache
+def check_isolation() -> str:
+    """The isolation mechanism this machine gives (run once per process); raises :class:`SandboxUnavailable`."""
+    result = run_python("pass", SandboxLimits(cpu_seconds=5, wall_seconds=30))
+    if not result.ok:
+        raise SandboxUnavailable(f"code sandbox: a trivial program failed in the sandbox ({result.stderr.strip()[-300:]!r}); "
+                                 "report it with this line")
+    return result.isolation["mechanism"]

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from rlplane.algorithms.advantages import clip_advantages, grpo_advantages
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
-from rlplane.async_rl.collector import CARRY, COLUMNS
+from rlplane.async_rl.collector import COLUMNS
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import (
@@ -38,6 +37,7 @@ from rlplane.dataplane.columns import (
 )
 from rlplane.runtime.groups import make_actor
 from rlplane.training import Session, Timer, TrainingStopped
+from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     mask_logprob_errors,
@@ -45,6 +45,7 @@ from rlplane.training.rollouts import (
     stamp_sample_mask,
     transform_rewards,
 )
+from rlplane.training.samples import train_samples
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.rollout import group_keys
@@ -115,7 +116,7 @@ def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer
 def put_groups(s: Session, groups: list[TrajectoryGroup]) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
     """Write the groups' columns under fresh keys in ``TRAIN_PARTITION``; the receipt and the (B,) carry."""
     G = len(groups[0].columns[INPUT_IDS])
-    carry = {k: torch.cat([g.carry[k] for g in groups]) for k in CARRY}  # (B,) each, B = groups × G
+    carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each, B = groups × G
     carry["group"] = torch.arange(len(groups)).repeat_interleave(G)
     keys = group_keys(len(groups), G)
     meta = s.data_plane.put_samples(
@@ -148,7 +149,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
     meta, carry = put_groups(s, result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
-    carry["rewards"] = transform_rewards(cfg, carry)
+    _, carry["rewards"] = transform_rewards(cfg, carry)
     metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
@@ -164,20 +165,14 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     if g.seq_logprob_error_threshold is not None:
         meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
 
-    # ---- advantages: group baselines, one value per sample, written per token ---------------------
-    est = g.adv_estimator
-    adv = grpo_advantages(
-        carry["group"],
-        carry["rewards"],
-        normalize_rewards=est.normalize_rewards,
-        use_leave_one_out_baseline=est.use_leave_one_out_baseline,
-        minus_baseline=est.minus_baseline,
-    )  # (B,)
-    adv = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
-    lengths = meta.seq_lens
-    s.data_plane.put_samples(
-        list(meta.sample_ids), TRAIN_PARTITION, {ADVANTAGES: [adv[i].expand(lengths[i]).clone() for i in range(len(adv))]}
-    )
+    # ---- advantages (grpo.adv_estimator), written back per sample ----------------------------------
+    with timer("advantages"):
+        rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
+    metrics.update(adv_metrics)
+    if s.log.train_samples_due():  # logger.log_train_samples_every; per-token advantages shown as their mean
+        shown = torch.stack([r.float().mean() if len(r) else torch.zeros(()) for r in rows])  # (B,)
+        s.log.add_samples("train", train_samples(s, meta, carry, shown, TRAIN_PARTITION))
+    s.data_plane.put_samples(list(meta.sample_ids), TRAIN_PARTITION, {ADVANTAGES: rows})
 
     # ---- train; the step is over; refit the collector ---------------------------------------------
     with timer("policy_training"):
@@ -187,10 +182,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     handle.refit(step + 1, timer)
 
     metrics.update(merge_rank_metrics(results))
-    metrics["advantages/mean"] = float(adv.mean())
-    metrics["advantages/max"] = float(adv.max())
-    metrics["advantages/min"] = float(adv.min())
-    metrics.update(rollout_metrics(carry, lengths))
+    metrics.update(rollout_metrics(carry, meta.seq_lens))
     metrics["buffer_size"] = float(handle.call("stats")["buffer_size"])
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
@@ -203,6 +195,6 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
         handle = CollectorHandle(s, start_step=start)
         s.on_close(handle.stop)
         s.checkpoints.add_part(CHECKPOINT_FILE, lambda: handle.call("state_dict"))
-        for step in range(start, cfg.grpo.max_num_steps):
+        for step in range(start, s.last_step()):
             s.end_step(step, async_grpo_step(s, handle, loss, step))
         return s.summary()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from rlplane.algorithms.losses import reverse_kl_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TEACHER_LOGPROBS, TOKEN_MASK
-from rlplane.training import Session, Timer
+from rlplane.training import DataExhausted, Session, Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts, rollout_metrics, stamp_sample_mask
 from rlplane.utils.metrics import merge_rank_metrics
 
@@ -79,6 +79,11 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     validation, checkpoints. Returns a summary."""
     with Session(cfg, quiet, teacher_cfg=teacher_config(cfg)) as s:
         loss = ReverseKLLoss()
-        for step in range(s.start(), cfg.distillation.max_num_steps):
-            s.end_step(step, distillation_step(s, loss, step))
+        for step in range(s.start(), s.last_step()):
+            try:
+                metrics = distillation_step(s, loss, step)
+            except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
+                s.stop_early(step, e)
+                break
+            s.end_step(step, metrics)
         return s.summary()

@@ -3,15 +3,16 @@
 Each step: refit the generator if stale → register the step's partition → rollout writes columns
 under per-sample keys, returns a receipt and a small carry → reward scaling/shaping → dynamic
 sampling (drop zero-std groups, clear their keys, refill) → sample mask (overlong filtering) →
-prev and reference logprobs computed by the policy workers and written back → group-baseline
-advantages written back by the driver → workers train on their shard with the clipped PG loss →
+prev and reference logprobs computed by the policy workers and written back → advantages
+(``grpo.adv_estimator``: group baselines, GDPO or REINFORCE++) written back by the driver → workers train on their shard with the clipped PG loss →
 clear the step's keys. Then the session validates, logs and checkpoints when due.
 The driver holds only receipts and (B,) tensors.
 """
 
 from __future__ import annotations
 
-from rlplane.algorithms.advantages import clip_advantages, grpo_advantages
+import torch
+
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -21,7 +22,8 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
-from rlplane.training import Session, Timer
+from rlplane.training import DataExhausted, Session, Timer
+from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     collect_rollouts,
@@ -29,6 +31,7 @@ from rlplane.training.rollouts import (
     rollout_metrics,
     stamp_sample_mask,
 )
+from rlplane.training.samples import train_samples
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.policy import ClippedPGLoss
 
@@ -59,20 +62,14 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     if g.seq_logprob_error_threshold is not None:
         meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
 
-    # ---- advantages: group baselines, one value per sample, written per token ---------------------
-    est = g.adv_estimator
-    adv = grpo_advantages(
-        carry["group"],
-        carry["rewards"],
-        normalize_rewards=est.normalize_rewards,
-        use_leave_one_out_baseline=est.use_leave_one_out_baseline,
-        minus_baseline=est.minus_baseline,
-    )  # (B,)
-    adv = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
-    lengths = meta.seq_lens
-    s.data_plane.put_samples(
-        list(meta.sample_ids), TRAIN_PARTITION, {ADVANTAGES: [adv[i].expand(lengths[i]).clone() for i in range(len(adv))]}
-    )
+    # ---- advantages (grpo.adv_estimator), written back per sample ----------------------------------
+    with timer("advantages"):
+        rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
+    metrics.update(adv_metrics)
+    if s.log.train_samples_due():  # logger.log_train_samples_every; per-token advantages shown as their mean
+        shown = torch.stack([r.float().mean() if len(r) else torch.zeros(()) for r in rows])  # (B,)
+        s.log.add_samples("train", train_samples(s, meta, carry, shown, TRAIN_PARTITION))
+    s.data_plane.put_samples(list(meta.sample_ids), TRAIN_PARTITION, {ADVANTAGES: rows})
 
     # ---- train; the step is over ----------------------------------------------------------------
     with timer("policy_training"):
@@ -81,10 +78,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 
     metrics.update(merge_rank_metrics(results))
-    metrics["advantages/mean"] = float(adv.mean())
-    metrics["advantages/max"] = float(adv.max())
-    metrics["advantages/min"] = float(adv.min())
-    metrics.update(rollout_metrics(carry, lengths))
+    metrics.update(rollout_metrics(carry, meta.seq_lens))
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
@@ -92,6 +86,11 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     """Run the whole job: warm-up (or resume), GRPO steps, validation, checkpoints. Returns a summary."""
     with Session(cfg, quiet) as s:
         loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
-        for step in range(s.start(), cfg.grpo.max_num_steps):
-            s.end_step(step, grpo_step(s, loss, step))
+        for step in range(s.start(), s.last_step()):
+            try:
+                metrics = grpo_step(s, loss, step)
+            except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
+                s.stop_early(step, e)
+                break
+            s.end_step(step, metrics)
         return s.summary()

@@ -31,7 +31,7 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
     VALUES,
 )
-from rlplane.training import Session, Timer
+from rlplane.training import DataExhausted, Session, Timer
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     collect_rollouts,
@@ -194,6 +194,11 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
         raise ValueError(f"recipes.ppo.train needs algorithm: ppo, got {cfg.algorithm!r}")
     with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae") as s:
         loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
-        for step in range(s.start(), cfg.ppo.max_num_steps):
-            s.end_step(step, ppo_step(s, loss, step))
+        for step in range(s.start(), s.last_step()):
+            try:
+                metrics = ppo_step(s, loss, step)
+            except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
+                s.stop_early(step, e)
+                break
+            s.end_step(step, metrics)
         return s.summary()

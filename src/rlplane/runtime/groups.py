@@ -123,10 +123,11 @@ class RayActor:
 
     obj = None  # the worker lives in another process
 
-    def __init__(self, cls: type, kwargs: dict[str, Any], num_cpus: float = 0.5, max_concurrency: int | None = None):
+    def __init__(self, cls: type, kwargs: dict[str, Any], num_cpus: float = 0.5, max_concurrency: int | None = None,
+                 env_vars: dict[str, str] | None = None):
         import ray
 
-        options: dict[str, Any] = dict(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV})
+        options: dict[str, Any] = dict(num_cpus=num_cpus, runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})
         if max_concurrency is not None:
             options["max_concurrency"] = max_concurrency
         self.handle = ray.remote(**options)(cls).remote(**kwargs)
@@ -154,11 +155,11 @@ def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *
 
 
 def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
-               max_concurrency: int | None = None) -> LocalActor | RayActor:
-    """A single ``cls`` worker under ``runtime`` (local | ray)."""
+               max_concurrency: int | None = None, env_vars: dict[str, str] | None = None) -> LocalActor | RayActor:
+    """A single ``cls`` worker under ``runtime`` (local | ray); ``env_vars`` are set in a Ray actor's process."""
     if runtime == "local":
         return LocalActor(cls, kwargs)
-    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency)
+    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars)
 
 
 def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:

@@ -15,6 +15,10 @@ class TrainingStopped(RuntimeError):
     """The run cannot go on for a reason the user can act on (one-line message)."""
 
 
+class DataExhausted(Exception):
+    """The loop's ``max_num_epochs`` passes over the training prompts are used up."""
+
+
 class Timer:
     def __init__(self):
         self.times: dict[str, float] = {}
@@ -33,15 +37,17 @@ class Timer:
         return out
 
 
-def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list) -> dict[str, float]:
-    """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1)."""
+def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list) -> tuple[dict[str, float], list[dict]]:
+    """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
+    the greedy answers as text (rows for samples.jsonl)."""
     g = cfg.loop
     datums = datums[: g.max_val_samples]
-    correct, passed = [], []
+    correct, passed, samples = [], [], []
     for i in range(0, len(datums), g.val_batch_size):
         batch = datums[i : i + g.val_batch_size]
         _, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=None, greedy=True)
         correct.append(carry["rewards"])
+        samples += rollout.call("last_samples")
         k = g.val_num_generations_per_prompt
         if k > 1:
             _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=None, greedy=False)
@@ -49,4 +55,4 @@ def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list) -> di
     out = {"accuracy": float(torch.cat(correct).double().mean())}
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())
-    return out
+    return out, samples

@@ -13,79 +13,107 @@ import torch
 from rlplane.algorithms.filters import (
     apply_reward_shaping,
     dynamic_sampling_keep_mask,
+    dynamic_sampling_select,
+    overlong_filter_sample_mask,
     scale_rewards,
     seq_logprob_error_mask,
 )
 from rlplane.config.schema import RunConfig
-from rlplane.dataplane import KVBatchMeta
+from rlplane.dataplane import KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK
-from rlplane.training.loop import Timer, TrainingStopped
+from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
 
 if TYPE_CHECKING:
     from rlplane.training.session import Session
 
 TRAIN_PARTITION = "train"
+REWARD_COMPONENT_PREFIX = "reward/"  # carry keys of per-sample reward components (GDPO)
 
 
-def transform_rewards(cfg: RunConfig, carry: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loop's reward scaling, then its reward shaping, of ``carry["rewards"]``; returns (B,)."""
+def transform_rewards(cfg: RunConfig, carry: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop's reward scaling, then its reward shaping, of ``carry["rewards"]``.
+
+    Returns ``(scaled, shaped)``, both (B,): dynamic sampling filters on ``scaled`` (the raw task
+    reward, before length-dependent shaping; NeMo RL's ``unshaped_total_reward``), advantages use
+    ``shaped``. Reward components (``reward/<name>``, for GDPO) are scaled in place like the total,
+    as NeMo RL's ``scale_rewards`` does; shaping applies to the total only.
+    """
     g = cfg.loop
-    rewards = scale_rewards(carry["rewards"], **g.reward_scaling.model_dump())
+    scaling = g.reward_scaling.model_dump()
+    for key in [k for k in carry if k.startswith(REWARD_COMPONENT_PREFIX)]:
+        carry[key] = scale_rewards(carry[key], **scaling)
+    scaled = scale_rewards(carry["rewards"], **scaling)
     shaping = g.reward_shaping.model_dump()
     shaping["max_response_length"] = shaping["max_response_length"] or cfg.policy.max_total_sequence_length
-    return apply_reward_shaping(rewards, carry["response_lengths"], carry["truncated"], **shaping)
+    return scaled, apply_reward_shaping(scaled, carry["response_lengths"], carry["truncated"], **shaping)
+
+
+def batches_available(s: Session) -> int:
+    """Generation batches the loader may still give before ``max_num_epochs`` passes are done."""
+    loader, g = s.prompts.loader, s.cfg.loop
+    consumed = loader.epoch * len(loader) + loader.batches_done_in_epoch
+    return g.max_num_epochs * len(loader) - consumed
 
 
 def collect_rollouts(
     s: Session, timer: Timer, metrics: dict[str, float]
 ) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
     """Rollouts of one step into ``TRAIN_PARTITION``: reward scaling → shaping → dynamic sampling
-    (drop all-equal groups, clear their keys, refill) → keep the first prompts × generations.
+    (:func:`dynamic_sampling_keep_mask` on the *unshaped* reward, :func:`dynamic_sampling_select`
+    over the generation batches so far; the keys of every sample not selected are cleared).
 
-    Returns the receipt and the (B,) carry (``rewards`` shaped, ``group`` distinct across batches).
-    Adds ``reward`` (raw, first batch), the generation metrics and the dynamic-sampling counts.
+    Returns the receipt and the (B,) carry (``rewards`` shaped, ``group`` distinct across batches),
+    B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw, first batch),
+    the generation metrics and, with dynamic sampling, ``dynamic_sampling_num_gen_batches`` and
+    ``dynamic_sampling_num_discarded_valid_samples`` (samples with reward spread beyond the target,
+    cut by the final slice; NeMo RL's meaning). Raises :class:`DataExhausted` when the loader has
+    no batch left within ``max_num_epochs`` (the step's samples written so far are cleared).
     """
     cfg, g = s.cfg, s.cfg.loop
     G = g.num_generations_per_prompt
     target = g.num_prompts_per_step * G
-    pending, carry, num_gen_batches, discarded = None, None, 0, 0
+    metas, carries, keep_masks, num_groups = [], [], [], 0
     while True:
-        num_gen_batches += 1
+        if batches_available(s) <= 0:
+            s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
+            raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} passes over the training data done")
         datums = s.prompts.next()
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
-        metrics.setdefault("reward", float(c["rewards"].mean()))  # before shaping, first batch
-        rewards = c["rewards"] = transform_rewards(cfg, c)
-        group = c["group"] + (0 if carry is None else int(carry["group"].max()) + 1)  # keep groups distinct
-        c["group"] = group
-        if g.use_dynamic_sampling:
-            keep = dynamic_sampling_keep_mask(group, rewards)  # all-equal groups carry no signal: drop them
-            dropped = [k for k, kept in zip(meta.sample_ids, keep.tolist()) if not kept]
-            if dropped:
-                s.data_plane.clear_samples(dropped, TRAIN_PARTITION)
-                discarded += len(dropped)
-            idx = keep.nonzero().squeeze(1)
-            meta = meta.subset(idx.tolist())
-            c = {k: v[idx] for k, v in c.items()}
-        pending = meta if pending is None else pending.concat([meta])
-        carry = c if carry is None else {k: torch.cat([carry[k], c[k]]) for k in carry}
-        if not g.use_dynamic_sampling or len(pending) >= target:
+        metrics.setdefault("reward", float(c["rewards"].mean()))  # before scaling and shaping, first batch
+        c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
+        num_groups += len(datums)
+        unshaped, c["rewards"] = transform_rewards(cfg, c)
+        if not g.use_dynamic_sampling:
+            metrics.update(gen_metrics)
+            return meta, c
+        metas.append(meta)
+        carries.append(c)
+        # All-equal groups carry no signal (DAPO); judged on the raw task reward, not the shaped one.
+        keep_masks.append(dynamic_sampling_keep_mask(c["group"], unshaped))
+        dropped = [k for k, kept in zip(meta.sample_ids, keep_masks[-1].tolist()) if not kept]
+        if dropped:  # their columns are never read: free them now
+            s.data_plane.clear_samples(dropped, TRAIN_PARTITION)
+        try:
+            selection = dynamic_sampling_select(keep_masks, target, g.dynamic_sampling_max_gen_batches)
+        except RuntimeError as e:
+            s.data_plane.clear_samples(None, TRAIN_PARTITION)
+            raise TrainingStopped(str(e).replace("grpo.", f"{cfg.algorithm}.")) from None
+        if selection is not None:
             break
-        if num_gen_batches >= g.dynamic_sampling_max_gen_batches:
-            raise TrainingStopped(
-                f"dynamic sampling: only {len(pending)} of {target} samples had non-zero reward std after "
-                f"{num_gen_batches} generation batches ({cfg.algorithm}.dynamic_sampling_max_gen_batches); raise "
-                "it, or make the task less saturated"
-            )
-    meta = pending
-    if len(meta) > target:  # overflow from the last batch: clear the extra keys, keep the first `target`
-        s.data_plane.clear_samples(list(meta.sample_ids[target:]), TRAIN_PARTITION)
-        meta = meta.slice(0, target)
-        carry = {k: v[:target] for k, v in carry.items()}
+    # Kept samples past the target (the last batch's overflow) are not trained on: clear them too.
+    overflow = []
+    for m, keep, idx in zip(metas, keep_masks, selection.indices):
+        chosen = torch.zeros_like(keep)
+        chosen[idx] = True
+        overflow += [k for k, extra in zip(m.sample_ids, (keep & ~chosen).tolist()) if extra]
+    if overflow:
+        s.data_plane.clear_samples(overflow, TRAIN_PARTITION)
+    meta = concat_metas([m.subset(idx.tolist()) for m, idx in zip(metas, selection.indices)])
+    carry = {k: torch.cat([c[k][idx] for c, idx in zip(carries, selection.indices)]) for k in carries[0]}
     metrics.update(gen_metrics)
-    if g.use_dynamic_sampling:
-        metrics["dynamic_sampling_num_gen_batches"] = num_gen_batches
-        metrics["dynamic_sampling_num_discarded_valid_samples"] = discarded
+    metrics["dynamic_sampling_num_gen_batches"] = selection.num_gen_batches
+    metrics["dynamic_sampling_num_discarded_valid_samples"] = selection.num_discarded_valid_samples
     return meta, carry
 
 
@@ -94,7 +122,7 @@ def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta, carry: dict[str, torch.
     stamped on the receipt's tags where the workers read it; returns the receipt and the mask."""
     sample_mask = carry["loss_multiplier"].clone()
     if cfg.loop.overlong_filtering:
-        sample_mask = sample_mask * (~carry["truncated"]).float()
+        sample_mask = overlong_filter_sample_mask(sample_mask, carry["truncated"])
     return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
 
 
@@ -114,8 +142,9 @@ def mask_logprob_errors(
 
 
 def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[str, float]:
-    """Reward and group statistics of the step's samples (after shaping and sampling)."""
-    out = {"filtered_reward": float(carry["rewards"].mean())}
+    """Reward and group statistics of the step's samples (after shaping and sampling);
+    ``num_samples`` is how many the step trains on (prompts × generations)."""
+    out = {"filtered_reward": float(carry["rewards"].mean()), "num_samples": float(len(carry["rewards"]))}
     # Per prompt group: all responses wrong (no signal), all right (no signal), or mixed.
     groups, inverse = torch.unique(carry["group"], return_inverse=True)
     group_mean = torch.zeros(len(groups)).scatter_add_(0, inverse, carry["rewards"]) / torch.bincount(inverse)

@@ -1,15 +1,16 @@
 """A training session: the named parts a recipe composes, built in the order they are needed.
 
     s = Session(cfg)           prompts (data errors surface before anything slow), data plane,
-                               workers (not started yet), refit, checkpoints, progress
+                               workers (not started yet), refit, checkpoints, log
     start = s.start()          resume from a checkpoint, or warm up and start the workers; validate
     ... the recipe's steps ...    s.workers / s.refit / s.data_plane / s.prompts, then per step:
     s.end_step(step, metrics)  validate when due, log, checkpoint when due
     s.summary()                the run's before/after figures; s.close() (or ``with``) stops everything
 
 Each part has one job: :class:`Prompts` (data), :class:`Workers` (actors, through the runtime
-layer), :class:`Refit` (generator weights), :class:`Checkpoints` (save / restore), :class:`Progress`
-(console, metric sinks, progress bar), :func:`warm_up` (the supervised warm-up).
+layer), :class:`Refit` (generator weights), :class:`Checkpoints` (save / restore), :class:`RunLog`
+(console, progress, metric sinks and trackers, sample tables: ``s.log``), :func:`warm_up` (the
+supervised warm-up).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import torch
 from rlplane.config.loading import dump_config
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
+from rlplane.envs.user import check_user_tasks, user_task_error_in
 from rlplane.runtime.groups import init_ray
 from rlplane.training.checkpoints import Checkpoints
 from rlplane.training.loop import validate
-from rlplane.training.progress import Progress
 from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
+from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers
 from rlplane.utils.seeding import seed_everything
@@ -49,10 +51,12 @@ class Session:
         torch.set_num_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
-        self.progress = Progress(cfg, self.run_dir, quiet)
-        # Tokenizer and data first: data errors should surface before anything slow starts.
-        _, tokenizer = load_configured_policy(cfg)
-        self.prompts = Prompts(cfg, tokenizer)
+        # Tokenizer, data and user tasks first: their errors should surface before anything slow starts
+        # (or any log file is written).
+        _, self.tokenizer = load_configured_policy(cfg)
+        self.prompts = Prompts(cfg, self.tokenizer)
+        check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
+        self.log = RunLog(cfg, self.run_dir, quiet)
         if self.prompts.stats.get("skipped_overlong"):
             self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
@@ -68,7 +72,7 @@ class Session:
         self._closers: list[Callable[[], None]] = []
 
     def say(self, msg: str) -> None:
-        self.progress.say(msg)
+        self.log.say(msg)
 
     # ---- start: resume, or warm up -----------------------------------------------------------------
     def start(self) -> int:
@@ -83,6 +87,7 @@ class Session:
             self.warmup_result = info.get("warmup", {})
             self.teacher_warmup_result = info.get("teacher_warmup", {})
             self.refit.mark_stale()
+            self.log.last_logged_step = int(info["step"])
             self.say(f"resumed from {latest} at step {info['step']}")
             start = int(info["step"])
         else:
@@ -96,34 +101,69 @@ class Session:
             self.workers.start(state, teacher_state)
             if cfg.runtime != "local":  # the rollout actor built its own weights: push the policy's now
                 self.refit.mark_stale()
-                self.refit.if_stale()
+                try:
+                    self.refit.if_stale()
+                except Exception as e:  # e.g. a user task the actor's node cannot import: one line, not Ray's trace
+                    raise user_task_error_in(e) or e from None
             start = 0
         if start == 0 and cfg.loop.val_at_start:
             self.initial_validation = self.validate()
-            self.progress.log(self.initial_validation, step=0)
+            self.log.log(self.initial_validation, step=0)
         self.last_validation = dict(self.initial_validation)
         return start
 
     def validate(self) -> dict[str, float]:
-        """``validation/*`` of the current policy (the generator is refit first if stale)."""
+        """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
+        answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
-        return {f"validation/{k}": v for k, v in validate(self.cfg, self.workers.rollout, self.prompts.val_datums).items()}
+        metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums)
+        self.log.add_samples("validation", samples)
+        return {f"validation/{k}": v for k, v in metrics.items()}
+
+    def last_step(self) -> int:
+        """The step the run ends at: ``max_num_steps``, or sooner when ``max_num_epochs`` passes over the
+        prompts run out first (NeMo RL: ``min(max_num_steps, max_num_epochs · batches per epoch)``).
+
+        Without dynamic sampling each step draws exactly one batch, so the bound is known up front; with
+        it a step draws a varying number of batches and :func:`~rlplane.training.rollouts.collect_rollouts`
+        raises :class:`~rlplane.training.loop.DataExhausted` when the data runs out (then :meth:`stop_early`).
+        """
+        g = self.cfg.loop
+        if g.use_dynamic_sampling:
+            return g.max_num_steps
+        return min(g.max_num_steps, g.max_num_epochs * len(self.prompts.loader))
 
     # ---- after each step ---------------------------------------------------------------------------
     def end_step(self, step: int, metrics: dict[str, float]) -> None:
-        """After step ``step`` (from 0): validate when due, log, checkpoint when due."""
-        g, done = self.cfg.loop, step + 1
-        if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == g.max_num_steps):
+        """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step)."""
+        g, done, end = self.cfg.loop, step + 1, self.last_step()
+        if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
             t0 = time.perf_counter()
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
-        self.progress.log(metrics, step=done)
-        if self.checkpoints.due(done):
-            info = {"initial_validation": self.initial_validation, "warmup": self.warmup_result}
-            if self.teacher_warmup_result:
-                info["teacher_warmup"] = self.teacher_warmup_result
-            self.checkpoints.save(done, metrics, info)
+        self.log.log(metrics, step=done)
+        if self.checkpoints.due(done) or (done == end and self.cfg.checkpointing.enabled):
+            self._save(done, metrics)
+
+    def stop_early(self, step: int, reason: Exception) -> None:
+        """Step ``step`` found the data used up (``max_num_epochs``, dynamic sampling): the end-of-run
+        validation and checkpoint of the step before, which did not know it was the last."""
+        g, done = self.cfg.loop, step
+        self.say(f"{reason}: stopping after step {done}")
+        if done == 0:
+            return
+        if g.val_at_end and not (g.val_period and done % g.val_period == 0):
+            self.last_validation = self.validate()
+            self.log.log(self.last_validation, step=done)
+        if self.cfg.checkpointing.enabled and not self.checkpoints.due(done):
+            self._save(done, self.last_validation)
+
+    def _save(self, step: int, metrics: dict) -> None:
+        info = {"initial_validation": self.initial_validation, "warmup": self.warmup_result}
+        if self.teacher_warmup_result:
+            info["teacher_warmup"] = self.teacher_warmup_result
+        self.checkpoints.save(step, metrics, info)
 
     def summary(self) -> dict:
         out = {
@@ -147,7 +187,7 @@ class Session:
         for stop in self._closers:
             stop()
         self._closers.clear()
-        self.progress.close()
+        self.log.close()
         self.workers.close()
         self.data_plane.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
+from rlplane.envs.user import import_path_env
 from rlplane.runtime.groups import make_actor, make_group
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
@@ -55,8 +56,10 @@ class Workers:
             self.value = make_group(runtime, ValueWorker, per_rank(cfg, init_state), num_cpus=0.25, distributed=True)
         if runtime != "local":
             # Its own weights, built from the config: the refit part pushes the policy's into it at start.
+            # The driver's working directory is importable there too (user tasks by import path).
             self.rollout = make_actor(runtime, RolloutWorker, dict(cfg=cfg, data_plane=self.data_plane,
-                                                                   seed=cfg.loop.seed), num_cpus=0.5)
+                                                                   seed=cfg.loop.seed), num_cpus=0.5,
+                                      env_vars=import_path_env())
         if self.teacher_cfg is not None:
             self.teacher = make_group(runtime, TeacherWorker, per_rank(self.teacher_cfg, teacher_state), num_cpus=0.25)
 

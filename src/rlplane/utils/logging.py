@@ -1,4 +1,5 @@
-"""Metric sinks: JSONL (one object per step) and TensorBoard; a progress bar on stderr."""
+"""Metric sinks: JSONL (one object per step), TensorBoard and the enabled trackers (wandb, MLflow);
+sample tables (``samples.jsonl``); progress on stderr (a bar on a terminal, else a line per N steps)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 
 class MetricsLogger:
-    def __init__(self, log_dir: str | Path, jsonl: bool = True, tensorboard: bool = True):
+    def __init__(self, log_dir: str | Path, jsonl: bool = True, tensorboard: bool = True, sinks: list | None = None):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.log_dir / "metrics.jsonl", "a") if jsonl else None
+        self._samples = None  # samples.jsonl, opened on the first table
+        self.sinks = list(sinks or [])
         self._tb = None
         if tensorboard:
             try:
@@ -32,12 +35,56 @@ class MetricsLogger:
             for k, v in clean.items():
                 if isinstance(v, float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        for sink in self.sinks:
+            sink.log(clean, step)
+
+    def log_samples(self, kind: str, step: int, rows: list[dict]) -> None:
+        """Append ``rows`` (prompt, completion, reward, ...) to ``samples.jsonl`` as ``{"kind", "step", ...}``
+        and send them to TensorBoard (a markdown table under ``{kind}/samples``) and the trackers."""
+        if not rows:
+            return
+        if self._samples is None:
+            self._samples = open(self.log_dir / "samples.jsonl", "a")
+        for r in rows:
+            self._samples.write(json.dumps({"kind": kind, "step": step, **r}) + "\n")
+        self._samples.flush()
+        if self._tb is not None:
+            self._tb.add_text(f"{kind}/samples", markdown_table(rows[:64]), step)
+        for sink in self.sinks:
+            sink.log_samples(kind, step, rows)
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
+        for f in (self._jsonl, self._samples):
+            if f is not None:
+                f.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
+def _cell(v, width: int | None = None) -> str:
+    s = f"{v:.3f}" if isinstance(v, float) else str(v)
+    s = s.replace("\n", "⏎").replace("|", "\\|")
+    return s if width is None or len(s) <= width else s[: width - 1] + "…"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Rows as a markdown table (TensorBoard renders it in the Text tab)."""
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c), 400) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def text_table(rows: list[dict], columns: list[str], width: int = 48) -> str:
+    """Rows as a plain-text table for the console; long cells are cut to ``width`` characters."""
+    cells = [[_cell(r.get(c), width) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*columns), fmt.format(*("-" * w for w in widths)), *(fmt.format(*row) for row in cells)]
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def read_metrics(log_dir: str | Path) -> list[dict]:

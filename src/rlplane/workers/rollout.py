@@ -3,7 +3,8 @@
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
 prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`), mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
 columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
-small per-row carry: rewards, group index, truncation, lengths. Nothing else crosses to the driver.
+small per-row carry: rewards, group index, truncation, lengths, and the environments' reward
+components as ``reward/<name>``. Nothing else crosses to the driver.
 
 Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
 :mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response.
@@ -21,6 +22,7 @@ from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
+from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
@@ -42,6 +44,7 @@ class RolloutWorker:
         self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
         self.generator = torch.Generator().manual_seed(seed)
         self._envs: dict[str, object] = {}
+        register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -60,6 +63,18 @@ class RolloutWorker:
             if close is not None:
                 close()
         self._envs.clear()
+
+    def last_samples(self, limit: int | None = None) -> list[dict]:
+        """The last rollout's samples as text, in row order: task, prompt, completion (every turn after
+        the prompt; non-assistant messages tagged with their role), reward, reference answer."""
+        rows, states = getattr(self, "_last", ([], []))
+        out = []
+        for d, st in list(zip(rows, states))[:limit]:
+            turns = [m.get("content", "") if m.get("role") == "assistant" else f"[{m.get('role')}] {m.get('content')}"
+                     for m in st.message_log[len(d.message_log):]]
+            out.append({"task_name": d.task_name, "prompt": "".join(m.get("content", "") for m in d.message_log),
+                        "completion": "\n".join(turns), "reward": float(st.reward), "ground_truth": d.ground_truth})
+        return out
 
     # ---- rollout ---------------------------------------------------------------------------------
     def env(self, task_name: str):
@@ -99,6 +114,7 @@ class RolloutWorker:
             greedy=greedy,
             generator=self.generator,
         )
+        self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
@@ -107,6 +123,12 @@ class RolloutWorker:
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
         }
+        # Every component an environment of the batch declares, 0 where it gave none (a failed
+        # sample): the carry's keys then depend on the tasks only, so batches concatenate.
+        declared = {n for d in datums for n in getattr(self.env(d.task_name), "reward_component_names", ())}
+        zeros = torch.zeros(len(rows), dtype=torch.float32)
+        for name in sorted(declared | set(res.reward_components)):
+            carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
         if partition_id is None:
             return None, carry, res.metrics
         keys = group_keys(len(datums), group_size)

@@ -7,8 +7,8 @@ Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md
    datum's for the first turn, plus what its environment returned for later ones);
 2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
 3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
-   **summed** over turns. An environment that raises, or returns a malformed batch (lists of the
-   wrong length), is retried sample by sample; the samples that still raise, or whose own entry is
+   **summed** over turns (and so are the optional reward components). An environment that raises,
+   or returns a malformed batch (lists of the wrong length), is retried sample by sample; the samples that still raise, or whose own entry is
    malformed (an observation that is not a dict, a non-finite reward, bad stop strings), fail: total
    reward 0, sample done, counted in ``env_errors``, one warning line per task; the others go on;
 4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
@@ -64,6 +64,7 @@ class SampleState:
     token_mask: list[torch.Tensor] = field(default_factory=list)  # chunks, int8
     logprobs: list[torch.Tensor] = field(default_factory=list)  # chunks, float32
     reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)  # summed over turns like reward
     turns: int = 0
     gen_tokens: int = 0
     env_tokens: int = 0
@@ -95,6 +96,7 @@ class TurnsResult:
     token_mask: list[torch.Tensor]  # (L_i,) int8, 1 on generated tokens
     generation_logprobs: list[torch.Tensor]  # (L_i,) float32, 0 off the mask
     rewards: torch.Tensor  # (B,) float32, summed over turns
+    reward_components: dict[str, torch.Tensor]  # name -> (B,) float32, summed over turns; 0 where not given
     truncated: torch.Tensor  # (B,) bool: last response cut by a length limit, or sequence at the max length
     prompt_lengths: torch.Tensor  # (B,)
     response_lengths: torch.Tensor  # (B,) everything after the prompt (generated + observations)
@@ -219,6 +221,7 @@ def _step_envs(states: list[SampleState], active: list[int], env_for: Callable[[
         for i in problems:
             s = states[i]
             s.reward, s.env_error, s.done = 0.0, True, True
+            s.reward_components = {}  # a failed sample scores 0 in every component too
         if problems:
             first, why = next(iter(problems.items()))
             log.warning(
@@ -247,6 +250,10 @@ def _checked_step(env, task: str, batch: list[SampleState]):
     if wrong:
         raise ValueError(f"environment {task!r} returned " + ", ".join(f"{v} {k}" for k, v in wrong.items())
                          + f" for {n} samples; every list needs one entry per sample")
+    for name, values in (getattr(ret, "reward_components", None) or {}).items():
+        if torch.as_tensor(values).numel() != n:
+            raise ValueError(f"environment {task!r} returned reward component {name!r} for "
+                             f"{torch.as_tensor(values).numel()} of {n} samples")
     problems = [_sample_problem(ret, j, rewards[j], terminated[j]) for j in range(n)]
     return ret, rewards, terminated, problems
 
@@ -273,6 +280,8 @@ def _sample_problem(ret, j: int, reward: float, terminated: bool) -> str:
 def _apply(s: SampleState, ret, j: int, reward: float, terminated: bool) -> None:
     """Add entry ``j`` of a (checked) environment return to sample ``s``."""
     s.reward += reward
+    for name, values in (getattr(ret, "reward_components", None) or {}).items():
+        s.reward_components[name] = s.reward_components.get(name, 0.0) + float(torch.as_tensor(values).reshape(-1)[j])
     if terminated:
         s.done = s.terminated = True
         return
@@ -306,11 +315,14 @@ def _result(states: list[SampleState], env_errors: int, max_turns: int) -> Turns
         "env_error_rate": env_errors / n,
     }
     prompt_lengths = torch.tensor([s.prompt_length for s in states])
+    names = sorted({name for s in states for name in s.reward_components})
     return TurnsResult(
         input_ids=[torch.tensor(s.input_ids, dtype=torch.long) for s in states],
         token_mask=[torch.cat(s.token_mask) for s in states],
         generation_logprobs=[torch.cat(s.logprobs) for s in states],
         rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
+        reward_components={n: torch.tensor([s.reward_components.get(n, 0.0) for s in states], dtype=torch.float32)
+                           for n in names},
         truncated=torch.tensor([s.truncated or s.finish_reason == FINISH_LENGTH for s in states]),
         prompt_lengths=prompt_lengths,
         response_lengths=torch.tensor([len(s.input_ids) for s in states]) - prompt_lengths,

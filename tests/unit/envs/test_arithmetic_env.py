@@ -64,7 +64,11 @@ def test_score_answers_vector():
     assert score_answers(["1", "2<eos>", "x"], ["1", "2", "3"]).tolist() == [1.0, 1.0, 0.0]
 
 
-def test_registry_routes_and_errors():
+def test_registry_routes_and_errors(request):
+    from rlplane.envs import ENV_REGISTRY
+
+    # Later tests list the known environments: leave the registry as it was.
+    request.addfinalizer(lambda: ENV_REGISTRY.pop("arithmetic_custom_eos", None))
     assert isinstance(create_env("arithmetic"), ArithmeticEnv)
     envs = create_envs(["arithmetic", "arithmetic"])
     assert list(envs) == ["arithmetic"]
@@ -73,3 +77,23 @@ def test_registry_routes_and_errors():
     register_env("arithmetic_custom_eos", lambda: ArithmeticEnv(end_markers=("</s>",)))
     env = create_env("arithmetic_custom_eos")
     assert env.step([_log("7</s>")], [{"ground_truth": "7"}]).rewards.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    "answer, correct, fmt",
+    [
+        ("46", 1.0, 1.0),
+        ("47", 0.0, 1.0),  # wrong but well formed
+        ("046", 0.0, 0.0),  # leading zero
+        ("4 6", 0.0, 0.0),
+        ("-0", 0.0, 0.0),
+        ("abc", 0.0, 0.0),
+        ("", 0.0, 0.0),
+    ],
+)
+def test_reward_components_are_correctness_and_format(answer, correct, fmt):
+    env = ArithmeticEnv()
+    ret = env.step([_log(answer)], [{"ground_truth": "46"}])
+    assert set(ret.reward_components) == set(env.reward_component_names) == {"correct", "format"}
+    assert ret.reward_components["correct"].tolist() == [correct] == ret.rewards.tolist()
+    assert ret.reward_components["format"].tolist() == [fmt]

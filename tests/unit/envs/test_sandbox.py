@@ -1,112 +1,138 @@
-"""The code sandbox against hostile programs: each is contained, scored as a failure, and the batch goes on.
+"""The code sandbox against hostile programs, as root and as an unprivileged user.
 
-All hostile programs run in one ``CodeEnv.step`` batch with a correct solution last: the batch must
-finish, every hostile sample must score 0, the correct one 1, and nothing may be left behind
-(files outside the work directory, processes).
+The hostile programs (``hostile_programs.py``) run in one ``CodeEnv`` batch with a correct solution
+last: every hostile one must score 0, the correct one 1, and nothing may be left behind. The batch
+runs twice, with the audit hook and without it (the OS isolation alone). When the tests run as root,
+the same script runs again under a fresh unprivileged uid (the trainer-is-not-root case).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import pwd
+import shutil
+import subprocess
+import sys
 import textwrap
-import uuid
+from pathlib import Path
 
 import pytest
 
-from rlplane.envs import create_env
+import rlplane
+from rlplane.envs import UnknownEnvironmentError, create_env
+from rlplane.envs import sandbox
 from rlplane.envs.code import CodeEnv, extract_code
-from rlplane.envs.sandbox import SandboxLimits, run_python
+from rlplane.envs.sandbox import SandboxLimits, SandboxUnavailable, run_python
 
-MARKER = f"rlplane-escape-{uuid.uuid4().hex[:8]}"
-ESCAPE_FILE = f"/tmp/{MARKER}.txt"
-SECRET = f"s3cret-{uuid.uuid4().hex[:8]}"
-TESTS = "assert add(2, 3) == 5\n"
-
-# Each program defines a correct `add` (so only the hostile part can make it fail) and then does harm.
-HOSTILE = {
-    "read_outside": "print(open('/etc/passwd').read())",
-    "read_outside_relative": "import os\nprint(open(os.path.join('..', '..', '..', 'etc', 'hostname')).read())",
-    "write_outside": f"open({ESCAPE_FILE!r}, 'w').write('escaped')",
-    "socket": "import socket\ns = socket.create_connection(('1.1.1.1', 53), timeout=1)",
-    "raw_socket_module": "_s = __import__('_socket')\n_s.socket().connect(('127.0.0.1', 22))",
-    "fork_bomb": "import os\nwhile True:\n    os.fork()",
-    "memory_bomb": "hog = []\nwhile True:\n    hog.append(bytearray(50 * 2**20))",
-    "infinite_loop": "while True:\n    pass",
-    "sleep_forever": "import time\ntime.sleep(3600)",
-    "huge_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
-    "parent_env": (
-        f"import os\nassert {SECRET!r} not in repr(dict(os.environ))\n"
-        f"data = open('/proc/%d/environ' % os.getppid(), 'rb').read()\nassert {SECRET!r}.encode() not in data"
-    ),
-    "outliving_process": (
-        f"import subprocess\nsubprocess.Popen(['sleep', '30', {MARKER!r}], start_new_session=True)"
-    ),
-    "outliving_fork": (
-        "import os, time\n"
-        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n"
-    ),
-    "ctypes_crash": "import ctypes\nctypes.string_at(0)",
-    "kill_parent": "import os\nos.kill(os.getppid(), 15)",
-    "raise_limits": "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (-1, -1))\nwhile True:\n    pass",
-}
-GOOD = "def add(a, b):\n    return a + b\n"
+_HOSTILE = Path(__file__).with_name("hostile_programs.py")
+_spec = importlib.util.spec_from_file_location("hostile_programs", _HOSTILE)
+hostile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hostile)
+GOOD, TESTS = hostile.GOOD, hostile.TESTS
+UNPRIVILEGED_USER = "rlplane-sbx"
 
 
-def _program(harm: str) -> str:
-    return f"```python\n{GOOD}\n{harm}\n```"
+def _report(suite: dict) -> tuple[int, int]:
+    """(contained, total) hostile programs: contained = scored 0 (nothing escaped is checked separately)."""
+    hostile_rewards = {n: r for n, r in suite["rewards"].items() if n != "good"}
+    return sum(r == 0.0 for r in hostile_rewards.values()), len(hostile_rewards)
 
 
-def _leftover_processes(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
+def _check_suite(suite: dict, who: str) -> None:
+    contained, total = _report(suite)
+    print(f"{who}: {contained}/{total} hostile programs contained ({suite['isolation']}, uid {suite['uid']})")
+    assert total >= 25
+    passed = [n for n, r in suite["rewards"].items() if n != "good" and r != 0.0]
+    assert passed == [], f"{who}: not contained: {[(n, suite['observations'][n]) for n in passed]}"
+    assert suite["escapes"] == [], f"{who}: {suite['escapes']}"
+    assert suite["rewards"]["good"] == 1.0 and suite["observations"]["good"] == "passed"
 
 
 @pytest.fixture(scope="module")
-def hostile_results():
-    os.environ["RLPLANE_TEST_SECRET"] = SECRET  # the parent's secret the program must not see
+def suite_here():
+    return {"with_hook": hostile.run_suite(audit_hook=True), "without_hook": hostile.run_suite(audit_hook=False)}
+
+
+@pytest.mark.parametrize("layer", ["with_hook", "without_hook"])
+def test_hostile_programs_are_contained(suite_here, layer):
+    _check_suite(suite_here[layer], f"uid {os.geteuid()}, {layer}")
+
+
+def _blocked_ancestors(paths) -> dict[str, set[str]]:
+    """Directories only root may enter (e.g. /root, 0700) on the way to ``paths`` -> the child needed in each."""
+    blocked: dict[str, set[str]] = {}
+    for path in paths:
+        parts = Path(path).parts
+        for i in range(1, len(parts)):
+            directory = Path(*parts[:i])
+            if not os.stat(directory).st_mode & 0o001:
+                blocked.setdefault(str(directory), set()).add(parts[i])
+    return blocked
+
+
+@pytest.fixture(scope="module")
+def unprivileged_user():
+    if os.geteuid() != 0:
+        pytest.skip("the tests already run unprivileged: test_hostile_programs_are_contained covers that case")
+    missing = [t for t in ("useradd", "userdel", "unshare", "setpriv") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"cannot switch to an unprivileged uid: {', '.join(missing)} not installed (util-linux, passwd)")
     try:
-        env = CodeEnv(cpu_seconds=1, wall_seconds=2, memory_mb=256, output_kb=16, num_workers=2)
-        names = [*HOSTILE, "good"]
-        logs = [[{"role": "assistant", "content": _program(HOSTILE[n])}] for n in HOSTILE]
-        logs.append([{"role": "assistant", "content": _program("")}])
-        ret = env.step(logs, [{"tests": TESTS}] * len(logs))
-        return dict(zip(names, ret.rewards.tolist())), ret
-    finally:
-        del os.environ["RLPLANE_TEST_SECRET"]
+        pwd.getpwnam(UNPRIVILEGED_USER)
+        created = False
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        UNPRIVILEGED_USER], check=True, capture_output=True)
+        created = True
+    yield UNPRIVILEGED_USER
+    if created:
+        subprocess.run(["userdel", UNPRIVILEGED_USER], capture_output=True)
 
 
-def test_there_are_at_least_ten_hostile_programs():
-    assert len(HOSTILE) >= 10
+def test_hostile_programs_are_contained_for_an_unprivileged_trainer(unprivileged_user, tmp_path):
+    """The same batch, run by a trainer process with an ordinary uid and no capabilities.
 
-
-@pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_program_is_scored_as_failure(hostile_results, name):
-    rewards, _ = hostile_results
-    assert rewards[name] == 0.0, f"{name} passed: it was not contained"
-
-
-def test_the_batch_goes_on_after_hostile_programs(hostile_results):
-    rewards, ret = hostile_results
-    assert rewards["good"] == 1.0
-    assert ret.observations[-1]["content"] == "passed"
-    assert bool(ret.terminateds.all())
-
-
-def test_nothing_escapes_or_outlives_the_run(hostile_results):
-    assert not os.path.exists(ESCAPE_FILE)
-    assert _leftover_processes(MARKER) == []
+    The interpreter may sit below a directory only root can enter (pyenv under /root, 0700): the
+    driver then runs in a private mount namespace where such a directory is a tmpfs holding just the
+    needed child, bind-mounted from the host. Its uid, capabilities and user namespace are those of
+    any unprivileged user.
+    """
+    src = str(Path(rlplane.__file__).resolve().parents[1])
+    needed = {os.path.realpath(p) for p in (sys.executable, sys.base_prefix, sys.prefix, src, str(_HOSTILE))}
+    blocked = _blocked_ancestors(needed)
+    hold = tmp_path / "hold"
+    lines = ["set -e", "mount --make-rprivate /"]
+    for i, (directory, children) in enumerate(sorted(blocked.items())):
+        for j, child in enumerate(sorted(children)):
+            lines += [f"mkdir -p {hold}/{i}-{j}", f"mount --bind '{directory}/{child}' {hold}/{i}-{j}"]
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs '{directory}'")
+        for j, child in enumerate(sorted(children)):
+            lines += [f"mkdir -p '{directory}/{child}'", f"mount --move {hold}/{i}-{j} '{directory}/{child}'"]
+    home = tmp_path / "home"
+    home.mkdir()
+    user = pwd.getpwnam(unprivileged_user)
+    os.chown(home, user.pw_uid, user.pw_gid)
+    os.chmod(tmp_path, 0o755)
+    lines.append(
+        f"exec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups --inh-caps=-all "
+        f"env -i HOME={home} PATH=/usr/bin:/bin PYTHONPATH={src} OMP_NUM_THREADS=1 TMPDIR={home} "
+        f"{sys.executable} {_HOSTILE}"
+    )
+    run = subprocess.run(["unshare", "--mount", "sh", "-c", "\n".join(lines)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    for layer, suite in result.items():
+        assert suite["uid"] == user.pw_uid and suite["isolation"] == "user namespace"
+        _check_suite(suite, f"unprivileged uid {suite['uid']}, {layer}")
 
 
 def test_failures_say_why():
     limits = SandboxLimits(cpu_seconds=1, wall_seconds=2)
-    loop = run_python("while True:\n    pass", limits)
+    # A wide wall clock: on a loaded machine 1 s of CPU can take more than 2 s.
+    loop = run_python("while True:\n    pass", SandboxLimits(cpu_seconds=1, wall_seconds=20))
     assert loop.killed_by == "SIGXCPU" and not loop.ok
     sleep = run_python("import time\ntime.sleep(60)", limits)
     assert sleep.timed_out and not sleep.ok and sleep.wall_seconds < 10
@@ -144,22 +170,65 @@ def test_code_env_multi_attempt_feedback():
     assert textwrap.dedent(ret.observations[0]["content"]).startswith("failed")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the network namespace and throwaway uid need root")
 @pytest.mark.parametrize(
     "name, program",
     [
-        ("fork", "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)"),  # RLIMIT_NPROC on its own uid
-        ("connect", "import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 53))"),  # empty network namespace
-        ("parent_env", "import os\nopen('/proc/%d/environ' % os.getppid(), 'rb').read()"),  # another uid's file
-        ("kill_parent", "import os\nos.kill(os.getppid(), 0)"),  # another uid's process
+        ("fork", "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)"),  # RLIMIT_NPROC
+        ("connect", "import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('1.1.1.1', 53))"),  # empty netns
+        ("host_file", "open('/etc/hostname').read()"),  # the host's filesystem is not in the new root
+        ("write_root", "open('/x', 'w')"),  # the new root is read-only
+        ("proc", "import os\nos.listdir('/proc')"),  # no /proc: no other process to read or name
     ],
 )
 def test_os_layers_hold_without_the_audit_hook(name, program):
     r = run_python(program, SandboxLimits(audit_hook=False, preload_modules=("socket",)))
     assert not r.ok, f"{name}: {r.stdout} {r.stderr}"
     assert "sandbox:" not in r.stderr  # refused by the OS, not by the hook
-    assert any(e in r.stderr for e in ("BlockingIOError", "PermissionError", "OSError: [Errno 101]")), r.stderr
-    assert r.isolation == {"network_namespace": True, "own_uid": True}
+    assert any(e in r.stderr for e in ("BlockingIOError", "PermissionError", "OSError: [Errno",
+                                        "FileNotFoundError")), r.stderr
+    assert r.isolation["mechanism"] == ("namespaces (root)" if os.geteuid() == 0 else "user namespace")
+
+
+def test_exiting_early_never_passes():
+    # Item 10: before, `raise SystemExit(0)` or `os._exit(0)` ahead of the appended tests scored 1.0.
+    env = CodeEnv(num_workers=2)
+    gaming = ["raise SystemExit(0)", "import sys\nsys.exit(0)", "import os\nos._exit(0)",
+              f"{GOOD}\nimport os\nos._exit(0)", f"{GOOD}\nraise SystemExit(0)"]
+    logs = [[{"role": "assistant", "content": c}] for c in gaming]
+    ret = env.step(logs, [{"tests": TESTS}] * len(logs))
+    assert ret.rewards.tolist() == [0.0] * len(gaming)
+    assert ret.observations[0]["content"].startswith("failed: sandbox: solution.py raised SystemExit(0)")
+    assert ret.observations[2]["content"] == "failed: exited before the tests finished"
+    # A SystemExit in the tests fails too, and output before the nonce is the program's own.
+    r = run_python("print('hi')", tests="raise SystemExit(0)")
+    assert not r.ok and "tests.py raised SystemExit(0)" in r.stderr
+    r = run_python("print('hi')", tests="assert True")
+    assert r.ok and r.completed and r.stdout == "hi\n"
+
+
+def test_code_env_refuses_to_start_without_isolation(monkeypatch):
+    # Fail closed: a machine that cannot make the namespaces gives one line (what is missing, how to get it).
+    def fail(*_a, **_k):
+        raise sandbox._unavailable({"error": "unshare(CLONE_NEWUSER): unprivileged user namespaces failed: EPERM"}, "")
+
+    monkeypatch.setattr("rlplane.envs.code.check_isolation", fail)
+    with pytest.raises(UnknownEnvironmentError) as e:
+        CodeEnv()
+    message = str(e.value)
+    assert "\n" not in message and "no OS isolation" in message and "EPERM" in message
+    assert "user.max_user_namespaces" in message
+
+
+def test_run_python_fails_closed_when_the_runner_cannot_isolate(monkeypatch, tmp_path):
+    # The real runner, with a namespace flag the kernel rejects: it must refuse before the program runs.
+    marker = tmp_path / "ran"
+    runner = tmp_path / "runner.py"
+    runner.write_text(sandbox._RUNNER.read_text().replace(
+        "flags = _CLONE_NEWNET", "flags = 0x1 | _CLONE_NEWNET"))  # an invalid clone flag: EINVAL
+    monkeypatch.setattr(sandbox, "_RUNNER", runner)
+    with pytest.raises(SandboxUnavailable, match="no OS isolation on this machine .*EINVAL"):
+        run_python(f"open({str(marker)!r}, 'w')", SandboxLimits(audit_hook=False))
+    assert not marker.exists()
 
 
 def test_code_env_reads_tests_from_the_ground_truth_of_jsonl_rows():

@@ -1,0 +1,155 @@
+"""The Python entry points: ``rlplane.train``, ``rlplane.evaluate``, ``rlplane.load_config``.
+
+They run the same code as the ``rlplane`` command and return what it prints: the run summary
+(``accuracy_before``, ``accuracy_after``, ``run_dir``, ``wall_seconds``, ``warmup``) or the
+evaluation result. User tasks come as config keys (``env.<task>.reward_fn`` / ``class``) or as
+``reward_fns`` / ``envs`` mappings of task name to an import path or a Python object::
+
+    import rlplane
+
+    def score(prompt, completion, extra):
+        return float(completion.strip() == extra["ground_truth"])
+
+    summary = rlplane.train("grpo_arithmetic", overrides=["grpo.max_num_steps=20"],
+                            reward_fns={"arithmetic": score})
+
+An object whose module can be imported (not ``__main__``, not a lambda) is passed on as its import
+path, so it works with ``runtime: ray`` too (the rollout actor imports it). Any other object is
+registered in this process and needs ``runtime: local``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rlplane.config.schema import RunConfig
+
+# As the command sets them: quiet Hugging Face progress bars (they flood captured logs), no telemetry.
+for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0"),
+               ("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error")):
+    os.environ.setdefault(_k, _v)
+
+
+def load_config(config: str | dict | RunConfig | None = None, overrides: Sequence[str] | None = None) -> RunConfig:
+    """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict shaped
+    like the YAML, or a ``RunConfig``, with dotted ``overrides`` (``["grpo.max_num_steps=20"]``)."""
+    from rlplane.config.loading import apply_overrides, build_config, dump_config, load_yaml_tree
+
+    if isinstance(config, RunConfig):
+        import yaml
+
+        tree = yaml.safe_load(dump_config(config))
+    elif isinstance(config, Mapping):
+        tree = dict(config)
+        parent = tree.pop("defaults", None)
+        if parent:
+            from rlplane.config.loading import _deep_merge
+
+            tree = _deep_merge(load_yaml_tree(parent), tree)
+    else:
+        tree = load_yaml_tree(config or "grpo_arithmetic")
+    return build_config(apply_overrides(tree, list(overrides or [])))
+
+
+def _import_path(obj: Any) -> str | None:
+    """``module:qualname`` when importing it gives back this very object, else None."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name or "." in name:
+        return None
+    try:
+        return f"{module}:{name}" if getattr(importlib.import_module(module), name, None) is obj else None
+    except ImportError:
+        return None
+
+
+def _user_task_overrides(cfg: RunConfig, envs: Mapping | None, reward_fns: Mapping | None):
+    """(overrides naming importable tasks by path, {task: factory} to register in this process)."""
+    from rlplane.config.loading import ConfigError
+
+    overrides, local = [], {}
+    for kind, given in (("reward_fn", reward_fns or {}), ("class", envs or {})):
+        for task, obj in given.items():
+            path = obj if isinstance(obj, str) else _import_path(obj)
+            if path is not None:
+                overrides.append(f"env.{task}.{kind}={path}")
+                continue
+            if cfg.runtime != "local":
+                raise ConfigError([f"{kind}s[{task!r}] = {obj!r}: the Ray rollout actor imports user code by path, "
+                                   "and this object has none (defined in __main__, a lambda or nested); move it into "
+                                   "a module, pass 'module:name', or use runtime: local"])
+            local[task] = _reward_factory(obj, task) if kind == "reward_fn" else obj
+    return overrides, local
+
+
+def _reward_factory(fn: Callable, task: str) -> Callable:
+    from rlplane.envs.user import RewardFnEnv, check_reward_fn
+
+    where = f"reward_fns[{task!r}]"
+    check_reward_fn(fn, where, getattr(fn, "__name__", repr(fn)))
+
+    def factory(**kwargs):
+        return RewardFnEnv(fn, where, **kwargs)
+
+    return factory
+
+
+@contextmanager
+def _registered(factories: Mapping[str, Callable]):
+    """Register ``factories`` for the duration of a run, then restore the registry."""
+    from rlplane.envs.registry import ENV_REGISTRY
+
+    saved = dict(ENV_REGISTRY)
+    ENV_REGISTRY.update(factories)
+    try:
+        yield
+    finally:
+        ENV_REGISTRY.clear()
+        ENV_REGISTRY.update(saved)
+
+
+def _prepare(config, overrides, envs, reward_fns) -> tuple[RunConfig, dict]:
+    cfg = load_config(config, overrides)
+    extra, local = _user_task_overrides(cfg, envs, reward_fns)
+    if extra:
+        cfg = load_config(cfg, extra)
+    return cfg, local
+
+
+def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
+          envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
+          quiet: bool = False) -> dict:
+    """Warm-up (if enabled) and the config's recipe (``config/recipes.py``) as ``rlplane train`` runs it. ``reward_fns``
+    maps a task name to ``fn(prompt, completion, extra) -> float`` (or its ``"module:function"``),
+    ``envs`` to an :class:`rlplane.envs.Environment` class (or ``"module:Class"``). Returns the summary."""
+    from rlplane.config.recipes import recipe_for, train_function
+
+    cfg, local = _prepare(config, overrides, envs, reward_fns)
+    run = train_function(recipe_for(cfg))
+    with _registered(local):
+        return run(cfg, quiet=quiet)
+
+
+def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
+             model: str | None = None, checkpoint: str | None = None, envs: Mapping[str, Any] | None = None,
+             reward_fns: Mapping[str, Any] | None = None, num_problems: int | None = None, k: int = 1,
+             batch_size: int = 32, progress: bool = False) -> dict:
+    """Greedy accuracy (and pass@k when ``k > 1``) on the config's held-out problems, as ``rlplane eval``.
+    ``model``: a ``policy.model_name``; ``checkpoint``: a run directory (its latest checkpoint, whose saved
+    config is the default ``config``) or a ``step_N`` checkpoint. Returns the result dict."""
+    from rlplane.cli import _checkpoint_weights
+    from rlplane.evaluation import evaluate as run
+
+    extra = [f"policy.model_name={model}"] if model else []
+    if checkpoint is not None:
+        weights, ckpt = _checkpoint_weights(checkpoint)
+        extra = [f"policy.model_name={weights}"]
+        if config is None and ckpt is not None and (ckpt / "config.yaml").is_file():
+            config = str(ckpt / "config.yaml")  # the run's own data, prompt format and environments
+    cfg, local = _prepare(config, [*(overrides or []), *extra, "warmup.enabled=false", "runtime=local"],
+                          envs, reward_fns)
+    with _registered(local):
+        return run(cfg, num_problems=num_problems, k=k, batch_size=batch_size, progress=progress)

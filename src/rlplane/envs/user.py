@@ -1,0 +1,232 @@
+"""User tasks named by import path in the config: ``env.<task>.reward_fn`` or ``env.<task>.class``.
+
+A **reward function** ``module:function`` is called once per sample as
+``function(prompt, completion, extra, **kwargs) -> float``: ``prompt`` is the prompt text,
+``completion`` the model's last answer (decoded, special tokens removed), ``extra`` the row's
+``extra_env_info`` (``ground_truth`` plus the row's other fields). A list of floats is also
+accepted (GDPO-style components); they are summed into the sample's reward. Such a task is
+single-turn: every sample ends after its first answer.
+
+An **environment class** ``module:Class`` follows :class:`rlplane.envs.Environment`
+(``step(message_logs, metadata) -> EnvironmentReturn``, multi-turn if it wants) and is built as
+``Class(**kwargs)``.
+
+Paths are imported where the environment runs: in this process for ``runtime: local``, in the
+rollout actor for ``runtime: ray``. Only the path travels (never the object), so the actor imports
+the user's module itself; the driver's working directory reaches it through ``RLPLANE_IMPORT_PATH``
+(see :func:`import_path_env`). :func:`check_user_tasks` imports and calls each task once on a real
+row before anything slow starts, so a wrong path, signature or return type is one line at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlplane.envs.interface import Environment, EnvironmentReturn, last_assistant_content
+from rlplane.envs.registry import ENV_REGISTRY, UnknownEnvironmentError
+
+IMPORT_PATH_VAR = "RLPLANE_IMPORT_PATH"
+
+
+class UserTaskError(UnknownEnvironmentError):
+    """A user task's import path, signature or return value is wrong (one-line message)."""
+
+
+def import_path_env() -> dict[str, str]:
+    """Environment variables that make the driver's working directory importable in a Ray actor."""
+    dirs = [os.getcwd(), *filter(None, os.environ.get(IMPORT_PATH_VAR, "").split(os.pathsep))]
+    return {IMPORT_PATH_VAR: os.pathsep.join(dict.fromkeys(dirs))}
+
+
+def _extend_sys_path() -> None:
+    # The working directory first (a console script's sys.path lacks it), then the driver's (Ray actors).
+    for d in [os.getcwd(), *filter(None, os.environ.get(IMPORT_PATH_VAR, "").split(os.pathsep))]:
+        if d not in sys.path:
+            sys.path.append(d)
+
+
+def import_object(path: str, where: str) -> Any:
+    """``module:attribute`` imported from the working directory or an installed package.
+    ``where`` names the config key in errors (``env.my_task.reward_fn``)."""
+    _extend_sys_path()
+    module_name, _, attribute = path.partition(":")
+    head = f"{where} = {path!r}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise UserTaskError(
+                f"{head}: no module named {e.name!r} in the working directory ({os.getcwd()}) or the installed "
+                f"packages; check the spelling, or run from the directory that holds {e.name.split('.')[0]}.py"
+            ) from None
+        raise UserTaskError(f"{head}: importing {module_name} failed: {e}; install what it needs") from None
+    except Exception as e:  # a syntax or runtime error in the user's module
+        raise UserTaskError(f"{head}: importing {module_name} raised {type(e).__name__}: {e}") from None
+    if not hasattr(module, attribute):
+        names = ", ".join(n for n in sorted(vars(module)) if not n.startswith("_"))[:200]
+        raise UserTaskError(f"{head}: {module_name} ({getattr(module, '__file__', '?')}) has no {attribute!r}; "
+                            f"it defines: {names}")
+    return getattr(module, attribute)
+
+
+def as_reward(value: Any, where: str) -> float:
+    """A reward function's return as one float: a number, or a list of numbers (summed)."""
+    parts = list(value) if isinstance(value, (list, tuple)) else [value]
+    total = 0.0
+    for v in parts:
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        try:
+            if isinstance(v, str):
+                raise TypeError
+            f = float(v)
+        except (TypeError, ValueError):
+            raise UserTaskError(f"{where} returned {value!r} ({type(value).__name__}); return a float "
+                                "(or a list of floats)") from None
+        if not math.isfinite(f):
+            raise UserTaskError(f"{where} returned {value!r}; rewards must be finite numbers")
+        total += f
+    return total
+
+
+def prompt_text(message_log: list[dict]) -> str:
+    """The prompt: every message before the first assistant turn, concatenated."""
+    out = []
+    for m in message_log:
+        if m.get("role") == "assistant":
+            break
+        out.append(str(m.get("content", "")))
+    return "".join(out)
+
+
+class RewardFnEnv(Environment):
+    """A single-turn environment around ``fn(prompt, completion, extra, **kwargs) -> float``."""
+
+    def __init__(self, fn: Callable[..., Any], where: str, **kwargs: Any):
+        self.fn, self.where, self.kwargs = fn, where, kwargs
+
+    def step(self, message_logs: Sequence[list[dict]], metadata: Sequence[Any]) -> EnvironmentReturn:
+        rewards, answers = [], []
+        for log, extra in zip(message_logs, metadata):
+            completion = last_assistant_content(log)
+            rewards.append(as_reward(self.fn(prompt_text(log), completion, extra, **self.kwargs), self.where))
+            answers.append(completion)
+        n = len(message_logs)
+        return EnvironmentReturn(
+            observations=[{"role": "environment", "content": ""}] * n,
+            metadata=list(metadata),
+            next_stop_strings=[None] * n,
+            rewards=torch.tensor(rewards, dtype=torch.float32),
+            terminateds=torch.ones(n, dtype=torch.bool),
+            answers=answers,
+        )
+
+
+def _check_call(target: Callable, args: tuple, kwargs: dict, where: str, path: str, expected: str) -> None:
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a signature: let the call decide
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise UserTaskError(f"{where} = {path!r}: cannot be called as {expected} (its signature is {sig}: {e}); "
+                            "change its parameters or env kwargs") from None
+
+
+def check_reward_fn(fn: Any, where: str, shown: str, kwargs: dict[str, Any] | None = None) -> None:
+    """A one-line error unless ``fn(prompt, completion, extra, **kwargs)`` can be called."""
+    if not callable(fn):
+        raise UserTaskError(f"{where} = {shown!r}: is a {type(fn).__name__}, not a function")
+    _check_call(fn, ("prompt", "completion", {}), kwargs or {}, where, shown, "fn(prompt, completion, extra, **kwargs)")
+
+
+def load_reward_fn(path: str, where: str, kwargs: dict[str, Any]) -> Callable[..., Any]:
+    fn = import_object(path, where)
+    check_reward_fn(fn, where, path, kwargs)
+    return fn
+
+
+def load_env_class(path: str, where: str, kwargs: dict[str, Any]) -> type:
+    cls = import_object(path, where)
+    if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):
+        raise UserTaskError(f"{where} = {path!r}: not a class with a step(message_logs, metadata) method; "
+                            "subclass rlplane.envs.Environment")
+    _check_call(cls, (), kwargs, where, path, "Class(**kwargs)")
+    return cls
+
+
+def make_user_env(task_name: str, reward_fn: str | None, class_path: str | None, **kwargs: Any) -> Environment:
+    """Build a user task's environment (imports its module here, in the calling process)."""
+    if reward_fn is not None:
+        where = f"env.{task_name}.reward_fn"
+        return RewardFnEnv(load_reward_fn(reward_fn, where, kwargs), where, **kwargs)
+    return load_env_class(class_path, f"env.{task_name}.class", kwargs)(**kwargs)
+
+
+def register_user_tasks(env_cfg, import_now: bool = False) -> None:
+    """Route each user task of ``env_cfg`` (an :class:`~rlplane.config.envs.EnvConfig`) to its
+    factory in this process's registry. With ``import_now`` (a rollout worker) the modules are
+    imported here, so a path this process cannot import fails its start, not every sample later."""
+    for name, task in env_cfg.user_tasks().items():
+        ENV_REGISTRY[name] = functools.partial(make_user_env, name, task.reward_fn, task.class_)
+        if import_now:
+            key = "reward_fn" if task.reward_fn else "class"
+            import_object(task.reward_fn or task.class_, f"env.{name}.{key}")
+
+
+def user_task_error_in(err: BaseException) -> UserTaskError | None:
+    """The :class:`UserTaskError` that killed a Ray actor at start-up, from the error Ray raises, if any."""
+    text = str(err)
+    marker = "UserTaskError: "
+    if marker not in text:
+        return None
+    line = text[text.rindex(marker) + len(marker):].strip().splitlines()[0]
+    return UserTaskError(f"{line} (in the Ray rollout actor)")
+
+
+def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
+    """Import every user task and step it once on one of its rows (the reference answer as the
+    completion), so a wrong path, signature or return type is a one-line error before training."""
+    register_user_tasks(env_cfg)
+    for name, task in env_cfg.user_tasks().items():
+        env = make_user_env(name, task.reward_fn, task.class_, **task.kwargs)
+        where = f"env.{name}.reward_fn" if task.reward_fn else f"env.{name}.class"
+        datum = next((d for d in datums if d.task_name == name), None)
+        try:
+            if datum is None:
+                continue
+            info = dict(datum.extra_env_info) if isinstance(datum.extra_env_info, dict) else datum.extra_env_info
+            log = [dict(m) for m in datum.message_log]
+            log.append({"role": "assistant", "content": str(datum.ground_truth or "")})
+            try:
+                ret = env.step([log], [info])
+            except UserTaskError:
+                raise
+            except Exception as e:
+                raise UserTaskError(f"{where}: raised {type(e).__name__}: {e} on row {datum.idx} "
+                                    f"(completion = its reference answer)") from None
+            if not isinstance(ret, EnvironmentReturn) and not hasattr(ret, "rewards"):
+                raise UserTaskError(f"{where}: step returned {type(ret).__name__}; "
+                                    "return an rlplane.envs.EnvironmentReturn")
+            try:
+                rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1)
+            except (TypeError, ValueError, RuntimeError):
+                raise UserTaskError(f"{where}: step's rewards = {ret.rewards!r} are not numbers; "
+                                    "return a float tensor with one reward per sample") from None
+            if rewards.numel() != 1 or not torch.isfinite(rewards).all():
+                raise UserTaskError(f"{where}: step returned rewards {rewards.tolist()} for 1 sample; "
+                                    "return one finite reward per sample")
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()

@@ -1,0 +1,127 @@
+"""``rlplane plot RUN_DIR [RUN_DIR ...]``: the figures of one or more runs, overlaid, from their
+``logs/metrics.jsonl``: train reward, validation accuracy, KL / entropy / ``token_mult_prob_error``,
+and the step time per phase. Writes a PNG and an HTML page holding the same figures.
+
+matplotlib (``pip install 'rlplane[plot]'``) is imported lazily with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+from rlplane.config.loading import ConfigError
+
+# (title, [(metric key, label)]); a panel with several keys draws each, per run.
+PANELS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("train reward (mean, before shaping)", [("train/reward", "reward")]),
+    ("validation accuracy (greedy)", [("validation/accuracy", "accuracy")]),
+    ("KL and entropy", [("train/kl_penalty", "KL to reference"), ("train/gen_kl_error", "KL gen vs train"),
+                        ("train/approx_entropy", "entropy")]),
+    ("token_mult_prob_error (1 = generator and trainer agree)", [("train/token_mult_prob_error", "prob error")]),
+    ("total step time (s)", [("timing/train/total_step_time", "step time")]),
+]
+TIMING_PREFIX = "timing/train/"
+
+
+def load_run(path: str | Path) -> tuple[str, list[dict]]:
+    """(run name, metric rows) of a run directory, its ``logs`` directory, or a ``metrics.jsonl``."""
+    p = Path(path)
+    for candidate in (p / "logs" / "metrics.jsonl", p / "metrics.jsonl", p):
+        if candidate.is_file():
+            rows = [json.loads(line) for line in candidate.read_text().splitlines() if line.strip()]
+            name = p.name if p.is_dir() else p.parent.name
+            return (name if name != "logs" else p.parent.name), rows
+    raise ConfigError([f"rlplane plot {path}: no metrics.jsonl there (looked in {p / 'logs'}); pass a run directory"])
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def _timing_keys(runs: list[tuple[str, list[dict]]]) -> list[str]:
+    keys = {k for _, rows in runs for r in rows for k in r if k.startswith(TIMING_PREFIX)}
+    return sorted(k for k in keys if not k.endswith("total_step_time"))
+
+
+def figures(runs: list[tuple[str, list[dict]]]):
+    """The grid of every panel (3 x 2, the PNG) and one figure per panel (the HTML page), as
+``(grid, [(title, figure), ...])``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [*PANELS, ("step time per phase (s)", [(k, k[len(TIMING_PREFIX):]) for k in _timing_keys(runs)])]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+
+    def draw(ax, title, keys):
+        drawn = 0
+        for r, (name, rows) in enumerate(runs):
+            for k, (key, label) in enumerate(keys):
+                steps, values = _series(rows, key)
+                if not steps:
+                    continue
+                # A run keeps its colour across panels; in multi-key panels the metric picks the line style.
+                style = dict(color=colors[r % len(colors)], linestyle=styles[k % len(styles)])
+                many = len(keys) > 1
+                tag = f"{name}: {label}" if len(runs) > 1 and many else (label if many else name)
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=tag, **style)
+                drawn += 1
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+        return drawn
+
+    grid, axes = plt.subplots(3, 2, figsize=(12, 12))
+    for ax, (title, keys) in zip(axes.flat, panels):
+        draw(ax, title, keys)
+    names = ", ".join(name for name, _ in runs)
+    grid.suptitle(f"rlplane: {names}", fontsize=12)
+    grid.tight_layout()
+    singles = []
+    for title, keys in panels:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        draw(ax, title, keys)
+        fig.tight_layout()
+        singles.append((title, fig))
+    return grid, singles
+
+
+def plot_runs(run_dirs: list[str], output: str | Path) -> tuple[Path, Path]:
+    """Write ``output`` (a PNG with every panel) and the same path with ``.html``. Returns both paths."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError(["rlplane plot: matplotlib is not installed; pip install 'rlplane[plot]'"]) from None
+    import matplotlib.pyplot as plt
+
+    runs = [load_run(d) for d in run_dirs]
+    png = Path(output)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    grid, singles = figures(runs)
+    grid.savefig(png, dpi=100)
+    parts = []
+    for title, fig in singles:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        img = base64.b64encode(buf.getvalue()).decode()
+        parts.append(f"<h2>{html.escape(title)}</h2>\n<img src=\"data:image/png;base64,{img}\">")
+    for fig in [grid, *(f for _, f in singles)]:
+        plt.close(fig)
+    names = ", ".join(html.escape(f"{name} ({len(rows)} rows)") for name, rows in runs)
+    page = png.with_suffix(".html")
+    page.write_text(f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rlplane plot</title></head>\n"
+                    f"<body style=\"font-family: sans-serif\">\n<h1>rlplane: {names}</h1>\n" + "\n".join(parts)
+                    + "\n</body></html>\n")
+    return png, page
