@@ -36,3 +36,15 @@ def ray_session():
         )
     yield ray
     # Left running until interpreter exit: shutting down and restarting costs seconds per test module.
+
+
+@pytest.fixture(autouse=True)
+def _restore_env_registry():
+    """Environments registered by a test (directly, or by a run naming user tasks in its config) do
+    not leak into later tests' "known environments" lists."""
+    from rlplane.envs.registry import ENV_REGISTRY
+
+    saved = dict(ENV_REGISTRY)
+    yield
+    ENV_REGISTRY.clear()
+    ENV_REGISTRY.update(saved)

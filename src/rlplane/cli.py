@@ -24,10 +24,37 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.data.errors import DatasetError
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
+    from rlplane.envs.sandbox import SandboxUnavailable
     from rlplane.models.loading import ModelLoadError
     from rlplane.training import TrainingStopped
+    from rlplane.utils.checkpoint import CheckpointError
+    from rlplane.workers.deadlines import DeadlineExceeded
 
-    return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped)
+    return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
+            CheckpointError, DeadlineExceeded, SandboxUnavailable)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one ``rlplane: error:`` line (exit 2) like every other one."""
+
+    def error(self, message: str):
+        sub = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        print(f"rlplane: error: {self.prog}: {message}; see rlplane {sub + ' ' if sub else ''}--help", file=sys.stderr)
+        sys.exit(2)
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -51,10 +78,18 @@ def cmd_show_config(args) -> int:
     return 0
 
 
+def _prepare_run(cfg, args):
+    """Check the run's paths now (before anything slow) and, with --overwrite, remove the earlier run."""
+    from rlplane.utils.run_dir import prepare_run_paths
+
+    return prepare_run_paths(cfg, overwrite=args.overwrite)
+
+
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
 
     cfg = _load(args)
+    _prepare_run(cfg, args)
     summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -66,26 +101,26 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from pathlib import Path
-
-    import torch
-
+    from rlplane.config.loading import dump_config
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
     from rlplane.utils.seeding import seed_everything
+    from rlplane.utils.threads import set_worker_threads
     from rlplane.workers.base import load_configured_policy
 
     cfg = _load(args)
-    out = Path(cfg.run_dir) / "sft"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.policy.threads_per_worker)
+    paths = _prepare_run(cfg, args)
+    out = paths.run_dir / "sft"
+    set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
     model, tok = load_configured_policy(cfg)
+
     def say(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
     state, result = warm_up(cfg, Prompts(cfg, tok), say)
+    (paths.run_dir / "config.yaml").write_text(dump_config(cfg))  # written once the run really ran
     model.load_state_dict(state)
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -102,17 +137,24 @@ def _checkpoint_weights(path: str):
     from rlplane.config.loading import ConfigError
     from rlplane.utils.checkpoint import CheckpointManager
 
+    from rlplane.utils.checkpoint import weight_shapes
+
     p = Path(path)
     if not p.is_dir():
-        raise ConfigError([f"--checkpoint {p}: no such directory; pass a run directory, a step_N checkpoint "
+        what = "is a file, not a directory" if p.exists() else "no such directory"
+        raise ConfigError([f"--checkpoint {p}: {what}; pass a run directory, a step_N checkpoint "
                            "or an HF model directory"])
     ckpt = p
     if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
         ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
     weights = ckpt / "policy" / "weights"
+    if weights.is_dir() and (weights / "adapter_config.json").is_file():
+        return weights, ckpt  # a LoRA adapter (policy.lora.enabled): export merges it into its base model
     if weights.is_dir() and (weights / "config.json").is_file():
+        weight_shapes(weights)  # a damaged or truncated file: one line now, not a traceback in the loader
         return weights, ckpt
     if (p / "config.json").is_file():
+        weight_shapes(p)
         return p, None
     raise ConfigError([f"--checkpoint {p}: no model there (expected checkpoints/step_N/policy/weights, "
                        "policy/weights or config.json); pass a run directory, a step_N checkpoint or an HF model directory"])
@@ -159,8 +201,12 @@ def cmd_eval(args) -> int:
         # Evaluation draws no training problems; keep the two seeds distinct for the config check.
         overrides += [f"data.reasoning_gym.val_seed={args.seed}", f"data.reasoning_gym.train_seed={args.seed + 1}"]
     if args.max_new_tokens is not None:
-        overrides.append(f"policy.generation.max_new_tokens={args.max_new_tokens}")
+        # Evaluation sizes the sequence cap from its longest prompt + max_new_tokens: room for any value.
+        overrides += [f"policy.generation.max_new_tokens={args.max_new_tokens}",
+                      f"policy.max_total_sequence_length={args.max_new_tokens + EVAL_PROMPT_ROOM}"]
     cfg = load_config(preset, [*overrides, *args.overrides, "warmup.enabled=false", "runtime=local"])
+    if args.output:
+        _check_output_file(Path(args.output))
     k = args.k if args.k is not None else cfg.loop.val_num_generations_per_prompt
     result = evaluate(cfg, num_problems=args.num_problems, k=k, batch_size=args.batch_size, progress=not args.quiet)
     if args.checkpoint:
@@ -172,9 +218,33 @@ def cmd_eval(args) -> int:
         line += f"; pass@{k} (sampled, T={cfg.policy.generation.temperature:g}): {result[f'pass@{k}']:.4f}"
     print(f"{line}  ({result['wall_seconds']} s)", file=sys.stderr)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text + "\n")
     return 0
+
+
+EVAL_PROMPT_ROOM = 1 << 20  # tokens; evaluation replaces the cap by longest prompt + max_new_tokens anyway
+
+
+def _check_output_file(out) -> None:
+    """``-o FILE`` must be writable: checked before the evaluation runs, not after. An existing file is
+    replaced (that is what naming it asks for); a directory is refused."""
+    import tempfile
+
+    from rlplane.config.loading import ConfigError
+
+    if out.is_dir():
+        raise ConfigError([f"--output {out}: is a directory; name a file, e.g. {out / 'eval.json'}"])
+    parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError([f"--output {out}: {parent} is a file, not a directory; name a file in a directory"])
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".rlplane-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError([f"--output {out}: cannot write in {parent} ({e.strerror or type(e).__name__}); "
+                           "name a file in a writable directory"]) from None
 
 
 def cmd_export(args) -> int:
@@ -185,15 +255,30 @@ def cmd_export(args) -> int:
     from rlplane.config.loading import ConfigError
 
     weights, ckpt = _checkpoint_weights(args.checkpoint)
-    out = Path(args.output)
-    if out.exists() and any(out.iterdir()):
+    out = Path(args.output).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError([f"--output {out}: is a file; export writes a model directory: name a new directory"])
+    if out.is_dir() and any(out.iterdir()):
         raise ConfigError([f"--output {out}: exists and is not empty; pick a new directory"])
+    if out == weights.absolute() or weights.absolute() in out.parents:
+        raise ConfigError([f"--output {out}: is inside the checkpoint it exports; pick a directory elsewhere"])
     tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(weights, tmp)
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)  # never a half-copied model under the final name
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (weights / "adapter_config.json").is_file():  # a LoRA checkpoint: merge it into its base model
+            from rlplane.config.loading import load_config
+            from rlplane.models.lora import export_merged
+
+            export_merged(str(ckpt), str(tmp), load_config(str(ckpt / "config.yaml"), []))
+        else:
+            shutil.copytree(weights, tmp)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)  # never a half-copied model under the final name
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError([f"--output {out}: cannot write it ({e.strerror or type(e).__name__}); name a new "
+                           "directory in a writable place"]) from None
     where = f"{ckpt.name} of {ckpt.parent.parent}" if ckpt is not None else str(weights)
     print(f"exported {where} to {out} (loads with AutoModelForCausalLM.from_pretrained)")
     return 0
@@ -210,27 +295,33 @@ def cmd_plot(args) -> int:
     return 0
 
 
+OVERWRITE_HELP = ("replace the earlier run in run_dir (its config, summary, checkpoints and metrics are deleted); "
+                  "without it rlplane refuses a run_dir that holds one")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlplane", description="RL post-training of language models (GRPO, PPO).")
+    parser = _Parser(prog="rlplane", description="RL post-training of language models (GRPO, PPO).")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="warm-up + GRPO or PPO (the embedded arithmetic GRPO job by default)")
     _add_config_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("sft", help="only the supervised warm-up; saves an HF model to RUN_DIR/sft")
     _add_config_args(p)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k (sampled) of a checkpoint or model")
     p.add_argument("--checkpoint", default=None, help="a run directory (latest checkpoint), a step_N checkpoint or an HF model directory")
     p.add_argument("--model", default=None, help="a policy.model_name instead: packaged:smollm2-135m-instruct, embedded:tiny-llama, a directory")
     p.add_argument("--dataset", default=None,
                    help="arithmetic | reasoning_gym:TASK[,TASK] | FILE (.jsonl, .json, .parquet, .csv); default: the config's data")
-    p.add_argument("--num-problems", "-n", type=int, default=None, help="held-out problems (default: max_val_samples)")
-    p.add_argument("-k", type=int, default=None, help="sampled responses per problem for pass@k (default: val_num_generations_per_prompt)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the reasoning-gym held-out problems")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="response length cap")
-    p.add_argument("--batch-size", type=int, default=16, help="problems per generation call")
+    p.add_argument("--num-problems", "-n", type=_at_least(1), default=None, help="held-out problems (default: max_val_samples)")
+    p.add_argument("-k", type=_at_least(1), default=None, help="sampled responses per problem for pass@k (default: val_num_generations_per_prompt)")
+    p.add_argument("--seed", type=_at_least(0), default=None, help="seed of the reasoning-gym held-out problems")
+    p.add_argument("--max-new-tokens", type=_at_least(1), default=None, help="response length cap")
+    p.add_argument("--batch-size", type=_at_least(1), default=16, help="problems per generation call")
     p.add_argument("--output", "-o", default=None, help="also write the result JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_args(p)
@@ -252,11 +343,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may follow flags (`train --quiet grpo.max_num_steps=3`); argparse's positional list
+    # stops at the first flag, so the rest arrive here.
+    overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+    unknown = [a for a in extra if a not in overrides]
+    if unknown or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
     try:
         return args.fn(args)
     except _user_errors() as e:
-        for line in str(e).splitlines():
+        # A Ray worker's error arrives wrapped (RayTaskError, also an instance of the cause's class).
+        cause = getattr(e, "cause", None)
+        for line in str(cause if isinstance(cause, _user_errors()) else e).splitlines():
             print(f"rlplane: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

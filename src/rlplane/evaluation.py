@@ -22,6 +22,7 @@ import time
 import torch
 
 from rlplane.config.schema import RunConfig
+from rlplane.utils.threads import set_worker_threads
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -61,7 +62,7 @@ def evaluate(
     from rlplane.workers.rollout import RolloutWorker
 
     t0 = time.perf_counter()
-    torch.set_num_threads(cfg.policy.threads_per_worker)
+    set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
     model, tokenizer = load_configured_policy(cfg)
     # Room for any prompt: the sequence cap below is set from the longest one.

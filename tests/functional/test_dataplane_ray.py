@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from rlplane.dataplane import GLOBAL_PAD_KEY, make_data_plane, shard_meta_for_dp
+from rlplane.dataplane import GLOBAL_PAD_KEY, DataPlaneError, make_data_plane, shard_meta_for_dp
 
 pytestmark = pytest.mark.ray
 
@@ -102,5 +102,46 @@ def test_store_owned_data_outlives_its_producer(ray_session, consumers):
         ray.kill(producer)  # the producer's process is gone; the store owns the data
         out = client.get_samples(meta, None, ["input_ids"])["input_ids"]
         assert out.shape == (2, 200_000) and out[0, :3].tolist() == [0, 1, 2]
+    finally:
+        client.close()
+
+
+def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
+    """A put commits first and attaches its object after (they overlap). Another process may ask
+    in between (Ray orders calls per caller only): it must wait for the data, not fail or see None."""
+    import threading
+
+    from rlplane.dataplane.codec import pack_rows, to_wire
+    from rlplane.dataplane.index import PENDING
+
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        client.register_partition("p", ["input_ids"], 2)
+        lens = torch.tensor([2, 3])
+        *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()}, None, False, None)
+        ref = ray.put({"input_ids": to_wire(pack_rows([torch.arange(2), torch.arange(3)]))})
+        late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, [ref]))
+        late.start()
+        t0 = time.monotonic()
+        out = client.get_samples(["a", "b"], "p", ["input_ids"])["input_ids"]
+        assert time.monotonic() - t0 >= 0.25  # it waited for the attach rather than failing
+        assert out.tolist() == [[0, 1, 0], [0, 1, 2]]
+    finally:
+        client.close()
+
+
+def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_session):
+    from rlplane.dataplane.index import PENDING
+    from rlplane.dataplane.ray_backend import _Failed
+
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        client.register_partition("p", ["reward"], 1)
+        *_, chunks = client._index_call("commit", "p", ["a"], {"reward": PENDING}, {}, None, False, None)
+        ray.get(client._store_actor.attach.remote("p", chunks, [_Failed("ObjectStoreFullError: full")]))
+        with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] was never stored \(ObjectStoreFullError"):
+            client.get_samples(["a"], "p", ["reward"])
     finally:
         client.close()

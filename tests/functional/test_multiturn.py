@@ -224,7 +224,10 @@ def test_grpo_calculator_preset_runs_multi_turn(tmp_path):
 
 def test_single_turn_is_one_generate_call_as_before(envs):
     """max_rollout_turns = 1 reproduces the single-turn rollout exactly: one generate call with the
-    same arguments (same RNG draws), prompt + response columns, the env's reward."""
+    same arguments (same per-sample seeds), prompt + response columns, the env's reward."""
+    from rlplane.generation.sampling import sample_seed
+    from rlplane.workers.rollout import sample_keys
+
     cfg, model, tok, dp, worker = _setup(max_total=32, turns=1)
     datums = _datums(tok, ["12+34=", "5+6=", "99+1="])
     meta, carry, metrics = worker.rollout(datums, group_size=4, partition_id="train")
@@ -232,7 +235,8 @@ def test_single_turn_is_one_generate_call_as_before(envs):
     prompts = [d.prompt_token_ids for d in datums for _ in range(4)]
     out = worker.backend.generate(
         prompts, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k,
-        greedy=False, stop_strings=gen.stop_strings, generator=torch.Generator().manual_seed(5),
+        greedy=False, stop_strings=gen.stop_strings,
+        row_seeds=[sample_seed(cfg.loop.seed, k, 0) for k in sample_keys(datums, 4, "train")],
     )
     for (ids, mask, lp), p, o, olp in zip(_columns(dp, meta), prompts, out.output_ids, out.logprobs):
         assert ids.tolist() == p + o

@@ -50,6 +50,20 @@ def dynamic_sampling_keep_mask(prompt_ids: Tensor, rewards: Tensor, valid_mask: 
     return valid & (gmax > gmin)
 
 
+def failed_group_keep_mask(prompt_ids: Tensor, failed: Tensor) -> Tensor:
+    """(B,) bool: True for the samples of groups in which no sample failed (``rollout_failure_policy:
+    drop_group``; a group is kept or dropped whole, its advantages need every member).
+
+    prompt_ids (B,) or (B, L), identical rows form a group; failed (B,) bool.
+    """
+    if failed.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=failed.device)
+    gid = group_ids(prompt_ids)
+    any_failed = torch.zeros(int(gid.max()) + 1, dtype=torch.bool, device=failed.device)
+    any_failed = any_failed.scatter_reduce(0, gid, failed.bool(), reduce="amax")  # (num_groups,)
+    return ~any_failed[gid]
+
+
 class DynamicSamplingSelection(NamedTuple):
     """What to train on after dynamic sampling.
 
@@ -63,8 +77,13 @@ class DynamicSamplingSelection(NamedTuple):
     num_discarded_valid_samples: int
 
 
+ALL_EQUAL_GROUPS_HINT = ("too many prompt groups have all-equal rewards; raise dynamic_sampling_max_gen_batches or "
+              "grpo.batch_multiplier, or use easier/harder prompts")
+
+
 def dynamic_sampling_select(
-    keep_masks: Sequence[Tensor], target_num_samples: int, dynamic_sampling_max_gen_batches: int
+    keep_masks: Sequence[Tensor], target_num_samples: int, dynamic_sampling_max_gen_batches: int,
+    why_dropped: str = ALL_EQUAL_GROUPS_HINT,
 ) -> DynamicSamplingSelection | None:
     """Accumulate kept samples across generation batches and slice to the target.
 
@@ -75,6 +94,7 @@ def dynamic_sampling_select(
     ``dynamic_sampling_max_gen_batches`` batches did not suffice. The first ``target`` kept samples
     are taken in generation order, so whole groups survive when groups are contiguous and the
     target is a multiple of the group size. This is control flow: it reads counts on the host.
+    ``why_dropped`` ends the error message: why samples are not kept and what to do.
     """
     if dynamic_sampling_max_gen_batches <= 0:
         raise ValueError(
@@ -89,8 +109,7 @@ def dynamic_sampling_select(
             raise RuntimeError(
                 f"dynamic sampling kept {total} of the {target_num_samples} samples needed after "
                 f"{len(keep_masks)} generation batches (grpo.dynamic_sampling_max_gen_batches = "
-                f"{dynamic_sampling_max_gen_batches}): too many prompt groups have all-equal rewards; "
-                "raise dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or use easier/harder prompts"
+                f"{dynamic_sampling_max_gen_batches}): {why_dropped}"
             )
         return None
     indices, need = [], target_num_samples

@@ -15,7 +15,10 @@ The trainer brackets each refit with :meth:`prepare_for_refit` (no new generatio
 batch in flight finishes: the ``hf`` backend cannot swap weights mid-batch) and
 :meth:`resume_after_refit`. Failed generation batches are retried, their prompts put back;
 after more than ``max_generation_failures`` in a row the collector stops and :meth:`health`
-returns the error for the trainer to raise.
+returns the error for the trainer to raise; a call past its deadline (``env.step_timeout_s``,
+``policy.generation.timeout_s``: :mod:`rlplane.workers.deadlines`) stops it at once. With
+``grpo.rollout_failure_policy: drop_group`` a group holding a failed sample is not buffered
+(another is generated in its place); a batch that loses every group counts as a failed batch.
 
 A plain class: ``runtime: local`` runs its loop in a thread of the driver, ``runtime: ray`` wraps
 it as a threaded actor (its loop in a thread of the actor, the trainer's calls in others).
@@ -39,6 +42,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import make_data_plane
 from rlplane.dataplane.columns import ROLLOUT_COLUMNS
+from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
 # The rollout worker writes its columns to a private in-process data plane, from which whole groups are cut.
@@ -92,7 +96,8 @@ class AsyncTrajectoryCollector:
         self._hold = 0  # state_dict() calls holding new starts back
         self._traceback = ""
         self._thread: threading.Thread | None = None
-        self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "failures": 0}
+        self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "failures": 0, "dropped_groups": 0}
+        self.drop_failed_groups = g.rollout_failure_policy == "drop_group"
 
     # ---- control (called by the trainer) ----------------------------------------------------------
     def start(self) -> None:
@@ -254,9 +259,15 @@ class AsyncTrajectoryCollector:
         t0 = time.perf_counter()
         try:
             self._scratch.register_partition(SCRATCH, COLUMNS, len(datums) * G)
-            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH)
+            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH,
+                                                                weight_version=version)
             cols = self._scratch.get_samples(meta, SCRATCH, COLUMNS)  # (B, T) padded
             self._scratch.clear_samples(meta, SCRATCH)
+        except DeadlineExceeded as e:  # a hung generator or environment: no retry, the run stops
+            self._pending.extendleft(reversed(datums))
+            self._error = f"async collector: {e}"
+            self._stop = True
+            return
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
             self._pending.extendleft(reversed(datums))  # not lost: the retry takes them first
             self._failures += 1
@@ -272,10 +283,29 @@ class AsyncTrajectoryCollector:
             else:
                 time.sleep(min(0.1 * self._failures, 1.0))
             return
+        # rollout_failure_policy: drop_group: a group holding a failed sample is not buffered; the loop
+        # generates another for its target from the next prompts.
+        failed = carry["env_failed"].view(len(datums), G).any(dim=1).tolist() if self.drop_failed_groups \
+            else [False] * len(datums)
+        rollout_metrics = {**rollout_metrics, "dropped_groups": float(sum(failed))}
+        self.counters["dropped_groups"] += sum(failed)
+        if all(failed):  # nothing came of the batch: a failure toward the limit, like a generation error
+            self._failures += 1
+            if self._failures > self.max_generation_failures:
+                self._error = (
+                    f"async collector: every prompt group of {self._failures} generation batches in a row had a "
+                    f"sample whose environment failed (grpo.rollout_failure_policy = drop_group, "
+                    f"grpo.async_grpo.max_generation_failures = {self.max_generation_failures}); fix the environment "
+                    "(see the warnings) or set grpo.rollout_failure_policy=retry or zero_reward"
+                )
+                self._stop = True
+            return
         self._failures = 0
         self.counters["generation_seconds"] += time.perf_counter() - t0
         lens = meta.seq_lens
         for i, d in enumerate(datums):
+            if failed[i]:
+                continue
             rows = range(i * G, (i + 1) * G)
             group = TrajectoryGroup(
                 prompt_idx=d.idx,

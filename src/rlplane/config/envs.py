@@ -112,6 +112,10 @@ class EnvConfig(StrictModel):
             )
         return data
 
+    step_timeout_s: float | None = Field(
+        600.0, gt=0, description="Seconds one environment step (a task's batch, one turn) may take before the run "
+        "stops with an error naming the task (null = wait forever). Applies to every task."
+    )
     math: MathEnvConfig = Field(default_factory=MathEnvConfig, description="The math-verify environment.")
     reasoning_gym: ReasoningGymEnvConfig = Field(
         default_factory=ReasoningGymEnvConfig, description="The reasoning-gym environment."

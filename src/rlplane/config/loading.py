@@ -58,7 +58,11 @@ def load_yaml_tree(name: str, _seen: tuple[Path, ...] = ()) -> dict:
     if path in _seen:
         raise ConfigError([f"config {path}: `defaults` forms a cycle ({' -> '.join(str(p) for p in _seen)})"])
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8"]) from None
+    except OSError as e:
+        raise ConfigError([f"config {path}: cannot read it ({e.strerror or type(e).__name__})"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

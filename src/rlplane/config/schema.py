@@ -40,6 +40,10 @@ class GenerationConfig(StrictModel):
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    timeout_s: float | None = Field(
+        1800.0, gt=0, description="Seconds one generate call (a turn of a rollout batch) may take before the run "
+        "stops with an error (null = wait forever)."
+    )
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
@@ -56,8 +60,17 @@ class OptimizerConfig(StrictModel):
 
     lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimizerConfig":
+        # torch checks this only at the first optimizer step, after the warm-up has run.
+        bad = [f"betas[{i}] = {b:g}" for i, b in enumerate(self.betas) if not 0.0 <= b < 1.0]
+        if bad:
+            raise ValueError(f"betas = {list(self.betas)}: {', '.join(bad)} is outside [0, 1); Adam's betas are decay "
+                             "rates, e.g. [0.9, 0.999]")
+        return self
 
 
 class SchedulerConfig(StrictModel):
@@ -85,6 +98,20 @@ class TinyModelConfig(StrictModel):
         return self
 
 
+class LoRAConfig(StrictModel):
+    """Low-rank adapters through `peft` (`policy.lora.*`): only the adapters train; generation uses the
+    merged weights; checkpoints hold the adapter; `rlplane export` writes the merged model."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
+    rank: int = Field(8, ge=1, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / rank) · B·A.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Names of the linear layers that get adapters (Llama names by default).",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+
+
 class PolicyConfig(StrictModel):
     """The trained model, its optimizer and how batches are cut."""
 
@@ -93,9 +120,12 @@ class PolicyConfig(StrictModel):
         description="`embedded:tiny-llama`, `packaged:smollm2-135m-instruct`, a local HF directory, or a hub id "
         "(downloaded only with network and HF_HUB_OFFLINE=0).",
     )
-    precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="`bf16`: forwards under bf16 autocast on CPU (weights and optimizer stay fp32)."
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="`bf16`: forwards under bf16 autocast (weights and optimizer stay fp32); `auto`: bf16 where "
+        "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
     )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."
     )
@@ -106,7 +136,9 @@ class PolicyConfig(StrictModel):
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
-    threads_per_worker: int = Field(1, ge=1, description="torch threads per worker process.")
+    threads_per_worker: int | None = Field(
+        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS if set, else the cores the process may use)."
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
@@ -135,6 +167,15 @@ class RolloutLoopConfig(StrictModel):
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
     batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
     seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. prob error exceeds this.")
+    rollout_failure_policy: Literal["zero_reward", "retry", "drop_group"] = Field(
+        "zero_reward", description="A sample whose environment raises or returns something malformed: `zero_reward` "
+        "scores it 0; `retry` re-runs its environment step on a fresh environment up to rollout_max_retries times, "
+        "then scores 0; `drop_group` drops its prompt group from the step and refills from the next prompts (like "
+        "dynamic sampling, at most dynamic_sampling_max_gen_batches batches; async: the collector regenerates)."
+    )
+    rollout_max_retries: int = Field(
+        2, ge=1, description="Environment re-runs per failed step (rollout_failure_policy: retry)."
+    )
     skip_reference_policy_logprobs_calculation: bool = Field(
         False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
     )
@@ -465,9 +506,19 @@ class RunConfig(StrictModel):
                 f"policy.train_micro_batch_size = {p.train_micro_batch_size} does not divide the per-rank batch "
                 f"{per_rank} (= train_global_batch_size / dp_size); pick a divisor"
             )
+        if p.lora.enabled and self.warmup.enabled:
+            errors.append("policy.lora.enabled with warmup.enabled: the warm-up trains every weight, which an adapter "
+                          "checkpoint does not hold; set warmup.enabled=false (or policy.lora.enabled=false)")
         if self.runtime == "ray" and self.data_plane.backend == "memory":
             errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
                           "in-process memory); set data_plane.backend=ray")
+        if p.generation.max_new_tokens >= p.max_total_sequence_length:
+            # A prompt has at least one token, so a response never gets max_new_tokens: it would be cut silently.
+            errors.append(
+                f"policy.generation.max_new_tokens = {p.generation.max_new_tokens} leaves no room for a prompt in "
+                f"policy.max_total_sequence_length = {p.max_total_sequence_length} (prompt + response); raise "
+                f"max_total_sequence_length above max_new_tokens + the longest prompt, or lower max_new_tokens"
+            )
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
         if name == "grpo":

@@ -10,6 +10,7 @@ Prompts are tokenized on access in the driver (microseconds each), so no worker 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,9 @@ class PromptDataLoader:
         if self._order is None:
             self._order = self._epoch_order(self.epoch)
         start = self.batches_done_in_epoch * self.num_prompts_per_step
-        batch = [self.dataset[i] for i in self._order[start : start + self.num_prompts_per_step]]
+        # Stamped with the epoch: the same prompt drawn in two epochs is two draws, sampled differently.
+        batch = [dataclasses.replace(self.dataset[i], epoch=self.epoch)
+                 for i in self._order[start : start + self.num_prompts_per_step]]
         self.batches_done_in_epoch += 1
         return batch
 

@@ -27,6 +27,8 @@ class DatumSpec:
     length: total prompt tokens, ``sum(len(m["token_ids"]) for m in message_log)``.
     loss_multiplier: 0 masks the sample out of the loss, 1 keeps it.
     stop_strings: extra per-sample stop strings for generation (None: none).
+    epoch: the pass over the training prompts that drew it (set by the loader; 0 elsewhere): with
+        ``idx`` it names the draw, which seeds its samples (``rlplane.workers.rollout.sample_keys``).
     """
 
     message_log: list[Message]
@@ -36,6 +38,7 @@ class DatumSpec:
     length: int
     loss_multiplier: float = 1.0
     stop_strings: list[str] | None = None
+    epoch: int = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -12,7 +12,7 @@ import importlib.util
 import os
 
 from rlplane.data.errors import DatasetError
-from rlplane.data.jsonl import JsonlFields
+from rlplane.data.jsonl import JsonlFields, decode_line
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -41,14 +41,27 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
                 "(json, parquet or csv)"
             )
         file_format = formats.pop()
+    if file_format in ("json", "csv"):  # text: say which line is not UTF-8 (datasets says only that it failed)
+        for f in files:
+            with open(f, "rb") as fh:
+                for line_no, raw in enumerate(fh, start=1):
+                    decode_line(raw, f, line_no)
     import datasets
 
     datasets.disable_progress_bars()
+    level = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own "Failed to read file" line is ours to say
     try:
         ds = datasets.load_dataset(file_format, data_files={split: files}, split=split)
     except Exception as e:  # datasets wraps parse errors in many types
+        # The wrapper says "An error occurred while generating the dataset"; the cause says what.
+        while e.__cause__ is not None or e.__context__ is not None:
+            e = e.__cause__ or e.__context__
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DatasetError(f"dataset {path}: cannot read it as {file_format}: {reason}") from None
+        raise DatasetError(f"dataset {path}: cannot read it as {file_format}: {reason}; fix the file or set "
+                           "data.train.format") from None
+    finally:
+        datasets.logging.set_verbosity(level)
     missing = [k for k in (fields.problem, fields.answer) if k not in ds.column_names]
     if missing:
         raise DatasetError(

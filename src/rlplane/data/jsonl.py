@@ -1,7 +1,7 @@
 """JSONL prompt datasets: one ``{"problem": ..., "answer": ..., "task_name": ...}`` object per line.
 
 Every user mistake is a one-line ``DatasetError`` naming the file and the (1-based) line:
-a missing file, a line that is not JSON or not an object, a row without a needed field, an empty
+a missing file, a line that is not UTF-8, not JSON or not an object, a row without a needed field, an empty
 dataset, and (with ``on_overlong="error"``) a prompt longer than the maximum.
 """
 
@@ -28,6 +28,18 @@ class JsonlFields:
     default_task_name: str = "arithmetic"
 
 
+def decode_line(raw: bytes, path: str, line_no: int) -> str:
+    """One line of a text dataset as UTF-8 (a byte-order mark on line 1 is allowed), or a one-line
+    ``DatasetError`` naming the line and column."""
+    try:
+        return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(
+            f"dataset {path}, line {line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+            "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
 def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped),
     plus ``extra_env_info`` holding the row's other fields when it has any."""
@@ -35,8 +47,9 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            line = decode_line(raw, path, line_no)
             if not line.strip():
                 continue
             try:

@@ -20,6 +20,7 @@ import abc
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
@@ -172,6 +173,14 @@ class IndexedClient(DataPlaneClient):
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         """Turn the plan's payloads back into columns (same structure as plan.parts)."""
 
+    def _commit(self, pid: str, ids: list[str], columns: dict[str, Column], *rest: Any) -> tuple:
+        """Store `columns` and record them in the index; returns the index's `commit` answer.
+        `rest` = (token_lens, seq_lens, seq_lens_explicit, tags) as `PlaneIndex.commit` takes them."""
+        return self._index_call("commit", pid, ids, self._store(columns), *rest)
+
+    def _lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
+        return self._index_call("lookup", pid, ids, fields)
+
     def _check_open(self) -> None:
         if self._closed:
             raise DataPlaneError(f"{type(self).__name__} is closed")
@@ -212,7 +221,7 @@ class IndexedClient(DataPlaneClient):
             raise ShapeError(f"partition {pid!r}: {len(lens)} sequence lengths for {n} keys {fmt_keys(ids)}")
 
         columns: dict[str, Column] = {}
-        token_lens: dict[str, list[int]] = {}
+        token_lens: dict[str, Any] = {}  # field -> (n,) int64 numpy row lengths
         padded_token_fields = []
         for name, value in fields.items():
             if isinstance(value, torch.Tensor):
@@ -247,12 +256,12 @@ class IndexedClient(DataPlaneClient):
                     ) from None
                 columns[name] = col
                 if name in self.token_fields:
-                    token_lens[name] = col.row_lengths().tolist()
+                    token_lens[name] = col.row_lengths().numpy()
 
         derived = False
         if lens is None and token_lens:
             src = token_lens.get(self.seq_len_field)
-            lens = src if src is not None else [max(c) for c in zip(*token_lens.values())]
+            lens = src if src is not None else np.max(np.stack(list(token_lens.values())), axis=0)
             derived = True
         if padded_token_fields:
             # Trim padded per-token fields to each row's length: from this put, else the index.
@@ -270,12 +279,9 @@ class IndexedClient(DataPlaneClient):
             for name in padded_token_fields:
                 col = jagged_from_padded(fields[name].detach().cpu(), torch.tensor(known, dtype=torch.int64))
                 columns[name] = col
-                token_lens[name] = col.row_lengths().tolist()
+                token_lens[name] = col.row_lengths().numpy()
 
-        payloads = self._store(columns)
-        final_lens, final_tags, task_name = self._index_call(
-            "commit", pid, ids, payloads, token_lens, lens, not derived, tags
-        )
+        final_lens, final_tags, task_name = self._commit(pid, ids, columns, token_lens, lens, not derived, tags)
         out_lens = None if any(x is None for x in final_lens) else tuple(final_lens)
         if final_tags is None:  # no key carries tags: the store spares sending n empty dicts
             final_tags = [{} for _ in ids]
@@ -299,7 +305,7 @@ class IndexedClient(DataPlaneClient):
         if isinstance(select_fields, str):
             select_fields = [select_fields]
         select_fields = list(select_fields or [])
-        plan: LookupPlan = self._index_call("lookup", pid, ids, select_fields)
+        plan = self._lookup(pid, ids, select_fields)
         parts = self._fetch(plan)
         pad_values = {**declared_pads(select_fields), **(pad_values or {})}
         if pad_to is None and meta is not None:

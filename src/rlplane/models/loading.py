@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlplane.models.packaged import PACKAGED_PREFIX, PackagedModelError, packaged_model_dir
@@ -121,7 +122,7 @@ def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only, **model_kwargs)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # a damaged weights file is the user's to fix too
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if os.path.isdir(source):
             raise ModelLoadError(f"model_name={model_name!r}: cannot load the model directory {source}: {reason}") from None

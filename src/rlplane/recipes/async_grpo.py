@@ -25,6 +25,7 @@ import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
 from rlplane.async_rl.collector import COLUMNS
+from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import (
@@ -46,6 +47,7 @@ from rlplane.training.rollouts import (
     transform_rewards,
 )
 from rlplane.training.samples import train_samples
+from rlplane.training.workers import RAY_CPUS_COLLECTOR
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.rollout import group_keys
@@ -65,7 +67,8 @@ class CollectorHandle:
         policy = s.workers.policy
         kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
                       init_weights=policy.lazy("get_weights"))  # straight from the rank-0 policy, not via the driver
-        self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=0.5, max_concurrency=4)
+        self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
+                                max_concurrency=4)
         self._policy = policy
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
@@ -154,6 +157,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
+    metrics.update(token_age_metrics(*group_token_ages(result.groups, step), g.async_grpo.max_trajectory_age_steps))
     meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
 
     # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the
@@ -196,5 +200,6 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
         s.on_close(handle.stop)
         s.checkpoints.add_part(CHECKPOINT_FILE, lambda: handle.call("state_dict"))
         for step in range(start, s.last_step()):
+            s.begin_step(step)
             s.end_step(step, async_grpo_step(s, handle, loss, step))
         return s.summary()

@@ -80,6 +80,7 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     with Session(cfg, quiet, teacher_cfg=teacher_config(cfg)) as s:
         loss = ReverseKLLoss()
         for step in range(s.start(), s.last_step()):
+            s.begin_step(step)
             try:
                 metrics = distillation_step(s, loss, step)
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)

@@ -87,6 +87,7 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     with Session(cfg, quiet) as s:
         loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
         for step in range(s.start(), s.last_step()):
+            s.begin_step(step)
             try:
                 metrics = grpo_step(s, loss, step)
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)

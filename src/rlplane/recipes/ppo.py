@@ -195,6 +195,7 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae") as s:
         loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
         for step in range(s.start(), s.last_step()):
+            s.begin_step(step)
             try:
                 metrics = ppo_step(s, loss, step)
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)

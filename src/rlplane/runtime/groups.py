@@ -21,6 +21,8 @@ from typing import Any
 from rlplane.dataplane import KVBatchMeta, shard_meta_for_dp
 
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+# An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
+ACTOR_START_TIMEOUT_S = 300.0
 
 
 def _per_rank_shards(meta: KVBatchMeta, world: int, batch_size: int | None) -> list[dict]:
@@ -67,6 +69,7 @@ class RayGroup:
 
         remote_cls = ray.remote(num_cpus=num_cpus, runtime_env={"env_vars": WORKER_ENV})(cls)
         self.workers = [remote_cls.remote(**kw) for kw in per_rank_kwargs]
+        await_actors(self.workers)
         if distributed and len(self.workers) > 1:  # its own gloo group: every actor is its own process
             self.run("setup_distributed", ray.get(self.workers[0].node_address.remote()))
 
@@ -133,9 +136,10 @@ class RayActor:
         self.handle = ray.remote(**options)(cls).remote(**kwargs)
 
     def call(self, method: str, *args, **kwargs):
-        import ray
+        from rlplane.workers.deadlines import ray_get
 
-        return ray.get(getattr(self.handle, method).remote(*args, **kwargs))
+        # A deadline hit inside the actor comes out as its own one line, not Ray's traceback.
+        return ray_get(getattr(self.handle, method).remote(*args, **kwargs))
 
     def lazy(self, method: str, *args, **kwargs):
         return getattr(self.handle, method).remote(*args, **kwargs)
@@ -160,6 +164,31 @@ def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: flo
     if runtime == "local":
         return LocalActor(cls, kwargs)
     return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars)
+
+
+def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None:
+    """Wait until every actor answers ``ping`` (its constructor finished); a one-line error after
+    ``timeout_s`` instead of a hang when one can never be scheduled."""
+    import ray
+
+    from rlplane.config.loading import ConfigError
+
+    refs = [a.ping.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        raise ConfigError([
+            f"runtime=ray: {len(refs) - len(ready)} of {len(refs)} worker actors did not start within {timeout_s:g} s "
+            "(the Ray cluster lacks free CPUs or memory for them); free the cluster, lower policy.dp_size, or give Ray "
+            "more (cluster.num_cpus, cluster.address)"
+        ])
+    ray.get(ready)  # a constructor that raised raises here
+
+
+def cluster_cpus() -> float:
+    """The CPUs of the Ray cluster this process is connected to."""
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 0))
 
 
 def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:

@@ -17,40 +17,67 @@ from rlplane.config.loading import dump_config
 from rlplane.config.schema import RunConfig
 from rlplane.training.prompts import Prompts
 from rlplane.training.workers import Workers
-from rlplane.utils.checkpoint import CheckpointManager
+from rlplane.utils.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    check_weights_fit,
+    load_torch_state,
+    weight_shapes,
+)
 
 
 class Checkpoints:
-    def __init__(self, cfg: RunConfig, run_dir: Path, workers: Workers, prompts: Prompts):
+    def __init__(self, cfg: RunConfig, checkpoint_dir: Path):
         ck = cfg.checkpointing
-        self.cfg, self.workers, self.prompts = cfg, workers, prompts
-        self.manager = CheckpointManager(ck.checkpoint_dir or run_dir / "checkpoints", ck.keep_top_k, ck.metric_name,
-                                         ck.higher_is_better)
+        self.cfg = cfg
+        self.manager = CheckpointManager(checkpoint_dir, ck.keep_top_k, ck.metric_name, ck.higher_is_better)
+        self.workers: Workers | None = None
+        self.prompts: Prompts | None = None
         self.parts: dict[str, Callable[[], object]] = {}
         self.resumed_from: Path | None = None
+        self._resume_state: dict = {}
+
+    def attach(self, workers: Workers, prompts: Prompts) -> None:
+        """What a checkpoint holds: the workers' groups, the prompt loader (set once they exist)."""
+        self.workers, self.prompts = workers, prompts
 
     def add_part(self, file_name: str, state: Callable[[], object]) -> None:
         """Keep ``state()`` (written with torch.save) as ``file_name`` in every checkpoint from now on."""
         self.parts[file_name] = state
 
-    def to_resume(self, say: Callable[[str], None]) -> Path | None:
-        """The latest complete checkpoint when ``checkpointing.resume`` is on (half-written ones removed)."""
-        if not self.cfg.checkpointing.resume:
-            return None
+    def check_resume(self, model: torch.nn.Module, say: Callable[[str], None]) -> Path | None:
+        """Repair what a crash mid-save left, then check the latest checkpoint on the driver (its info,
+        its files, its weights' names and shapes against ``model``) so that a damaged checkpoint or a
+        different model shape is a one-line error before any worker starts. Returns it (or None)."""
+        for what in self.manager.repair():
+            say(f"checkpoint {what}")
         latest = self.manager.latest()
-        removed = self.manager.clean_partial()
-        if removed:
-            say(f"removed incomplete checkpoint(s) {', '.join(removed)}")
+        if latest is None:
+            return None
+        self.manager.load_info(latest)
+        if not (latest / "policy" / "optimizer.pt").is_file():
+            raise CheckpointError(f"checkpoint {latest}: policy/optimizer.pt is missing (an incomplete checkpoint); "
+                                  f"delete {latest} to resume from the one before")
+        # Small: read them now, so that a damaged one is an error before any worker starts.
+        self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
+                              "rng": load_torch_state(latest / "rng.pt")}
+        fix = (f"resume with the policy settings of the run that wrote it ({latest / 'config.yaml'}), or start a new "
+               "run_dir")
+        check_weights_fit(model, latest / "policy" / "weights", fix)
+        for name in ("value", "teacher"):
+            if (latest / name / "weights").is_dir():
+                weight_shapes(latest / name / "weights")  # damaged or truncated: say so now
         return latest
 
     def restore(self, path: Path) -> dict:
-        """Load ``path`` into the (started) workers, the prompt loader and the RNGs; returns its training info."""
+        """Load ``path`` (checked by :meth:`check_resume`) into the started workers, the prompt loader
+        and the RNGs; returns its training info."""
         info = self.manager.load_info(path)
         for name, group in self.workers.trained_groups().items():
             if (path / name).is_dir():
                 group.run("load", str(path / name))
-        self.prompts.load_state_dict(torch.load(path / "dataloader.pt", weights_only=True))
-        rng = torch.load(path / "rng.pt", weights_only=True)
+        self.prompts.load_state_dict(self._resume_state["dataloader"])
+        rng = self._resume_state["rng"]
         torch.set_rng_state(rng["torch"])
         self.workers.rollout.call("set_rng_state", rng["rollout"])
         self.resumed_from = path

@@ -3,22 +3,20 @@ per-step metrics (JSONL, TensorBoard, wandb / MLflow trackers) and the sample ta
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rlplane.config.schema import RunConfig
 from rlplane.utils.logging import MetricsLogger, text_table
 from rlplane.utils.progress import Progress
+from rlplane.utils.run_dir import RunPaths
 from rlplane.utils.trackers import make_trackers
 
 
 class RunLog:
-    def __init__(self, cfg: RunConfig, run_dir: Path, quiet: bool = False):
+    def __init__(self, cfg: RunConfig, paths: RunPaths, quiet: bool = False):
         self.cfg, self.quiet = cfg, quiet
         self.progress = Progress(cfg.loop.max_num_steps, cfg.algorithm, cfg.logger.log_every_n_steps,
                                  enabled=not quiet, bar=cfg.logger.progress_bar)
-        log_dir = Path(cfg.logger.log_dir or run_dir / "logs")
-        trackers = make_trackers(cfg.logger, run_dir.name, log_dir, cfg.model_dump(mode="json"))
-        self.logger = MetricsLogger(log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled, trackers)
+        trackers = make_trackers(cfg.logger, paths.run_dir.name, paths.log_dir, cfg.model_dump(mode="json"))
+        self.logger = MetricsLogger(paths.log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled, trackers)
         # (kind, rows) sample tables waiting for the next log() (validation and training samples), and
         # the last step logged (training samples are due by step).
         self.pending_samples: list[tuple[str, list[dict]]] = []

@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from rlplane.config.loading import dump_config
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
@@ -33,8 +31,10 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
-from rlplane.training.workers import Workers
+from rlplane.training.workers import Workers, check_ray_resources
+from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.seeding import seed_everything
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 
 
@@ -45,26 +45,35 @@ class Session:
     def __init__(self, cfg: RunConfig, quiet: bool = False, *, critic: bool = False,
                  teacher_cfg: RunConfig | None = None):
         self.cfg = cfg
-        self.run_dir = Path(cfg.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        # Absolute, created and writable, and no earlier run there unless resuming: checked first.
+        self.paths = prepare_run_paths(cfg)
+        self.run_dir = self.paths.run_dir
+        set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
-        # Tokenizer, data and user tasks first: their errors should surface before anything slow starts
-        # (or any log file is written).
-        _, self.tokenizer = load_configured_policy(cfg)
+        self._early_messages: list[str] = []  # said once the log exists
+        # Tokenizer, the checkpoint to resume, data and user tasks first: their errors surface before
+        # anything slow starts (or any log file is written).
+        model, self.tokenizer = load_configured_policy(cfg)
+        self.workers = None
+        self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
+        self._resume_from = self.checkpoints.check_resume(model, self._early_messages.append) if cfg.checkpointing.resume else None
+        del model
         self.prompts = Prompts(cfg, self.tokenizer)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
-        self.log = RunLog(cfg, self.run_dir, quiet)
+        self.log = RunLog(cfg, self.paths, quiet)
+        for msg in self._early_messages:
+            self.say(msg)
         if self.prompts.stats.get("skipped_overlong"):
             self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address)
+        if cfg.runtime == "ray":
+            check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
         self.workers = Workers(cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg)
         self.refit = Refit(self.workers)
-        self.checkpoints = Checkpoints(cfg, self.run_dir, self.workers, self.prompts)
+        self.checkpoints.attach(self.workers, self.prompts)
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}
         self.teacher_warmup_result: dict[str, float] = {}
@@ -79,7 +88,7 @@ class Session:
         """Resume from the latest checkpoint (``checkpointing.resume``) or warm up; start the workers;
         validate before the first step (``val_at_start``). Returns the step to start from."""
         cfg = self.cfg
-        latest = self.checkpoints.to_resume(self.say)
+        latest = self._resume_from
         if latest is not None:
             self.workers.start(init_state=None)
             info = self.checkpoints.restore(latest)
@@ -106,11 +115,26 @@ class Session:
                 except Exception as e:  # e.g. a user task the actor's node cannot import: one line, not Ray's trace
                     raise user_task_error_in(e) or e from None
             start = 0
+        if cfg.checkpointing.resume:
+            # The killed stretch's rows (past the checkpoint) are redone: drop them; with nothing to
+            # resume the run starts over and keeps none.
+            if dropped := self.log.logger.drop_after(start if latest is not None else -1):
+                self.say(f"dropped {dropped} metrics rows logged after the checkpoint (those steps are redone)")
+        self.write_config()
         if start == 0 and cfg.loop.val_at_start:
             self.initial_validation = self.validate()
             self.log.log(self.initial_validation, step=0)
         self.last_validation = dict(self.initial_validation)
         return start
+
+    def write_config(self) -> None:
+        """``run_dir/config.yaml``: written once the run has really started (a run that failed its
+        checks leaves none, so running it again is not refused as an earlier run)."""
+        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+
+    def begin_step(self, step: int) -> None:
+        """Before step ``step``: samples are seeded by (sample key, weight version = step)."""
+        self.workers.rollout.call("set_weight_version", step)
 
     def validate(self) -> dict[str, float]:
         """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
@@ -144,7 +168,7 @@ class Session:
             metrics["timing/validation/total"] = time.perf_counter() - t0
         self.log.log(metrics, step=done)
         if self.checkpoints.due(done) or (done == end and self.cfg.checkpointing.enabled):
-            self._save(done, metrics)
+            self.save_checkpoint(done, metrics)
 
     def stop_early(self, step: int, reason: Exception) -> None:
         """Step ``step`` found the data used up (``max_num_epochs``, dynamic sampling): the end-of-run
@@ -157,13 +181,14 @@ class Session:
             self.last_validation = self.validate()
             self.log.log(self.last_validation, step=done)
         if self.cfg.checkpointing.enabled and not self.checkpoints.due(done):
-            self._save(done, self.last_validation)
+            self.save_checkpoint(done, self.last_validation)
 
-    def _save(self, step: int, metrics: dict) -> None:
+    def save_checkpoint(self, step: int, metrics: dict) -> Path:
+        """``step_N`` now (``end_step`` calls it when due); returns its directory."""
         info = {"initial_validation": self.initial_validation, "warmup": self.warmup_result}
         if self.teacher_warmup_result:
             info["teacher_warmup"] = self.teacher_warmup_result
-        self.checkpoints.save(step, metrics, info)
+        return self.checkpoints.save(step, metrics, info)
 
     def summary(self) -> dict:
         out = {
@@ -188,8 +213,9 @@ class Session:
             stop()
         self._closers.clear()
         self.log.close()
-        self.workers.close()
-        self.data_plane.close()
+        if self.workers is not None:
+            self.workers.close()
+            self.data_plane.close()
 
     def __enter__(self) -> Session:
         return self

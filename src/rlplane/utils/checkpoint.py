@@ -1,15 +1,20 @@
-"""Atomic checkpoints with best-K retention.
+"""Atomic, durable checkpoints with best-K retention, and the loading of their weights.
 
-A checkpoint is written into ``tmp_step_N/`` and renamed to ``step_N/`` only once complete, so a
-run killed mid-write leaves a ``tmp_*`` directory that is ignored (and removed) on resume; the
-latest ``step_N`` is always whole. ``training_info.json`` holds the loop state and the ranking
-metric. Retention keeps the best ``keep_top_k`` by that metric plus the latest.
+A checkpoint is written into ``tmp_step_N/``, every file and directory in it is fsynced, and only
+then is it renamed to ``step_N/`` (and the parent directory fsynced), so a run killed or a machine
+that loses power mid-write leaves a ``tmp_*`` directory that is ignored (and removed) on resume; the
+latest ``step_N`` is always whole. Re-saving a step that exists renames the old one aside
+(``old_step_N``), renames the new one in, then deletes the old one: a crash between the two renames
+leaves ``old_step_N`` and no ``step_N``, and :meth:`CheckpointManager.repair` (run on resume) puts
+it back, so the newest checkpoint is never lost. ``training_info.json`` holds the loop state and
+the ranking metric. Retention keeps the best ``keep_top_k`` by that metric plus the latest.
 
 Layout of ``step_N/``::
 
     training_info.json   step, consumed prompts, metric values
     config.yaml          the resolved config of the run
-    policy/weights/      HF safetensors + tokenizer (AutoModelForCausalLM.from_pretrained loads it)
+    policy/weights/      HF safetensors (one file, or shards + model.safetensors.index.json) + tokenizer
+                         (AutoModelForCausalLM.from_pretrained loads it)
     policy/optimizer.pt  optimizer and scheduler state (torch.load(weights_only=True))
     dataloader.pt        dataloader position
     rng.pt               torch RNG states of the driver and the rollout sampler
@@ -26,68 +31,141 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 _STEP = re.compile(r"^step_(\d+)$")
+_OLD_STEP = re.compile(r"^old_step_(\d+)$")
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (damaged, incomplete, or from a differently shaped model);
+    the message is one line naming the checkpoint and what to do."""
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (and ``root`` itself): a rename is only durable
+    once what it points at is on disk."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class CheckpointManager:
     def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str, higher_is_better: bool):
-        self.dir = Path(checkpoint_dir)
+        # Absolute: workers (Ray actors, maybe on other nodes or in another cwd) write into this path.
+        self.dir = Path(checkpoint_dir).expanduser().absolute()
         self.keep_top_k = keep_top_k
         self.metric_name = metric_name
         self.higher_is_better = higher_is_better
 
-    def steps(self) -> list[int]:
+    def _complete(self) -> dict[int, Path]:
+        """Step -> directory of every complete checkpoint: ``step_N``, or ``old_step_N`` where a re-save
+        of step N was cut between its two renames (no ``step_N``)."""
         if not self.dir.is_dir():
-            return []
-        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _STEP.match(p.name)) and p.is_dir())
+            return {}
+        found: dict[int, Path] = {}
+        olds: dict[int, Path] = {}
+        for p in self.dir.iterdir():
+            if not p.is_dir():
+                continue
+            if m := _STEP.match(p.name):
+                found[int(m.group(1))] = p
+            elif m := _OLD_STEP.match(p.name):
+                olds[int(m.group(1))] = p
+        return {**olds, **found}
+
+    def steps(self) -> list[int]:
+        return sorted(self._complete())
+
+    def path(self, step: int) -> Path:
+        return self._complete().get(step, self.dir / f"step_{step}")
 
     def latest(self) -> Path | None:
-        steps = self.steps()
-        return self.dir / f"step_{steps[-1]}" if steps else None
+        complete = self._complete()
+        return complete[max(complete)] if complete else None
 
     def best(self) -> Path | None:
         ranked = self._ranked()
-        return self.dir / f"step_{ranked[0]}" if ranked else self.latest()
+        return self.path(ranked[0]) if ranked else self.latest()
 
     def save(self, step: int, training_info: dict, write: Callable[[Path], None]) -> Path:
-        """Create ``tmp_step_N``, let ``write`` fill it, then rename it into place and prune."""
+        """Create ``tmp_step_N``, let ``write`` fill it, fsync it, then rename it into place and prune."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f"tmp_step_{step}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
         write(tmp)
-        with open(tmp / "training_info.json", "w") as f:
-            json.dump(training_info, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        (tmp / "training_info.json").write_text(json.dumps(training_info, indent=2, sort_keys=True))
+        fsync_tree(tmp)
         final = self.dir / f"step_{step}"
         if final.exists():
             old = self.dir / f"old_step_{step}"
+            if old.exists():  # a leftover of an earlier cut re-save; `final` is whole, so it goes
+                shutil.rmtree(old)
             final.rename(old)
-            tmp.rename(final)
+            fsync_dir(self.dir)
+            tmp.rename(final)  # a crash before this line leaves old_step_N: repair() restores it
+            fsync_dir(self.dir)
             shutil.rmtree(old)
         else:
             tmp.rename(final)
+        fsync_dir(self.dir)
         self._prune()
         return final
 
     def load_info(self, path: Path) -> dict:
-        with open(path / "training_info.json") as f:
-            return json.load(f)
+        try:
+            with open(path / "training_info.json") as f:
+                info = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {path}: training_info.json is missing or damaged ({e}); delete {path} to resume from "
+                "the checkpoint before it"
+            ) from None
+        if not isinstance(info, dict) or not isinstance(info.get("step"), int):
+            raise CheckpointError(f"checkpoint {path}: training_info.json has no integer 'step'; delete {path} "
+                                  "to resume from the checkpoint before it")
+        return info
 
-    def clean_partial(self) -> list[str]:
-        """Remove half-written ``tmp_step_*`` / ``old_step_*`` directories; returns their names."""
-        removed = []
-        if self.dir.is_dir():
-            for p in self.dir.iterdir():
-                if p.is_dir() and (p.name.startswith("tmp_step_") or p.name.startswith("old_step_")):
-                    shutil.rmtree(p)
-                    removed.append(p.name)
-        return removed
+    def repair(self) -> list[str]:
+        """Undo what a crash mid-save left: restore ``old_step_N`` to ``step_N`` where the re-save of
+        step N was cut between its renames, then remove ``tmp_step_*`` / other ``old_step_*``
+        directories. Returns what it did, one phrase per directory."""
+        done = []
+        if not self.dir.is_dir():
+            return done
+        for p in sorted(self.dir.iterdir()):
+            if not p.is_dir():
+                continue
+            m = _OLD_STEP.match(p.name)
+            if m and not (self.dir / f"step_{m.group(1)}").exists():
+                p.rename(self.dir / f"step_{m.group(1)}")
+                done.append(f"restored {p.name} (a re-save cut between its renames)")
+            elif m or p.name.startswith("tmp_step_"):
+                shutil.rmtree(p)
+                done.append(f"removed incomplete {p.name}")
+        if done:
+            fsync_dir(self.dir)
+        return done
 
     def _metric(self, step: int) -> float | None:
-        info = self.load_info(self.dir / f"step_{step}")
+        info = self.load_info(self.path(step))
         v = info.get("metrics", {}).get(self.metric_name)
         return None if v is None else float(v)
 
@@ -108,4 +186,94 @@ class CheckpointManager:
             keep = set(steps[-self.keep_top_k :])
         for s in steps:
             if s not in keep:
-                shutil.rmtree(self.dir / f"step_{s}")
+                shutil.rmtree(self.path(s))
+
+
+# ---- weights ----------------------------------------------------------------------------------------
+def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
+    """The safetensors files of an HF weights directory: the shards its index names (``save_pretrained``
+    shards models above ``max_shard_size``), or the single ``model.safetensors``."""
+    d = Path(weights_dir)
+    index = d / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"weights {d}: {INDEX_FILE} is damaged ({e!r}); re-save or restore the model") from None
+        files = [d / n for n in names]
+    elif (d / SINGLE_FILE).is_file():
+        files = [d / SINGLE_FILE]
+    else:
+        raise CheckpointError(f"weights {d}: neither {SINGLE_FILE} nor {INDEX_FILE} is there; the checkpoint is "
+                              "incomplete: delete it, or point at a complete one")
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"weights {d}: shard {missing[0]} named in {INDEX_FILE} is missing; restore it or delete "
+                              "the checkpoint")
+    return files
+
+
+def weight_shapes(weights_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the safetensors headers only (cheap: no tensor is read). A damaged
+    or truncated file raises :class:`CheckpointError`."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes = {}
+    for f in weight_files(weights_dir):
+        try:
+            with safe_open(str(f), "pt") as st:
+                for k in st.keys():
+                    shapes[k] = tuple(st.get_slice(k).get_shape())
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"weights {f}: damaged or truncated safetensors file ({e}); delete the checkpoint "
+                                  "it belongs to (resume then starts from the one before) or restore it") from None
+    return shapes
+
+
+def load_weights(weights_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF weights directory, single-file or sharded."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in weight_files(weights_dir):
+        try:
+            out.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"weights {f}: damaged or truncated safetensors file ({e}); delete the checkpoint "
+                                  "it belongs to (resume then starts from the one before) or restore it") from None
+    return out
+
+
+def check_weights_fit(model: torch.nn.Module, weights_dir: str | os.PathLike, fix: str) -> None:
+    """Raise :class:`CheckpointError` unless the tensors in ``weights_dir`` have ``model``'s names and
+    shapes (tied embeddings may be saved once: a missing ``lm_head`` is fine). ``fix`` ends the message."""
+    saved = weight_shapes(weights_dir)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for k, shape in expected.items():
+        if k in saved and saved[k] != shape:
+            raise CheckpointError(
+                f"weights {weights_dir}: {k} is {list(saved[k])} there but {list(shape)} in the configured model "
+                f"(a different model shape); {fix}"
+            )
+    missing = [k for k in expected if k not in saved and "lm_head" not in k]
+    unknown = [k for k in saved if k not in expected]
+    if missing or unknown:
+        what = f"lacks {missing[0]}" if missing else f"has {unknown[0]}, which the configured model has not"
+        raise CheckpointError(f"weights {weights_dir}: {what} (a different model); {fix}")
+
+
+def load_torch_state(path: str | os.PathLike):
+    """``torch.load(path, weights_only=True)`` with a one-line error for a missing or damaged file."""
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: delete it "
+                              "(resume then starts from the one before)") from None
+    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a damaged file
+        # torch's first sentence is the useful part (the rest advises weights_only=False: not for damage).
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        reason = f"{type(e).__name__}: {text.split('. ')[0]}" if text else type(e).__name__
+        raise CheckpointError(f"checkpoint file {path} is damaged ({reason}); delete the checkpoint it belongs to "
+                              "(resume then starts from the one before)") from None

@@ -25,6 +25,29 @@ class MetricsLogger:
             except ImportError:  # tensorboard is a dependency, but a trimmed install may lack it
                 print("rlplane: tensorboard not installed; logging to JSONL only", file=sys.stderr)
 
+    def drop_after(self, step: int) -> int:
+        """Forget every logged row past ``step`` (a resumed run redoes those steps): rewrite
+        ``metrics.jsonl`` without them and reopen TensorBoard purging its events past ``step``.
+        Returns how many JSONL rows went."""
+        dropped = 0
+        if self._jsonl is not None:
+            self._jsonl.close()
+            path = self.log_dir / "metrics.jsonl"
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if not line.strip() or _row_step(line) <= step]
+            dropped = len(lines) - len(kept)
+            if dropped:
+                tmp = path.with_suffix(".jsonl.tmp")
+                tmp.write_text("".join(kept))
+                tmp.replace(path)
+            self._jsonl = open(path, "a")
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(str(self.log_dir / "tensorboard"), purge_step=step + 1)
+        return dropped
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
         if self._jsonl is not None:
@@ -85,6 +108,13 @@ def text_table(rows: list[dict], columns: list[str], width: int = 48) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*columns), fmt.format(*("-" * w for w in widths)), *(fmt.format(*row) for row in cells)]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _row_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", math.inf))
+    except (ValueError, AttributeError):  # a row cut by the kill: it goes too
+        return math.inf
 
 
 def read_metrics(log_dir: str | Path) -> list[dict]:

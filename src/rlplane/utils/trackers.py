@@ -119,7 +119,7 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
-def read_wandb_history(run_file: str) -> list[dict]:
+def _wandb_records(run_file: str) -> tuple[list[dict], bool]:
     """The history rows (``{"_step": N, key: value}``) of a wandb run file ``run-*.wandb``, read without
     wandb's service (it no longer ships a Python reader). The file is a LevelDB-style log: a 7-byte
     header (":W&B", magic, version), then 32 KiB blocks of records (crc32c u32, length u16, type u8:
@@ -128,6 +128,7 @@ def read_wandb_history(run_file: str) -> list[dict]:
 
     from wandb.proto import wandb_internal_pb2 as pb
 
+    finished = False
     data = Path(run_file).read_bytes()
     if data[:4] != b":W&B":
         raise ValueError(f"{run_file}: not a wandb run file (no :W&B header)")
@@ -144,9 +145,24 @@ def read_wandb_history(run_file: str) -> list[dict]:
         if kind in (1, 4):
             record = pb.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
+            kind_name = record.WhichOneof("record_type")
+            if kind_name == "history":
                 rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
-    return rows
+            elif kind_name == "exit":
+                finished = True
+    return rows, finished
+
+
+def read_wandb_history(run_file: str, wait_s: float = 30.0) -> list[dict]:
+    """The history rows (``{"_step": N, key: value}``) of a wandb run file ``run-*.wandb``. wandb's
+    service process may still be writing the file after ``finish()`` returns (seen under load), so
+    this waits up to ``wait_s`` for the run's exit record before reading what is there."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rows, finished = _wandb_records(run_file)
+        if finished or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
 
 
 def make_trackers(logger_cfg, run_name: str, log_dir: Path, config: dict) -> list:

@@ -15,7 +15,7 @@ import torch
 from rlplane.config.schema import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
-from rlplane.models.precision import set_precision
+from rlplane.models.precision import apply_precision
 from rlplane.utils.metrics import reduce_microbatch_metrics
 
 # (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
@@ -23,14 +23,22 @@ from rlplane.utils.metrics import reduce_microbatch_metrics
 MicroBatchLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def load_configured_policy(cfg):
+def load_configured_policy(cfg, trainable: bool = False, init_state: dict[str, torch.Tensor] | None = None):
     """``(model, tokenizer)`` for ``policy.model_name``: the embedded model takes its shape from
     ``policy.tiny``; initialisation is seeded by the run's seed. ``policy.precision`` and
-    ``policy.activation_checkpointing`` are applied to the model."""
+    ``policy.activation_checkpointing`` are applied to the model. ``init_state`` (full weights, HF
+    names) is loaded first; with ``trainable`` and ``policy.lora.enabled`` the model is then wrapped
+    in LoRA adapters (``models/lora.py``): the trainer's copy, never a generator's."""
     p = cfg.policy
     embedded = p.model_name.startswith("embedded:")
     model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
-    set_precision(model, p.precision)
+    if init_state is not None:
+        model.load_state_dict(init_state)
+    apply_precision(model, p.precision)
+    if trainable and p.lora.enabled:
+        from rlplane.models.lora import apply_lora
+
+        model = apply_lora(model, p.lora.rank, p.lora.alpha, p.lora.target_modules, p.lora.dropout)
     if p.activation_checkpointing:
         # Non-reentrant: works with inputs that do not require grad and with autocast.
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
@@ -50,9 +58,9 @@ def _lr_lambda(warmup_steps: int, start_factor: float):
 
 
 def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
-    """AdamW over ``model``'s parameters and a LambdaLR with linear warm-up; ``(optimizer, scheduler)``."""
+    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with linear warm-up; ``(optimizer, scheduler)``."""
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
+        [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor))
     return optimizer, scheduler

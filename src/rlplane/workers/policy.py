@@ -37,8 +37,10 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
 )
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
+from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.utils.threads import set_worker_threads
 
 class PolicyLoss(Protocol):
     """A loss the policy worker trains with, handed in by the recipe (frozen, pickles to Ray actors).
@@ -128,10 +130,8 @@ class PolicyWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        torch.set_num_threads(cfg.policy.threads_per_worker)
-        self.model, self.tokenizer = load_configured_policy(cfg)
-        if init_state is not None:
-            self.model.load_state_dict(init_state)
+        set_worker_threads(cfg.policy.threads_per_worker)
+        self.model, self.tokenizer = load_configured_policy(cfg, trainable=True, init_state=init_state)
         self.reference = None
         if self._needs_reference():
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -202,7 +202,8 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- weights and state -----------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """What a generator loads: the weights under HF names (merged, under LoRA)."""
+        return policy_weights(self.model)
 
     def save(self, path: str) -> None:
         """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only)."""
@@ -216,13 +217,16 @@ class PolicyWorker(DPTrainWorker):
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
     def load(self, path: str) -> None:
-        from safetensors.torch import load_file
+        from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
-        weights = load_file(os.path.join(path, "weights", "model.safetensors"))
-        missing, _ = self.model.load_state_dict(weights, strict=False)
-        # Tied embeddings are saved once; everything else must be present.
-        assert all("lm_head" in k for k in missing), f"checkpoint {path} lacks weights: {missing}"
-        state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
+        weights_dir = os.path.join(path, "weights")
+        if is_lora(self.model):
+            load_policy_weights(self.model, weights_dir)  # the LoRA adapter
+        else:
+            check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
+            # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
+            self.model.load_state_dict(load_weights(weights_dir), strict=False)
+        state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.reference is not None and "reference" in state:

@@ -3,8 +3,19 @@
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
 prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`), mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
 columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
-small per-row carry: rewards, group index, truncation, lengths, and the environments' reward
-components as ``reward/<name>``. Nothing else crosses to the driver.
+small per-row carry: rewards, group index, truncation, environment failure, lengths, and the
+environments' reward components as ``reward/<name>``. Nothing else crosses to the driver.
+
+A failed environment step (it raised, or returned something malformed for the sample) follows
+``{grpo,ppo}.rollout_failure_policy``: ``zero_reward`` and ``drop_group`` score it 0 here (the
+driver then drops the group for ``drop_group``), ``retry`` re-runs it on a fresh environment first
+(:meth:`RolloutWorker.renew_env`). Metrics ``rollout_failures`` (samples failed after retries) and
+``rollout_retries`` (environment steps re-run).
+
+Sampling is seeded per sample (with a backend that supports it: ``hf``): the sample
+``(draw of the prompt, i-th of its group)`` under weight version ``v`` gets the seed
+``sample_seed(run seed, sample key, v)`` (:func:`sample_keys`), so it draws the same tokens
+whatever batch or worker generates it and in whatever order.
 
 Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
 :mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response.
@@ -24,8 +35,10 @@ from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
+from rlplane.generation.sampling import sample_seed
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
+from rlplane.utils.threads import set_worker_threads
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:
@@ -34,21 +47,37 @@ def group_keys(num_groups: int, group_size: int) -> list[str]:
     return [f"{uid}_g{i}" for uid in uids for i in range(group_size)]
 
 
+def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> list[str]:
+    """The sampling key of each row, group-major: ``{stream}/e{epoch}/p{idx}_g{i}``.
+
+    A prompt draw is named by its dataset position and the epoch that drew it (not by a uuid, which
+    would differ between runs); ``stream`` keeps training and held-out prompts (whose ``idx`` count
+    from 0 in their own set) apart.
+    """
+    return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0):
         self.cfg, self.dp = cfg, data_plane
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         if model is None:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
         self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
+        self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
+        self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
         self._envs: dict[str, object] = {}
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.backend.update_weights(state_dict)
+
+    def set_weight_version(self, version: int) -> None:
+        """The weight version the next rollouts are seeded with (the step whose weights sample them)."""
+        self.weight_version = int(version)
 
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -83,6 +112,15 @@ class RolloutWorker:
             self._envs[task_name] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
         return self._envs[task_name]
 
+    def renew_env(self, task_name: str):
+        """A fresh environment for ``task_name`` in place of the kept one (closed): a failed step's retry
+        should not reuse an instance that may be in a broken state (a dead verifier pool, say)."""
+        old = self._envs.pop(task_name, None)
+        close = getattr(old, "close", None)
+        if close is not None:
+            close()
+        return self.env(task_name)
+
     def rollout(
         self,
         datums: Sequence[DatumSpec],
@@ -90,15 +128,22 @@ class RolloutWorker:
         group_size: int,
         partition_id: str | None,
         greedy: bool = False,
+        weight_version: int | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
 
         With a ``partition_id`` the columns go to the data plane and the receipt is returned;
-        without one (validation) only the carry comes back.
+        without one (validation) only the carry comes back. Sampling is seeded by each row's
+        :func:`sample_keys` and ``weight_version`` (default: the one set by :meth:`set_weight_version`).
         """
         gen = self.cfg.policy.generation
         rows = [d for d in datums for _ in range(group_size)]
+        version = self.weight_version if weight_version is None else int(weight_version)
+        row_seeds = None
+        if getattr(self.backend, "supports_row_seeds", False) and not greedy:
+            keys = sample_keys(datums, group_size, "heldout" if partition_id is None else "train")
+            row_seeds = [sample_seed(self.run_seed, k, version) for k in keys]
         res = run_turns(
             self.backend,
             self.tokenizer,
@@ -113,12 +158,18 @@ class RolloutWorker:
             top_k=gen.top_k,
             greedy=greedy,
             generator=self.generator,
+            row_seeds=row_seeds,
+            renew_env=self.renew_env,
+            max_env_retries=self.cfg.loop.rollout_max_retries if self.cfg.loop.rollout_failure_policy == "retry" else 0,
+            env_step_timeout_s=self.cfg.env.step_timeout_s,
+            generation_timeout_s=gen.timeout_s,
         )
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
             "truncated": res.truncated,
+            "env_failed": res.env_failed,  # for rollout_failure_policy: drop_group
             "loss_multiplier": torch.tensor([d.loss_multiplier for d in rows], dtype=torch.float32),
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
@@ -129,8 +180,10 @@ class RolloutWorker:
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
+        metrics = {**res.metrics, "rollout_failures": res.metrics["env_errors"],
+                   "rollout_retries": res.metrics["env_retries"]}
         if partition_id is None:
-            return None, carry, res.metrics
+            return None, carry, metrics
         keys = group_keys(len(datums), group_size)
         meta = self.dp.put_samples(
             keys,
@@ -138,4 +191,4 @@ class RolloutWorker:
             {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
-        return meta, carry, res.metrics
+        return meta, carry, metrics

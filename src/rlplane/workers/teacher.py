@@ -16,6 +16,7 @@ import torch
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import TEACHER_LOGPROBS
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.policy import PolicyWorker
 
@@ -32,10 +33,8 @@ class TeacherWorker(PolicyWorker):
         init_state: dict[str, torch.Tensor] | None = None,
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        torch.set_num_threads(cfg.policy.threads_per_worker)
-        self.model, self.tokenizer = load_configured_policy(cfg)
-        if init_state is not None:
-            self.model.load_state_dict(init_state)
+        set_worker_threads(cfg.policy.threads_per_worker)
+        self.model, self.tokenizer = load_configured_policy(cfg, init_state=init_state)
         self.model.eval().requires_grad_(False)
         self.reference = None
         self.group = None
@@ -53,8 +52,8 @@ class TeacherWorker(PolicyWorker):
             self.tokenizer.save_pretrained(os.path.join(path, "weights"))
 
     def load(self, path: str) -> None:
-        from safetensors.torch import load_file
+        from rlplane.utils.checkpoint import check_weights_fit, load_weights
 
-        weights = load_file(os.path.join(path, "weights", "model.safetensors"))
-        missing, _ = self.model.load_state_dict(weights, strict=False)
-        assert all("lm_head" in k for k in missing), f"checkpoint {path} lacks weights: {missing}"
+        weights_dir = os.path.join(path, "weights")
+        check_weights_fit(self.model, weights_dir, "resume with the run's own teacher settings (its config.yaml)")
+        self.model.load_state_dict(load_weights(weights_dir), strict=False)  # a tied lm_head is saved once

@@ -9,7 +9,8 @@ Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md
 3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
    **summed** over turns (and so are the optional reward components). An environment that raises,
    or returns a malformed batch (lists of the wrong length), is retried sample by sample; the samples that still raise, or whose own entry is
-   malformed (an observation that is not a dict, a non-finite reward, bad stop strings), fail: total
+   malformed (an observation that is not a dict, a non-finite reward, bad stop strings), are
+   retried on a fresh environment when asked (``max_env_retries``), and then fail: total
    reward 0, sample done, counted in ``env_errors``, one warning line per task; the others go on;
 4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
    has no room left (a response that fills the sequence is marked truncated): the observation (tokenized without special tokens) is appended, cut to the
@@ -32,7 +33,8 @@ Metrics (means are over the batch's samples):
                                                            response cut there, or an observation that did not fit)
   max_turns_reached_rate                                   share stopped by the turn limit
   env_errors / env_error_rate                              samples whose environment raised or returned
-                                                           something malformed (count, share)
+                                                           something malformed (count, share), after retries
+  env_retries                                              environment steps re-run on a fresh environment
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch
 
 from rlplane.data.datum import DatumSpec
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
+from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,7 @@ class TurnsResult:
     rewards: torch.Tensor  # (B,) float32, summed over turns
     reward_components: dict[str, torch.Tensor]  # name -> (B,) float32, summed over turns; 0 where not given
     truncated: torch.Tensor  # (B,) bool: last response cut by a length limit, or sequence at the max length
+    env_failed: torch.Tensor  # (B,) bool: its environment failed (after any retries); reward 0
     prompt_lengths: torch.Tensor  # (B,)
     response_lengths: torch.Tensor  # (B,) everything after the prompt (generated + observations)
     metrics: dict[str, float]
@@ -114,12 +118,22 @@ def run_turns(
     max_total_sequence_length: int,
     max_new_tokens: int,
     stop_strings: Sequence[str] | None = None,
+    row_seeds: Sequence[int] | None = None,
+    renew_env: Callable[[str], Any] | None = None,
+    max_env_retries: int = 0,
+    env_step_timeout_s: float | None = None,
+    generation_timeout_s: float | None = None,
     **sampling: Any,
 ) -> TurnsResult:
     """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
 
     ``env_for(task_name)`` returns that task's environment; ``sampling`` goes to ``backend.generate``
-    (temperature, top_p, top_k, greedy, generator).
+    (temperature, top_p, top_k, greedy, generator). ``row_seeds`` (one per datum) go with their rows
+    to every turn's call: the backend draws by position in the sequence, which grows across turns.
+    ``renew_env(task_name)`` gives a fresh environment for the ``max_env_retries`` re-runs of a
+    failed environment step (``rollout_failure_policy: retry``). A ``generate`` call or an
+    environment step that runs past its timeout raises :class:`DeadlineExceeded`
+    (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -140,18 +154,23 @@ def run_turns(
         s.logprobs.append(torch.zeros(s.prompt_length))
         if s.prompt_length >= max_total:  # no room to generate anything
             s.done = s.truncated = True
-    env_errors = 0
+    env_errors = env_retries = 0
     for turn in range(max_turns):
         active = [i for i, s in enumerate(states) if not s.done]
         if not active:
             break
         rooms = [max_total - len(states[i].input_ids) for i in active]
         # One generate call for all active rows: the longest room bounds it, each row is cut to its own below.
-        out = backend.generate(
-            [states[i].input_ids for i in active],
-            max_new_tokens=min(max_new_tokens, max(rooms)),
-            stop_strings=_row_stop_strings(stop_strings, [states[i].stop_strings for i in active]),
-            **sampling,
+        out = call_with_deadline(
+            lambda: backend.generate(
+                [states[i].input_ids for i in active],
+                max_new_tokens=min(max_new_tokens, max(rooms)),
+                stop_strings=_row_stop_strings(stop_strings, [states[i].stop_strings for i in active]),
+                **({} if row_seeds is None else {"row_seeds": [row_seeds[i] for i in active]}),
+                **sampling,
+            ),
+            generation_timeout_s, f"rollout worker: generation of {len(active)} samples (turn {turn + 1})",
+            "policy.generation.timeout_s",
         )
         for i, room, ids, lps, reason in zip(active, rooms, out.output_ids, out.logprobs, out.finish_reasons):
             s = states[i]
@@ -163,7 +182,8 @@ def run_turns(
             s.finish_reason = reason
             s.message_log.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True),
                                   "token_ids": list(ids), "generation_logprobs": lps})
-        env_errors += _step_envs(states, active, env_for)
+        failed, retried = _step_envs(states, active, env_for, renew_env, max_env_retries, env_step_timeout_s)
+        env_errors, env_retries = env_errors + failed, env_retries + retried
         last_turn = turn == max_turns - 1
         for i in active:
             s = states[i]
@@ -179,7 +199,7 @@ def run_turns(
                 obs_ids = obs_ids[:room]
                 s.done = s.truncated = True
             s.append(obs_ids, None)
-    return _result(states, env_errors, max_turns)
+    return _result(states, env_errors, env_retries, max_turns)
 
 
 def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | None]):
@@ -189,35 +209,35 @@ def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | No
     return [[*(common or []), *(r or [])] for r in per_row]
 
 
-def _step_envs(states: list[SampleState], active: list[int], env_for: Callable[[str], Any]) -> int:
-    """Step each task's environment on its active samples; returns how many samples failed.
+def _step_envs(
+    states: list[SampleState],
+    active: list[int],
+    env_for: Callable[[str], Any],
+    renew_env: Callable[[str], Any] | None = None,
+    max_retries: int = 0,
+    timeout_s: float | None = None,
+) -> tuple[int, int]:
+    """Step each task's environment on its active samples; returns ``(failed, retried)`` sample counts.
 
     A sample fails when its environment raises on it or returns something malformed for it (see
-    :func:`_check_return`): reward 0, done, one warning line per task. When a task's whole batch
-    raises or comes back malformed as a batch (wrong lengths), its samples are stepped one by one,
-    so only the ones that break the environment fail.
+    :func:`_check_return`). When a task's whole batch raises or comes back malformed as a batch
+    (wrong lengths), its samples are stepped one by one, so only the ones that break the
+    environment fail. With ``max_retries`` > 0 (``rollout_failure_policy: retry``) the failed samples
+    are stepped again, up to that many times, each time on a fresh environment from ``renew_env``;
+    the ones still failing then: reward 0, done, one warning line per task. A step that does not
+    return within ``timeout_s`` raises :class:`DeadlineExceeded` (never retried: the run stops).
     """
     by_task: dict[str, list[int]] = {}
     for i in active:
         by_task.setdefault(states[i].task_name, []).append(i)
-    failed = 0
+    failed = retried = 0
     for task, rows in by_task.items():
-        problems: dict[int, str] = {}  # failed sample -> why
-        try:
-            outcomes = [(rows, _checked_step(env_for(task), task, [states[i] for i in rows]))]
-        except Exception:  # isolate the samples that break the environment
-            outcomes = []
-            for i in rows:
-                try:
-                    outcomes.append(([i], _checked_step(env_for(task), task, [states[i]])))
-                except Exception as e:
-                    problems[i] = f"{type(e).__name__}: {e}"
-        for group, (ret, rewards, terminated, sample_problems) in outcomes:
-            for j, i in enumerate(group):
-                if sample_problems[j]:
-                    problems[i] = sample_problems[j]
-                else:
-                    _apply(states[i], ret, j, rewards[j], terminated[j])
+        problems = _step_task(env_for(task), task, states, rows, timeout_s)
+        for _ in range(max_retries if renew_env is not None else 0):
+            if not problems:
+                break
+            retried += len(problems)
+            problems = _step_task(renew_env(task), task, states, list(problems), timeout_s)
         for i in problems:
             s = states[i]
             s.reward, s.env_error, s.done = 0.0, True, True
@@ -229,7 +249,37 @@ def _step_envs(states: list[SampleState], active: list[int], env_for: Callable[[
                 task, len(problems), len(rows), first, why,
             )
         failed += len(problems)
-    return failed
+    return failed, retried
+
+
+def _step_task(env, task: str, states: list[SampleState], rows: list[int], timeout_s: float | None) -> dict[int, str]:
+    """Step ``env`` on the samples ``rows`` of ``task``, apply the good returns; the failed samples -> why."""
+
+    def step(batch: list[SampleState]):
+        return call_with_deadline(lambda: _checked_step(env, task, batch), timeout_s,
+                                  f"environment {task!r}: step on {len(batch)} samples", "env.step_timeout_s")
+
+    problems: dict[int, str] = {}
+    try:
+        outcomes = [(rows, step([states[i] for i in rows]))]
+    except DeadlineExceeded:
+        raise
+    except Exception:  # isolate the samples that break the environment
+        outcomes = []
+        for i in rows:
+            try:
+                outcomes.append(([i], step([states[i]])))
+            except DeadlineExceeded:
+                raise
+            except Exception as e:
+                problems[i] = f"{type(e).__name__}: {e}"
+    for group, (ret, rewards, terminated, sample_problems) in outcomes:
+        for j, i in enumerate(group):
+            if sample_problems[j]:
+                problems[i] = sample_problems[j]
+            else:
+                _apply(states[i], ret, j, rewards[j], terminated[j])
+    return problems
 
 
 def _checked_step(env, task: str, batch: list[SampleState]):
@@ -292,7 +342,7 @@ def _apply(s: SampleState, ret, j: int, reward: float, terminated: bool) -> None
     s.stop_strings = list(ret.next_stop_strings[j]) if ret.next_stop_strings is not None and ret.next_stop_strings[j] else None
 
 
-def _result(states: list[SampleState], env_errors: int, max_turns: int) -> TurnsResult:
+def _result(states: list[SampleState], env_errors: int, env_retries: int, max_turns: int) -> TurnsResult:
     n = max(len(states), 1)
 
     def mean(xs) -> float:
@@ -313,6 +363,7 @@ def _result(states: list[SampleState], env_errors: int, max_turns: int) -> Turns
         ),
         "env_errors": float(env_errors),
         "env_error_rate": env_errors / n,
+        "env_retries": float(env_retries),
     }
     prompt_lengths = torch.tensor([s.prompt_length for s in states])
     names = sorted({name for s in states for name in s.reward_components})
@@ -324,6 +375,7 @@ def _result(states: list[SampleState], env_errors: int, max_turns: int) -> Turns
         reward_components={n: torch.tensor([s.reward_components.get(n, 0.0) for s in states], dtype=torch.float32)
                            for n in names},
         truncated=torch.tensor([s.truncated or s.finish_reason == FINISH_LENGTH for s in states]),
+        env_failed=torch.tensor([s.env_error for s in states], dtype=torch.bool),
         prompt_lengths=prompt_lengths,
         response_lengths=torch.tensor([len(s.input_ids) for s in states]) - prompt_lengths,
         metrics=metrics,

@@ -27,6 +27,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, RETURNS, TOKEN_MASK, VALUES
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.utils.threads import set_worker_threads
 
 
 
@@ -82,7 +83,7 @@ class ValueWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
     ):
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        torch.set_num_threads(cfg.policy.threads_per_worker)
+        set_worker_threads(cfg.policy.threads_per_worker)
         self.model, self.tokenizer = build_value_model(cfg, init_state)
         self.model.train()
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.value.optimizer, cfg.value.scheduler)
@@ -144,9 +145,11 @@ class ValueWorker(DPTrainWorker):
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
     def load(self, path: str) -> None:
-        from safetensors.torch import load_file
+        from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
 
-        self.model.load_state_dict(load_file(os.path.join(path, "weights", "model.safetensors")))
-        state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True)
+        weights_dir = os.path.join(path, "weights")
+        check_weights_fit(self.model, weights_dir, "resume with the run's own value settings (its config.yaml)")
+        self.model.load_state_dict(load_weights(weights_dir))
+        state = load_torch_state(os.path.join(path, "optimizer.pt"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -25,6 +25,10 @@ def test_batches_and_epochs(dataset):
     assert len({i for b in epoch0 for i in b}) == 48  # no repeats within an epoch
     epoch1 = [_idx(next(loader)) for _ in range(6)]
     assert loader.epoch == 1 and epoch1 != epoch0  # a new permutation each epoch
+    # Each datum carries the epoch that drew it (it seeds the prompt's samples: rollout.sample_keys).
+    assert {d.epoch for d in next(PromptDataLoader(dataset, 8, seed=1))} == {0}
+    loader.batches_done_in_epoch = len(loader)
+    assert {d.epoch for d in next(loader)} == {2}
 
 
 def test_seeded_and_unshuffled(dataset):

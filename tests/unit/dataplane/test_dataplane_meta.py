@@ -108,3 +108,25 @@ def test_meta_pickles():
 
     m = make()
     assert pickle.loads(pickle.dumps(m)) == m
+
+
+def test_index_attach_fills_a_pending_chunk_or_frees_a_released_one():
+    import numpy as np
+
+    from rlplane.dataplane.index import PENDING, PlaneIndex
+
+    ix = PlaneIndex()
+    ix.register("p", ["x"], 2, None)
+    ix.commit("p", ["a", "b"], {"x": PENDING}, {}, None, False, None)
+    first = dict(ix.last_chunks)
+    assert ix.lookup("p", ["a"], ["x"]).parts["x"][0][0] == PENDING
+    ix.attach("p", first, {"x": "obj1"})
+    assert ix.lookup("p", ["b"], ["x"]).parts["x"][0][0] == "obj1" and ix.freed == []
+    # A chunk overwritten (or cleared) before its data arrives: the late data is freed at once.
+    ix.commit("p", ["a", "b"], {"x": PENDING}, {}, None, False, None)
+    second = dict(ix.last_chunks)
+    ix.clear("p", None)
+    ix.freed.clear()
+    ix.attach("p", second, {"x": "obj2"})
+    assert ix.freed == ["obj2"] and ix.num_chunks("p") == 0
+    assert np.all(ix._parts["p"].seq_len == -1)

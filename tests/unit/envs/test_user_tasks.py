@@ -134,4 +134,5 @@ def test_cli_wrong_path_is_one_line_before_training(user_module, tmp_path, capsy
         rc = main(["train", *common, f"env.t.reward_fn={path}"])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and err[0].startswith(expected), err
-    assert not (tmp_path / "run" / "logs").exists()  # stopped before the logger (and anything slow) started
+    assert not (tmp_path / "run" / "logs" / "metrics.jsonl").exists()  # stopped before anything was logged
+    assert not (tmp_path / "run" / "config.yaml").exists()  # nor is the run dir claimed

@@ -48,7 +48,9 @@ def test_bf16_autocast_logprobs_close_to_fp32_and_inherited_by_copies():
     fp32 = token_logprobs(model, ids, attn, 1.0)
     set_precision(model, "bf16")
     with autocast(model):
-        assert model(ids).logits.dtype == torch.bfloat16  # matmuls really ran in bf16
+        mlp = model.model.layers[0].mlp
+        assert mlp(torch.randn(1, 2, model.config.hidden_size)).dtype == torch.bfloat16  # matmuls really ran in bf16
+        assert model(ids).logits.dtype == torch.float32  # but the lm_head stays fp32 (FP32OutputLinear)
     bf16 = token_logprobs(model, ids, attn, 1.0)
     assert bf16.dtype == torch.float32 and model.lm_head.weight.dtype == torch.float32  # master weights stay fp32
     assert not torch.equal(bf16, fp32) and torch.allclose(bf16, fp32, atol=0.05)

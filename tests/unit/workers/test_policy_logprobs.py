@@ -60,7 +60,7 @@ def test_first_step_is_on_policy_under_top_k_top_p(sampling):
     # Before the fix the trainer's logprobs lacked the -log(kept mass) term: the error was 1.221
     # (top_p 0.8), 2.709 (top_k 5), 2.570 (both at temperature 0.7) on this batch; now 1.000000.
     assert metrics["token_mult_prob_error"] <= 1.001, metrics["token_mult_prob_error"]
-    assert metrics["token_mult_prob_error"] >= 1.0
+    assert metrics["token_mult_prob_error"] >= 1.0 - 1e-6  # a mean of exp(|d|) >= 1, up to float32 rounding
 
 
 def test_reference_logprobs_stay_unfiltered_and_kl_uses_unfiltered_current():

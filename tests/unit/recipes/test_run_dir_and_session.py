@@ -1,0 +1,79 @@
+"""Run-directory handling and start-up checks of a session (issue 16, item 14)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlplane.cli import main
+from rlplane.config.loading import ConfigError, load_config
+from rlplane.utils.logging import read_metrics
+
+TINY = [
+    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
+    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.max_val_samples=4",
+    "grpo.val_batch_size=4", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
+    "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "checkpointing.save_period=1",
+]
+
+
+def test_overlong_prompts_with_a_progress_bar_do_not_crash_the_session(tmp_path, capsys):
+    """The 'skipped N prompts' notice came before Session._bar existed: AttributeError on any run with a bar."""
+    from rlplane.training import Session
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"problem": "1+1=", "answer": "2"}\n' * 2 + '{"problem": "' + "1" * 40 + '+1=", "answer": "2"}\n')
+    cfg = load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "data.dataset=jsonl", f"data.train.path={data}",
+                             "logger.progress_bar=true"])
+    s = Session(cfg, quiet=False)
+    s.close()
+    assert "skipped 1 prompts longer than policy.max_total_sequence_length" in capsys.readouterr().err
+
+
+def test_ray_actors_that_cannot_fit_the_cluster_are_refused():
+    from rlplane.training.workers import check_ray_resources, ray_cpu_demand
+
+    cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=8"])
+    assert ray_cpu_demand(cfg, uses_critic=False) == 8 * 0.5 + 0.5  # policy ranks + the rollout actor
+    with pytest.raises(ConfigError, match=r"policy.dp_size = 8: the Ray actors need 4.5 CPUs .* has 2"):
+        check_ray_resources(cfg, uses_critic=False, cluster_cpus=2)
+    check_ray_resources(cfg, uses_critic=False, cluster_cpus=4.5)  # fits exactly
+    ppo = load_config("ppo_arithmetic", ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=2"])
+    assert ray_cpu_demand(ppo, uses_critic=True) == 2 * 0.5 + 0.5 + 2 * 0.25  # + a critic rank per policy rank
+
+
+def test_a_new_run_refuses_an_earlier_one_unless_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--quiet", *TINY, f"run_dir={run}"]) == 0
+    first = (run / "checkpoints" / "step_2" / "training_info.json").read_text()
+    capsys.readouterr()
+
+    assert main(["train", "--quiet", *TINY, f"run_dir={run}", "grpo.max_num_steps=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds an earlier run" in err[0] and "--overwrite" in err[0]
+    assert (run / "checkpoints" / "step_2" / "training_info.json").read_text() == first  # untouched
+
+    assert main(["train", "--quiet", "--overwrite", *TINY, f"run_dir={run}", "grpo.max_num_steps=1"]) == 0
+    # The earlier run's step_2 would otherwise be "latest" for eval/export/resume.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
+    assert [r["step"] for r in read_metrics(run / "logs")] == [1]
+
+    # Resuming is continuing, not overwriting: allowed without the flag.
+    assert main(["train", "--quiet", *TINY, f"run_dir={run}", "checkpointing.resume=true"]) == 0
+    assert [r["step"] for r in read_metrics(run / "logs")] == [1, 2]
+
+
+def test_a_run_that_failed_its_checks_leaves_nothing_that_blocks_the_next(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--quiet", *TINY, f"run_dir={run}", "data.dataset=jsonl",
+                 f"data.train.path={tmp_path / 'missing.jsonl'}"]) == 2
+    assert main(["train", "--quiet", *TINY, f"run_dir={run}"]) == 0
+
+
+def test_eval_output_is_checked_before_and_written_after(tmp_path, capsys):
+    out = tmp_path / "new" / "eval.json"
+    argv = ["eval", "--quiet", "--model", "embedded:tiny-llama", "-n", "2", "-o", str(out),
+            "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1"]
+    assert main(argv) == 0 and '"num_problems": 2' in out.read_text()
+    # max_new_tokens above the preset's sequence cap is fine for eval: it sizes the cap itself.
+    assert main([*argv, "--max-new-tokens", "40"]) == 0 and '"max_new_tokens": 40' in out.read_text()
