@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlplane.algorithms.filters import (
+    ALL_EQUAL_GROUPS_HINT,
     apply_reward_shaping,
     dynamic_sampling_keep_mask,
     dynamic_sampling_select,
+    failed_group_keep_mask,
     overlong_filter_sample_mask,
     scale_rewards,
     seq_logprob_error_mask,
@@ -22,6 +24,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK
 from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
+from rlplane.workers.failures import FAILED_GROUPS_HINT, FAILURE_COUNTS, add_failure_counts
 
 if TYPE_CHECKING:
     from rlplane.training.session import Session
@@ -60,7 +63,9 @@ def collect_rollouts(
 ) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
     """Rollouts of one step into ``TRAIN_PARTITION``: reward scaling → shaping → dynamic sampling
     (:func:`dynamic_sampling_keep_mask` on the *unshaped* reward, :func:`dynamic_sampling_select`
-    over the generation batches so far; the keys of every sample not selected are cleared).
+    over the generation batches so far; the keys of every sample not selected are cleared). With
+    ``rollout_failure_policy: drop_group`` the groups holding a failed sample are dropped and
+    refilled the same way (:mod:`rlplane.workers.failures`, which documents the failure metrics).
 
     Returns the receipt and the (B,) carry (``rewards`` shaped, ``group`` distinct across batches),
     B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw, first batch),
@@ -73,6 +78,8 @@ def collect_rollouts(
     G = g.num_generations_per_prompt
     target = g.num_prompts_per_step * G
     metas, carries, keep_masks, num_groups = [], [], [], 0
+    drop_failed = g.rollout_failure_policy == "drop_group"  # failed groups are dropped and refilled too
+    failures = dict.fromkeys(FAILURE_COUNTS, 0.0)
     while True:
         if batches_available(s) <= 0:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
@@ -84,18 +91,22 @@ def collect_rollouts(
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
         unshaped, c["rewards"] = transform_rewards(cfg, c)
-        if not g.use_dynamic_sampling:
-            metrics.update(gen_metrics)
+        failures = add_failure_counts(failures, gen_metrics, c, drop_failed)
+        if not g.use_dynamic_sampling and not drop_failed:
+            metrics.update({**gen_metrics, **failures})
             return meta, c
         metas.append(meta)
         carries.append(c)
         # All-equal groups carry no signal (DAPO); judged on the raw task reward, not the shaped one.
-        keep_masks.append(dynamic_sampling_keep_mask(c["group"], unshaped))
+        keep = (dynamic_sampling_keep_mask(c["group"], unshaped) if g.use_dynamic_sampling
+                else torch.ones_like(c["env_failed"]))
+        keep_masks.append(keep & failed_group_keep_mask(c["group"], c["env_failed"]) if drop_failed else keep)
         dropped = [k for k, kept in zip(meta.sample_ids, keep_masks[-1].tolist()) if not kept]
         if dropped:  # their columns are never read: free them now
             s.data_plane.clear_samples(dropped, TRAIN_PARTITION)
         try:
-            selection = dynamic_sampling_select(keep_masks, target, g.dynamic_sampling_max_gen_batches)
+            selection = dynamic_sampling_select(keep_masks, target, g.dynamic_sampling_max_gen_batches,
+                                                FAILED_GROUPS_HINT if drop_failed else ALL_EQUAL_GROUPS_HINT)
         except RuntimeError as e:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)
             raise TrainingStopped(str(e).replace("grpo.", f"{cfg.algorithm}.")) from None
@@ -111,7 +122,7 @@ def collect_rollouts(
         s.data_plane.clear_samples(overflow, TRAIN_PARTITION)
     meta = concat_metas([m.subset(idx.tolist()) for m, idx in zip(metas, selection.indices)])
     carry = {k: torch.cat([c[k][idx] for c, idx in zip(carries, selection.indices)]) for k in carries[0]}
-    metrics.update(gen_metrics)
+    metrics.update({**gen_metrics, **failures})
     metrics["dynamic_sampling_num_gen_batches"] = selection.num_gen_batches
     metrics["dynamic_sampling_num_discarded_valid_samples"] = selection.num_discarded_valid_samples
     return meta, carry
