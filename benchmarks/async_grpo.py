@@ -33,7 +33,8 @@ import torch  # noqa: E402
 from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.envs import ArithmeticEnv, register_env  # noqa: E402
 from rlplane.recipes import async_grpo, grpo  # noqa: E402
-from rlplane.recipes.setup import build_session  # noqa: E402
+from rlplane.training.prompts import Prompts  # noqa: E402
+from rlplane.training.warmup import warm_up  # noqa: E402
 from rlplane.utils.logging import read_metrics  # noqa: E402
 from rlplane.workers.base import load_configured_policy  # noqa: E402
 
@@ -55,17 +56,13 @@ def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
         return save_dir
     out = save_dir or tmp / "warm"
     cfg = load_config(None, [*base, f"run_dir={tmp / 'sft'}"])
-    s = build_session(cfg, quiet=True)
-    try:
-        state = s._warm_up()
-    finally:
-        s.close()
     model, tok = load_configured_policy(cfg)
+    state, result = warm_up(cfg, Prompts(cfg, tok), lambda msg: None)
     model.load_state_dict(state)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    print(f"warm start: supervised warm-up, {s.warmup_result['steps']} steps, held-out accuracy "
-          f"{s.warmup_result['accuracy']:.3f} -> {out}")
+    print(f"warm start: supervised warm-up, {result['steps']} steps, held-out accuracy "
+          f"{result['accuracy']:.3f} -> {out}")
     return out
 
 

@@ -29,7 +29,8 @@ from rlplane.data.arithmetic import ArithmeticDataset, ArithmeticSpec  # noqa: E
 from rlplane.envs import create_env  # noqa: E402
 from rlplane.generation.hf import HFGenerationBackend  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
-from rlplane.recipes.setup import build_session  # noqa: E402
+from rlplane.training import Session  # noqa: E402
+from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 from rlplane.workers.base import load_configured_policy  # noqa: E402
 from rlplane.workers.policy import token_logprobs  # noqa: E402
 
@@ -104,13 +105,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(None, ["warmup.enabled=false", "checkpointing.enabled=false", "logger.progress_bar=false",
                                  "logger.tensorboard_enabled=false", f"run_dir={tmp}", *args.overrides])
-        s = build_session(cfg, quiet=True)
-        s.resume_or_warm_up()
-        floor = FloorLoop(cfg, s.policy.workers[0].get_weights())
+        s = Session(cfg, quiet=True)
+        s.start()
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        floor = FloorLoop(cfg, s.workers.policy.workers[0].get_weights())
         ours, base, phases = [], [], []
         for i in range(args.warmup_steps + args.steps):
             t0 = time.perf_counter()
-            m = grpo_step(s, i)
+            m = grpo_step(s, loss, i)
             t1 = time.perf_counter()
             floor.step()
             t2 = time.perf_counter()

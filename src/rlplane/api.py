@@ -122,16 +122,13 @@ def _prepare(config, overrides, envs, reward_fns) -> tuple[RunConfig, dict]:
 def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
           envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
           quiet: bool = False) -> dict:
-    """Warm-up (if enabled) and GRPO / async GRPO / PPO as ``rlplane train`` runs it. ``reward_fns``
+    """Warm-up (if enabled) and the config's recipe (``config/recipes.py``) as ``rlplane train`` runs it. ``reward_fns``
     maps a task name to ``fn(prompt, completion, extra) -> float`` (or its ``"module:function"``),
     ``envs`` to an :class:`rlplane.envs.Environment` class (or ``"module:Class"``). Returns the summary."""
+    from rlplane.config.recipes import recipe_for, train_function
+
     cfg, local = _prepare(config, overrides, envs, reward_fns)
-    if cfg.algorithm == "ppo":
-        from rlplane.recipes.ppo import train as run
-    elif cfg.grpo.async_grpo.enabled:
-        from rlplane.recipes.async_grpo import train as run
-    else:
-        from rlplane.recipes.grpo import train as run
+    run = train_function(recipe_for(cfg))
     with _registered(local):
         return run(cfg, quiet=quiet)
 

@@ -24,9 +24,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.data.errors import DatasetError
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
-    from rlplane.models.loading import ModelLoadError
-    from rlplane.recipes.common import TrainingStopped
     from rlplane.envs.sandbox import SandboxUnavailable
+    from rlplane.models.loading import ModelLoadError
+    from rlplane.training import TrainingStopped
     from rlplane.utils.checkpoint import CheckpointError
     from rlplane.workers.deadlines import DeadlineExceeded
 
@@ -78,23 +78,19 @@ def cmd_show_config(args) -> int:
     return 0
 
 
-def _prepare_run(cfg, args) -> None:
+def _prepare_run(cfg, args):
     """Check the run's paths now (before anything slow) and, with --overwrite, remove the earlier run."""
     from rlplane.utils.run_dir import prepare_run_paths
 
-    prepare_run_paths(cfg, overwrite=args.overwrite)
+    return prepare_run_paths(cfg, overwrite=args.overwrite)
 
 
 def cmd_train(args) -> int:
+    from rlplane.config.recipes import recipe_for, train_function
+
     cfg = _load(args)
     _prepare_run(cfg, args)
-    if cfg.algorithm == "ppo":
-        from rlplane.recipes.ppo import train
-    elif cfg.grpo.async_grpo.enabled:
-        from rlplane.recipes.async_grpo import train
-    else:
-        from rlplane.recipes.grpo import train
-    summary = train(cfg, quiet=args.quiet)
+    summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     name = cfg.algorithm.upper()
@@ -105,25 +101,31 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from rlplane.recipes.setup import build_session
+    from rlplane.config.loading import dump_config
+    from rlplane.training.prompts import Prompts
+    from rlplane.training.warmup import warm_up
+    from rlplane.utils.seeding import seed_everything
+    from rlplane.utils.threads import set_worker_threads
+    from rlplane.workers.base import load_configured_policy
 
     cfg = _load(args)
-    _prepare_run(cfg, args)
-    s = build_session(cfg, quiet=args.quiet)
-    try:
-        state = s._warm_up()
-        s.write_config()
-        from rlplane.workers.base import load_configured_policy
+    paths = _prepare_run(cfg, args)
+    out = paths.run_dir / "sft"
+    set_worker_threads(cfg.policy.threads_per_worker)
+    seed_everything(cfg.loop.seed)
+    model, tok = load_configured_policy(cfg)
 
-        model, tok = load_configured_policy(cfg)
-        model.load_state_dict(state)
-        out = s.run_dir / "sft"
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
-        print(f"warm-up: {s.warmup_result['steps']} steps, held-out accuracy {s.warmup_result['accuracy']:.3f}")
-        print(f"saved {out} (loads with AutoModelForCausalLM.from_pretrained)")
-    finally:
-        s.close()
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    state, result = warm_up(cfg, Prompts(cfg, tok), say)
+    (paths.run_dir / "config.yaml").write_text(dump_config(cfg))  # written once the run really ran
+    model.load_state_dict(state)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"warm-up: {result['steps']} steps, held-out accuracy {result['accuracy']:.3f}")
+    print(f"saved {out} (loads with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 

@@ -56,7 +56,8 @@ def evaluate(
 ) -> dict:
     """Greedy accuracy (and pass@k over ``k`` sampled responses when ``k > 1``) of ``cfg``'s model on
     ``num_problems`` held-out problems (default ``max_val_samples``). Returns the result dict."""
-    from rlplane.recipes.setup import build_datasets, seed_everything
+    from rlplane.datasets import build_datasets
+    from rlplane.utils.seeding import seed_everything
     from rlplane.workers.base import load_configured_policy
     from rlplane.workers.rollout import RolloutWorker
 

@@ -10,7 +10,7 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.recipes import async_grpo
-from rlplane.recipes.common import TrainingStopped
+from rlplane.training import TrainingStopped
 from rlplane.utils.logging import read_metrics
 
 P = 8

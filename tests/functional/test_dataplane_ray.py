@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from rlplane.dataplane import GLOBAL_PAD_KEY, DataPlaneError, make_data_plane, read_columns, shard_meta_for_dp
+from rlplane.dataplane import GLOBAL_PAD_KEY, DataPlaneError, make_data_plane, shard_meta_for_dp
 
 pytestmark = pytest.mark.ray
 
@@ -77,7 +77,7 @@ def test_two_actor_consumers_fetch_shards_and_write_back(ray_session, consumers)
         sizes = ray.get([c.step.remote(client, m) for c, m in zip(consumers, metas)])
         assert [s for s, _ in sizes] == [len(m) for m in metas] and sizes[0][1] == sizes[1][1]
 
-        out = read_columns(client, meta, ["prev_logprobs"])["prev_logprobs"]  # (n, T)
+        out = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]  # (n, T)
         for i, L in enumerate(lens):
             torch.testing.assert_close(out[i, :L], 2 * gen_lp[i])
             assert (out[i, L:] == 0).all()

@@ -7,9 +7,9 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
-from rlplane.recipes.grpo import TRAIN_FIELDS
+from rlplane.recipes.grpo import TRAIN_COLUMNS
 from rlplane.runtime.groups import RayGroup
-from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 GBS = 32
 
@@ -22,7 +22,7 @@ def _batch(client, n=2 * GBS, seed=0):
     ids = [torch.randint(4, 21, (int(L),), generator=g) for L in lengths]
     mask = [torch.cat([torch.zeros(int(p)), torch.ones(int(L - p))]).to(torch.int8) for p, L in zip(prompt, lengths)]
     adv = torch.randn(n, generator=g)
-    client.register_partition("train", TRAIN_FIELDS, n)
+    client.register_partition("train", TRAIN_COLUMNS, n)
     return client.put_samples(
         [f"s{i}_g0" for i in range(n)],
         "train",
@@ -43,12 +43,12 @@ def test_one_and_two_dp_workers_give_the_same_step(ray_session):
                              "policy.optimizer.lr=1e-2"])
     client = make_data_plane("ray")
     meta = _batch(client)
-    loss_kwargs = cfg.loss_fn.model_dump()
+    loss = ClippedPGLoss(cfg.loss_fn.options(), reference=cfg.loss_fn.reference_policy_kl_penalty != 0)
 
     single = PolicyWorker(cfg, client, rank=0, world_size=1)
     init = single.get_weights()
     single.compute_logprobs(meta, out_field="prev_logprobs")
-    one = single.train(meta, loss_kwargs)
+    one = single.train(meta, loss)
 
     group = RayGroup(PolicyWorker, [dict(cfg=cfg, data_plane=client, rank=r, world_size=2, init_state=init)
                                     for r in range(2)], num_cpus=0.5)
@@ -57,7 +57,7 @@ def test_one_and_two_dp_workers_give_the_same_step(ray_session):
 
         group.run("setup_distributed", ray.get(group.workers[0].node_address.remote()))
         metas, _ = shard_meta_for_dp(meta, 2, batch_size=GBS)
-        two = group.run("train", per_rank=[{"meta": m} for m in metas], loss_kwargs=loss_kwargs)
+        two = group.run("train", per_rank=[{"meta": m} for m in metas], loss=loss)
         w0, w1 = group.run("get_weights")
     finally:
         group.kill()

@@ -9,7 +9,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.recipes import grpo
-from rlplane.recipes.common import TrainingStopped
+from rlplane.training import TrainingStopped
 from rlplane.utils.logging import read_metrics
 
 SMALL = [
@@ -46,13 +46,13 @@ def flaky_env():
 
 def run(tmp_path, monkeypatch, *extra):
     trained = []
-    real = grpo.train_on_rollouts
+    real = grpo.stamp_sample_mask  # the step's first call with the carry it trains on
 
-    def recording(s, meta, carry, timer, metrics):
+    def recording(cfg, meta, carry):
         trained.append(carry["env_failed"].clone())
-        return real(s, meta, carry, timer, metrics)
+        return real(cfg, meta, carry)
 
-    monkeypatch.setattr(grpo, "train_on_rollouts", recording)
+    monkeypatch.setattr(grpo, "stamp_sample_mask", recording)
     grpo.train(load_config(None, [*SMALL, f"run_dir={tmp_path}", *extra]), quiet=True)
     return [r for r in read_metrics(tmp_path / "logs") if r["step"] > 0], trained
 

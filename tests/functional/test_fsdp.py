@@ -19,7 +19,8 @@ import torch.multiprocessing as mp
 
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
-from rlplane.recipes.ppo import TRAIN_FIELDS as PPO_FIELDS
+from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
+from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.parallel import check_resume_layout, local_state_bytes
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.value import ValueWorker
@@ -85,7 +86,7 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     faulthandler.dump_traceback_later(240, exit=True)  # a collective mismatch hangs: fail with stacks instead
     cfg = _cfg(world)
-    loss_kwargs = cfg.loss_fn.model_dump()
+    loss_kwargs = _loss(cfg)
     client = make_data_plane("memory")  # each process holds the same batch; it reads only its shard
     w = PolicyWorker(cfg, client, rank=rank, world_size=world)
     w.setup_distributed(f"127.0.0.1:{port}")
@@ -149,7 +150,7 @@ def fsdp_run(tmp_path_factory):
     single = PolicyWorker(cfg, client)
     memory = local_state_bytes(single.model, single.optimizer)
     meta = _batch(client)
-    metrics = _step(single, meta, cfg.loss_fn.model_dump())
+    metrics = _step(single, meta, _loss(cfg))
     one = {"metrics": metrics, "memory": memory, "memory_after": local_state_bytes(single.model, single.optimizer),
            "grads": _full_grads(single.model), "weights": single.get_weights()}
     infer = _batch(client, n=N_INFER, seed=1, partition="infer")
@@ -236,3 +237,8 @@ def test_fsdp_critic_matches_one_rank(fsdp_run):
     loss = sum(r["critic"][1]["loss"] for r in ranks)
     assert loss == pytest.approx(one["critic"][1]["loss"], rel=1e-5, abs=1e-7)
     assert ranks[0]["critic"][1]["grad_norm"] == pytest.approx(one["critic"][1]["grad_norm"], rel=1e-5)
+
+
+def _loss(cfg):
+    """The recipe's clipped PG loss for ``cfg`` (what ``PolicyWorker.train`` takes)."""
+    return ClippedPGLoss(cfg.loss_fn.options(), reference=cfg.loss_fn.reference_policy_kl_penalty != 0)

@@ -67,15 +67,17 @@ def test_grpo_local_runs_and_logs_finite_metrics(tmp_path):
 
 def test_grpo_changes_every_parameter(tmp_path, first_digit_env):
     from rlplane.recipes.grpo import grpo_step
-    from rlplane.recipes.setup import build_session
+    from rlplane.training import Session
+    from rlplane.workers.policy import ClippedPGLoss
 
-    s = build_session(small_cfg(tmp_path, "warmup.enabled=false"), quiet=True)
+    s = Session(small_cfg(tmp_path, "warmup.enabled=false"), quiet=True)
     try:
-        s.resume_or_warm_up()
-        before = {k: v.clone() for k, v in s.policy.workers[0].model.named_parameters()}
+        s.start()
+        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        before = {k: v.clone() for k, v in s.workers.policy.workers[0].model.named_parameters()}
         for step in range(2):
-            grpo_step(s, step)
-        after = dict(s.policy.workers[0].model.named_parameters())
+            grpo_step(s, loss, step)
+        after = dict(s.workers.policy.workers[0].model.named_parameters())
         unchanged = [k for k in before if torch.equal(before[k], after[k])]
         assert unchanged == []
         # The step's keys were cleared.

@@ -12,7 +12,9 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
-from rlplane.recipes.setup import Session
+from rlplane.runtime.groups import LocalGroup
+from rlplane.training import Session
+from rlplane.workers.policy import ClippedPGLoss
 from rlplane.utils.logging import read_metrics
 
 P, G = 4, 4
@@ -68,14 +70,14 @@ def saturated_env():
 def trained_sizes(monkeypatch):
     """The number of samples each ``train`` call of the policy workers receives."""
     sizes = []
-    real = Session.policy_sharded
+    real = LocalGroup.run_sharded
 
     def spy(self, method, meta, batch_size=None, **kwargs):
         if method == "train":
             sizes.append(len(meta))
         return real(self, method, meta, batch_size, **kwargs)
 
-    monkeypatch.setattr(Session, "policy_sharded", spy)
+    monkeypatch.setattr(LocalGroup, "run_sharded", spy)
     return sizes
 
 
@@ -123,18 +125,20 @@ def test_data_running_out_during_dynamic_sampling_ends_the_run_after_the_last_fu
 
 def test_gdpo_trains_on_the_arithmetic_reward_components(tmp_path):
     from rlplane.algorithms import gdpo_advantages
-    from rlplane.recipes.common import TRAIN_PARTITION, Timer, collect_rollouts
-    from rlplane.recipes.grpo import TRAIN_FIELDS, estimator_advantages, grpo_step
-    from rlplane.recipes.setup import build_session
+    from rlplane.recipes.grpo import TRAIN_COLUMNS, grpo_step
+    from rlplane.training import Timer
+    from rlplane.training.advantages import estimator_advantages
+    from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
 
     cfg = load_config(None, [*FAST, f"run_dir={tmp_path}", "grpo.adv_estimator.name=gdpo",
                              "grpo.adv_estimator.reward_weights=[2.0, 1.0]", "warmup.enabled=true",
                              "warmup.num_steps=20", "warmup.target_accuracy=null", "warmup.eval_every=20",
                              "warmup.eval_samples=8"])
-    s = build_session(cfg, quiet=True)
+    s = Session(cfg, quiet=True)
     try:
-        s.resume_or_warm_up()
-        s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, P * G)
+        s.start()
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, P * G)
         meta, carry = collect_rollouts(s, Timer(), {})
         assert {"reward/correct", "reward/format"} <= set(carry)
         assert torch.equal(carry["reward/correct"], carry["rewards"])
@@ -143,10 +147,10 @@ def test_gdpo_trains_on_the_arithmetic_reward_components(tmp_path):
                                    reward_weights=[2.0, 1.0])
         assert torch.equal(torch.stack([r[0] for r in rows]), expected)
         s.data_plane.clear_samples(None, TRAIN_PARTITION)
-        before = {k: v.clone() for k, v in s.policy.workers[0].model.named_parameters()}
-        out = grpo_step(s, 0)
+        before = {k: v.clone() for k, v in s.workers.policy.workers[0].model.named_parameters()}
+        out = grpo_step(s, loss, 0)
         assert math.isfinite(out["train/loss"])
-        after = dict(s.policy.workers[0].model.named_parameters())
+        after = dict(s.workers.policy.workers[0].model.named_parameters())
         if out["train/advantages/max"] != out["train/advantages/min"]:
             assert any(not torch.equal(before[k], after[k]) for k in before)
     finally:
@@ -155,20 +159,24 @@ def test_gdpo_trains_on_the_arithmetic_reward_components(tmp_path):
 
 def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_path, first_digit_env):
     from rlplane.algorithms import reinforce_plus_plus_advantages
-    from rlplane.recipes.common import TRAIN_PARTITION, Timer, collect_rollouts, masks_and_logprobs
-    from rlplane.recipes.grpo import TRAIN_FIELDS, estimator_advantages, grpo_step
-    from rlplane.recipes.setup import build_session
+    from rlplane.recipes.grpo import TRAIN_COLUMNS, grpo_step
+    from rlplane.training import Timer
+    from rlplane.training.advantages import estimator_advantages
+    from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts, stamp_sample_mask
 
     cfg = load_config(None, [*FAST, f"run_dir={tmp_path}", "grpo.adv_estimator.name=reinforce_plus_plus",
                              "loss_fn.use_kl_in_reward=true", "loss_fn.reference_policy_kl_penalty=0.05"])
-    s = build_session(cfg, quiet=True)
+    s = Session(cfg, quiet=True)
     try:
-        s.resume_or_warm_up()
-        grpo_step(s, 0)  # the policy moves off the reference: the KL term is non-zero
-        s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, P * G)
+        s.start()
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        grpo_step(s, loss, 0)  # the policy moves off the reference: the KL term is non-zero
+        s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, P * G)
         metrics = {}
         meta, carry = collect_rollouts(s, Timer(), metrics)
-        meta, sample_mask = masks_and_logprobs(s, meta, carry, Timer(), metrics)
+        meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
+        s.workers.policy.run_sharded("compute_logprobs", meta, out_field="prev_logprobs")
+        s.workers.policy.run_sharded("compute_logprobs", meta, out_field="reference_policy_logprobs", reference=True)
         rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, ["token_mask", "prev_logprobs", "reference_policy_logprobs"])
         mask = cols["token_mask"].float()
@@ -180,7 +188,7 @@ def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_p
         on = torch.cat([r[m[: len(r)] != 0] for r, m in zip(rows, mask)])
         assert abs(float(on.mean())) < 1e-4  # whitened over the trained tokens
         s.data_plane.clear_samples(None, TRAIN_PARTITION)
-        out = grpo_step(s, 1)
+        out = grpo_step(s, loss, 1)
         assert math.isfinite(out["train/loss"]) and out["train/kl_penalty"] == 0.0  # KL is in the reward, not the loss
     finally:
         s.close()

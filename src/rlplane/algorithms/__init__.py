@@ -29,14 +29,15 @@ from rlplane.algorithms.filters import (
 )
 from rlplane.algorithms.gae import compute_gae, gae_recursion, gae_token_rewards, length_adaptive_lambda
 from rlplane.algorithms.kl import kl_estimate
+from rlplane.algorithms.loss_options import ClippedPGOptions
 from rlplane.algorithms.losses import (
     CLIPPED_PG_METRIC_REDUCTIONS,
     NLL_METRIC_REDUCTIONS,
     VALUE_METRIC_REDUCTIONS,
     clipped_pg_loss,
     explained_variance,
-    loss_option_errors,
     nll_loss,
+    reverse_kl_loss,
     value_loss,
 )
 
@@ -62,8 +63,9 @@ __all__ = [
     "grpo_advantages",
     "kl_estimate",
     "length_adaptive_lambda",
-    "loss_option_errors",
+    "ClippedPGOptions",
     "nll_loss",
+    "reverse_kl_loss",
     "opd_advantages",
     "overlong_filter_sample_mask",
     "raw_reward_advantages",

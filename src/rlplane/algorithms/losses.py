@@ -15,14 +15,17 @@ say how each metric combines across micro-batches: ``sum``, ``min`` or ``max``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from rlplane.algorithms._ops import as_tensor_like, masked_mean, masked_sum, safe_div
-from rlplane.algorithms.kl import KL_TYPES, kl_estimate
+from rlplane.algorithms.advantages import opd_advantages
+from rlplane.algorithms.kl import kl_estimate
+from rlplane.algorithms.loss_options import ClippedPGOptions
 
-TIS_TYPES: tuple[str, ...] = ("tis", "icepop", "seq-mask-tis")
+DEFAULT_PG_OPTIONS = ClippedPGOptions()
 
 #: How each clipped-PG metric combines across micro-batches (and DP ranks) of one global batch.
 CLIPPED_PG_METRIC_REDUCTIONS: dict[str, str] = {
@@ -67,92 +70,6 @@ VALUE_METRIC_REDUCTIONS: dict[str, str] = {
 NLL_METRIC_REDUCTIONS: dict[str, str] = {"loss": "sum", "num_unmasked_tokens": "sum", "num_valid_samples": "sum"}
 
 
-def _yaml(value: object) -> str:
-    """A value as the user wrote it in YAML (None -> null)."""
-    return "null" if value is None else str(value)
-
-
-def loss_option_errors(
-    *,
-    ratio_clip_min: float = 0.2,
-    ratio_clip_max: float = 0.2,
-    ratio_clip_c: float | None = None,
-    reference_policy_kl_penalty: float = 0.01,
-    reference_policy_kl_type: str = "k3",
-    kl_input_clamp_value: float | None = 20.0,
-    kl_output_clamp_value: float | None = 10.0,
-    use_kl_in_reward: bool = False,
-    use_importance_sampling_correction: bool = False,
-    truncated_importance_sampling_type: str | None = None,
-    truncated_importance_sampling_ratio: float | None = None,
-    truncated_importance_sampling_ratio_min: float | None = None,
-    use_on_policy_kl_approximation: bool = False,
-    force_on_policy_ratio: bool = False,
-    use_cispo: bool = False,
-    disable_ppo_ratio: bool = False,
-    token_level_loss: bool = True,
-    sequence_level_importance_ratios: bool = False,
-    positive_example_nll_weight: float = 0.0,
-) -> list[str]:
-    """Every violated rule among the ``loss_fn.*`` options, one line each (empty list = valid).
-
-    Shared by :class:`rlplane.config.algorithms.LossConfig` and :func:`clipped_pg_loss`, so the
-    config and the kernel can never disagree on what is allowed.
-    """
-    errors: list[str] = []
-    if ratio_clip_min < 0 or ratio_clip_min >= 1:
-        errors.append(f"ratio_clip_min = {ratio_clip_min}: needs 0 <= ε_low < 1 (the ratio floor is 1 − ε_low); 0.2 is usual")
-    if ratio_clip_max < 0:
-        errors.append(f"ratio_clip_max = {ratio_clip_max}: needs ε_high >= 0; 0.2 is usual (0.28 for DAPO clip-higher)")
-    if ratio_clip_c is not None and ratio_clip_c <= 1:
-        errors.append(f"ratio_clip_c = {ratio_clip_c}: dual-clip needs c > 1 (3 is usual); set it above 1 or to null")
-    if reference_policy_kl_penalty < 0:
-        errors.append(f"reference_policy_kl_penalty = {reference_policy_kl_penalty}: needs β >= 0; use 0 to disable the KL term")
-    if reference_policy_kl_type not in KL_TYPES:
-        errors.append(f"reference_policy_kl_type = {reference_policy_kl_type!r}: unknown estimator; use one of k1, k2, k3")
-    for key, value in (("kl_input_clamp_value", kl_input_clamp_value), ("kl_output_clamp_value", kl_output_clamp_value)):
-        if value is not None and value <= 0:
-            errors.append(f"{key} = {value}: needs a positive bound; use a value > 0 or null for no clamp")
-    if use_cispo:
-        for key, value, bad in (
-            ("disable_ppo_ratio", disable_ppo_ratio, True),
-            ("force_on_policy_ratio", force_on_policy_ratio, True),
-            ("sequence_level_importance_ratios", sequence_level_importance_ratios, True),
-            ("token_level_loss", token_level_loss, False),
-        ):
-            if value == bad:
-                errors.append(f"use_cispo = true with {key} = {str(value).lower()}: CISPO is incompatible; set {key} = {str(not bad).lower()} or use_cispo = false")
-        if ratio_clip_c is not None:
-            errors.append(f"use_cispo = true with ratio_clip_c = {ratio_clip_c}: CISPO has no dual clip; set ratio_clip_c = null or use_cispo = false")
-    if sequence_level_importance_ratios and token_level_loss:
-        errors.append("sequence_level_importance_ratios = true with token_level_loss = true: GSPO needs a sequence-level loss; set token_level_loss = false")
-    if force_on_policy_ratio and disable_ppo_ratio:
-        errors.append("force_on_policy_ratio = true with disable_ppo_ratio = true: pick one; the forced ratio needs the PPO ratio enabled")
-    tis_type, tis_max, tis_min = (
-        truncated_importance_sampling_type, truncated_importance_sampling_ratio, truncated_importance_sampling_ratio_min,
-    )
-    if tis_type is not None:
-        if tis_type not in TIS_TYPES:
-            errors.append(f"truncated_importance_sampling_type = {tis_type!r}: unknown; use one of tis, icepop, seq-mask-tis or null")
-        if not use_importance_sampling_correction:
-            errors.append(f"truncated_importance_sampling_type = {tis_type!r} with use_importance_sampling_correction = false: truncation needs IS correction; set it to true")
-        if tis_max is None or tis_max <= 0:
-            errors.append(f"truncated_importance_sampling_ratio = {_yaml(tis_max)}: {tis_type!r} needs a positive upper bound (e.g. 2 for tis, 5 for icepop)")
-        if tis_type in ("icepop", "seq-mask-tis") and tis_min is None:
-            errors.append(f"truncated_importance_sampling_ratio_min = null: {tis_type!r} needs a lower bound (e.g. 0.5 for icepop, 0.999 for seq-mask-tis)")
-        if tis_type == "seq-mask-tis" and sequence_level_importance_ratios:
-            errors.append("truncated_importance_sampling_type = 'seq-mask-tis' with sequence_level_importance_ratios = true: incompatible; use 'tis' or 'icepop'")
-    elif tis_max is not None or tis_min is not None:
-        errors.append(f"truncated_importance_sampling_ratio = {_yaml(tis_max)}, _min = {_yaml(tis_min)} with no type: set truncated_importance_sampling_type (tis, icepop or seq-mask-tis) or the ratios to null")
-    if tis_max is not None and tis_min is not None and tis_min > tis_max:
-        errors.append(f"truncated_importance_sampling_ratio_min = {tis_min} > truncated_importance_sampling_ratio = {tis_max}: the lower bound must not exceed the upper")
-    if tis_min is not None and tis_min < 0:
-        errors.append(f"truncated_importance_sampling_ratio_min = {tis_min}: needs >= 0")
-    if positive_example_nll_weight < 0:
-        errors.append(f"positive_example_nll_weight = {positive_example_nll_weight}: needs μ >= 0; 0 disables the VAPO NLL term")
-    return errors
-
-
 def _extrema(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     """(min, max) of ``x`` over ``valid`` positions; (+inf, −inf) when there are none."""
     inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
@@ -176,6 +93,159 @@ def _reduce(
     return safe_div(masked_sum(per_seq, sample_mask), global_valid_seqs)
 
 
+class _Masked(NamedTuple):
+    """The loss inputs on one mask: ``m = token_mask·sample_mask`` with non-finite ``curr`` tokens
+    dropped; every tensor zeroed outside it (padding may hold -inf or NaN). (B, T) unless noted."""
+
+    dtype: torch.dtype
+    sm: Tensor  # (B,) sample mask
+    tm: Tensor  # token mask, non-finite curr dropped
+    m: Tensor  # tm·sm
+    valid: Tensor  # m != 0
+    n_tok: Tensor  # global valid tokens (0-d)
+    n_seq: Tensor  # global valid sequences (0-d)
+    curr: Tensor
+    prev: Tensor
+    gen: Tensor
+    adv: Tensor
+
+    def clean(self, x: Tensor) -> Tensor:
+        x = x.to(self.dtype)
+        return torch.where(self.valid, x, torch.zeros_like(x))
+
+    def token_mean(self, x: Tensor) -> Tensor:
+        return safe_div(masked_sum(x, self.m), self.n_tok)
+
+    def reduce(self, x: Tensor, token_level: bool) -> Tensor:
+        return _reduce(x, self.m, self.tm, self.sm, token_level, self.n_tok, self.n_seq)
+
+
+def _mask_inputs(curr_logprobs, prev_logprobs, generation_logprobs, advantages, token_mask, sample_mask,
+                 global_valid_tokens, global_valid_seqs, force_on_policy_ratio: bool) -> _Masked:
+    dtype = torch.promote_types(curr_logprobs.dtype, torch.float32)
+    sm = sample_mask.to(dtype)  # (B,)
+    finite = torch.isfinite(curr_logprobs)  # top-k/p mismatches give -inf: drop those tokens
+    tm = torch.where(finite, token_mask.to(dtype), torch.zeros((), dtype=dtype, device=curr_logprobs.device))  # (B, T)
+    m = tm * sm[:, None]  # (B, T)
+    valid = m != 0
+
+    def clean(t: Tensor) -> Tensor:
+        t = t.to(dtype)
+        return torch.where(valid, t, torch.zeros_like(t))
+
+    curr = clean(curr_logprobs)
+    # force_on_policy_ratio skips the prev-logprob forward: π_old = π_θ (any prev passed is ignored).
+    prev = curr.detach() if force_on_policy_ratio else clean(prev_logprobs)
+    gen = prev if generation_logprobs is None else clean(generation_logprobs)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    return _Masked(dtype, sm, tm, m, valid, as_tensor_like(global_valid_tokens, m), as_tensor_like(global_valid_seqs, m),
+                   curr, prev, gen, clean(adv.expand(curr.shape)))
+
+
+def _ratios(x: _Masked, o: ClippedPGOptions) -> tuple[Tensor, Tensor]:
+    """``(r, r_c)``: the policy ratio and its clamp (forced to 1, GSPO per sequence, or REINFORCE's ``curr``)."""
+    if o.force_on_policy_ratio:
+        ratio = torch.exp(x.curr - x.curr.detach())
+        return ratio, ratio
+    if o.disable_ppo_ratio:
+        return x.curr, x.curr
+    log_ratio = x.curr - x.prev
+    if o.sequence_level_importance_ratios:  # GSPO: geometric mean over the sequence's tokens
+        ratio = torch.exp(masked_mean(log_ratio, x.tm, dim=-1))[:, None].expand(x.curr.shape)
+    else:
+        ratio = torch.exp(log_ratio)
+    return ratio, ratio.clamp(1.0 - o.ratio_clip_min, 1.0 + o.ratio_clip_max)
+
+
+def _surrogate(x: _Masked, ratio: Tensor, ratio_c: Tensor, o: ClippedPGOptions) -> Tensor:
+    """Per-token surrogate: PPO's ``max(−A·r, −A·r_c)``, or CISPO's ``−A·sg(r_c)·curr``; dual clip on A < 0."""
+    adv = x.adv
+    if o.use_cispo:
+        surrogate = -adv * ratio_c.detach() * x.curr
+    else:
+        surrogate = torch.maximum(-adv * ratio, -adv * ratio_c)
+    if o.ratio_clip_c is not None:
+        surrogate = torch.where(adv < 0, torch.minimum(surrogate, -adv * o.ratio_clip_c), surrogate)
+    return surrogate
+
+
+@torch.no_grad()
+def _behaviour_is_weights(x: _Masked, o: ClippedPGOptions, metrics: dict[str, Tensor]) -> Tensor:
+    """(B, T) importance weights π_old/π_gen (per sequence for GSPO), truncated as asked; adds ``is_oob_ratio``."""
+    prev, gen, dtype = x.prev, x.gen, x.dtype
+    if o.sequence_level_importance_ratios:
+        is_w = torch.exp(masked_sum(prev - gen, x.m, dim=-1))[:, None]  # (B, 1)
+    else:
+        is_w = torch.exp(prev - gen)  # (B, T)
+    is_w = torch.nan_to_num(is_w, nan=0.0, posinf=0.0, neginf=0.0)
+    tis_max, tis_min = o.truncated_importance_sampling_ratio, o.truncated_importance_sampling_ratio_min
+    if o.truncated_importance_sampling_type == "tis":
+        lo = 0.0 if tis_min is None else tis_min
+        oob = (is_w > tis_max) | (is_w < lo)
+        metrics["is_oob_ratio"] = x.token_mean(oob.expand(x.curr.shape).to(dtype))
+        is_w = is_w.clamp(lo, tis_max)
+    elif o.truncated_importance_sampling_type == "icepop":
+        keep = (is_w >= tis_min) & (is_w <= tis_max)
+        metrics["is_oob_ratio"] = x.token_mean((~keep).expand(x.curr.shape).to(dtype))
+        is_w = torch.where(keep, is_w, torch.zeros_like(is_w))
+    elif o.truncated_importance_sampling_type == "seq-mask-tis":
+        geo = torch.exp(masked_mean(torch.nan_to_num(prev - gen, nan=0.0, posinf=0.0, neginf=0.0), x.tm, dim=-1))
+        keep_seq = ((geo >= tis_min) & (geo <= tis_max)).to(dtype)  # (B,)
+        metrics["is_oob_ratio"] = safe_div(masked_sum(1.0 - keep_seq, x.sm), x.n_seq)
+        is_w = is_w * keep_seq[:, None]
+    return is_w.expand(x.curr.shape)
+
+
+def _reference_kl(x: _Masked, o: ClippedPGOptions, reference_logprobs: Tensor, curr_unfiltered: Tensor | None) -> Tensor:
+    """The KL-to-reference term, reduced like the actor loss (before β)."""
+    cu = x.curr if curr_unfiltered is None else x.clean(curr_unfiltered)
+    kl_w = torch.exp(cu - x.gen) if o.use_on_policy_kl_approximation else torch.exp(cu - cu.detach())
+    kl_w = torch.nan_to_num(kl_w, nan=0.0, posinf=0.0, neginf=0.0)
+    kl_tok = kl_estimate(cu, x.clean(reference_logprobs), o.reference_policy_kl_type,
+                         o.kl_input_clamp_value, o.kl_output_clamp_value, importance_weights=kl_w)
+    return x.reduce(kl_tok, o.token_level_loss)
+
+
+@torch.no_grad()
+def _diagnostics(x: _Masked, o: ClippedPGOptions, ratio: Tensor, ratio_c: Tensor, is_w: Tensor) -> dict[str, Tensor]:
+    """Ratio statistics, clip fractions and the generation/training mismatch metrics (no gradient)."""
+    metrics: dict[str, Tensor] = {}
+    dtype, valid, adv, tm = x.dtype, x.valid, x.adv, x.token_mean
+    r, rc = ratio.detach(), ratio_c.detach()
+    metrics["probs_ratio"] = tm(r)
+    metrics["probs_ratio_clamped"] = tm(rc)
+    metrics["probs_ratio_min"], metrics["probs_ratio_max"] = _extrema(r, valid)
+    metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"] = _extrema(rc, valid)
+    zero = torch.zeros((), dtype=dtype, device=x.curr.device)
+    if not o.disable_ppo_ratio and not o.force_on_policy_ratio:
+        below, above = r < 1.0 - o.ratio_clip_min, r > 1.0 + o.ratio_clip_max
+        if not o.use_cispo:  # the clip only cuts the gradient on the side the advantage pushes
+            below, above = below & (adv < 0), above & (adv > 0)
+        low, high = tm(below.to(dtype)), tm(above.to(dtype))
+        metrics["clip_fraction_low"], metrics["clip_fraction_high"] = low, high
+        metrics["clip_fraction"] = low + high
+    else:
+        metrics["clip_fraction_low"] = metrics["clip_fraction_high"] = metrics["clip_fraction"] = zero
+    if o.ratio_clip_c is not None and not o.disable_ppo_ratio:
+        metrics["dual_clip_fraction"] = tm(((adv < 0) & (r > o.ratio_clip_c)).to(dtype))
+    else:
+        metrics["dual_clip_fraction"] = zero
+    p, g = x.prev, x.gen
+    metrics["token_mult_prob_error"] = tm(torch.exp((g - p).abs()))
+    metrics["gen_kl_error"] = tm(kl_estimate(g, p, o.reference_policy_kl_type))
+    metrics["policy_kl_error"] = tm(kl_estimate(p, g, o.reference_policy_kl_type))
+    log_mix = torch.logaddexp(p, g) - math.log(2.0)  # log ½(p_prev + p_gen)
+    js = 0.5 * (torch.expm1(p - log_mix) - (p - log_mix)) + 0.5 * (torch.expm1(g - log_mix) - (g - log_mix))
+    metrics["js_divergence_error"] = tm(js)
+    if o.sequence_level_importance_ratios:
+        metrics["sampling_importance_ratio"] = safe_div(masked_sum(is_w[:, 0], x.sm), x.n_seq)
+    else:
+        metrics["sampling_importance_ratio"] = tm(is_w)
+    metrics["approx_entropy"] = -tm(torch.exp(x.curr.detach() - x.gen) * x.curr.detach())
+    metrics["num_valid_samples"] = x.sm.sum()
+    return metrics
+
+
 def clipped_pg_loss(
     *,
     curr_logprobs: Tensor,
@@ -190,32 +260,14 @@ def clipped_pg_loss(
     curr_logprobs_unfiltered: Tensor | None = None,
     rewards: Tensor | None = None,
     global_valid_positive_tokens: float | Tensor | None = None,
-    ratio_clip_min: float = 0.2,
-    ratio_clip_max: float = 0.2,
-    ratio_clip_c: float | None = None,
-    reference_policy_kl_penalty: float = 0.01,
-    reference_policy_kl_type: str = "k3",
-    kl_input_clamp_value: float | None = 20.0,
-    kl_output_clamp_value: float | None = 10.0,
-    use_kl_in_reward: bool = False,
-    use_importance_sampling_correction: bool = False,
-    truncated_importance_sampling_type: str | None = None,
-    truncated_importance_sampling_ratio: float | None = None,
-    truncated_importance_sampling_ratio_min: float | None = None,
-    use_on_policy_kl_approximation: bool = False,
-    force_on_policy_ratio: bool = False,
-    use_cispo: bool = False,
-    disable_ppo_ratio: bool = False,
-    token_level_loss: bool = True,
-    sequence_level_importance_ratios: bool = False,
-    positive_example_nll_weight: float = 0.0,
+    options: ClippedPGOptions = DEFAULT_PG_OPTIONS,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped policy-gradient loss family (PPO / GRPO / DAPO / GSPO / CISPO / REINFORCE).
 
-    Option keywords are exactly the ``loss_fn.*`` config keys (``**LossConfig.model_dump()``).
-
-    With ``m = token_mask·sample_mask`` (tokens whose ``curr_logprobs`` is ±inf/NaN are dropped
-    from the mask; every input is zeroed outside it, so padding may hold -inf or NaN):
+    ``options`` are the ``loss_fn.*`` keys (:class:`~rlplane.algorithms.loss_options.ClippedPGOptions`,
+    checked when made, not here). With ``m = token_mask·sample_mask`` (tokens whose
+    ``curr_logprobs`` is ±inf/NaN are dropped from the mask; every input is zeroed outside it, so
+    padding may hold -inf or NaN):
 
     - ratio ``r``: ``exp(curr − curr.detach())`` (= 1 with gradient) if ``force_on_policy_ratio``;
       else ``exp(curr − prev)``, or for GSPO (``sequence_level_importance_ratios``)
@@ -256,167 +308,82 @@ def clipped_pg_loss(
         detached 0-d metric tensors, combined across micro-batches as in
         :data:`CLIPPED_PG_METRIC_REDUCTIONS`.
     """
-    errors = loss_option_errors(
-        ratio_clip_min=ratio_clip_min, ratio_clip_max=ratio_clip_max, ratio_clip_c=ratio_clip_c,
-        reference_policy_kl_penalty=reference_policy_kl_penalty, reference_policy_kl_type=reference_policy_kl_type,
-        kl_input_clamp_value=kl_input_clamp_value, kl_output_clamp_value=kl_output_clamp_value,
-        use_kl_in_reward=use_kl_in_reward, use_importance_sampling_correction=use_importance_sampling_correction,
-        truncated_importance_sampling_type=truncated_importance_sampling_type,
-        truncated_importance_sampling_ratio=truncated_importance_sampling_ratio,
-        truncated_importance_sampling_ratio_min=truncated_importance_sampling_ratio_min,
-        use_on_policy_kl_approximation=use_on_policy_kl_approximation, force_on_policy_ratio=force_on_policy_ratio,
-        use_cispo=use_cispo, disable_ppo_ratio=disable_ppo_ratio, token_level_loss=token_level_loss,
-        sequence_level_importance_ratios=sequence_level_importance_ratios,
-        positive_example_nll_weight=positive_example_nll_weight,
-    )
-    if errors:
-        raise ValueError("invalid loss_fn options: " + "; ".join(errors))
-    beta = 0.0 if use_kl_in_reward else reference_policy_kl_penalty
-    if prev_logprobs is None and not force_on_policy_ratio:
+    o = options
+    beta = o.kl_beta
+    if prev_logprobs is None and not o.force_on_policy_ratio:
         raise ValueError("clipped_pg_loss needs prev_logprobs unless force_on_policy_ratio = true")
     if reference_logprobs is None and beta != 0:
         raise ValueError("clipped_pg_loss needs reference_logprobs when reference_policy_kl_penalty != 0")
 
-    # ---- masks: m = token_mask·sample_mask; non-finite curr logprobs (top-k/p mismatches) dropped
-    dtype = torch.promote_types(curr_logprobs.dtype, torch.float32)
-    sm = sample_mask.to(dtype)  # (B,)
-    finite = torch.isfinite(curr_logprobs)
-    tm = torch.where(finite, token_mask.to(dtype), torch.zeros((), dtype=dtype, device=curr_logprobs.device))  # (B, T)
-    m = tm * sm[:, None]  # (B, T)
-    valid = m != 0  # (B, T)
-    n_tok = as_tensor_like(global_valid_tokens, m)
-    n_seq = as_tensor_like(global_valid_seqs, m)
-
-    def clean(x: Tensor) -> Tensor:  # zero every position outside the mask (padding may be -inf/NaN)
-        x = x.to(dtype)
-        return torch.where(valid, x, torch.zeros_like(x))
-
-    curr = clean(curr_logprobs)
-    # force_on_policy_ratio skips the prev-logprob forward: π_old = π_θ (any prev passed is ignored).
-    prev = curr.detach() if force_on_policy_ratio else clean(prev_logprobs)  # type: ignore[arg-type]
-    gen = prev if generation_logprobs is None else clean(generation_logprobs)
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    adv = clean(adv.expand(curr.shape))
-
-    def reduce(x: Tensor) -> Tensor:
-        return _reduce(x, m, tm, sm, token_level_loss, n_tok, n_seq)
-
-    def token_mean(x: Tensor) -> Tensor:
-        return safe_div(masked_sum(x, m), n_tok)
-
-    # ---- ratio
-    ppo_ratio = not disable_ppo_ratio and not force_on_policy_ratio
-    if force_on_policy_ratio:
-        ratio = torch.exp(curr - curr.detach())
-        ratio_c = ratio
-    elif not disable_ppo_ratio:
-        log_ratio = curr - prev
-        if sequence_level_importance_ratios:  # GSPO: geometric mean over the sequence's tokens
-            ratio = torch.exp(masked_mean(log_ratio, tm, dim=-1))[:, None].expand(curr.shape)
-        else:
-            ratio = torch.exp(log_ratio)
-        ratio_c = ratio.clamp(1.0 - ratio_clip_min, 1.0 + ratio_clip_max)
-    else:
-        ratio = curr
-        ratio_c = curr
-
-    # ---- surrogate
-    if use_cispo:
-        surrogate = -adv * ratio_c.detach() * curr
-    else:
-        surrogate = torch.maximum(-adv * ratio, -adv * ratio_c)
-    if ratio_clip_c is not None:
-        surrogate = torch.where(adv < 0, torch.minimum(surrogate, -adv * ratio_clip_c), surrogate)
-
-    # ---- behaviour-policy importance weights (π_old / π_gen), never differentiated
+    x = _mask_inputs(curr_logprobs, prev_logprobs, generation_logprobs, advantages, token_mask, sample_mask,
+                     global_valid_tokens, global_valid_seqs, o.force_on_policy_ratio)
+    ratio, ratio_c = _ratios(x, o)
+    surrogate = _surrogate(x, ratio, ratio_c, o)  # (B, T)
     metrics: dict[str, Tensor] = {}
-    with torch.no_grad():
-        if sequence_level_importance_ratios:
-            is_w = torch.exp(masked_sum(prev - gen, m, dim=-1))[:, None]  # (B, 1)
-        else:
-            is_w = torch.exp(prev - gen)  # (B, T)
-        is_w = torch.nan_to_num(is_w, nan=0.0, posinf=0.0, neginf=0.0)
-        tis_max, tis_min = truncated_importance_sampling_ratio, truncated_importance_sampling_ratio_min
-        if truncated_importance_sampling_type == "tis":
-            lo = 0.0 if tis_min is None else tis_min
-            oob = (is_w > tis_max) | (is_w < lo)
-            metrics["is_oob_ratio"] = token_mean(oob.expand(curr.shape).to(dtype))
-            is_w = is_w.clamp(lo, tis_max)
-        elif truncated_importance_sampling_type == "icepop":
-            keep = (is_w >= tis_min) & (is_w <= tis_max)
-            metrics["is_oob_ratio"] = token_mean((~keep).expand(curr.shape).to(dtype))
-            is_w = torch.where(keep, is_w, torch.zeros_like(is_w))
-        elif truncated_importance_sampling_type == "seq-mask-tis":
-            geo = torch.exp(masked_mean(torch.nan_to_num(prev - gen, nan=0.0, posinf=0.0, neginf=0.0), tm, dim=-1))
-            keep_seq = ((geo >= tis_min) & (geo <= tis_max)).to(dtype)  # (B,)
-            metrics["is_oob_ratio"] = safe_div(masked_sum(1.0 - keep_seq, sm), n_seq)
-            is_w = is_w * keep_seq[:, None]
-        is_w = is_w.expand(curr.shape)
-    weighted = surrogate * is_w if use_importance_sampling_correction else surrogate
-    actor_loss = reduce(weighted)
+    is_w = _behaviour_is_weights(x, o, metrics)  # (B, T), no gradient
+    actor_loss = x.reduce(surrogate * is_w if o.use_importance_sampling_correction else surrogate, o.token_level_loss)
 
-    # ---- KL to the reference policy
+    loss = actor_loss
     if beta != 0:
-        cu = curr if curr_logprobs_unfiltered is None else clean(curr_logprobs_unfiltered)
-        kl_w = torch.exp(cu - gen) if use_on_policy_kl_approximation else torch.exp(cu - cu.detach())
-        kl_w = torch.nan_to_num(kl_w, nan=0.0, posinf=0.0, neginf=0.0)
-        kl_tok = kl_estimate(
-            cu, clean(reference_logprobs), reference_policy_kl_type,  # type: ignore[arg-type]
-            kl_input_clamp_value, kl_output_clamp_value, importance_weights=kl_w,
-        )
-        kl_term = reduce(kl_tok)
+        kl_term = _reference_kl(x, o, reference_logprobs, curr_logprobs_unfiltered)  # type: ignore[arg-type]
         loss = actor_loss + beta * kl_term
         metrics["kl_penalty"] = kl_term.detach()
     else:
-        loss = actor_loss
-        metrics["kl_penalty"] = torch.zeros((), dtype=dtype, device=curr.device)
+        metrics["kl_penalty"] = torch.zeros((), dtype=x.dtype, device=x.curr.device)
 
-    # ---- VAPO positive-example NLL
-    if positive_example_nll_weight > 0:
+    if o.positive_example_nll_weight > 0:  # VAPO positive-example NLL
         if rewards is None:
             raise ValueError("positive_example_nll_weight > 0 needs rewards (B,) passed to clipped_pg_loss")
-        pos_m = m * (rewards > 0).to(dtype)[:, None]
-        n_pos = pos_m.sum() if global_valid_positive_tokens is None else as_tensor_like(global_valid_positive_tokens, m)
-        nll = safe_div(masked_sum(-curr, pos_m), n_pos)
-        loss = loss + positive_example_nll_weight * nll
+        pos_m = x.m * (rewards > 0).to(x.dtype)[:, None]
+        n_pos = pos_m.sum() if global_valid_positive_tokens is None else as_tensor_like(global_valid_positive_tokens, x.m)
+        nll = safe_div(masked_sum(-x.curr, pos_m), n_pos)
+        loss = loss + o.positive_example_nll_weight * nll
         metrics["positive_nll_loss"] = nll.detach()
 
-    # ---- diagnostics (no gradient)
-    with torch.no_grad():
-        metrics["loss"] = loss.detach()
-        metrics["actor_loss"] = actor_loss.detach()
-        r, rc = ratio.detach(), ratio_c.detach()
-        metrics["probs_ratio"] = token_mean(r)
-        metrics["probs_ratio_clamped"] = token_mean(rc)
-        metrics["probs_ratio_min"], metrics["probs_ratio_max"] = _extrema(r, valid)
-        metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"] = _extrema(rc, valid)
-        zero = torch.zeros((), dtype=dtype, device=curr.device)
-        if ppo_ratio:
-            below, above = r < 1.0 - ratio_clip_min, r > 1.0 + ratio_clip_max
-            if not use_cispo:  # the clip only cuts the gradient on the side the advantage pushes
-                below, above = below & (adv < 0), above & (adv > 0)
-            low, high = token_mean(below.to(dtype)), token_mean(above.to(dtype))
-            metrics["clip_fraction_low"], metrics["clip_fraction_high"] = low, high
-            metrics["clip_fraction"] = low + high
-        else:
-            metrics["clip_fraction_low"] = metrics["clip_fraction_high"] = metrics["clip_fraction"] = zero
-        if ratio_clip_c is not None and not disable_ppo_ratio:
-            metrics["dual_clip_fraction"] = token_mean(((adv < 0) & (r > ratio_clip_c)).to(dtype))
-        else:
-            metrics["dual_clip_fraction"] = zero
-        p, g = prev, gen
-        metrics["token_mult_prob_error"] = token_mean(torch.exp((g - p).abs()))
-        metrics["gen_kl_error"] = token_mean(kl_estimate(g, p, reference_policy_kl_type))
-        metrics["policy_kl_error"] = token_mean(kl_estimate(p, g, reference_policy_kl_type))
-        log_mix = torch.logaddexp(p, g) - math.log(2.0)  # log ½(p_prev + p_gen)
-        js = 0.5 * (torch.expm1(p - log_mix) - (p - log_mix)) + 0.5 * (torch.expm1(g - log_mix) - (g - log_mix))
-        metrics["js_divergence_error"] = token_mean(js)
-        if sequence_level_importance_ratios:
-            metrics["sampling_importance_ratio"] = safe_div(masked_sum(is_w[:, 0], sm), n_seq)
-        else:
-            metrics["sampling_importance_ratio"] = token_mean(is_w)
-        metrics["approx_entropy"] = -token_mean(torch.exp(curr.detach() - gen) * curr.detach())
-        metrics["num_valid_samples"] = sm.sum()
+    metrics["loss"] = loss.detach()
+    metrics["actor_loss"] = actor_loss.detach()
+    metrics.update(_diagnostics(x, o, ratio, ratio_c, is_w))
+    return loss, metrics
+
+
+#: How each :func:`reverse_kl_loss` metric combines across micro-batches.
+REVERSE_KL_METRIC_REDUCTIONS: dict[str, str] = {"loss": "sum", "reverse_kl": "sum", "num_valid_samples": "sum"}
+
+
+def reverse_kl_loss(
+    curr_logprobs: Tensor,
+    teacher_logprobs: Tensor,
+    token_mask: Tensor,
+    sample_mask: Tensor,
+    global_valid_tokens: float | Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """On-policy distillation: the per-token reverse KL ``KL(π_θ ‖ π_teacher)``, sampled estimate.
+
+    On the student's own samples y ~ π_θ, ``k_t = log π_θ(y_t) − log π_T(y_t)`` estimates the reverse
+    KL at each token, and ``E[k_t·∇log π_θ(y_t)]`` is its gradient (the ``E[∇log π_θ] = 0`` term
+    drops). That is REINFORCE with the ``opd`` advantage ``A_t = sg(log π_T − log π_θ)``
+    (:func:`~rlplane.algorithms.opd_advantages`; NeMo RL's ``OPDAdvantageEstimator``, MOPD
+    arXiv:2601.02780 Eq. 8; Agarwal et al. 2024 GKD; Thinking Machines "on-policy distillation").
+
+    ``loss = Σ m·(−A)·(1 + curr − sg(curr)) / N``: its value is the token-mean estimate
+    ``Σ m·k / N`` and its gradient ``Σ m·sg(k)·∇curr / N``, with ``m = token_mask·sample_mask`` and
+    N = ``global_valid_tokens`` (summed over micro-batches and DP ranks, so splitting a batch does not
+    change the loss or the gradient). Positions outside ``m`` may hold -inf/NaN.
+
+    Shapes: curr_logprobs (with gradient), teacher_logprobs, token_mask (B, T); sample_mask (B,).
+    Metrics (sums across micro-batches): ``loss``, ``reverse_kl`` (= the loss's value),
+    ``num_valid_samples``.
+    """
+    dtype = torch.promote_types(curr_logprobs.dtype, torch.float32)
+    m = token_mask.to(dtype) * sample_mask.to(dtype)[:, None]  # (B, T)
+    valid = m != 0
+    zero = torch.zeros((), dtype=dtype, device=curr_logprobs.device)
+    curr = torch.where(valid, curr_logprobs.to(dtype), zero)
+    teacher = torch.where(valid, teacher_logprobs.to(dtype), zero)
+    adv = opd_advantages(teacher, curr.detach(), m)  # (B, T) = −k, no gradient
+    per_token = -adv * (1.0 + curr - curr.detach())  # value −A = k, gradient −A·∇curr
+    loss = safe_div(masked_sum(per_token, m), as_tensor_like(global_valid_tokens, m))
+    metrics = {"loss": loss.detach(), "reverse_kl": loss.detach(), "num_valid_samples": sample_mask.to(dtype).sum()}
     return loss, metrics
 
 

@@ -41,12 +41,13 @@ from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup,
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import make_data_plane
+from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
 # The rollout worker writes its columns to a private in-process data plane, from which whole groups are cut.
 SCRATCH = "collector"
-COLUMNS = ["input_ids", "token_mask", "generation_logprobs"]
+COLUMNS = list(ROLLOUT_COLUMNS)
 CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths"]
 
 

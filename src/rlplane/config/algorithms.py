@@ -1,9 +1,10 @@
 """Config models for the RL math: ``loss_fn.*``, ``grpo.adv_estimator.*``, ``grpo.reward_shaping.*``,
 ``grpo.reward_scaling.*``, ``ppo.adv_estimator.*``.
 
-Field names are NeMo RL's keys and defaults are NeMo RL's defaults. ``LossConfig().model_dump()``
-has exactly the keyword names of :func:`rlplane.algorithms.clipped_pg_loss`, so the trainer calls
-``clipped_pg_loss(..., **cfg.loss_fn.model_dump())``; likewise ``RewardShapingConfig`` /
+Field names are NeMo RL's keys and defaults are NeMo RL's defaults. ``LossConfig`` is generated
+from :class:`~rlplane.algorithms.loss_options.ClippedPGOptions` (fields, defaults, descriptions and
+rules live there) and ``cfg.loss_fn.options()`` is what :func:`rlplane.algorithms.clipped_pg_loss`
+takes; likewise ``RewardShapingConfig`` /
 ``RewardScalingConfig`` feed :func:`~rlplane.algorithms.apply_reward_shaping` /
 :func:`~rlplane.algorithms.scale_rewards`, and ``PPOAdvEstimatorConfig.gae_kwargs()`` feeds
 :func:`~rlplane.algorithms.compute_gae`.
@@ -11,43 +12,42 @@ has exactly the keyword names of :func:`rlplane.algorithms.clipped_pg_loss`, so 
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any, Literal
+
+import pydantic
 
 from pydantic import Field, model_validator
 
-from rlplane.algorithms.losses import loss_option_errors
+from rlplane.algorithms.loss_options import ClippedPGOptions
 from rlplane.config.base import StrictModel
 
 
-class LossConfig(StrictModel):
-    """``loss_fn``: the clipped policy-gradient loss (PPO/GRPO/DAPO/GSPO/CISPO/REINFORCE)."""
-
-    disable_ppo_ratio: bool = Field(False, description="Use the REINFORCE/RLOO surrogate −A·log π instead of the PPO ratio.")
-    token_level_loss: bool = Field(True, description="Mean over all valid tokens of the global batch (true) or mean over sequences of per-sequence token means (false).")
-    sequence_level_importance_ratios: bool = Field(False, description="GSPO: one ratio per sequence, exp(mean_t log(π/π_old)); requires token_level_loss = false.")
-    ratio_clip_min: float = Field(0.2, description="ε_low: the ratio is clamped below at 1 − ε_low.")
-    ratio_clip_max: float = Field(0.2, description="ε_high: the ratio is clamped above at 1 + ε_high (DAPO clip-higher uses 0.28).")
-    ratio_clip_c: float | None = Field(None, description="Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at −c·A (3 is usual; DAPO recipes use 10); null disables.")
-    reference_policy_kl_penalty: float = Field(0.01, description="β, weight of the KL(π_θ ‖ π_ref) term; 0 disables it (and the reference forward).")
-    reference_policy_kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman 2020): k1 = −log r, k2 = (log r)²/2, k3 = r − 1 − log r.")
-    kl_input_clamp_value: float | None = Field(20.0, description="Clamp of log(π_ref/π_θ) before the KL estimator; null for none.")
-    kl_output_clamp_value: float | None = Field(10.0, description="Clamp of the per-token KL estimate; null for none.")
-    use_kl_in_reward: bool = Field(False, description="REINFORCE++/GAE: subtract β·KL from the per-token reward instead of adding it to the loss (the loss's β is then 0).")
-    use_importance_sampling_correction: bool = Field(False, description="Weight the loss by π_old/π_gen to correct the generation/training mismatch; required for async GRPO.")
-    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = Field(None, description="Truncation of the IS weights: tis clamps, icepop zeroes tokens outside [min, max], seq-mask-tis drops sequences whose geometric-mean weight is outside [min, max].")
-    truncated_importance_sampling_ratio: float | None = Field(None, description="Upper bound (> 0) of the IS weight for truncation.")
-    truncated_importance_sampling_ratio_min: float | None = Field(None, description="Lower bound of the IS weight (tis: 0 when null; required for icepop and seq-mask-tis).")
-    use_on_policy_kl_approximation: bool = Field(False, description="Weight the KL term by π_θ/π_gen so it estimates the KL under the current policy.")
-    force_on_policy_ratio: bool = Field(False, description="Skip the prev-logprob forward and use ratio exp(log π − sg(log π)) = 1; only valid with one optimizer step per rollout.")
-    use_cispo: bool = Field(False, description="CISPO surrogate −A·sg(clamp(r))·log π: clipped IS weight, gradient kept on every token.")
-    positive_example_nll_weight: float = Field(0.0, description="VAPO μ: weight of an NLL term on samples with reward > 0 (needs rewards in the loss call).")
-
+class _LossOptionsModel(StrictModel):
     @model_validator(mode="after")
-    def _check(self) -> LossConfig:
-        errors = loss_option_errors(**self.model_dump())
-        if errors:
-            raise ValueError("\n".join(errors))
+    def _check(self):
+        self.options()  # ClippedPGOptions checks every rule; its ValueError lists each broken one
         return self
+
+    def options(self) -> ClippedPGOptions:
+        """The frozen loss options the workers' loss takes (checked when made: once per run)."""
+        return ClippedPGOptions(**self.model_dump())
+
+
+def _loss_config() -> type[_LossOptionsModel]:
+    """``loss_fn`` as a strict pydantic model built from :class:`ClippedPGOptions`' fields: the names,
+    types, defaults, descriptions and rules are written once, there."""
+    hints = typing.get_type_hints(ClippedPGOptions)
+    fields = {
+        f.name: (hints[f.name], Field(f.default, description=f.metadata["doc"]))
+        for f in dataclasses.fields(ClippedPGOptions)
+    }
+    return pydantic.create_model("LossConfig", __base__=_LossOptionsModel, __doc__=ClippedPGOptions.__doc__,
+                                 __module__=__name__, **fields)
+
+
+LossConfig = _loss_config()
 
 
 class GRPOAdvEstimatorConfig(StrictModel):

@@ -22,6 +22,9 @@ from rlplane.config.algorithms import (
 from rlplane.config.base import StrictModel
 from rlplane.config.envs import EnvConfig
 from rlplane.config.logger import LoggerConfig
+from rlplane.config.recipes import RECIPES, owner_of
+
+AlgorithmName = Literal[tuple(RECIPES)]  # type: ignore[valid-type]
 
 
 class GenerationConfig(StrictModel):
@@ -300,6 +303,21 @@ class WarmupConfig(StrictModel):
     eval_samples: int = Field(200, ge=1, description="Held-out problems per check.")
 
 
+class DistillationConfig(RolloutLoopConfig):
+    """The on-policy distillation loop: the shared rollout knobs (the student generates, the teacher scores)."""
+
+
+class TeacherConfig(StrictModel):
+    """The frozen teacher of on-policy distillation: its own model (same tokenizer as the student),
+    warmed up like the student when it is the embedded model."""
+
+    model_name: str = Field("embedded:tiny-llama", description="HF directory, hub id or `embedded:tiny-llama`.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the embedded teacher.")
+    warmup: WarmupConfig = Field(
+        default_factory=lambda: WarmupConfig(target_accuracy=0.9), description="Supervised warm-up of the teacher."
+    )
+
+
 class ArithmeticDataConfig(StrictModel):
     """Procedurally generated `a+b=` problems."""
 
@@ -429,13 +447,15 @@ class CheckpointingConfig(StrictModel):
 class RunConfig(StrictModel):
     """A whole run."""
 
-    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="Which recipe: `grpo` or `ppo` (value model + GAE).")
+    algorithm: AlgorithmName = Field("grpo", description="Which recipe (`config/recipes.py`): grpo, ppo or distillation.")
     runtime: Literal["local", "ray"] = Field("local", description="Workers in this process, or as Ray actors.")
     run_dir: str = Field("runs/grpo-arithmetic", description="Where checkpoints, logs and the summary go.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     grpo: GRPOConfig | None = Field(None, description="The GRPO loop (filled with defaults when algorithm: grpo).")
     ppo: PPOConfig | None = Field(None, description="The PPO loop (filled with defaults when algorithm: ppo).")
     value: ValueConfig | None = Field(None, description="The PPO critic (filled with defaults when algorithm: ppo).")
+    distillation: DistillationConfig | None = Field(None, description="The distillation loop (algorithm: distillation).")
+    teacher: TeacherConfig | None = Field(None, description="The distillation teacher (algorithm: distillation).")
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -450,27 +470,29 @@ class RunConfig(StrictModel):
     def _fill_active_sections(cls, data):
         """The chosen algorithm's sections default to ``{}``; the other algorithm's stay null (unset)."""
         if isinstance(data, dict):
-            algo = data.get("algorithm", "grpo")
-            active = {"grpo": ("grpo",), "ppo": ("ppo", "value")}.get(algo, ())
+            recipe = RECIPES.get(data.get("algorithm", "grpo"))
+            active = (recipe.loop, *recipe.sections) if recipe else ()
             data = {**data, **{k: {} for k in active if data.get(k) is None}}
         return data
 
     @property
     def loop(self) -> RolloutLoopConfig:
-        """The active loop section: ``ppo`` when algorithm is ppo, else ``grpo``."""
-        return self.ppo if self.algorithm == "ppo" else self.grpo
+        """The active loop section (the recipe's ``loop`` in ``config/recipes.py``)."""
+        return getattr(self, RECIPES[self.algorithm].loop)
 
     @model_validator(mode="after")
     def _cross_section(self) -> "RunConfig":
         errors = []
-        algo, other_algo = self.algorithm, {"grpo": "ppo", "ppo": "grpo"}[self.algorithm]
+        algo, mine = self.algorithm, (RECIPES[self.algorithm].loop, *RECIPES[self.algorithm].sections)
         shared = set(RolloutLoopConfig.model_fields)
-        for section in {"grpo": ("ppo", "value"), "ppo": ("grpo",)}[algo]:
+        others = dict.fromkeys(s for r in RECIPES.values() for s in (r.loop, *r.sections) if s not in mine)
+        for section in others:
             given = getattr(self, section)
             if given is None:
                 continue
+            other_algo = owner_of(section)
             keys = sorted(given.model_fields_set)
-            moved = [k for k in keys if section == other_algo and k in shared]
+            moved = [k for k in keys if section == RECIPES[other_algo].loop and k in shared]
             only = [k for k in keys if k not in moved]
             if moved:
                 errors.append(
@@ -544,6 +566,11 @@ class RunConfig(StrictModel):
             errors.append(
                 f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
                 f"{g.ppo_epochs}; set ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"
+            )
+        if name == "distillation" and samples != p.train_global_batch_size:
+            errors.append(
+                "distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for "
+                f"the weights that sampled it): set policy.train_global_batch_size = {samples} (prompts × generations)"
             )
         if name == "grpo" and g.async_grpo.enabled:
             errors.extend(_async_grpo_errors(self))

@@ -26,17 +26,6 @@ from .errors import (
     ShapeError,
     UnknownPartitionError,
 )
-from .lifecycle import (
-    drop_samples,
-    finish_step,
-    first_write,
-    keep_samples,
-    mint_sample_ids,
-    read_columns,
-    register_step,
-    stamp_pad_seqlen,
-    write_columns,
-)
 from .memory import MemoryDataPlane
 from .meta import GLOBAL_PAD_KEY, PAD_MULTIPLE_KEY, KVBatchMeta, concat_metas
 from .sharding import balance_rows, global_pad_len, shard_meta_for_dp
@@ -58,18 +47,9 @@ __all__ = [
     "UnknownPartitionError",
     "balance_rows",
     "concat_metas",
-    "drop_samples",
-    "finish_step",
-    "first_write",
     "global_pad_len",
-    "keep_samples",
     "make_data_plane",
-    "mint_sample_ids",
-    "read_columns",
-    "register_step",
     "shard_meta_for_dp",
-    "stamp_pad_seqlen",
-    "write_columns",
 ]
 
 BACKENDS = ("memory", "ray")

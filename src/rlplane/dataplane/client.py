@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
 from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack_rows
 from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
 from .index import LookupPlan
@@ -31,19 +32,8 @@ from .meta import GLOBAL_PAD_KEY, KVBatchMeta
 __all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "IndexedClient"]
 
 # Per-token ("token-aligned") fields: jagged in storage, trimmed to the sequence length on write,
-# padded to a common length on read. NeMo RL's TOKEN_ALIGNED_FIELDS, less `sample_mask` (a per-sample
-# scalar in GRPO), plus the PPO value-model columns.
-DEFAULT_TOKEN_FIELDS = (
-    "input_ids",
-    "generation_logprobs",
-    "prev_logprobs",
-    "reference_policy_logprobs",
-    "advantages",
-    "token_mask",
-    "values",
-    "returns",
-    "routed_experts",
-)
+# padded to a common length on read. Declared once, with the other columns, in `columns.py`.
+DEFAULT_TOKEN_FIELDS = TOKEN_COLUMNS
 
 FieldValue = torch.Tensor | Sequence[torch.Tensor]
 SampleIds = Sequence[str] | KVBatchMeta
@@ -85,7 +75,7 @@ class DataPlaneClient(abc.ABC):
         pad_to: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Fresh tensors for `select_fields` (required) in the order of `sample_ids`. Jagged fields come
-        back padded (B, T, ...) with `pad_values[field]` (default 0). Per-token fields share one T:
+        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`). Per-token fields share one T:
         `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`, else the longest row."""
 
     @abc.abstractmethod
@@ -164,7 +154,7 @@ def _check_register(partition_id: str, fields: Sequence[str], num_samples: int) 
 class IndexedClient(DataPlaneClient):
     """The shared implementation: encode/validate here, index calls and storage in the backend."""
 
-    def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = "input_ids") -> None:
+    def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = INPUT_IDS) -> None:
         self.token_fields = frozenset(token_fields)
         self.seq_len_field = seq_len_field
         self._closed = False
@@ -317,7 +307,7 @@ class IndexedClient(DataPlaneClient):
         select_fields = list(select_fields or [])
         plan = self._lookup(pid, ids, select_fields)
         parts = self._fetch(plan)
-        pad_values = dict(pad_values or {})
+        pad_values = {**declared_pads(select_fields), **(pad_values or {})}
         if pad_to is None and meta is not None:
             pad_to = meta.extra_info.get(GLOBAL_PAD_KEY)
         n = len(ids)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .columns import INPUT_IDS
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
 from .codec import Column
 from .errors import DataPlaneError
@@ -20,7 +21,7 @@ __all__ = ["MemoryDataPlane"]
 class MemoryDataPlane(IndexedClient):
     """In-process data plane."""
 
-    def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = "input_ids") -> None:
+    def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = INPUT_IDS) -> None:
         super().__init__(token_fields, seq_len_field)
         self.index = PlaneIndex()
 

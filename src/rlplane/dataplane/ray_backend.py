@@ -33,6 +33,7 @@ from typing import Any
 
 import ray
 
+from .columns import INPUT_IDS
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _resolve
 from .codec import Column, from_wire, to_wire
 from .errors import DataPlaneError, fmt_keys
@@ -127,7 +128,7 @@ class RayDataPlane(IndexedClient):
     def __init__(
         self,
         token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS,
-        seq_len_field: str = "input_ids",
+        seq_len_field: str = INPUT_IDS,
         *,
         name: str | None = None,
         owner: str = "producer",

@@ -8,7 +8,7 @@ step here (NeMo RL ``async_grpo_train``, ``reference/nemo_rl_notes.md`` §6.1):
   take the step's groups from the replay buffer (waiting if they are not all there)
   → put them in the data plane → reward scaling/shaping
   → prev logprobs recomputed with the current weights, reference logprobs, advantages, train
-    (the shared ``train_on_rollouts``; the loss's IS weight π_old/π_gen corrects the staleness)
+    (as sync GRPO; the loss's IS weight π_old/π_gen corrects the staleness)
   → refit the collector (it finishes the batch in flight first) → weight version + 1.
 
 Timings: ``exposed_generation`` (the trainer waiting for its batch, sampling included),
@@ -21,8 +21,6 @@ checkpoint and is restored on resume.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
@@ -30,50 +28,61 @@ from rlplane.async_rl.collector import COLUMNS
 from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta
-from rlplane.recipes.common import TRAIN_PARTITION, Timer, TrainingStopped, run_training, transform_rewards
-from rlplane.recipes.grpo import TRAIN_FIELDS, train_on_rollouts
-from rlplane.recipes.setup import Session
-from rlplane.runtime.groups import WORKER_ENV
+from rlplane.dataplane.columns import (
+    ADVANTAGES,
+    GENERATION_LOGPROBS,
+    INPUT_IDS,
+    PREV_LOGPROBS,
+    REFERENCE_LOGPROBS,
+    TOKEN_MASK,
+)
+from rlplane.runtime.groups import make_actor
+from rlplane.training import Session, Timer, TrainingStopped
+from rlplane.training.advantages import estimator_advantages
+from rlplane.training.rollouts import (
+    TRAIN_PARTITION,
+    mask_logprob_errors,
+    rollout_metrics,
+    stamp_sample_mask,
+    transform_rewards,
+)
+from rlplane.training.samples import train_samples
+from rlplane.training.workers import RAY_CPUS_COLLECTOR
+from rlplane.utils.metrics import merge_rank_metrics
+from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.rollout import group_keys
 
 CHECKPOINT_FILE = "replay_buffer.pt"
 _POLL_S = 0.5  # how long one wait on the buffer lasts before the collector's health is checked
+# The step's columns: written by the collector, by the policy workers (logprobs) and by the driver (advantages).
+TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, ADVANTAGES]
 
 
 class CollectorHandle:
-    """The collector and where it runs: the same calls whether it is a thread here or a Ray actor."""
+    """The collector (a thread here for ``runtime: local``, a Ray actor for ``ray``: the runtime layer
+    decides), started with the policy's weights and restored from the checkpoint the run resumed from."""
 
     def __init__(self, s: Session, start_step: int):
         cfg = s.cfg
-        self.remote = cfg.runtime == "ray"
-        weights = s.policy.workers[0]
-        kwargs = dict(cfg=cfg, loader=s.train_loader, start_version=start_step, seed=cfg.grpo.seed + 3)
-        if self.remote:
-            import ray
-
-            actor = ray.remote(num_cpus=0.5, max_concurrency=4, runtime_env={"env_vars": WORKER_ENV})(
-                AsyncTrajectoryCollector)
-            # The weights go from the rank-0 policy actor to the collector; the driver never holds them.
-            self.collector = actor.remote(**kwargs, init_weights=weights.get_weights.remote())
-        else:
-            self.collector = AsyncTrajectoryCollector(**kwargs, init_weights=weights.get_weights())
-        self._policy0 = weights
-        if s.resumed_from is not None and not (s.resumed_from / CHECKPOINT_FILE).is_file():
+        policy = s.workers.policy
+        kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
+                      init_weights=policy.lazy("get_weights"))  # straight from the rank-0 policy, not via the driver
+        self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
+                                max_concurrency=4)
+        self._policy = policy
+        resumed = s.checkpoints.resumed_from
+        if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
             # A synchronous run's checkpoint: the loader position (restored by the session) is all there is.
-            s.say(f"{s.resumed_from} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
-        elif s.resumed_from is not None:
-            state = torch.load(s.resumed_from / CHECKPOINT_FILE, weights_only=True)
+            s.say(f"{resumed} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
+        elif resumed is not None:
+            state = torch.load(resumed / CHECKPOINT_FILE, weights_only=True)
             dropped = self.call("load_state_dict", state, start_step)
             s.say(f"restored {len(state['replay_buffer']['groups']) - dropped} trajectory groups "
                   f"({dropped} stale dropped)")
         self.call("start")
 
     def call(self, method: str, *args, **kwargs):
-        if self.remote:
-            import ray
-
-            return ray.get(getattr(self.collector, method).remote(*args, **kwargs))
-        return getattr(self.collector, method)(*args, **kwargs)
+        return self.actor.call(method, *args, **kwargs)
 
     def refit(self, version: int, timer: Timer) -> None:
         """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
@@ -81,17 +90,14 @@ class CollectorHandle:
         with timer("idle/refit_bubble"):
             self.call("prepare_for_refit", version)
         with timer("weight_sync"):
-            w = self._policy0.get_weights.remote() if self.remote else self._policy0.get_weights()
-            self.call("update_weights", w)
+            self.call("update_weights", self._policy.lazy("get_weights"))
         self.call("set_weight_version", version)
         self.call("resume_after_refit")
 
     def stop(self) -> None:
         self.call("stop")
-        if self.remote:
-            import ray
-
-            ray.kill(self.collector)
+        if self.actor.obj is None:  # a Ray actor: its process goes too
+            self.actor.close()
 
 
 def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer) -> SampleResult:
@@ -112,7 +118,7 @@ def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer
 
 def put_groups(s: Session, groups: list[TrajectoryGroup]) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
     """Write the groups' columns under fresh keys in ``TRAIN_PARTITION``; the receipt and the (B,) carry."""
-    G = len(groups[0].columns["input_ids"])
+    G = len(groups[0].columns[INPUT_IDS])
     carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each, B = groups × G
     carry["group"] = torch.arange(len(groups)).repeat_interleave(G)
     keys = group_keys(len(groups), G)
@@ -135,39 +141,65 @@ def merge_rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
     return out
 
 
-def async_grpo_step(s: Session, step: int) -> dict[str, float]:
+def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     """One async GRPO step at weight version ``step``; returns its metrics."""
-    g = s.cfg.grpo
-    handle = s.collector
-    if handle is None:  # first step of this process (fresh or resumed): start collecting
-        handle = s.collector = CollectorHandle(s, start_step=step)
-        s.checkpoint_parts[CHECKPOINT_FILE] = lambda: handle.call("state_dict")
-        s.closers.append(handle.stop)
-    t_step = time.perf_counter()
+    cfg, g = s.cfg, s.cfg.grpo
     timer = Timer()
     metrics: dict[str, float] = {}
 
     # ---- the step's trajectories, from the buffer into the data plane ------------------------------
     result = wait_for_groups(s, handle, step, timer)
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
     meta, carry = put_groups(s, result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
-    _, carry["rewards"] = transform_rewards(s.cfg, carry)
+    _, carry["rewards"] = transform_rewards(cfg, carry)
     metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
     metrics.update(token_age_metrics(*group_token_ages(result.groups, step), g.async_grpo.max_trajectory_age_steps))
+    meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
 
-    # ---- logprobs, advantages, train (shared with sync GRPO), then refit ----------------------------
-    out = train_on_rollouts(s, meta, carry, timer, metrics)
+    # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the
+    # staleness), reference logprobs -----------------------------------------------------------------
+    with timer("logprobs"):
+        s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
+        if loss.reference:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
+    if g.seq_logprob_error_threshold is not None:
+        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
+
+    # ---- advantages (grpo.adv_estimator), written back per sample ----------------------------------
+    with timer("advantages"):
+        rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
+    metrics.update(adv_metrics)
+    if s.log.train_samples_due():  # logger.log_train_samples_every; per-token advantages shown as their mean
+        shown = torch.stack([r.float().mean() if len(r) else torch.zeros(()) for r in rows])  # (B,)
+        s.log.add_samples("train", train_samples(s, meta, carry, shown, TRAIN_PARTITION))
+    s.data_plane.put_samples(list(meta.sample_ids), TRAIN_PARTITION, {ADVANTAGES: rows})
+
+    # ---- train; the step is over; refit the collector ---------------------------------------------
+    with timer("policy_training"):
+        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+    s.refit.mark_stale()
+    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
     handle.refit(step + 1, timer)
-    out.update({f"timing/train/{k}": timer.times[k] for k in ("idle/refit_bubble", "weight_sync")})
-    out["train/buffer_size"] = float(handle.call("stats")["buffer_size"])
-    out["timing/train/total_step_time"] = time.perf_counter() - t_step
-    return out
+
+    metrics.update(merge_rank_metrics(results))
+    metrics.update(rollout_metrics(carry, meta.seq_lens))
+    metrics["buffer_size"] = float(handle.call("stats")["buffer_size"])
+    return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     """Run the whole async job: warm-up (or resume), async GRPO steps, validation, checkpoints."""
-    return run_training(cfg, async_grpo_step, quiet=quiet)
+    with Session(cfg, quiet) as s:
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        start = s.start()
+        handle = CollectorHandle(s, start_step=start)
+        s.on_close(handle.stop)
+        s.checkpoints.add_part(CHECKPOINT_FILE, lambda: handle.call("state_dict"))
+        for step in range(start, s.last_step()):
+            s.begin_step(step)
+            s.end_step(step, async_grpo_step(s, handle, loss, step))
+        return s.summary()

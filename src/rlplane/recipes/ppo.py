@@ -14,7 +14,6 @@ batch, so the driver reads the ``values``/``token_mask`` columns (B × T floats)
 
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -22,22 +21,33 @@ from rlplane.algorithms.advantages import raw_reward_advantages
 from rlplane.algorithms.gae import compute_gae
 from rlplane.algorithms.losses import explained_variance
 from rlplane.config.schema import RunConfig
-from rlplane.recipes.common import (
-    TRAIN_PARTITION,
-    Timer,
-    collect_rollouts,
-    masks_and_logprobs,
-    rollout_metrics,
-    run_training,
+from rlplane.dataplane.columns import (
+    ADVANTAGES,
+    GENERATION_LOGPROBS,
+    INPUT_IDS,
+    PREV_LOGPROBS,
+    REFERENCE_LOGPROBS,
+    RETURNS,
+    TOKEN_MASK,
+    VALUES,
 )
-from rlplane.recipes.grpo import TRAIN_FIELDS as GRPO_FIELDS
-from rlplane.recipes.setup import Session
+from rlplane.training import DataExhausted, Session, Timer
+from rlplane.training.rollouts import (
+    TRAIN_PARTITION,
+    collect_rollouts,
+    mask_logprob_errors,
+    rollout_metrics,
+    stamp_sample_mask,
+)
 from rlplane.utils.metrics import merge_rank_metrics
+from rlplane.workers.policy import ClippedPGLoss
 
-__all__ = ["TRAIN_FIELDS", "critic_metrics", "mean_over_epochs", "ppo_advantages", "ppo_step", "train"]
+__all__ = ["TRAIN_COLUMNS", "critic_metrics", "mean_over_epochs", "ppo_advantages", "ppo_step", "train"]
 
-# GRPO's columns plus the critic's: values written by the value workers, returns by the driver.
-TRAIN_FIELDS = [*GRPO_FIELDS, "values", "returns"]
+# The step's columns: written at rollout, by the policy workers (logprobs), the value workers (values)
+# and the driver (GAE: advantages, returns).
+TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, ADVANTAGES, VALUES,
+                 RETURNS]
 
 
 def ppo_advantages(
@@ -100,74 +110,74 @@ def critic_metrics(per_epoch: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def _advantages_and_returns(s: Session, meta, carry, sample_mask: torch.Tensor) -> dict[str, float]:
-    """Read the columns GAE needs, compute ``A`` and ``R``, write them back; returns advantage stats."""
-    cfg, est = s.cfg, s.cfg.ppo.adv_estimator
-    kl_in_reward = cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty != 0
-    fields = ["token_mask"] + ["values"] * s.uses_critic + ["prev_logprobs", "reference_policy_logprobs"] * kl_in_reward
-    cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, fields)
-    mask = cols["token_mask"].float() * sample_mask[:, None]  # (B, T): trained response tokens
-    gae_kwargs = est.gae_kwargs()
-    if kl_in_reward:  # r_t −= β·KL_t(prev ‖ ref); the loss's own KL term is then off (clipped_pg_loss)
-        lf = cfg.loss_fn
-        gae_kwargs.update(
-            kl_penalty=lf.reference_policy_kl_penalty, prev_logprobs=cols["prev_logprobs"],
-            reference_logprobs=cols["reference_policy_logprobs"], kl_type=lf.reference_policy_kl_type,
-            kl_input_clamp_value=lf.kl_input_clamp_value, kl_output_clamp_value=lf.kl_output_clamp_value,
-        )
-    adv, ret = ppo_advantages(est.name, carry["rewards"], mask, cols.get("values"), gae_kwargs)  # (B, T) each
-    lengths = meta.seq_lens
-    out = {"advantages": [adv[i, : lengths[i]] for i in range(len(lengths))]}
-    if ret is not None:
-        out["returns"] = [ret[i, : lengths[i]].float() for i in range(len(lengths))]
-    s.data_plane.put_samples(list(meta.sample_ids), TRAIN_PARTITION, out)
-    on = mask != 0
-    if not on.any():
-        return {}
-    return {"advantages/mean": float(adv[on].mean()), "advantages/max": float(adv[on].max()),
-            "advantages/min": float(adv[on].min())}
-
-
-def ppo_step(s: Session, step: int) -> dict[str, float]:
+def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     """One PPO step (``step`` counts from 0); returns its metrics (train/*, critic/*, timing/train/*)."""
     cfg, g = s.cfg, s.cfg.ppo
-    t_step = time.perf_counter()
     timer = Timer()
     metrics: dict[str, float] = {}
     gbs = cfg.policy.train_global_batch_size
+    critic = s.workers.value
 
     with timer("refit"):
-        s.refit_if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_FIELDS, g.num_prompts_per_step * g.num_generations_per_prompt)
+        s.refit.if_stale()
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
 
-    # ---- rollout, rewards, dynamic sampling (shared with GRPO) → values → masks, logprobs ------
+    # ---- rollout, rewards, dynamic sampling → values → sample mask, logprobs ----------------------
     meta, carry = collect_rollouts(s, timer, metrics)
-    if s.uses_critic:
+    if critic is not None:
         with timer("values"):
-            s.value_sharded("compute_values", meta)
-    meta, sample_mask = masks_and_logprobs(s, meta, carry, timer, metrics)
+            critic.run_sharded("compute_values", meta)
+    meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
+    with timer("logprobs"):
+        if not cfg.loss_fn.force_on_policy_ratio:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
+        if loss.reference:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
+    if g.seq_logprob_error_threshold is not None:
+        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
 
-    # ---- advantages and returns (token level) -------------------------------------------------
+    # ---- advantages and returns (token level): GAE runs on the driver (whitening is a batch statistic)
     with timer("advantages"):
-        metrics.update(_advantages_and_returns(s, meta, carry, sample_mask))
+        lf, est = cfg.loss_fn, g.adv_estimator
+        kl_in_reward = lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0
+        fields = [TOKEN_MASK] + [VALUES] * (critic is not None) + [PREV_LOGPROBS, REFERENCE_LOGPROBS] * kl_in_reward
+        cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, fields)  # (B, T) each
+        mask = cols[TOKEN_MASK].float() * sample_mask[:, None]  # (B, T): trained response tokens
+        gae_kwargs = est.gae_kwargs()
+        if kl_in_reward:  # r_t −= β·KL_t(prev ‖ ref); the loss's own KL term is then off (clipped_pg_loss)
+            gae_kwargs.update(
+                kl_penalty=lf.reference_policy_kl_penalty, prev_logprobs=cols[PREV_LOGPROBS],
+                reference_logprobs=cols[REFERENCE_LOGPROBS], kl_type=lf.reference_policy_kl_type,
+                kl_input_clamp_value=lf.kl_input_clamp_value, kl_output_clamp_value=lf.kl_output_clamp_value,
+            )
+        adv, ret = ppo_advantages(est.name, carry["rewards"], mask, cols.get(VALUES), gae_kwargs)  # (B, T) each
+        lengths = meta.seq_lens
+        written = {ADVANTAGES: [adv[i, : lengths[i]] for i in range(len(lengths))]}
+        if ret is not None:
+            written[RETURNS] = [ret[i, : lengths[i]].float() for i in range(len(lengths))]
+        s.data_plane.put_samples(list(meta.sample_ids), TRAIN_PARTITION, written)
+        on = mask != 0
+        if on.any():
+            metrics.update({"advantages/mean": float(adv[on].mean()), "advantages/max": float(adv[on].max()),
+                            "advantages/min": float(adv[on].min())})
 
-    # ---- ppo_epochs × (critic, then actor) ----------------------------------------------------
+    # ---- ppo_epochs × (critic, then actor); the step is over ---------------------------------------
     train_actor = step >= g.policy_training_start_step
-    critic, actor = [], []
+    critic_passes, actor_passes = [], []
     for _ in range(g.ppo_epochs):
-        if s.uses_critic:
+        if critic is not None:
             with timer("value_training"):
-                critic.append(merge_rank_metrics(s.value_sharded("train", meta, batch_size=gbs)))
+                critic_passes.append(merge_rank_metrics(critic.run_sharded("train", meta, batch_size=gbs)))
         if train_actor:
             with timer("policy_training"):
-                actor.append(merge_rank_metrics(
-                    s.policy_sharded("train", meta, batch_size=gbs, loss_kwargs=s.loss_kwargs)))
+                actor_passes.append(merge_rank_metrics(
+                    s.workers.policy.run_sharded("train", meta, batch_size=gbs, loss=loss)))
     if train_actor:
-        s.mark_stale()
-    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # the step is over: do not wait on the store
+        s.refit.mark_stale()
+    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 
-    metrics.update(mean_over_epochs(actor))
-    cm = critic_metrics(critic)
+    metrics.update(mean_over_epochs(actor_passes))
+    cm = critic_metrics(critic_passes)
     explained = cm.pop("critic/explained_var", None)
     metrics.update(cm)
     metrics["policy_trained"] = float(train_actor)
@@ -175,13 +185,21 @@ def ppo_step(s: Session, step: int) -> dict[str, float]:
     out = {f"train/{k}": v for k, v in metrics.items()}
     if explained is not None:
         out["critic/explained_var"] = explained
-    out.update({f"timing/train/{k}": v for k, v in timer.times.items()})
-    out["timing/train/total_step_time"] = time.perf_counter() - t_step
-    return out
+    return {**out, **timer.metrics()}
 
 
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     """Run the whole job: warm-up (or resume), PPO steps, validation, checkpoints. Returns a summary."""
     if cfg.algorithm != "ppo":
         raise ValueError(f"recipes.ppo.train needs algorithm: ppo, got {cfg.algorithm!r}")
-    return run_training(cfg, ppo_step, quiet=quiet)
+    with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae") as s:
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        for step in range(s.start(), s.last_step()):
+            s.begin_step(step)
+            try:
+                metrics = ppo_step(s, loss, step)
+            except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
+                s.stop_early(step, e)
+                break
+            s.end_step(step, metrics)
+        return s.summary()

@@ -1,8 +1,16 @@
-"""Worker groups: the same worker classes run in-process (`local`) or as Ray actors (`ray`).
+"""Where workers run: the same worker classes in-process (`local`) or as Ray actors (`ray`).
 
-A group holds one worker per rank and calls a method on all of them, with per-rank arguments
-(for sharded calls) or the same arguments, returning the results in rank order. Nothing in the
-workers knows which runtime they run under, so `runtime: local` is debuggable with breakpoint().
+Every actor of a run goes through this module, grouped (one worker per data-parallel rank: policy,
+critic, teacher) or single (the rollout worker, the async collector). A group calls a method on all
+of its ranks, with per-rank arguments (sharded calls) or the same arguments, and returns the results
+in rank order; a single actor is called like an object. Nothing in the workers knows which runtime
+they run under, so `runtime: local` is debuggable with breakpoint(), and nothing above this module
+imports Ray.
+
+``lazy(method)`` returns what a call would return without fetching it into the driver: the value
+itself locally, an object reference under Ray. Passed as an argument to another actor's call, the
+reference is resolved in that actor's process (weights go from the policy actor to the generator
+without passing through the driver).
 """
 
 from __future__ import annotations
@@ -10,7 +18,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rlplane.dataplane import KVBatchMeta, shard_meta_for_dp
+
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+# An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
+ACTOR_START_TIMEOUT_S = 300.0
+
+
+def _per_rank_shards(meta: KVBatchMeta, world: int, batch_size: int | None) -> list[dict]:
+    metas, _ = shard_meta_for_dp(meta, world, batch_size=batch_size)
+    return [{"meta": m} for m in metas]
 
 
 class LocalGroup:
@@ -27,15 +44,38 @@ class LocalGroup:
             getattr(w, method)(*args, **kwargs, **(per_rank[i] if per_rank else {})) for i, w in enumerate(self.workers)
         ]
 
+    def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
+        """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its shard."""
+        shards = _per_rank_shards(meta, len(self.workers), batch_size)
+        results = []
+        for worker, shard in zip(self.workers, shards):  # a plain loop: one frame less between a step and its worker
+            results.append(getattr(worker, method)(**kwargs, **shard))
+        return results
+
+    def lazy(self, method: str, *args, rank: int = 0, **kwargs):
+        return getattr(self.workers[rank], method)(*args, **kwargs)
+
+    def wait(self, handles: list) -> list:
+        """The results of calls made with :meth:`lazy` (already computed in this process)."""
+        return handles
+
+    def close(self) -> None:
+        pass
+
 
 class RayGroup:
-    """One Ray actor per rank; calls are issued to all ranks at once and awaited together."""
+    """One Ray actor per rank; calls are issued to all ranks at once and awaited together.
+    With ``distributed`` (and more than one rank) the ranks join one gloo group at start."""
 
-    def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0, num_gpus: float = 0.0):
+    def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0,
+                 distributed: bool = False, num_gpus: float = 0.0):
         import ray
 
         remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": WORKER_ENV})(cls)
         self.workers = [remote_cls.remote(**kw) for kw in per_rank_kwargs]
+        await_actors(self.workers)
+        if distributed:  # its own process group (gloo/NCCL): every actor is its own process
+            self.run("setup_distributed", ray.get(self.workers[0].node_address.remote()))
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -49,11 +89,124 @@ class RayGroup:
         ]
         return ray.get(refs)
 
-    def kill(self) -> None:
+    def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
+        """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its shard."""
+        import ray
+
+        shards = _per_rank_shards(meta, len(self.workers), batch_size)
+        return ray.get([getattr(w, method).remote(**kwargs, **shards[i]) for i, w in enumerate(self.workers)])
+
+    def lazy(self, method: str, *args, rank: int = 0, **kwargs):
+        return getattr(self.workers[rank], method).remote(*args, **kwargs)
+
+    def wait(self, handles: list) -> list:
+        """The results of calls started with :meth:`lazy`."""
+        import ray
+
+        return ray.get(handles)
+
+    def close(self) -> None:
         import ray
 
         for w in self.workers:
             ray.kill(w)
+
+    kill = close
+
+
+class LocalActor:
+    """One worker in this process. ``obj`` is the worker itself (colocated parts may share its module)."""
+
+    def __init__(self, cls: type, kwargs: dict[str, Any]):
+        self.obj = cls(**kwargs)
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self.obj, method)(*args, **kwargs)
+
+    lazy = call
+
+    def close(self) -> None:
+        close = getattr(self.obj, "close", None)
+        if close is not None:
+            close()
+
+
+class RayActor:
+    """One worker as a Ray actor; ``max_concurrency`` > 1 lets its own threads run beside calls."""
+
+    obj = None  # the worker lives in another process
+
+    def __init__(self, cls: type, kwargs: dict[str, Any], num_cpus: float = 0.5, max_concurrency: int | None = None,
+                 env_vars: dict[str, str] | None = None):
+        import ray
+
+        options: dict[str, Any] = dict(num_cpus=num_cpus, runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})
+        if max_concurrency is not None:
+            options["max_concurrency"] = max_concurrency
+        self.handle = ray.remote(**options)(cls).remote(**kwargs)
+
+    def call(self, method: str, *args, **kwargs):
+        from rlplane.workers.deadlines import ray_get
+
+        # A deadline hit inside the actor comes out as its own one line, not Ray's traceback.
+        return ray_get(getattr(self.handle, method).remote(*args, **kwargs))
+
+    def lazy(self, method: str, *args, **kwargs):
+        return getattr(self.handle, method).remote(*args, **kwargs)
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.handle)  # the actor's processes (and its envs' workers) go with it
+
+
+def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *, num_cpus: float = 1.0,
+               num_gpus: float = 0.0, distributed: bool = False) -> LocalGroup | RayGroup:
+    """A group of ``cls`` workers, one per entry of ``per_rank_kwargs``, under ``runtime`` (local | ray);
+    with ``distributed`` the Ray ranks join one process group at start (more than one rank, or FSDP)."""
+    if runtime == "local":
+        return LocalGroup(cls, per_rank_kwargs)
+    return RayGroup(cls, per_rank_kwargs, num_cpus=num_cpus, num_gpus=num_gpus, distributed=distributed)
+
+
+def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
+               max_concurrency: int | None = None, env_vars: dict[str, str] | None = None) -> LocalActor | RayActor:
+    """A single ``cls`` worker under ``runtime`` (local | ray); ``env_vars`` are set in a Ray actor's process."""
+    if runtime == "local":
+        return LocalActor(cls, kwargs)
+    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars)
+
+
+def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None:
+    """Wait until every actor answers ``ping`` (its constructor finished); a one-line error after
+    ``timeout_s`` instead of a hang when one can never be scheduled."""
+    import ray
+
+    from rlplane.config.loading import ConfigError
+
+    refs = [a.ping.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        raise ConfigError([
+            f"runtime=ray: {len(refs) - len(ready)} of {len(refs)} worker actors did not start within {timeout_s:g} s "
+            "(the Ray cluster lacks free CPUs or memory for them); free the cluster, lower policy.dp_size, or give Ray "
+            "more (cluster.num_cpus, cluster.address)"
+        ])
+    ray.get(ready)  # a constructor that raised raises here
+
+
+def cluster_cpus() -> float:
+    """The CPUs of the Ray cluster this process is connected to."""
+    import ray
+
+    return float(ray.cluster_resources().get("CPU", 0))
+
+
+def cluster_gpus() -> float:
+    """The GPUs of the Ray cluster this process is connected to."""
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
 
 
 def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: int | None = None) -> None:

@@ -21,8 +21,9 @@ from rlplane.runtime.devices import to_device
 from rlplane.workers import parallel
 from rlplane.utils.metrics import reduce_microbatch_metrics
 
-# (micro-batch slice, global valid tokens, global valid sequences) -> (loss, detached metrics)
-MicroBatchLoss = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
+# sequences) -> (loss, detached metrics)
+MicroBatchLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def load_configured_policy(cfg, trainable: bool = False, init_state: dict[str, torch.Tensor] | None = None):
@@ -82,7 +83,6 @@ class DPTrainWorker:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    pad_values: dict[str, float | int] = {}
 
     # ---- data parallelism ------------------------------------------------------------------------
     def frozen_models(self) -> dict[str, torch.nn.Module]:
@@ -128,9 +128,7 @@ class DPTrainWorker:
     def _fetch(self, meta: KVBatchMeta, fields: list[str]) -> dict[str, torch.Tensor]:
         """This rank's shard of ``fields``, padded to the step's common length (all ranks alike)."""
         pad_to = meta.extra_info.get("global_forward_pad_seqlen")
-        host = self.dp.get_samples(
-            meta, meta.partition_id, fields, pad_values={f: self.pad_values.get(f, 0) for f in fields}, pad_to=pad_to
-        )
+        host = self.dp.get_samples(meta, meta.partition_id, fields, pad_to=pad_to)  # pads: columns.py
         return to_device(host, self.device)
 
     def _lockstep(self, model: torch.nn.Module, num_local: int):
@@ -153,12 +151,15 @@ class DPTrainWorker:
         global_batch_size: int,
         micro_batch_size: int,
         max_grad_norm: float | None,
-        mb_loss: MicroBatchLoss,
+        forward: Callable[[slice], torch.Tensor],
+        loss: MicroBatchLoss,
+        batch: dict[str, torch.Tensor],
     ) -> dict[str, float]:
         """One optimizer step per global batch of this rank's shard, then one scheduler step.
 
         ``token_mask`` (B, T') is the loss's token mask (already sliced like the loss inputs) and
-        ``sample_mask`` (B,). The loss is normalised by the global counts of each global batch
+        ``sample_mask`` (B,). Per micro-batch ``mb``: ``loss(forward(mb), {k: v[mb]}, sample_mask[mb],
+        global_valid_tokens, global_valid_seqs)``. The loss is normalised by the global counts of each global batch
         (summed over micro-batches and DP ranks), so the summed gradient is the global-batch mean.
         Returns the reduced metrics plus ``grad_norm``, ``lr``, ``global_valid_toks/seqs``.
         """
@@ -174,9 +175,11 @@ class DPTrainWorker:
             global_toks, global_seqs = counts[0], counts[1]
             self.optimizer.zero_grad(set_to_none=True)
             for start in range(gb.start, gb.stop, mbs):
-                loss, m = mb_loss(slice(start, start + mbs), global_toks, global_seqs)
-                loss.backward()
-                metrics_per_mb.append({"loss": loss.detach(), **{k: v.detach() for k, v in m.items()}})
+                mb = slice(start, start + mbs)
+                value, m = loss(forward(mb), {k: v[mb] for k, v in batch.items()}, sample_mask[mb], global_toks,
+                                global_seqs)
+                value.backward()
+                metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
             parallel.sync_gradients(self.model, self.group)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
             grad_norms.append(parallel.as_float(norm))

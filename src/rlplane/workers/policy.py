@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from rlplane.algorithms.loss_options import ClippedPGOptions
 from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.dataplane.columns import (
+    ADVANTAGES,
+    COLUMNS,
+    GENERATION_LOGPROBS,
+    INPUT_IDS,
+    PREV_LOGPROBS,
+    REFERENCE_LOGPROBS,
+    TOKEN_MASK,
+)
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
@@ -33,15 +44,55 @@ from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.utils.threads import set_worker_threads
 
-# Fields the trainer reads from the data plane, and the pad value of each.
-PAD_VALUES = {
-    "input_ids": 0,
-    "token_mask": 0,
-    "generation_logprobs": 0.0,
-    "prev_logprobs": 0.0,
-    "reference_policy_logprobs": 0.0,
-    "advantages": 0.0,
-}
+class PolicyLoss(Protocol):
+    """A loss the policy worker trains with, handed in by the recipe (frozen, pickles to Ray actors).
+
+    ``columns`` are the data-plane columns it reads besides ``input_ids``; the worker fetches them
+    for its shard, slices per-token ones ``[:, 1:]`` like the logprobs and passes the micro-batch's
+    rows as ``batch``. Returns ``(loss, metrics)`` as the kernels do (global-count normalised).
+    """
+
+    def columns(self) -> list[str]: ...
+
+    # Optional: ``wants_unfiltered_logprobs`` (bool) asks for ``(filtered, unfiltered)`` logprobs
+    # when the sampler filters (top-k/top-p); see ClippedPGLoss.
+
+    def __call__(self, curr_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], sample_mask: torch.Tensor,
+                 global_valid_tokens: torch.Tensor, global_valid_seqs: torch.Tensor): ...
+
+
+@dataclass(frozen=True)
+class ClippedPGLoss:
+    """GRPO's and PPO's loss: :func:`clipped_pg_loss` with the run's ``loss_fn`` options."""
+
+    options: ClippedPGOptions
+    reference: bool  # the step wrote reference_policy_logprobs (the KL term's input)
+
+    def columns(self) -> list[str]:
+        prev = [] if self.options.force_on_policy_ratio else [PREV_LOGPROBS]
+        return [TOKEN_MASK, ADVANTAGES, GENERATION_LOGPROBS, *prev, *[REFERENCE_LOGPROBS] * self.reference]
+
+    @property
+    def wants_unfiltered_logprobs(self) -> bool:
+        """With top-k/top-p sampling the KL term compares temperature-only logprobs (NeMo RL)."""
+        return self.reference
+
+    def __call__(self, curr_logprobs, batch, sample_mask, global_valid_tokens, global_valid_seqs):
+        # (filtered, unfiltered) when wants_unfiltered_logprobs and the sampler filters; else filtered only.
+        curr, curr_unfiltered = curr_logprobs if isinstance(curr_logprobs, tuple) else (curr_logprobs, None)
+        return clipped_pg_loss(
+            curr_logprobs=curr,
+            curr_logprobs_unfiltered=curr_unfiltered,
+            prev_logprobs=batch.get(PREV_LOGPROBS, curr.detach()),
+            generation_logprobs=batch[GENERATION_LOGPROBS],
+            reference_logprobs=batch.get(REFERENCE_LOGPROBS),
+            advantages=batch[ADVANTAGES],
+            token_mask=batch[TOKEN_MASK].float(),
+            sample_mask=sample_mask,
+            global_valid_tokens=global_valid_tokens,
+            global_valid_seqs=global_valid_seqs,
+            options=self.options,
+        )
 
 
 def token_logprobs(
@@ -71,8 +122,6 @@ def token_logprobs(
 
 class PolicyWorker(DPTrainWorker):
     """One data-parallel rank of the policy (and of the frozen reference policy)."""
-
-    pad_values = PAD_VALUES
 
     def __init__(
         self,
@@ -106,15 +155,15 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- logprobs --------------------------------------------------------------------------------
     @torch.no_grad()
-    def compute_logprobs(self, meta: KVBatchMeta, out_field: str = "prev_logprobs", reference: bool = False) -> None:
+    def compute_logprobs(self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False) -> None:
         """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
         model = self.reference if reference else self.model
         bs = self.cfg.policy.logprob_batch_size
         finish_lockstep = self._lockstep(model, -(-len(meta) // bs))
         if len(meta) == 0:
             return finish_lockstep()
-        data = self._fetch(meta, ["input_ids"])
-        ids = data["input_ids"]  # (B, T)
+        data = self._fetch(meta, [INPUT_IDS])
+        ids = data[INPUT_IDS]  # (B, T)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
         attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()  # (B, T)
         gen = self.cfg.policy.generation
@@ -134,44 +183,30 @@ class PolicyWorker(DPTrainWorker):
         )
         return None
 
-    # ---- training --------------------------------------------------------------------------------
-    def train(self, meta: KVBatchMeta, loss_kwargs: dict[str, Any]) -> dict[str, float]:
-        """Run every global batch of this rank's shard: micro-batches, all-reduce, clip, AdamW step."""
+    # ---- training ------------------------------------------------------------------------------
+    def train(self, meta: KVBatchMeta, loss: PolicyLoss) -> dict[str, float]:
+        """Run every global batch of this rank's shard with ``loss``: micro-batches, all-reduce, clip, AdamW step."""
         cfg = self.cfg
-        fields = ["input_ids", "token_mask", "advantages", "generation_logprobs"]
-        use_prev = not loss_kwargs.get("force_on_policy_ratio", False)
-        use_ref = self.reference is not None
-        fields += ["prev_logprobs"] * use_prev + ["reference_policy_logprobs"] * use_ref
-        data = self._fetch(meta, fields)
+        columns = loss.columns()
+        data = self._fetch(meta, [INPUT_IDS, *columns])
         sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
-        ids = data["input_ids"]
+        ids = data[INPUT_IDS]  # (B, T)
         attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         gen = cfg.policy.generation
-        # With top-k/top-p on, the KL term needs the current policy's unfiltered logprobs as well
-        # (the reference's are unfiltered); both come from one forward pass.
-        split_kl = use_ref and filtering_on(gen.top_k, gen.top_p)
+        batch = {c: data[c][:, 1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
+        # With top-k/top-p on, a KL-to-reference term needs the current policy's unfiltered logprobs as
+        # well (the reference's are unfiltered); both come from one forward pass.
+        split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)
 
-        def mb_loss(mb: slice, global_toks: torch.Tensor, global_seqs: torch.Tensor):
+        def forward(mb: slice):
+            """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``."""
             lp = token_logprobs(self.model, ids[mb], attn[mb], gen.temperature, gen.top_k, gen.top_p, split_kl)
-            curr, curr_unfiltered = (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else (lp[:, 1:], None)  # (b, T-1)
-            return clipped_pg_loss(
-                curr_logprobs=curr,
-                curr_logprobs_unfiltered=curr_unfiltered,
-                prev_logprobs=data["prev_logprobs"][mb, 1:] if use_prev else curr.detach(),
-                generation_logprobs=data["generation_logprobs"][mb, 1:],
-                reference_logprobs=data["reference_policy_logprobs"][mb, 1:] if use_ref else None,
-                advantages=data["advantages"][mb, 1:],
-                token_mask=data["token_mask"][mb, 1:].float(),
-                sample_mask=sample_mask[mb],
-                global_valid_tokens=global_toks,
-                global_valid_seqs=global_seqs,
-                **loss_kwargs,
-            )
+            return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
         return self._train_global_batches(
-            data["token_mask"][:, 1:], sample_mask, cfg.policy.train_global_batch_size,
-            cfg.policy.train_micro_batch_size, cfg.policy.max_grad_norm, mb_loss,
+            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,
+            cfg.policy.max_grad_norm, forward, loss, batch,
         )
 
     # ---- weights and state -----------------------------------------------------------------------

@@ -17,10 +17,8 @@ Sampling is seeded per sample (with a backend that supports it: ``hf``): the sam
 ``sample_seed(run seed, sample key, v)`` (:func:`sample_keys`), so it draws the same tokens
 whatever batch or worker generates it and in whatever order.
 
-Columns written (per-token ones are jagged, length = prompt + response):
-  input_ids            prompt + response token ids (multi-turn: prompt, responses and observations)
-  token_mask           1 on generated tokens (the ones trained on), 0 on prompt and observation tokens
-  generation_logprobs  logprob of each generated token under the sampler, 0 elsewhere
+Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
+:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ import torch
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
@@ -189,7 +188,7 @@ class RolloutWorker:
         meta = self.dp.put_samples(
             keys,
             partition_id,
-            {"input_ids": res.input_ids, "token_mask": res.token_mask, "generation_logprobs": res.generation_logprobs},
+            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
         return meta, carry, metrics

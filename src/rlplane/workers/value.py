@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,12 +25,24 @@ from transformers import AutoModelForTokenClassification
 from rlplane.algorithms.losses import value_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.dataplane.columns import INPUT_IDS, RETURNS, TOKEN_MASK, VALUES
 from rlplane.runtime.devices import resolve_device
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.utils.threads import set_worker_threads
 
-PAD_VALUES = {"input_ids": 0, "token_mask": 0, "values": 0.0, "returns": 0.0}
+
+
+@dataclass(frozen=True)
+class CriticLoss:
+    """The critic's clipped MSE (``value.loss_fn``) over the stored ``values`` (v_old) and ``returns``."""
+
+    cliprange: float | None
+    scale: float
+
+    def __call__(self, values, batch, sample_mask, global_valid_tokens, _global_valid_seqs):
+        return value_loss(values, batch[VALUES], batch[RETURNS], batch[TOKEN_MASK], global_valid_tokens,
+                          clip_range=self.cliprange, sample_mask=sample_mask, scale=self.scale)
 
 
 def build_value_model(cfg: RunConfig, init_state: dict[str, torch.Tensor] | None = None):
@@ -63,8 +76,6 @@ def shifted_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 class ValueWorker(DPTrainWorker):
     """One data-parallel rank of the critic: ``compute_values`` and ``train`` on its shard."""
 
-    pad_values = PAD_VALUES
-
     def __init__(
         self,
         cfg: RunConfig,
@@ -85,19 +96,19 @@ class ValueWorker(DPTrainWorker):
     def _inputs(self, meta: KVBatchMeta, fields: list[str]):
         data = self._fetch(meta, fields)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
-        positions = torch.arange(data["input_ids"].shape[1], device=self.device)
+        positions = torch.arange(data[INPUT_IDS].shape[1], device=self.device)
         attn = (positions[None, :] < lengths[:, None]).long()  # (B, T)
         return data, lengths, attn
 
     @torch.no_grad()
-    def compute_values(self, meta: KVBatchMeta, out_field: str = "values") -> None:
+    def compute_values(self, meta: KVBatchMeta, out_field: str = VALUES) -> None:
         """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
         bs = self.cfg.policy.logprob_batch_size
         finish_lockstep = self._lockstep(self.model, -(-len(meta) // bs))
         if len(meta) == 0:
             return finish_lockstep()
-        data, lengths, attn = self._inputs(meta, ["input_ids"])
-        ids = data["input_ids"]
+        data, lengths, attn = self._inputs(meta, [INPUT_IDS])
+        ids = data[INPUT_IDS]
         self.model.eval()
         out = torch.cat([shifted_values(self.model, ids[i : i + bs], attn[i : i + bs]) for i in range(0, len(ids), bs)])
         out = out.cpu()  # the data plane holds host tensors
@@ -113,22 +124,18 @@ class ValueWorker(DPTrainWorker):
         ``0.5·scale·Σ max((v − R)², (clamp(v, v_old ± ε) − R)²)·m / N_tok`` against the stored
         ``returns``, ``v_old`` = the stored ``values``. Metrics: :func:`rlplane.algorithms.value_loss`'s."""
         cfg = self.cfg
-        data, _, attn = self._inputs(meta, ["input_ids", "token_mask", "values", "returns"])
-        ids = data["input_ids"]
+        data, _, attn = self._inputs(meta, [INPUT_IDS, TOKEN_MASK, VALUES, RETURNS])
+        ids = data[INPUT_IDS]
         sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
-        token_mask = data["token_mask"][:, 1:].float()  # position 0 is never a response token
-        loss_cfg = cfg.value.loss_fn
+        # Position 0 is never a response token; values/returns are aligned with the token mask.
+        batch = {TOKEN_MASK: data[TOKEN_MASK][:, 1:].float(), VALUES: data[VALUES][:, 1:], RETURNS: data[RETURNS][:, 1:]}
 
-        def mb_loss(mb: slice, global_toks: torch.Tensor, _global_seqs: torch.Tensor):
-            v = shifted_values(self.model, ids[mb], attn[mb])[:, 1:]  # (b, T-1)
-            return value_loss(
-                v, data["values"][mb, 1:], data["returns"][mb, 1:], token_mask[mb], global_toks,
-                clip_range=loss_cfg.cliprange, sample_mask=sample_mask[mb], scale=loss_cfg.scale,
-            )
+        def forward(mb: slice) -> torch.Tensor:
+            return shifted_values(self.model, ids[mb], attn[mb])[:, 1:]  # (b, T-1)
 
         return self._train_global_batches(
-            token_mask, sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,
-            cfg.value.max_grad_norm, mb_loss,
+            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,
+            cfg.value.max_grad_norm, forward, CriticLoss(cfg.value.loss_fn.cliprange, cfg.value.loss_fn.scale), batch,
         )
 
     # ---- weights and state -----------------------------------------------------------------------

@@ -7,7 +7,7 @@ import inspect
 import pytest
 from pydantic import ValidationError
 
-from rlplane.algorithms import apply_reward_shaping, clipped_pg_loss, compute_gae, scale_rewards
+from rlplane.algorithms import ClippedPGOptions, apply_reward_shaping, clipped_pg_loss, compute_gae, scale_rewards
 from rlplane.config.algorithms import (
     GRPOAdvEstimatorConfig,
     LossConfig,
@@ -28,9 +28,10 @@ def test_loss_config_defaults_are_nemo_rl_and_match_the_kernel():
     assert (cfg.reference_policy_kl_penalty, cfg.reference_policy_kl_type) == (0.01, "k3")
     assert (cfg.kl_input_clamp_value, cfg.kl_output_clamp_value) == (20.0, 10.0)
     assert cfg.token_level_loss and not cfg.use_importance_sampling_correction
-    kernel = kwonly_defaults(clipped_pg_loss, skip=("prev_logprobs", "generation_logprobs", "reference_logprobs",
-                                                    "curr_logprobs_unfiltered", "rewards", "global_valid_positive_tokens"))
-    assert cfg.model_dump() == kernel  # same keys and the same defaults
+    # The config's loss_fn section is built from the kernel's option object: same keys, same defaults.
+    assert cfg.model_dump() == ClippedPGOptions().as_dict()
+    assert cfg.options() == ClippedPGOptions()
+    assert kwonly_defaults(clipped_pg_loss)["options"] == ClippedPGOptions()
 
 
 def test_other_configs_feed_their_kernels():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlplane.algorithms import clipped_pg_loss, nll_loss, value_loss
+from rlplane.algorithms import ClippedPGOptions, clipped_pg_loss, nll_loss, value_loss
 from rlplane.algorithms._reference import pg_loss_loop
 from rlplane.algorithms.losses import CLIPPED_PG_METRIC_REDUCTIONS
 
@@ -57,7 +57,8 @@ def run_split(data, opts, splits):
         loss, m = clipped_pg_loss(
             curr_logprobs=curr[idx], prev_logprobs=data["prev"][idx], generation_logprobs=data["gen"][idx],
             reference_logprobs=data["ref"][idx], advantages=data["adv"][idx], token_mask=data["tm"][idx],
-            sample_mask=data["sm"][idx], global_valid_tokens=n_tok, global_valid_seqs=n_seq, **opts,
+            sample_mask=data["sm"][idx], global_valid_tokens=n_tok, global_valid_seqs=n_seq,
+            options=ClippedPGOptions(**opts),
         )
         loss.backward()
         total = total + loss.detach()
@@ -101,8 +102,8 @@ def test_pg_loss_matches_loop_twin(shape, token_level, clip_c):
     n_seq = float(data["sm"].sum()) or 1.0
     loss, _ = clipped_pg_loss(
         curr_logprobs=data["curr"], prev_logprobs=data["prev"], advantages=data["adv"] * 2, token_mask=data["tm"],
-        sample_mask=data["sm"], global_valid_tokens=n_tok, global_valid_seqs=n_seq, reference_policy_kl_penalty=0.0,
-        ratio_clip_c=clip_c, token_level_loss=token_level,
+        sample_mask=data["sm"], global_valid_tokens=n_tok, global_valid_seqs=n_seq,
+        options=ClippedPGOptions(reference_policy_kl_penalty=0.0, ratio_clip_c=clip_c, token_level_loss=token_level),
     )
     ref = pg_loss_loop(
         data["curr"], data["prev"], data["adv"] * 2, data["tm"], data["sm"], n_tok, n_seq,

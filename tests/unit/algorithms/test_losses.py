@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlplane.algorithms import clipped_pg_loss, explained_variance, kl_estimate, nll_loss, value_loss
+from rlplane.algorithms import ClippedPGOptions, clipped_pg_loss, explained_variance, kl_estimate, nll_loss, value_loss
 from rlplane.algorithms.losses import CLIPPED_PG_METRIC_REDUCTIONS
 
 L = math.log
@@ -25,11 +25,12 @@ def pg(curr, adv, *, prev=None, gen=None, ref=None, tm=None, sm=None, n_tok=None
     sm = torch.ones(curr.shape[0], dtype=torch.float64) if sm is None else torch.as_tensor(sm, dtype=torch.float64)
     opts.setdefault("reference_policy_kl_penalty", 0.0)
     t = lambda x: None if x is None else torch.as_tensor(x, dtype=torch.float64)  # noqa: E731
+    tensors = {k: opts.pop(k) for k in ("rewards", "curr_logprobs_unfiltered", "global_valid_positive_tokens") if k in opts}
     loss, metrics = clipped_pg_loss(
         curr_logprobs=curr, prev_logprobs=t(prev) if prev is not None else torch.zeros_like(curr), generation_logprobs=t(gen),
         reference_logprobs=t(ref), advantages=torch.as_tensor(adv, dtype=torch.float64), token_mask=tm, sample_mask=sm,
         global_valid_tokens=(tm * sm[:, None]).sum() if n_tok is None else n_tok,
-        global_valid_seqs=sm.sum() if n_seq is None else n_seq, **opts,
+        global_valid_seqs=sm.sum() if n_seq is None else n_seq, **tensors, options=ClippedPGOptions(**opts),
     )
     loss.backward()
     return loss.detach(), metrics, curr.grad
@@ -93,8 +94,8 @@ def test_force_on_policy_ratio_is_one_with_gradient():
     curr = torch.tensor([[-0.7, -1.3]], dtype=torch.float64, requires_grad=True)
     loss, m = clipped_pg_loss(
         curr_logprobs=curr, advantages=torch.tensor([[1.0, 3.0]], dtype=torch.float64), token_mask=torch.ones(1, 2),
-        sample_mask=torch.ones(1), global_valid_tokens=2, global_valid_seqs=1, reference_policy_kl_penalty=0.0,
-        force_on_policy_ratio=True,
+        sample_mask=torch.ones(1), global_valid_tokens=2, global_valid_seqs=1,
+        options=ClippedPGOptions(reference_policy_kl_penalty=0.0, force_on_policy_ratio=True),
     )
     loss.backward()
     close(loss, -2.0)
@@ -221,7 +222,8 @@ def test_kl_uses_unfiltered_logprobs_when_given():
     _, m = clipped_pg_loss(
         curr_logprobs=curr, prev_logprobs=torch.zeros(1, 1), reference_logprobs=torch.full((1, 1), L(0.5)),
         curr_logprobs_unfiltered=torch.full((1, 1), L(0.5)), advantages=torch.zeros(1), token_mask=torch.ones(1, 1),
-        sample_mask=torch.ones(1), global_valid_tokens=1, global_valid_seqs=1, reference_policy_kl_penalty=1.0,
+        sample_mask=torch.ones(1), global_valid_tokens=1, global_valid_seqs=1,
+        options=ClippedPGOptions(reference_policy_kl_penalty=1.0),
     )
     close(m["kl_penalty"], 0.0)  # unfiltered curr equals ref -> k3 = 0
 

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from rlplane.algorithms import clipped_pg_loss, explained_variance, kl_estimate, nll_loss, value_loss
+from rlplane.algorithms import ClippedPGOptions, clipped_pg_loss, explained_variance, kl_estimate, nll_loss, value_loss
 from rlplane.algorithms._ops import masked_mean
 from rlplane.config.algorithms import LossConfig
 
@@ -35,7 +35,7 @@ def pg(curr, adv, prev=None, *, gen=None, ref=None, tm=None, sm=None, grad=False
     loss, metrics = clipped_pg_loss(
         curr_logprobs=curr, advantages=f(adv), prev_logprobs=f(prev), generation_logprobs=f(gen),
         reference_logprobs=f(ref), token_mask=tm, sample_mask=sm,
-        global_valid_tokens=(tm * sm[:, None]).sum(), global_valid_seqs=sm.sum(), **opts,
+        global_valid_tokens=(tm * sm[:, None]).sum(), global_valid_seqs=sm.sum(), options=ClippedPGOptions(**opts),
     )
     if grad:
         loss.backward()
@@ -354,7 +354,8 @@ def test_split_rescale_matches_sync_normalization():
     def run(rows):
         return clipped_pg_loss(curr_logprobs=curr[rows], advantages=adv[rows], prev_logprobs=prev[rows],
                                generation_logprobs=gen[rows], reference_logprobs=ref[rows], token_mask=tm[rows],
-                               sample_mask=sm[rows], global_valid_tokens=n_tok, global_valid_seqs=n_seq, **opts)[1]
+                               sample_mask=sm[rows], global_valid_tokens=n_tok, global_valid_seqs=n_seq,
+                               options=ClippedPGOptions(**opts))[1]
 
     whole, halves = run(slice(0, 8)), [run(slice(0, 4)), run(slice(4, 8))]
     from rlplane.algorithms.losses import CLIPPED_PG_METRIC_REDUCTIONS as RED

@@ -11,7 +11,7 @@ import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, target_versions
 from rlplane.config.loading import load_config
-from rlplane.recipes.setup import build_datasets
+from rlplane.datasets import build_datasets
 from rlplane.workers.base import load_configured_policy
 
 P, G = 2, 2

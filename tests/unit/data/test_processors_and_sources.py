@@ -12,7 +12,7 @@ from rlplane.data.errors import DatasetError
 from rlplane.data.processors import MATH_COT_TEMPLATE, resolve_prompt_format
 from rlplane.envs import UnknownEnvironmentError
 from rlplane.models import build_char_tokenizer
-from rlplane.recipes.setup import build_datasets
+from rlplane.datasets import build_datasets
 
 
 class _ChatTok:

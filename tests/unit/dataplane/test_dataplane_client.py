@@ -14,15 +14,8 @@ from rlplane.dataplane import (
     MissingKeyError,
     ShapeError,
     UnknownPartitionError,
-    drop_samples,
-    finish_step,
-    first_write,
-    keep_samples,
     make_data_plane,
-    mint_sample_ids,
-    read_columns,
     shard_meta_for_dp,
-    write_columns,
 )
 
 FIELDS = ["input_ids", "generation_logprobs", "token_mask", "reward", "prev_logprobs", "advantages", "emb"]
@@ -91,7 +84,7 @@ def test_write_back_padded_is_trimmed_to_lengths(client, pid):
     for m in metas:
         T = m.extra_info[GLOBAL_PAD_KEY]
         lp = torch.full((len(m), T), 9.0)  # padded (B, T); the tail beyond each length is padding
-        m2 = write_columns(client, m, {"prev_logprobs": lp})
+        m2 = client.put_samples(m, None, {"prev_logprobs": lp})
         assert m2.fields[-1] == "prev_logprobs" and m2.extra_info == m.extra_info
     out = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]
     assert out.shape == (3, 5)
@@ -118,21 +111,21 @@ def test_overwrite_replaces_and_status_tracks_fields(client, pid):
     assert m.sample_ids == tuple(KEYS) and m.fields == ("input_ids",) and m.seq_lens == (2, 3, 4)
 
 
-def test_clear_and_lifecycle(client, pid):
-    uids = ["u0", "u1"]
-    keys = mint_sample_ids(uids, 2)
-    assert keys == ["u0_g0", "u0_g1", "u1_g0", "u1_g1"]
+def test_clear_and_step_lifecycle(client, pid):
+    """A step as the recipes run it: first write, dynamic sampling's clear, a padded read, a write-back, the final clear."""
+    keys = ["u0_g0", "u0_g1", "u1_g0", "u1_g1"]  # {prompt_uid}_g{i}, as the rollout worker mints them
     data = batch((3, 5, 2, 4))
     data["reward"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
-    meta = first_write(client, keys, pid, data, extra_info={"rollout_metrics": {"x": 1}}, pad_to_multiple=4)
-    meta = meta.stamp_tags({"std": [0.0, 0.0, 0.5, 0.5]})
-    meta = keep_samples(client, meta, [t["std"] != 0 for t in meta.tags])  # dynamic sampling
-    assert meta.sample_ids == ("u1_g0", "u1_g1") and client.list_samples(pid) == ["u1_g0", "u1_g1"]
-    cols = read_columns(client, meta, ["generation_logprobs", "token_mask"])
-    assert cols["generation_logprobs"].shape == (2, 4)  # max(2, 4) rounded to a multiple of 4
-    meta = write_columns(client, meta, {"advantages": torch.zeros(2, 4)})
-    meta = drop_samples(client, meta, ["u1_g0"])
-    assert finish_step(client, meta) == 1 and client.list_samples(pid) == []
+    meta = client.put_samples(keys, pid, data, tags=[{"std": s} for s in (0.0, 0.0, 0.5, 0.5)])
+    dropped = [k for k, t in zip(meta.sample_ids, meta.tags) if t["std"] == 0]  # dynamic sampling
+    client.clear_samples(dropped, pid)
+    meta = meta.subset([i for i, t in enumerate(meta.tags) if t["std"] != 0])
+    assert meta.sample_ids == tuple(keys[2:]) and client.list_samples(pid) == keys[2:]
+    cols = client.get_samples(meta, None, ["generation_logprobs", "token_mask"], pad_to=8)
+    assert cols["generation_logprobs"].shape == (2, 8)  # padded to the requested global length
+    meta = client.put_samples(meta, None, {"advantages": torch.zeros(2, 4)})
+    client.clear_samples([keys[2]], pid)
+    assert client.clear_samples(None, pid) == 1 and client.list_samples(pid) == []
     assert client.clear_samples(None, pid) == 0
     if hasattr(client, "index"):
         assert client.index.num_chunks(pid) == 0  # every column freed

@@ -14,8 +14,8 @@ from rlplane.dataplane import make_data_plane  # noqa: E402
 from rlplane.generation import HFGenerationBackend  # noqa: E402
 from rlplane.models import load_policy  # noqa: E402
 from rlplane.models.lora import is_lora, policy_weights  # noqa: E402
-from rlplane.recipes.grpo import TRAIN_FIELDS  # noqa: E402
-from rlplane.workers.policy import PolicyWorker, token_logprobs  # noqa: E402
+from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS  # noqa: E402
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, token_logprobs  # noqa: E402
 
 N = 8
 LORA = ["policy.lora.enabled=true", "policy.lora.rank=4", "policy.lora.alpha=8", "policy.precision=fp32"]
@@ -51,7 +51,7 @@ def _trained_worker():
     meta, ids = _batch(worker)
     before = {k: v.detach().clone() for k, v in worker.model.named_parameters()}
     worker.compute_logprobs(meta, out_field="prev_logprobs")
-    worker.train(meta, cfg.loss_fn.model_dump())
+    worker.train(meta, ClippedPGLoss(cfg.loss_fn.options(), reference=worker.reference is not None))
     return cfg, worker, before, ids
 
 

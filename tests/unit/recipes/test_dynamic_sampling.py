@@ -8,12 +8,15 @@ rewards and lengths, so each case is exact and runs in milliseconds.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
-from rlplane.recipes.common import TRAIN_PARTITION, DataExhausted, Timer, TrainingStopped, collect_rollouts
+from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
+from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
 
 P, G = 2, 2  # prompts per step, generations per prompt: target = 4 samples
 
@@ -42,6 +45,9 @@ class ScriptedSession:
         self.data_plane.register_partition(TRAIN_PARTITION, ["input_ids"], P * G)
         self.train_loader = ScriptedLoader(batches_per_epoch)
         self.calls = 0
+        # The session parts collect_rollouts uses: the prompt stream and the rollout worker.
+        self.prompts = SimpleNamespace(next=self.next_prompts, loader=self.train_loader)
+        self.workers = SimpleNamespace(rollout=SimpleNamespace(call=self.rollout))
 
     def next_prompts(self):
         self.train_loader.next()

@@ -19,19 +19,19 @@ TINY = [
 
 def test_overlong_prompts_with_a_progress_bar_do_not_crash_the_session(tmp_path, capsys):
     """The 'skipped N prompts' notice came before Session._bar existed: AttributeError on any run with a bar."""
-    from rlplane.recipes.setup import build_session
+    from rlplane.training import Session
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "1+1=", "answer": "2"}\n' * 2 + '{"problem": "' + "1" * 40 + '+1=", "answer": "2"}\n')
     cfg = load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "data.dataset=jsonl", f"data.train.path={data}",
                              "logger.progress_bar=true"])
-    s = build_session(cfg, quiet=False)
+    s = Session(cfg, quiet=False)
     s.close()
     assert "skipped 1 prompts longer than policy.max_total_sequence_length" in capsys.readouterr().err
 
 
 def test_ray_actors_that_cannot_fit_the_cluster_are_refused():
-    from rlplane.recipes.setup import check_ray_resources, ray_cpu_demand
+    from rlplane.training.workers import check_ray_resources, ray_cpu_demand
 
     cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=8"])
     assert ray_cpu_demand(cfg, uses_critic=False) == 8 * 0.5 + 0.5  # policy ranks + the rollout actor

@@ -24,9 +24,9 @@ TINY = [
 
 
 def session(run_dir, *extra):
-    from rlplane.recipes.setup import build_session
+    from rlplane.training import Session
 
-    return build_session(load_config(None, [*TINY, f"run_dir={run_dir}", *extra]), quiet=True)
+    return Session(load_config(None, [*TINY, f"run_dir={run_dir}", *extra]), quiet=True)
 
 
 def fill(value: str):
@@ -48,7 +48,7 @@ def test_workers_are_handed_absolute_checkpoint_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     s = session("rel-run")
     try:
-        s.resume_or_warm_up()
+        s.start()
         monkeypatch.chdir("/")  # where a worker process may well run
         saved = s.save_checkpoint(1, {})
     finally:
@@ -62,9 +62,9 @@ def test_sharded_weights_load_and_resume(tmp_path):
     """save_pretrained shards big models (model-0000k-of-0000n.safetensors + an index); resume loads them."""
     s = session(tmp_path / "run")
     try:
-        s.resume_or_warm_up()
+        s.start()
         ckpt = s.save_checkpoint(1, {})
-        model = s.policy.workers[0].model
+        model = s.workers.policy.workers[0].model
         weights = ckpt / "policy" / "weights"
         (weights / "model.safetensors").unlink()
         model.save_pretrained(weights, max_shard_size="2KB")
@@ -78,8 +78,8 @@ def test_sharded_weights_load_and_resume(tmp_path):
 
     s = session(tmp_path / "run", "checkpointing.resume=true")
     try:
-        assert s.resume_or_warm_up() == 1
-        got = s.policy.workers[0].model.state_dict()
+        assert s.start() == 1
+        got = s.workers.policy.workers[0].model.state_dict()
         assert all(torch.equal(got[k], expected[k]) for k in expected)
     finally:
         s.close()

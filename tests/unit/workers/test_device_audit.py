@@ -21,7 +21,8 @@ import rlplane
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models import precision
-from rlplane.recipes.ppo import TRAIN_FIELDS as PPO_FIELDS
+from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
+from rlplane.workers.policy import ClippedPGLoss
 from rlplane.runtime.devices import dist_backend, num_gpus_per_worker, resolve_device, to_device
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.value import ValueWorker
@@ -95,7 +96,7 @@ def test_policy_worker_creates_every_tensor_on_its_device():
     with DeviceAudit() as audit:
         worker.compute_logprobs(meta, out_field="prev_logprobs")
         worker.compute_logprobs(meta, out_field="reference_policy_logprobs", reference=True)
-        metrics = worker.train(meta, cfg.loss_fn.model_dump())
+        metrics = worker.train(meta, _loss(cfg))
     assert audit.violations == []
     assert metrics["grad_norm"] > 0  # the step really ran
 
@@ -163,3 +164,8 @@ def test_resolve_device_and_backend():
             resolve_device("cuda")
     batch = to_device({"x": torch.ones(2)}, torch.device("cpu"))
     assert batch["x"].device.type == "cpu"
+
+
+def _loss(cfg):
+    """The recipe's clipped PG loss for ``cfg`` (what ``PolicyWorker.train`` takes)."""
+    return ClippedPGLoss(cfg.loss_fn.options(), reference=cfg.loss_fn.reference_policy_kl_penalty != 0)

@@ -15,8 +15,8 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
-from rlplane.recipes.grpo import TRAIN_FIELDS
-from rlplane.workers.policy import PolicyWorker, token_logprobs
+from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, token_logprobs
 
 N = 16  # sequences: one global batch
 
@@ -56,7 +56,7 @@ def test_first_step_is_on_policy_under_top_k_top_p(sampling):
     worker = PolicyWorker(cfg, make_data_plane("memory"))
     meta = _on_policy_batch(worker, cfg)
     worker.compute_logprobs(meta, out_field="prev_logprobs")
-    metrics = worker.train(meta, cfg.loss_fn.model_dump())
+    metrics = worker.train(meta, ClippedPGLoss(cfg.loss_fn.options(), reference=worker.reference is not None))
     # Before the fix the trainer's logprobs lacked the -log(kept mass) term: the error was 1.221
     # (top_p 0.8), 2.709 (top_k 5), 2.570 (both at temperature 0.7) on this batch; now 1.000000.
     assert metrics["token_mult_prob_error"] <= 1.001, metrics["token_mult_prob_error"]
@@ -81,6 +81,6 @@ def test_reference_logprobs_stay_unfiltered_and_kl_uses_unfiltered_current():
     # The policy's filtered logprobs are renormalised: higher than the unfiltered ones (kept mass < 1).
     assert bool((data["prev_logprobs"][:, 1:][valid[:, 1:]] >= plain[:, 1:][valid[:, 1:]] - 1e-6).all())
     assert bool((data["prev_logprobs"][:, 1:][valid[:, 1:]] > plain[:, 1:][valid[:, 1:]] + 1e-3).any())
-    metrics = worker.train(meta, cfg.loss_fn.model_dump())
+    metrics = worker.train(meta, ClippedPGLoss(cfg.loss_fn.options(), reference=worker.reference is not None))
     assert metrics["kl_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["token_mult_prob_error"] <= 1.001

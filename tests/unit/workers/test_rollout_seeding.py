@@ -8,7 +8,7 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
-from rlplane.recipes.setup import build_datasets
+from rlplane.datasets import build_datasets
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.rollout import RolloutWorker, sample_keys
 

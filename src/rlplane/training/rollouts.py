@@ -1,14 +1,12 @@
-"""Building blocks every on-policy recipe (GRPO, PPO) runs in the same order: rollouts with reward
-transforms and dynamic sampling, sample masks and logprobs, validation, and the outer loop
-(warm-up or resume → steps → validation → logging → checkpoints). The loops in ``grpo.py`` and
-``ppo.py`` call these; each reads its knobs from ``cfg.loop`` (``grpo.*`` or ``ppo.*``).
+"""Building blocks of an on-policy step (GRPO, PPO, distillation), each called from the recipe's
+step in the order things happen: rollouts with reward transforms and dynamic sampling, the sample
+mask stamped on the receipt, the optional sequence logprob-error filter, and the rollout metrics.
+Each reads its knobs from ``cfg.loop`` (the recipe's loop section).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,47 +22,15 @@ from rlplane.algorithms.filters import (
 )
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta, concat_metas
-from rlplane.recipes.setup import Session, build_session
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK
+from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
 from rlplane.workers.failures import FAILED_GROUPS_HINT, FAILURE_COUNTS, add_failure_counts
+
+if TYPE_CHECKING:
+    from rlplane.training.session import Session
 
 TRAIN_PARTITION = "train"
 REWARD_COMPONENT_PREFIX = "reward/"  # carry keys of per-sample reward components (GDPO)
-
-
-class TrainingStopped(RuntimeError):
-    """The run cannot go on for a reason the user can act on (one-line message)."""
-
-
-class Timer:
-    def __init__(self):
-        self.times: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        yield
-        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
-
-
-def validate(s: Session) -> dict[str, float]:
-    """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1)."""
-    g = s.cfg.loop
-    datums = s.val_datums[: g.max_val_samples]
-    correct, passed, samples = [], [], []
-    for i in range(0, len(datums), g.val_batch_size):
-        batch = datums[i : i + g.val_batch_size]
-        _, carry, _ = s.rollout("rollout", batch, group_size=1, partition_id=None, greedy=True)
-        correct.append(carry["rewards"])
-        samples += s.rollout("last_samples")  # the greedy answers as text: samples.jsonl at the next log
-        k = g.val_num_generations_per_prompt
-        if k > 1:
-            _, carry, _ = s.rollout("rollout", batch, group_size=k, partition_id=None, greedy=False)
-            passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
-    s.pending_samples.append(("validation", samples))
-    out = {"accuracy": float(torch.cat(correct).double().mean())}
-    if passed:
-        out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())
-    return out
 
 
 def transform_rewards(cfg: RunConfig, carry: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,13 +51,9 @@ def transform_rewards(cfg: RunConfig, carry: dict[str, torch.Tensor]) -> tuple[t
     return scaled, apply_reward_shaping(scaled, carry["response_lengths"], carry["truncated"], **shaping)
 
 
-class DataExhausted(Exception):
-    """The loop's ``max_num_epochs`` passes over the training prompts are used up."""
-
-
 def batches_available(s: Session) -> int:
     """Generation batches the loader may still give before ``max_num_epochs`` passes are done."""
-    loader, g = s.train_loader, s.cfg.loop
+    loader, g = s.prompts.loader, s.cfg.loop
     consumed = loader.epoch * len(loader) + loader.batches_done_in_epoch
     return g.max_num_epochs * len(loader) - consumed
 
@@ -122,9 +84,9 @@ def collect_rollouts(
         if batches_available(s) <= 0:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
             raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} passes over the training data done")
-        datums = s.next_prompts()
+        datums = s.prompts.next()
         with timer("generation"):
-            meta, c, gen_metrics = s.rollout("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
+            meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
         metrics.setdefault("reward", float(c["rewards"].mean()))  # before scaling and shaping, first batch
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
@@ -166,32 +128,28 @@ def collect_rollouts(
     return meta, carry
 
 
-def masks_and_logprobs(
-    s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], timer: Timer, metrics: dict[str, float]
-) -> tuple[KVBatchMeta, torch.Tensor]:
-    """Sample mask (``loss_multiplier``, overlong filtering) stamped on the receipt → prev and
-    reference logprobs written back by the policy workers → the sequence logprob-error mask.
-    Returns the re-stamped receipt and the (B,) ``sample_mask``."""
-    cfg, g = s.cfg, s.cfg.loop
+def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta, carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
+    """The (B,) sample mask (``loss_multiplier``, times not-truncated with ``overlong_filtering``),
+    stamped on the receipt's tags where the workers read it; returns the receipt and the mask."""
     sample_mask = carry["loss_multiplier"].clone()
-    if g.overlong_filtering:
+    if cfg.loop.overlong_filtering:
         sample_mask = overlong_filter_sample_mask(sample_mask, carry["truncated"])
-    meta = meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()])
-    with timer("logprobs"):
-        if not cfg.loss_fn.force_on_policy_ratio:
-            s.policy_sharded("compute_logprobs", meta, out_field="prev_logprobs")
-        if s.needs_reference:
-            s.policy_sharded("compute_logprobs", meta, out_field="reference_policy_logprobs", reference=True)
-    if g.seq_logprob_error_threshold is not None:
-        # The one place the driver reads per-token columns: masking needs whole sequences' errors.
-        cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, ["generation_logprobs", "prev_logprobs", "token_mask"])
-        sample_mask, seq_metrics = seq_logprob_error_mask(
-            cols["generation_logprobs"][:, 1:], cols["prev_logprobs"][:, 1:], cols["token_mask"][:, 1:].float(),
-            sample_mask, g.seq_logprob_error_threshold, rewards=carry["rewards"],
-        )
-        metrics.update({k: float(v) for k, v in seq_metrics.items()})
-        meta = meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()])
-    return meta, sample_mask
+    return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
+
+
+def mask_logprob_errors(
+    s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], sample_mask: torch.Tensor, metrics: dict[str, float]
+) -> tuple[KVBatchMeta, torch.Tensor]:
+    """``seq_logprob_error_threshold``: drop sequences whose generation and prev logprobs disagree.
+    The one place the driver reads per-token columns (masking needs whole sequences' errors), and
+    only when the config asks for it. Returns the re-stamped receipt and the new (B,) mask."""
+    cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, [GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK])
+    sample_mask, seq_metrics = seq_logprob_error_mask(
+        cols[GENERATION_LOGPROBS][:, 1:], cols[PREV_LOGPROBS][:, 1:], cols[TOKEN_MASK][:, 1:].float(),
+        sample_mask, s.cfg.loop.seq_logprob_error_threshold, rewards=carry["rewards"],
+    )
+    metrics.update({k: float(v) for k, v in seq_metrics.items()})
+    return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
 
 
 def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[str, float]:
@@ -207,70 +165,3 @@ def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[
     out["truncated_fraction"] = float(carry["truncated"].float().mean())
     out["total_num_tokens"] = float(sum(lengths))
     return out
-
-
-def last_step(s: Session) -> int:
-    """The step the run ends at: ``max_num_steps``, or sooner when ``max_num_epochs`` passes over the
-    prompts run out first (NeMo RL: ``min(max_num_steps, max_num_epochs · batches per epoch)``).
-
-    Without dynamic sampling each step draws exactly one batch, so the bound is known up front; with
-    it a step draws a varying number of batches and :func:`collect_rollouts` raises
-    :class:`DataExhausted` when the data runs out.
-    """
-    g = s.cfg.loop
-    if g.use_dynamic_sampling:
-        return g.max_num_steps
-    return min(g.max_num_steps, g.max_num_epochs * len(s.train_loader))
-
-
-def run_training(cfg: RunConfig, step_fn: Callable[[Session, int], dict[str, float]], *, quiet: bool = False) -> dict:
-    """The outer loop of a recipe: warm-up (or resume), ``step_fn`` per step, validation every
-    ``val_period`` steps, logging, checkpoints, until :func:`last_step` or the data runs out.
-    Returns the run summary."""
-    s = build_session(cfg, quiet=quiet)
-    g = cfg.loop
-    try:
-        start = s.resume_or_warm_up()
-        if start == 0 and g.val_at_start:
-            s.initial_validation = {f"validation/{k}": v for k, v in validate(s).items()}
-            s.log(s.initial_validation, step=0)
-        last_val = dict(s.initial_validation)
-        end = last_step(s)
-        done = start
-        for step in range(start, end):
-            s.rollout("set_weight_version", step)  # samples are seeded by (key, weight version = step)
-            try:
-                metrics = step_fn(s, step)
-            except DataExhausted as e:
-                s.say(f"{e}: stopping after step {done}")
-                last_val = _finish_early(s, done, last_val)
-                break
-            done = step + 1
-            if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
-                s.refit_if_stale()
-                t0 = time.perf_counter()
-                last_val = {f"validation/{k}": v for k, v in validate(s).items()}
-                metrics.update(last_val)
-                metrics["timing/validation/total"] = time.perf_counter() - t0
-            s.log(metrics, step=done)
-            if s.checkpoint_due(done) or (done == end and cfg.checkpointing.enabled):
-                s.save_checkpoint(done, metrics)
-        return s.summary(last_val)
-    finally:
-        s.close()
-
-
-def _finish_early(s: Session, done: int, last_val: dict) -> dict:
-    """The end-of-run validation and checkpoint of step ``done`` when the data ran out during the
-    next step (dynamic sampling): the step's own ones did not know it was the last."""
-    g, ck = s.cfg.loop, s.cfg.checkpointing
-    if done == 0:
-        return last_val
-    validated = g.val_period and done % g.val_period == 0
-    if g.val_at_end and not validated:
-        s.refit_if_stale()
-        last_val = {f"validation/{k}": v for k, v in validate(s).items()}
-        s.log(last_val, step=done)
-    if ck.enabled and not s.checkpoint_due(done):
-        s.save_checkpoint(done, last_val)
-    return last_val

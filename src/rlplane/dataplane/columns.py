@@ -1,0 +1,75 @@
+"""Every column a training step keeps in the data plane, declared once.
+
+Each column has a name (the constant below: code spells ``GENERATION_LOGPROBS``, never the string),
+a kind (``per-token``: jagged, one value per token of prompt + response, trimmed to the sequence
+length on write and padded to a common length on read; ``per-sample``: one value per sample), a
+dtype, the pad value read-back uses past a sequence's end, and the part of the system that writes
+it. The clients (:mod:`.client`) take their per-token fields and default pad values from here; the
+workers take the names; a recipe registers the columns of its step with :func:`step_columns`.
+
+Per-token logprob convention: ``column[:, t] = log π(token_t | tokens_<t)``, position 0 is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "ADVANTAGES", "COLUMNS", "GENERATION_LOGPROBS", "INPUT_IDS", "PREV_LOGPROBS", "REFERENCE_LOGPROBS", "RETURNS",
+    "ROLLOUT_COLUMNS", "TEACHER_LOGPROBS", "TOKEN_COLUMNS", "TOKEN_MASK", "VALUES", "ColumnSpec", "pad_values",
+]
+
+INPUT_IDS = "input_ids"
+TOKEN_MASK = "token_mask"
+GENERATION_LOGPROBS = "generation_logprobs"
+PREV_LOGPROBS = "prev_logprobs"
+REFERENCE_LOGPROBS = "reference_policy_logprobs"
+TEACHER_LOGPROBS = "teacher_logprobs"
+ADVANTAGES = "advantages"
+VALUES = "values"
+RETURNS = "returns"
+ROUTED_EXPERTS = "routed_experts"
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    per_token: bool
+    dtype: torch.dtype
+    pad: float | int
+    writer: str
+    doc: str
+
+
+COLUMNS: dict[str, ColumnSpec] = {c.name: c for c in (
+    ColumnSpec(INPUT_IDS, True, torch.long, 0, "rollout worker",
+               "prompt + response token ids (multi-turn: prompt, responses and observations)"),
+    ColumnSpec(TOKEN_MASK, True, torch.long, 0, "rollout worker",
+               "1 on generated tokens (the ones trained on), 0 on prompt and observation tokens"),
+    ColumnSpec(GENERATION_LOGPROBS, True, torch.float32, 0.0, "rollout worker",
+               "logprob of each generated token under the sampler, 0 elsewhere"),
+    ColumnSpec(PREV_LOGPROBS, True, torch.float32, 0.0, "policy worker (compute_logprobs)",
+               "log π_old: the policy's logprobs before this step's update"),
+    ColumnSpec(REFERENCE_LOGPROBS, True, torch.float32, 0.0, "policy worker (compute_logprobs, reference=True)",
+               "log π_ref of the frozen reference policy (KL penalty)"),
+    ColumnSpec(TEACHER_LOGPROBS, True, torch.float32, 0.0, "teacher worker (compute_logprobs)",
+               "log π_teacher of the student's tokens (on-policy distillation)"),
+    ColumnSpec(ADVANTAGES, True, torch.float32, 0.0, "driver (GRPO: per-sample value broadcast; PPO: GAE)",
+               "advantage of each token"),
+    ColumnSpec(VALUES, True, torch.float32, 0.0, "value worker (compute_values)",
+               "V(s_t) of the critic, right-shifted: position t holds the value before token t"),
+    ColumnSpec(RETURNS, True, torch.float32, 0.0, "driver (PPO: GAE)", "value targets of the critic"),
+    ColumnSpec(ROUTED_EXPERTS, True, torch.long, 0, "generation backend (MoE)", "routed expert ids per token"),
+)}
+
+#: Per-token columns: stored jagged, trimmed to the sequence length on write, padded on read.
+TOKEN_COLUMNS: tuple[str, ...] = tuple(name for name, c in COLUMNS.items() if c.per_token)
+#: What the rollout worker writes for each sample.
+ROLLOUT_COLUMNS: tuple[str, ...] = (INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS)
+
+
+def pad_values(names) -> dict[str, float | int]:
+    """The declared pad value of each of ``names`` (0 for a column not declared here)."""
+    return {n: COLUMNS[n].pad if n in COLUMNS else 0 for n in names}

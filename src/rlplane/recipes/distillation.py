@@ -1,0 +1,90 @@
+"""On-policy distillation: the student generates, a frozen teacher scores the student's own tokens,
+and the student minimises the per-token reverse KL to the teacher on them.
+
+Each step: refit the generator if stale → register the step's partition → the student's rollouts
+(rewards only for the metrics; dynamic sampling, if asked, still drops groups the environment scores
+alike) → sample mask → the teacher workers write ``teacher_logprobs`` back per sample → the policy
+workers train on their shard with the reverse-KL loss (:func:`~rlplane.algorithms.reverse_kl_loss`:
+REINFORCE with the ``opd`` advantage ``sg(log π_T − log π_θ)``) → clear the step's keys. The session
+warms up the student and the teacher (its own, larger model), validates, logs and checkpoints.
+The driver holds only receipts and (B,) tensors: no per-token column comes back to it.
+
+One optimizer step per rollout (config check): the estimate is on-policy only for the weights that
+sampled it (NeMo RL corrects later steps with ICE-POP importance weights instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlplane.algorithms.losses import reverse_kl_loss
+from rlplane.config.schema import RunConfig
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TEACHER_LOGPROBS, TOKEN_MASK
+from rlplane.training import DataExhausted, Session, Timer
+from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts, rollout_metrics, stamp_sample_mask
+from rlplane.utils.metrics import merge_rank_metrics
+
+TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, TEACHER_LOGPROBS]
+
+
+@dataclass(frozen=True)
+class ReverseKLLoss:
+    """The policy workers' loss: the sampled per-token reverse KL to the teacher."""
+
+    def columns(self) -> list[str]:
+        return [TOKEN_MASK, TEACHER_LOGPROBS]
+
+    def __call__(self, curr_logprobs, batch, sample_mask, global_valid_tokens, _global_valid_seqs):
+        return reverse_kl_loss(curr_logprobs, batch[TEACHER_LOGPROBS], batch[TOKEN_MASK], sample_mask, global_valid_tokens)
+
+
+def teacher_config(cfg: RunConfig) -> RunConfig:
+    """The teacher's run config: the run's, with ``teacher.*`` as its model and warm-up."""
+    t = cfg.teacher
+    policy = cfg.policy.model_copy(update={"model_name": t.model_name, "tiny": t.tiny})
+    return cfg.model_copy(update={"policy": policy, "warmup": t.warmup})
+
+
+def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, float]:
+    """One distillation step; returns its metrics (train/*, timing/train/*)."""
+    cfg, g = s.cfg, s.cfg.distillation
+    timer = Timer()
+    metrics: dict[str, float] = {}
+
+    with timer("refit"):
+        s.refit.if_stale()
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+
+    # ---- the student's rollouts; the sample mask ------------------------------------------------
+    meta, carry = collect_rollouts(s, timer, metrics)
+    meta, _ = stamp_sample_mask(cfg, meta, carry)
+
+    # ---- the teacher scores the student's tokens, written back per sample ------------------------
+    with timer("teacher_logprobs"):
+        s.workers.teacher.run_sharded("compute_logprobs", meta, out_field=TEACHER_LOGPROBS)
+
+    # ---- train on the reverse KL; the step is over ----------------------------------------------
+    with timer("policy_training"):
+        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+    s.refit.mark_stale()
+    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
+
+    metrics.update(merge_rank_metrics(results))
+    metrics.update(rollout_metrics(carry, meta.seq_lens))
+    return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
+
+
+def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
+    """Run the whole job: warm-up of student and teacher (or resume), distillation steps,
+    validation, checkpoints. Returns a summary."""
+    with Session(cfg, quiet, teacher_cfg=teacher_config(cfg)) as s:
+        loss = ReverseKLLoss()
+        for step in range(s.start(), s.last_step()):
+            s.begin_step(step)
+            try:
+                metrics = distillation_step(s, loss, step)
+            except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
+                s.stop_early(step, e)
+                break
+            s.end_step(step, metrics)
+        return s.summary()

@@ -1,0 +1,112 @@
+"""The session's checkpoints: when to save, what a checkpoint holds, and restoring one on resume.
+
+A checkpoint (:class:`~rlplane.utils.checkpoint.CheckpointManager`: atomic, best-K) holds the config,
+each worker group's weights and optimizer state (``policy/``, ``value/``, ``teacher/``), the prompt
+loader's position, the RNG states of the driver and the sampler, and the extra parts a recipe adds
+before its loop (:meth:`Checkpoints.add_part`: async GRPO's replay buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from rlplane.config.loading import dump_config
+from rlplane.config.schema import RunConfig
+from rlplane.training.prompts import Prompts
+from rlplane.training.workers import Workers
+from rlplane.utils.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    check_weights_fit,
+    load_torch_state,
+    weight_shapes,
+)
+from rlplane.workers.parallel import LAYOUT_FILE, check_resume_layout
+
+
+class Checkpoints:
+    def __init__(self, cfg: RunConfig, checkpoint_dir: Path):
+        ck = cfg.checkpointing
+        self.cfg = cfg
+        self.manager = CheckpointManager(checkpoint_dir, ck.keep_top_k, ck.metric_name, ck.higher_is_better)
+        self.workers: Workers | None = None
+        self.prompts: Prompts | None = None
+        self.parts: dict[str, Callable[[], object]] = {}
+        self.resumed_from: Path | None = None
+        self._resume_state: dict = {}
+
+    def attach(self, workers: Workers, prompts: Prompts) -> None:
+        """What a checkpoint holds: the workers' groups, the prompt loader (set once they exist)."""
+        self.workers, self.prompts = workers, prompts
+
+    def add_part(self, file_name: str, state: Callable[[], object]) -> None:
+        """Keep ``state()`` (written with torch.save) as ``file_name`` in every checkpoint from now on."""
+        self.parts[file_name] = state
+
+    def check_resume(self, model: torch.nn.Module, say: Callable[[str], None]) -> Path | None:
+        """Repair what a crash mid-save left, then check the latest checkpoint on the driver (its info,
+        its files, its weights' names and shapes against ``model``) so that a damaged checkpoint or a
+        different model shape is a one-line error before any worker starts. Returns it (or None)."""
+        for what in self.manager.repair():
+            say(f"checkpoint {what}")
+        latest = self.manager.latest()
+        if latest is None:
+            return None
+        self.manager.load_info(latest)
+        p = self.cfg.policy
+        check_resume_layout(str(latest / "policy"), p.dp_size, p.dtensor_cfg.enabled)
+        sharded = (latest / "policy" / LAYOUT_FILE).is_file()  # FSDP: optimizer state in sharded/, no optimizer.pt
+        if not sharded and not (latest / "policy" / "optimizer.pt").is_file():
+            raise CheckpointError(f"checkpoint {latest}: policy/optimizer.pt is missing (an incomplete checkpoint); "
+                                  f"delete {latest} to resume from the one before")
+        # Small: read them now, so that a damaged one is an error before any worker starts.
+        self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
+                              "rng": load_torch_state(latest / "rng.pt")}
+        fix = (f"resume with the policy settings of the run that wrote it ({latest / 'config.yaml'}), or start a new "
+               "run_dir")
+        check_weights_fit(model, latest / "policy" / "weights", fix)
+        for name in ("value", "teacher"):
+            if (latest / name / "weights").is_dir():
+                weight_shapes(latest / name / "weights")  # damaged or truncated: say so now
+        return latest
+
+    def restore(self, path: Path) -> dict:
+        """Load ``path`` (checked by :meth:`check_resume`) into the started workers, the prompt loader
+        and the RNGs; returns its training info."""
+        info = self.manager.load_info(path)
+        for name, group in self.workers.trained_groups().items():
+            if (path / name).is_dir():
+                group.run("load", str(path / name))
+        self.prompts.load_state_dict(self._resume_state["dataloader"])
+        rng = self._resume_state["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.workers.rollout.call("set_rng_state", rng["rollout"])
+        self.resumed_from = path
+        return info
+
+    def due(self, step: int) -> bool:
+        ck = self.cfg.checkpointing
+        return ck.enabled and (step % ck.save_period == 0 or step == self.cfg.loop.max_num_steps)
+
+    def save(self, step: int, metrics: dict, info: dict) -> Path:
+        """Write ``step_N`` with ``metrics`` ranked (``val:*``, ``train:*``) and ``info`` in training_info.json."""
+        ranked = {}
+        for k, v in metrics.items():
+            if k.startswith("validation/"):
+                ranked["val:" + k.split("/", 1)[1]] = v
+            elif k.startswith("train/"):
+                ranked["train:" + k.split("/", 1)[1]] = v
+
+        def write(tmp: Path) -> None:
+            (tmp / "config.yaml").write_text(dump_config(self.cfg))
+            for name, group in self.workers.trained_groups().items():
+                group.run("save", str(tmp / name))
+            torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
+            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")}, tmp / "rng.pt")
+            for name, state in self.parts.items():
+                torch.save(state(), tmp / name)
+
+        return self.manager.save(step, {"step": step, "metrics": ranked, **info}, write)

@@ -1,0 +1,58 @@
+"""Small things every recipe's loop uses: the step timer, the stop signal, held-out validation."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from rlplane.config.schema import RunConfig
+from rlplane.runtime.groups import LocalActor, RayActor
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on for a reason the user can act on (one-line message)."""
+
+
+class DataExhausted(Exception):
+    """The loop's ``max_num_epochs`` passes over the training prompts are used up."""
+
+
+class Timer:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        """``timing/train/*`` of every timed part, and ``total_step_time`` since the timer was made."""
+        out = {f"timing/train/{k}": v for k, v in self.times.items()}
+        out["timing/train/total_step_time"] = time.perf_counter() - self._t0
+        return out
+
+
+def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list) -> tuple[dict[str, float], list[dict]]:
+    """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
+    the greedy answers as text (rows for samples.jsonl)."""
+    g = cfg.loop
+    datums = datums[: g.max_val_samples]
+    correct, passed, samples = [], [], []
+    for i in range(0, len(datums), g.val_batch_size):
+        batch = datums[i : i + g.val_batch_size]
+        _, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=None, greedy=True)
+        correct.append(carry["rewards"])
+        samples += rollout.call("last_samples")
+        k = g.val_num_generations_per_prompt
+        if k > 1:
+            _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=None, greedy=False)
+            passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
+    out = {"accuracy": float(torch.cat(correct).double().mean())}
+    if passed:
+        out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())
+    return out, samples

@@ -1,0 +1,224 @@
+"""A training session: the named parts a recipe composes, built in the order they are needed.
+
+    s = Session(cfg)           prompts (data errors surface before anything slow), data plane,
+                               workers (not started yet), refit, checkpoints, log
+    start = s.start()          resume from a checkpoint, or warm up and start the workers; validate
+    ... the recipe's steps ...    s.workers / s.refit / s.data_plane / s.prompts, then per step:
+    s.end_step(step, metrics)  validate when due, log, checkpoint when due
+    s.summary()                the run's before/after figures; s.close() (or ``with``) stops everything
+
+Each part has one job: :class:`Prompts` (data), :class:`Workers` (actors, through the runtime
+layer), :class:`Refit` (generator weights), :class:`Checkpoints` (save / restore), :class:`RunLog`
+(console, progress, metric sinks and trackers, sample tables: ``s.log``), :func:`warm_up` (the
+supervised warm-up).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rlplane.config.loading import dump_config
+from rlplane.config.schema import RunConfig
+from rlplane.dataplane import make_data_plane
+from rlplane.envs.user import check_user_tasks, user_task_error_in
+from rlplane.runtime.groups import init_ray
+from rlplane.training.checkpoints import Checkpoints
+from rlplane.training.loop import validate
+from rlplane.training.prompts import Prompts
+from rlplane.training.refit import Refit
+from rlplane.training.runlog import RunLog
+from rlplane.training.warmup import warm_up
+from rlplane.training.workers import Workers, check_ray_resources
+from rlplane.utils.run_dir import prepare_run_paths
+from rlplane.utils.seeding import seed_everything
+from rlplane.utils.threads import set_worker_threads
+from rlplane.workers.base import load_configured_policy
+
+
+class Session:
+    """``critic``: the recipe trains a value model; ``teacher_cfg``: the run config of a frozen teacher
+    (its own model and warm-up) whose worker group the recipe reads ``teacher_logprobs`` from."""
+
+    def __init__(self, cfg: RunConfig, quiet: bool = False, *, critic: bool = False,
+                 teacher_cfg: RunConfig | None = None):
+        self.cfg = cfg
+        # Absolute, created and writable, and no earlier run there unless resuming: checked first.
+        self.paths = prepare_run_paths(cfg)
+        self.run_dir = self.paths.run_dir
+        set_worker_threads(cfg.policy.threads_per_worker)
+        seed_everything(cfg.loop.seed)
+        self._t_start = time.perf_counter()
+        self._early_messages: list[str] = []  # said once the log exists
+        # Tokenizer, the checkpoint to resume, data and user tasks first: their errors surface before
+        # anything slow starts (or any log file is written).
+        model, self.tokenizer = load_configured_policy(cfg)
+        self.workers = None
+        self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
+        self._resume_from = self.checkpoints.check_resume(model, self._early_messages.append) if cfg.checkpointing.resume else None
+        del model
+        self.prompts = Prompts(cfg, self.tokenizer)
+        check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
+        self.log = RunLog(cfg, self.paths, quiet)
+        for msg in self._early_messages:
+            self.say(msg)
+        if self.prompts.stats.get("skipped_overlong"):
+            self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
+        if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
+            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
+        if cfg.runtime == "ray":
+            check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None)
+        self.data_plane = make_data_plane(cfg.data_plane.backend)
+        self.workers = Workers(cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg)
+        self.refit = Refit(self.workers)
+        self.checkpoints.attach(self.workers, self.prompts)
+        self.initial_validation: dict[str, float] = {}
+        self.warmup_result: dict[str, float] = {}
+        self.teacher_warmup_result: dict[str, float] = {}
+        self.last_validation: dict[str, float] = {}
+        self._closers: list[Callable[[], None]] = []
+
+    def say(self, msg: str) -> None:
+        self.log.say(msg)
+
+    # ---- start: resume, or warm up -----------------------------------------------------------------
+    def start(self) -> int:
+        """Resume from the latest checkpoint (``checkpointing.resume``) or warm up; start the workers;
+        validate before the first step (``val_at_start``). Returns the step to start from."""
+        cfg = self.cfg
+        latest = self._resume_from
+        if latest is not None:
+            self.workers.start(init_state=None)
+            info = self.checkpoints.restore(latest)
+            self.initial_validation = info.get("initial_validation", {})
+            self.warmup_result = info.get("warmup", {})
+            self.teacher_warmup_result = info.get("teacher_warmup", {})
+            self.refit.mark_stale()
+            self.log.last_logged_step = int(info["step"])
+            self.say(f"resumed from {latest} at step {info['step']}")
+            start = int(info["step"])
+        else:
+            state = None
+            if cfg.warmup.enabled:
+                state, self.warmup_result = warm_up(cfg, self.prompts, self.say)
+            teacher_state, teacher_cfg = None, self.workers.teacher_cfg
+            if teacher_cfg is not None and teacher_cfg.warmup.enabled:
+                self.say("teacher:")
+                teacher_state, self.teacher_warmup_result = warm_up(teacher_cfg, self.prompts, self.say)
+            self.workers.start(state, teacher_state)
+            if cfg.runtime != "local":  # the rollout actor built its own weights: push the policy's now
+                self.refit.mark_stale()
+                try:
+                    self.refit.if_stale()
+                except Exception as e:  # e.g. a user task the actor's node cannot import: one line, not Ray's trace
+                    raise user_task_error_in(e) or e from None
+            start = 0
+        if cfg.checkpointing.resume:
+            # The killed stretch's rows (past the checkpoint) are redone: drop them; with nothing to
+            # resume the run starts over and keeps none.
+            if dropped := self.log.logger.drop_after(start if latest is not None else -1):
+                self.say(f"dropped {dropped} metrics rows logged after the checkpoint (those steps are redone)")
+        self.write_config()
+        if start == 0 and cfg.loop.val_at_start:
+            self.initial_validation = self.validate()
+            self.log.log(self.initial_validation, step=0)
+        self.last_validation = dict(self.initial_validation)
+        return start
+
+    def write_config(self) -> None:
+        """``run_dir/config.yaml``: written once the run has really started (a run that failed its
+        checks leaves none, so running it again is not refused as an earlier run)."""
+        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+
+    def begin_step(self, step: int) -> None:
+        """Before step ``step``: samples are seeded by (sample key, weight version = step)."""
+        self.workers.rollout.call("set_weight_version", step)
+
+    def validate(self) -> dict[str, float]:
+        """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
+        answers go to samples.jsonl with the next log."""
+        self.refit.if_stale()
+        metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums)
+        self.log.add_samples("validation", samples)
+        return {f"validation/{k}": v for k, v in metrics.items()}
+
+    def last_step(self) -> int:
+        """The step the run ends at: ``max_num_steps``, or sooner when ``max_num_epochs`` passes over the
+        prompts run out first (NeMo RL: ``min(max_num_steps, max_num_epochs · batches per epoch)``).
+
+        Without dynamic sampling each step draws exactly one batch, so the bound is known up front; with
+        it a step draws a varying number of batches and :func:`~rlplane.training.rollouts.collect_rollouts`
+        raises :class:`~rlplane.training.loop.DataExhausted` when the data runs out (then :meth:`stop_early`).
+        """
+        g = self.cfg.loop
+        if g.use_dynamic_sampling:
+            return g.max_num_steps
+        return min(g.max_num_steps, g.max_num_epochs * len(self.prompts.loader))
+
+    # ---- after each step ---------------------------------------------------------------------------
+    def end_step(self, step: int, metrics: dict[str, float]) -> None:
+        """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step)."""
+        g, done, end = self.cfg.loop, step + 1, self.last_step()
+        if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
+            t0 = time.perf_counter()
+            self.last_validation = self.validate()
+            metrics.update(self.last_validation)
+            metrics["timing/validation/total"] = time.perf_counter() - t0
+        self.log.log(metrics, step=done)
+        if self.checkpoints.due(done) or (done == end and self.cfg.checkpointing.enabled):
+            self.save_checkpoint(done, metrics)
+
+    def stop_early(self, step: int, reason: Exception) -> None:
+        """Step ``step`` found the data used up (``max_num_epochs``, dynamic sampling): the end-of-run
+        validation and checkpoint of the step before, which did not know it was the last."""
+        g, done = self.cfg.loop, step
+        self.say(f"{reason}: stopping after step {done}")
+        if done == 0:
+            return
+        if g.val_at_end and not (g.val_period and done % g.val_period == 0):
+            self.last_validation = self.validate()
+            self.log.log(self.last_validation, step=done)
+        if self.cfg.checkpointing.enabled and not self.checkpoints.due(done):
+            self.save_checkpoint(done, self.last_validation)
+
+    def save_checkpoint(self, step: int, metrics: dict) -> Path:
+        """``step_N`` now (``end_step`` calls it when due); returns its directory."""
+        info = {"initial_validation": self.initial_validation, "warmup": self.warmup_result}
+        if self.teacher_warmup_result:
+            info["teacher_warmup"] = self.teacher_warmup_result
+        return self.checkpoints.save(step, metrics, info)
+
+    def summary(self) -> dict:
+        out = {
+            "run_dir": str(self.run_dir),
+            "warmup": self.warmup_result,
+            "accuracy_before": self.initial_validation.get("validation/accuracy"),
+            "accuracy_after": self.last_validation.get("validation/accuracy"),
+            "wall_seconds": time.perf_counter() - self._t_start,
+        }
+        if self.teacher_warmup_result:
+            out["teacher_warmup"] = self.teacher_warmup_result
+        (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2))
+        return out
+
+    # ---- shutdown ----------------------------------------------------------------------------------
+    def on_close(self, stop: Callable[[], None]) -> None:
+        """Run ``stop`` first when the session closes (a recipe's own actor: async GRPO's collector)."""
+        self._closers.append(stop)
+
+    def close(self) -> None:
+        for stop in self._closers:
+            stop()
+        self._closers.clear()
+        self.log.close()
+        if self.workers is not None:
+            self.workers.close()
+            self.data_plane.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,49 @@
+"""The session's warm-up: a short supervised stage so that a small model starts RL with reward signal.
+
+:func:`warm_up` trains a fresh copy of ``policy.model_name`` on (prompt, reference answer) pairs from
+the training prompts (:mod:`rlplane.training.sft`), evaluating greedy held-out accuracy as it goes,
+and returns the weights the workers start from. ``rlplane sft`` calls it alone; distillation calls
+it once more for the teacher (with the teacher's config).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from rlplane.config.schema import RunConfig
+from rlplane.envs.demonstrations import warmup_examples
+from rlplane.training.prompts import Prompts
+from rlplane.training.sft import supervised_warmup
+from rlplane.workers.base import load_configured_policy
+from rlplane.workers.rollout import RolloutWorker
+
+
+def warm_up(cfg: RunConfig, prompts: Prompts, say: Callable[[str], None]) -> tuple[dict, dict[str, float]]:
+    """``(state_dict, result)``: the warmed-up weights of ``cfg``'s model and the warm-up's steps,
+    held-out accuracy and seconds (``warmup.*`` settings)."""
+    model, tok = load_configured_policy(cfg)
+    # The warm-up trains `model` in place and evaluates it as it goes: sample from that very module
+    # (hf), whatever backend the run uses (a vllm engine here would hold stale weights).
+    gen_cfg = cfg.policy.generation.model_copy(update={"backend": "hf"})
+    eval_cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"generation": gen_cfg})})
+    evaluator = RolloutWorker(eval_cfg, None, model=model, tokenizer=tok, seed=cfg.loop.seed + 1)
+    val = prompts.val_datums[: cfg.warmup.eval_samples]
+    sft_rows = prompts.dataset
+    rng = random.Random(cfg.loop.seed + 2)
+
+    def batches(n: int):
+        # (prompt, answer + eos) per problem; an env with a demonstration gives one example per turn.
+        picks = [sft_rows[rng.randrange(len(sft_rows))] for _ in range(n)]
+        examples = [ex for d in picks for ex in warmup_examples(d, tok, evaluator.env(d.task_name))]
+        return [c for c, _ in examples], [t for _, t in examples]
+
+    def evaluate() -> float:
+        model.eval()
+        _, carry, _ = evaluator.rollout(val, group_size=1, partition_id=None, greedy=True)
+        return float(carry["rewards"].mean())
+
+    say(f"supervised warm-up (target held-out accuracy {cfg.warmup.target_accuracy})")
+    result = supervised_warmup(model, batches, cfg.warmup, evaluate, tok.pad_token_id, say)
+    evaluator.close()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, result
