@@ -22,6 +22,7 @@ from rlplane.algorithms.filters import (
     scale_rewards,
     seq_logprob_error_mask,
 )
+from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta, concat_metas
 from rlplane.recipes.setup import Session, build_session
@@ -178,7 +179,7 @@ def masks_and_logprobs(
         sample_mask = overlong_filter_sample_mask(sample_mask, carry["truncated"])
     meta = meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()])
     with timer("logprobs"):
-        if not cfg.loss_fn.force_on_policy_ratio:
+        if not skips_prev_logprob_forward(cfg):  # else the trainer takes its own forward, detached
             s.policy_sharded("compute_logprobs", meta, out_field="prev_logprobs")
         if s.needs_reference:
             s.policy_sharded("compute_logprobs", meta, out_field="reference_policy_logprobs", reference=True)

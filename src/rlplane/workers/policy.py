@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rlplane.algorithms.losses import clipped_pg_loss
+from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
@@ -130,7 +131,8 @@ class PolicyWorker(DPTrainWorker):
         """Run every global batch of this rank's shard: micro-batches, all-reduce, clip, AdamW step."""
         cfg = self.cfg
         fields = ["input_ids", "token_mask", "advantages", "generation_logprobs"]
-        use_prev = not loss_kwargs.get("force_on_policy_ratio", False)
+        # One optimizer step per rollout: π_old is this very forward, detached (config/plan.py).
+        use_prev = not (loss_kwargs.get("force_on_policy_ratio", False) or skips_prev_logprob_forward(cfg))
         use_ref = self.reference is not None
         fields += ["prev_logprobs"] * use_prev + ["reference_policy_logprobs"] * use_ref
         data = self._fetch(meta, fields)
