@@ -26,6 +26,7 @@ import torch
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
 from rlplane.async_rl.collector import COLUMNS
 from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
+from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import (
@@ -163,7 +164,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the
     # staleness), reference logprobs -----------------------------------------------------------------
     with timer("logprobs"):
-        s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
+        if not loss.prev_from_forward:  # else π_old is the training forward, detached (config/plan.py)
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
         if loss.reference:
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
     if g.seq_logprob_error_threshold is not None:
@@ -194,7 +196,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     """Run the whole async job: warm-up (or resume), async GRPO steps, validation, checkpoints."""
     with Session(cfg, quiet) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                             prev_from_forward=skips_prev_logprob_forward(cfg))
         start = s.start()
         handle = CollectorHandle(s, start_step=start)
         s.on_close(handle.stop)

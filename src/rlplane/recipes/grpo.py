@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -55,7 +56,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     # ---- prev and reference logprobs, written back by the policy workers -------------------------
     with timer("logprobs"):
-        if not cfg.loss_fn.force_on_policy_ratio:
+        if not loss.prev_from_forward:  # else π_old is the training forward, detached (config/plan.py)
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
         if loss.reference:
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
@@ -85,7 +86,8 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     """Run the whole job: warm-up (or resume), GRPO steps, validation, checkpoints. Returns a summary."""
     with Session(cfg, quiet) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                             prev_from_forward=skips_prev_logprob_forward(cfg))
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             try:

@@ -20,6 +20,7 @@ import torch
 from rlplane.algorithms.advantages import raw_reward_advantages
 from rlplane.algorithms.gae import compute_gae
 from rlplane.algorithms.losses import explained_variance
+from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -129,7 +130,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
             critic.run_sharded("compute_values", meta)
     meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
     with timer("logprobs"):
-        if not cfg.loss_fn.force_on_policy_ratio:
+        if not loss.prev_from_forward:  # else π_old is the training forward, detached (config/plan.py)
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
         if loss.reference:
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
@@ -193,7 +194,8 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
     if cfg.algorithm != "ppo":
         raise ValueError(f"recipes.ppo.train needs algorithm: ppo, got {cfg.algorithm!r}")
     with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae") as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                             prev_from_forward=skips_prev_logprob_forward(cfg))
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             try:

@@ -67,9 +67,12 @@ class ClippedPGLoss:
 
     options: ClippedPGOptions
     reference: bool  # the step wrote reference_policy_logprobs (the KL term's input)
+    # No prev-logprob forward ran: π_old is this training forward, detached (config/plan.py's
+    # skips_prev_logprob_forward: force_on_policy_ratio, or one optimizer step per rollout).
+    prev_from_forward: bool = False
 
     def columns(self) -> list[str]:
-        prev = [] if self.options.force_on_policy_ratio else [PREV_LOGPROBS]
+        prev = [] if self.prev_from_forward or self.options.force_on_policy_ratio else [PREV_LOGPROBS]
         return [TOKEN_MASK, ADVANTAGES, GENERATION_LOGPROBS, *prev, *[REFERENCE_LOGPROBS] * self.reference]
 
     @property

@@ -1,0 +1,201 @@
+"""rlplane's GRPO step on SmolLM2-135M-Instruct beside a plain transformers loop doing the same work.
+
+One process, steps interleaved (rlplane, plain, rlplane, ...), both from the same weights
+(``packaged:smollm2-135m-instruct``) on the same prompt batches (the run's training loader, in
+order), with the small preset's settings: ``configs/grpo_smollm2.yaml`` where it exists, else
+``grpo_smollm2_reasoning_gym`` with 4 prompts x 4 samples x 64 new tokens (override with KEY=VALUE).
+
+The plain loop, per step: ``model.generate`` (sampling at temperature 1, no top-k/top-p, stops at
+eos) on the prompts repeated per group → rewards from the same environment → group-mean/std
+advantages → a no-grad forward for the old-policy logprobs → forward+backward with the clipped loss
+(token mean over the batch, micro-batches of ``policy.train_micro_batch_size``) → grad clip → one AdamW
+step. Same precision choice as rlplane's ``policy.precision`` resolved on this machine: fp32 master
+weights, and with bf16 one ``torch.autocast`` region around ``generate`` and around each forward (the
+plain loop keeps transformers' own lm_head in that dtype; rlplane computes its lm_head in fp32).
+Same ``policy.activation_checkpointing``.
+
+Phases (median seconds): generation (sampling + scoring), logprobs (the old-policy forward; rlplane
+skips it when the rollout gets one optimizer step, see ``rlplane.config.plan``), training
+(advantages, forward+backward, clip, optimizer). Generated-token counts differ between the two
+(different random draws, eos stops), so tokens/s is printed beside the times.
+
+    python benchmarks/real_model_step.py [--steps 5] [--warmup-steps 1] [KEY=VALUE overrides...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from rlplane.config.loading import load_config  # noqa: E402
+from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
+from rlplane.recipes.grpo import grpo_step  # noqa: E402
+from rlplane.recipes.setup import build_datasets, build_session  # noqa: E402
+
+SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
+         "policy.generation.max_new_tokens=64"]
+QUIET = ["checkpointing.enabled=false", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
+         "logger.jsonl_enabled=false", "grpo.val_at_start=false", "grpo.val_period=0"]
+
+
+def preset() -> tuple[str, list[str]]:
+    """``grpo_smollm2`` when this checkout ships it, else the reasoning-gym SmolLM2 config made small."""
+    configs = Path(__file__).resolve().parents[1] / "src" / "rlplane" / "configs"
+    if (configs / "grpo_smollm2.yaml").is_file():
+        return "grpo_smollm2", []
+    return "grpo_smollm2_reasoning_gym", SMALL
+
+
+class PlainLoop:
+    """The least transformers code that does one GRPO step of the same shape."""
+
+    def __init__(self, cfg, model_dir: str, dtype: torch.dtype | None, env_for):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg, self.dtype, self.env_for = cfg, dtype, env_for
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        if cfg.policy.activation_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.config.use_cache = True
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.policy.optimizer.lr, weight_decay=0.0)
+        loader, _, _ = build_datasets(cfg, self.tok)
+        self.batches = iter(loader)  # the same order as the rlplane session's loader (same seed)
+        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
+
+    def autocast(self):
+        return torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype is not None)
+
+    def logprobs(self, ids, attn):  # (B, T) -> (B, T-1): log π(token_t | tokens_<t)
+        with self.autocast():
+            logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+        return torch.gather(F.log_softmax(logits, -1), 2, ids[:, 1:, None]).squeeze(2)
+
+    def step(self) -> dict[str, float]:
+        cfg, g, t = self.cfg, self.cfg.grpo, {}
+        G, gen = g.num_generations_per_prompt, cfg.policy.generation
+        t0 = time.perf_counter()
+        datums = next(self.batches)
+        prompts = [d.prompt_token_ids for d in datums for _ in range(G)]
+        P = max(map(len, prompts))
+        ids = torch.tensor([[self.pad] * (P - len(p)) + list(p) for p in prompts])  # left-padded (B, P)
+        attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+        self.model.eval()
+        with torch.no_grad(), self.autocast():
+            out = self.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=gen.temperature,
+                                      top_k=0, top_p=1.0, max_new_tokens=gen.max_new_tokens, pad_token_id=self.pad)
+        resp = out[:, P:]
+        eos = self.tok.eos_token_id
+        # Response mask: up to and including the first eos.
+        is_eos = resp == eos
+        after = (is_eos.cumsum(1) - is_eos.long()) > 0
+        rmask = (~after).long()  # (B, R)
+        texts = self.tok.batch_decode([r[m.bool()] for r, m in zip(resp, rmask)], skip_special_tokens=True)
+        rewards = torch.tensor([float(self.env_for(d.task_name).step(
+            [[*d.message_log, {"role": "assistant", "content": txt}]], [d.extra_env_info]).rewards[0])
+            for d, txt in zip([d for d in datums for _ in range(G)], texts)]).view(-1, G)
+        t["generation"] = time.perf_counter() - t0
+        t["generated_tokens"] = float(rmask.sum())
+
+        t1 = time.perf_counter()
+        full_attn = torch.cat([attn, rmask], 1)  # (B, P+R)
+        mask = torch.cat([torch.zeros_like(attn), rmask], 1)[:, 1:].float()  # (B, T-1): response tokens
+        mbs, lbs = cfg.policy.train_micro_batch_size, cfg.policy.logprob_batch_size
+        with torch.no_grad():
+            old = torch.cat([self.logprobs(out[i:i + lbs], full_attn[i:i + lbs]) for i in range(0, len(out), lbs)])
+        t["logprobs"] = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).view(-1)
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        n_tok = mask.sum()
+        lo, hi = cfg.loss_fn.ratio_clip_min, cfg.loss_fn.ratio_clip_max
+        for i in range(0, len(out), mbs):
+            cur = self.logprobs(out[i:i + mbs], full_attn[i:i + mbs])
+            ratio = torch.exp(cur - old[i:i + mbs])
+            a = adv[i:i + mbs, None]
+            loss = torch.maximum(-a * ratio, -a * ratio.clamp(1 - lo, 1 + hi))
+            ((loss * mask[i:i + mbs]).sum() / n_tok).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.policy.max_grad_norm)
+        self.opt.step()
+        t["training"] = time.perf_counter() - t2
+        t["total"] = time.perf_counter() - t0
+        return t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps of each")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first (lazy AdamW state, caches)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    name, small = preset()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(name, [*small, *QUIET, f"run_dir={tmp}", *args.overrides])
+        s = build_session(cfg, quiet=True)
+        s.resume_or_warm_up()
+        w = s.policy.workers[0]
+        dtype = getattr(w.model, "rlplane_autocast_dtype", None)
+        model_dir = os.path.join(tmp, "start")
+        w.model.save_pretrained(model_dir, safe_serialization=True)  # the exact start weights, plain HF
+        w.tokenizer.save_pretrained(model_dir)
+        plain = PlainLoop(cfg, model_dir, dtype, s.rollout_worker.env)
+        g = cfg.grpo
+        print(f"config {name} {' '.join(small + args.overrides)}: {g.num_prompts_per_step} prompts x "
+              f"{g.num_generations_per_prompt} samples x {cfg.policy.generation.max_new_tokens} new tokens, "
+              f"compute {dtype or 'fp32'}, activation checkpointing {cfg.policy.activation_checkpointing}, "
+              f"{torch.get_num_threads()} threads; rlplane skips the prev-logprob forward: "
+              f"{skips_prev_logprob_forward(cfg)}; load average {os.getloadavg()[0]:.2f}", flush=True)
+        ours, base = [], []
+        for i in range(args.warmup_steps + args.steps):
+            t0 = time.perf_counter()
+            s.rollout("set_weight_version", i)
+            m = grpo_step(s, i)
+            total = time.perf_counter() - t0
+            tp = plain.step()
+            if i < args.warmup_steps:
+                continue
+            tm = phases = {k.removeprefix("timing/train/"): v for k, v in m.items() if k.startswith("timing/train/")}
+            ours.append({"generation": tm.get("generation", 0.0), "logprobs": tm.get("logprobs", 0.0),
+                         "training": tm.get("advantages", 0.0) + tm.get("policy_training", 0.0),
+                         "generated_tokens": m["train/mean_gen_tokens_per_sample"] * m["train/num_samples"],
+                         "total": total,
+                         "token_mult_prob_error": m.get("train/token_mult_prob_error", float("nan"))})
+            base.append(tp)
+            print(f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s, plain loop {tp['total']:.2f} s "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+        s.close()
+
+    def med(rows, k):
+        return statistics.median(r[k] for r in rows)
+
+    print(f"median of {args.steps} steps (seconds)   rlplane    plain loop")
+    for k in ("generation", "logprobs", "training", "total"):
+        print(f"  {k:28s} {med(ours, k):8.2f}    {med(base, k):8.2f}")
+    print(f"  generated tokens/step (median)  {med(ours, 'generated_tokens'):8.0f}    {med(base, 'generated_tokens'):8.0f}")
+    print(f"  generation tokens/s (median)    {statistics.median(r['generated_tokens'] / r['generation'] for r in ours):8.1f}"
+          f"    {statistics.median(r['generated_tokens'] / r['generation'] for r in base):8.1f}")
+    print(f"  rlplane's timing/train/* (last step, s): {', '.join(f'{k} {v:.2f}' for k, v in phases.items())}; "
+          f"rlplane token_mult_prob_error (median): {med(ours, 'token_mult_prob_error'):.4f}")
+    print(f"ratio rlplane / plain loop: {med(ours, 'total') / med(base, 'total'):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""rlplane's GRPO beside TRL's ``GRPOTrainer`` on identical work: ms per step and held-out accuracy.
+
+Both start from the same weights: rlplane's supervised warm-up of the default job runs once, the
+warm-started model is saved as a Hugging Face directory, and each run loads it. Both train on the
+same prompt stream (the default job's training loader, in its order: TRL gets those rows as its
+dataset with ``shuffle_dataset=False``), 32 prompts x 8 samples, AdamW lr 2e-4 constant, weight decay
+0, grad clip 1.0, ratio clip 0.2, no KL (beta 0), temperature 1, no top-k/top-p, 4 new tokens, fp32,
+one optimizer step per rollout, the same reward (rlplane's ``arithmetic`` environment) and the same
+threads. The loss aggregation is the same (token mean over the global batch: TRL's ``dapo``).
+What differs is each library's own advantage estimator: rlplane's default leave-one-out baseline and
+std, TRL's group mean and std + 1e-4 (``scale_rewards="group"``).
+
+Step time: rlplane, each ``grpo_step`` call; TRL, the interval between consecutive ``on_step_end``
+callbacks (dataloader, generation, scoring, forward/backward, clip, optimizer, logging). Held-out
+accuracy for both: rlplane's greedy evaluation (``validate``) on the default job's 500 held-out
+problems, run on each final model by the same code; evaluation is outside every timing.
+Runs alternate (rlplane, TRL), (TRL, rlplane), ... so machine noise hits both alike.
+
+    pip install 'rlplane[bench]'          # trl
+    python benchmarks/vs_trl.py [--steps 200] [--pairs 3] [--threads N] [--warm-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from rlplane.config.loading import load_config  # noqa: E402
+from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
+from rlplane.envs import create_env  # noqa: E402
+from rlplane.recipes.common import validate  # noqa: E402
+from rlplane.recipes.grpo import grpo_step  # noqa: E402
+from rlplane.recipes.setup import build_datasets, build_session  # noqa: E402
+from rlplane.utils.threads import available_cores  # noqa: E402
+
+QUIET = ["checkpointing.enabled=false", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
+         "logger.jsonl_enabled=false"]
+
+
+def rlplane_config(run_dir: str, threads: int, *extra: str):
+    return load_config(None, [*QUIET, f"run_dir={run_dir}", f"policy.threads_per_worker={threads}", *extra])
+
+
+def warm_start(out_dir: str, threads: int) -> float:
+    """rlplane's supervised warm-up of the default job, saved as an HF model in ``out_dir``; returns
+    the warm-up's held-out accuracy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        s = build_session(rlplane_config(tmp, threads), quiet=True)
+        try:
+            s.resume_or_warm_up()
+            w = s.policy.workers[0]
+            w.model.save_pretrained(out_dir, safe_serialization=True)
+            w.tokenizer.save_pretrained(out_dir)
+            return float(s.warmup_result.get("accuracy", float("nan")))
+        finally:
+            s.close()
+
+
+class Evaluator:
+    """rlplane's greedy held-out evaluation of any state dict of the warm-started model's shape."""
+
+    def __init__(self, warm_dir: str, threads: int):
+        self.tmp = tempfile.TemporaryDirectory()
+        cfg = rlplane_config(self.tmp.name, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
+        self.s = build_session(cfg, quiet=True)
+        self.s.resume_or_warm_up()
+        self.model = self.s.policy.workers[0].model  # the hf generator samples from this very module
+
+    def accuracy(self, state: dict[str, torch.Tensor]) -> float:
+        self.model.load_state_dict(state)
+        self.model.eval()
+        return validate(self.s)["accuracy"]
+
+    def close(self):
+        self.s.close()
+        self.tmp.cleanup()
+
+
+def run_rlplane(warm_dir: str, steps: int, threads: int) -> tuple[list[float], dict[str, torch.Tensor], dict]:
+    """``steps`` GRPO steps of the default job from the warm-started weights; (step seconds, final weights,
+    median phase times)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = rlplane_config(tmp, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}",
+                             f"grpo.max_num_steps={steps}")
+        s = build_session(cfg, quiet=True)
+        try:
+            s.resume_or_warm_up()
+            times, phases = [], []
+            for step in range(steps):
+                t0 = time.perf_counter()
+                s.rollout("set_weight_version", step)  # as run_training does before each step
+                m = grpo_step(s, step)
+                times.append(time.perf_counter() - t0)
+                phases.append({k.removeprefix("timing/train/"): v for k, v in m.items() if k.startswith("timing/train/")})
+            state = {k: v.detach().clone() for k, v in s.policy.workers[0].get_weights().items()}
+        finally:
+            s.close()
+    return times, state, {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+
+
+def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
+    """The default job's first ``steps`` training batches, in order, as TRL dataset rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = rlplane_config(tmp, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
+        from rlplane.workers.base import load_configured_policy
+
+        _, tok = load_configured_policy(cfg)
+        loader, _, _ = build_datasets(cfg, tok)
+    rows, it = [], iter(loader)
+    for _ in range(steps):
+        for d in next(it):
+            rows.append({"prompt": d.message_log[0]["content"], "ground_truth": d.extra_env_info["ground_truth"],
+                         "prompt_ids": d.message_log[0]["token_ids"]})
+    return rows
+
+
+def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float, out_dir: str):
+    """TRL's GRPOTrainer on the same rows from the same weights; (step seconds, final weights)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    env = create_env("arithmetic")
+
+    def reward(prompts, completions, ground_truth, **_):
+        logs = [[{"role": "user", "content": p}, {"role": "assistant", "content": c}] for p, c in zip(prompts, completions)]
+        return [float(r) for r in env.step(logs, [{"ground_truth": g} for g in ground_truth]).rewards]
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.ends: list[float] = []
+
+        def on_train_begin(self, *a, **k):
+            self.ends.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            self.ends.append(time.perf_counter())
+
+    args = GRPOConfig(
+        output_dir=out_dir, max_steps=steps, per_device_train_batch_size=256, num_generations=8,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, shuffle_dataset=False,
+        temperature=1.0, top_k=0, top_p=1.0, max_completion_length=4, use_vllm=False,
+        beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", weight_decay=0.0,
+        max_grad_norm=1.0, bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True,
+        report_to="none", save_strategy="no", logging_steps=10**9, disable_tqdm=True, seed=42,
+    )
+    tok = AutoTokenizer.from_pretrained(warm_dir)
+    # TRL tokenizes the prompt text itself (special tokens on): check it sees rlplane's prompt ids.
+    got = tok(rows[0]["prompt"], add_special_tokens=True)["input_ids"]
+    if got != rows[0]["prompt_ids"]:
+        raise RuntimeError(f"TRL would tokenize {rows[0]['prompt']!r} as {got}, rlplane as {rows[0]['prompt_ids']}")
+    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32)
+    timer = StepTimes()
+    data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows])
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                          processing_class=tok, callbacks=[timer])
+    trainer.remove_callback(PrinterCallback)  # its end-of-run metrics dict is not this benchmark's output
+    trainer.train()
+    state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    times = [b - a for a, b in zip(timer.ends, timer.ends[1:])]
+    return times, state
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200, help="GRPO steps per run")
+    ap.add_argument("--pairs", type=int, default=3, help="(rlplane, TRL) pairs, alternating which goes first")
+    ap.add_argument("--threads", type=int, default=available_cores(),
+                    help="torch threads for both (default: the cores, as rlplane's default job uses)")
+    ap.add_argument("--warm-dir", default=None, help="reuse a warm-started model saved by an earlier run")
+    args = ap.parse_args()
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        import trl
+    except ImportError:
+        print("benchmarks/vs_trl.py needs TRL: pip install 'rlplane[bench]'", file=sys.stderr)
+        return 2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        warm_dir = args.warm_dir or os.path.join(tmp, "warm")
+        if args.warm_dir is None or not os.path.isfile(os.path.join(warm_dir, "config.json")):
+            t0 = time.perf_counter()
+            acc = warm_start(warm_dir, args.threads)
+            print(f"warm-up (rlplane's default job): held-out accuracy {acc:.3f}, {time.perf_counter() - t0:.0f} s; "
+                  f"saved to {warm_dir}", flush=True)
+        cfg = rlplane_config(tmp, args.threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
+        evaluator = Evaluator(warm_dir, args.threads)
+        rows = prompt_rows(warm_dir, args.steps, args.threads)
+        start_state = {k: v.clone() for k, v in evaluator.model.state_dict().items()}
+        start_acc = evaluator.accuracy(start_state)
+        print(f"trl {trl.__version__}, torch {torch.__version__}; threads {args.threads} for both; "
+              f"{args.steps} steps x {args.pairs} pairs; 32 prompts x 8 samples; load average "
+              f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}")
+        print(f"held-out accuracy of the warm-started model ({cfg.grpo.max_val_samples} problems, greedy): "
+              f"{start_acc:.3f}", flush=True)
+        results = {"rlplane": [], "trl": []}
+        for pair in range(args.pairs):
+            order = ["rlplane", "trl"] if pair % 2 == 0 else ["trl", "rlplane"]
+            for who in order:
+                if who == "rlplane":
+                    times, state, phases = run_rlplane(warm_dir, args.steps, args.threads)
+                else:
+                    times, state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
+                                           os.path.join(tmp, f"trl{pair}"))
+                    torch.set_num_threads(args.threads)
+                    phases = {}
+                acc = evaluator.accuracy(state)
+                ms = statistics.median(times) * 1e3
+                results[who].append((ms, acc))
+                extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in phases.items()) if phases else ""
+                print(f"pair {pair + 1} {who:7s}: median {ms:6.1f} ms/step over {len(times)} steps "
+                      f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 {1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
+                      f"held-out accuracy {acc:.3f}; load {os.getloadavg()[0]:.2f}{extra}", flush=True)
+        evaluator.close()
+    ratios = [r[0] / t[0] for r, t in zip(results["rlplane"], results["trl"])]
+    print("ratio rlplane / TRL in ms per step, per pair: " + ", ".join(f"{x:.3f}" for x in ratios))
+    print(f"median ms/step: rlplane {statistics.median(r[0] for r in results['rlplane']):.1f}, "
+          f"TRL {statistics.median(t[0] for t in results['trl']):.1f}; "
+          f"held-out accuracy rlplane {', '.join(f'{r[1]:.3f}' for r in results['rlplane'])} | "
+          f"TRL {', '.join(f'{t[1]:.3f}' for t in results['trl'])} (from {start_acc:.3f})")
+    print(f"ratio rlplane / TRL: {statistics.median(ratios):.3f} (median of {len(ratios)} pairs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
