@@ -135,9 +135,7 @@ def _checkpoint_weights(path: str):
     from pathlib import Path
 
     from rlplane.config.loading import ConfigError
-    from rlplane.utils.checkpoint import CheckpointManager
-
-    from rlplane.utils.checkpoint import weight_shapes
+    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
 
     p = Path(path)
     if not p.is_dir():

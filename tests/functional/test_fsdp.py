@@ -20,9 +20,8 @@ import torch.multiprocessing as mp
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
-from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.parallel import check_resume_layout, local_state_bytes
-from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
 
 GBS = 8  # two global batches of 8 rows = two AdamW steps

@@ -14,8 +14,8 @@ from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
 from rlplane.runtime.groups import LocalGroup
 from rlplane.training import Session
-from rlplane.workers.policy import ClippedPGLoss
 from rlplane.utils.logging import read_metrics
+from rlplane.workers.policy import ClippedPGLoss
 
 P, G = 4, 4
 FAST = [

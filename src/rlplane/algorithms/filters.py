@@ -17,7 +17,6 @@ from torch import Tensor
 from rlplane.algorithms._ops import masked_sum, safe_div
 from rlplane.algorithms.advantages import group_ids
 
-
 # --------------------------------------------------------------------------------------------
 # Dynamic sampling (DAPO)
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import typing
 from typing import Any, Literal
 
 import pydantic
-
 from pydantic import Field, model_validator
 
 from rlplane.algorithms.loss_options import ClippedPGOptions

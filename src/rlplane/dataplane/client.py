@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
 from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack_rows
+from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
 from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
 from .index import LookupPlan
 from .meta import GLOBAL_PAD_KEY, KVBatchMeta

@@ -33,9 +33,9 @@ from typing import Any
 
 import ray
 
-from .columns import INPUT_IDS
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _resolve
 from .codec import Column, from_wire, to_wire
+from .columns import INPUT_IDS
 from .errors import DataPlaneError, fmt_keys
 from .index import PENDING, LookupPlan, Pending, PlaneIndex
 

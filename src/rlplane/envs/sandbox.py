@@ -110,7 +110,7 @@ def _sweep_uid(uid: int) -> int:
             continue
         try:
             with open(f"/proc/{entry}/status") as f:
-                line = next(l for l in f if l.startswith("Uid:"))
+                line = next(ln for ln in f if ln.startswith("Uid:"))
             if int(line.split()[1]) == uid:
                 os.kill(int(entry), signal.SIGKILL)
                 found += 1

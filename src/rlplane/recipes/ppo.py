@@ -14,7 +14,6 @@ batch, so the driver reads the ``values``/``token_mask`` columns (B × T floats)
 
 from __future__ import annotations
 
-
 import torch
 
 from rlplane.algorithms.advantages import raw_reward_advantages

@@ -11,14 +11,16 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.envs.user import import_path_env
 from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
-from rlplane.runtime.groups import cluster_cpus as ray_cluster_cpus
-from rlplane.runtime.groups import cluster_gpus as ray_cluster_gpus
-from rlplane.runtime.groups import make_actor, make_group
+from rlplane.runtime.groups import (
+    cluster_cpus as ray_cluster_cpus,
+    cluster_gpus as ray_cluster_gpus,
+    make_actor,
+    make_group,
+)
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.teacher import TeacherWorker
 from rlplane.workers.value import ValueWorker
-
 
 # CPUs each Ray actor asks for (the workers below; async GRPO's collector).
 RAY_CPUS_POLICY_RANK, RAY_CPUS_ROLLOUT, RAY_CPUS_CRITIC_RANK, RAY_CPUS_COLLECTOR = 0.5, 0.5, 0.25, 0.5

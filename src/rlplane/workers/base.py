@@ -18,8 +18,8 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
 from rlplane.runtime.devices import to_device
-from rlplane.workers import parallel
 from rlplane.utils.metrics import reduce_microbatch_metrics
+from rlplane.workers import parallel
 
 # (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
 # sequences) -> (loss, detached metrics)

@@ -40,9 +40,10 @@ from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.runtime.devices import resolve_device
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
-from rlplane.utils.threads import set_worker_threads
+
 
 class PolicyLoss(Protocol):
     """A loss the policy worker trains with, handed in by the recipe (frozen, pickles to Ray actors).

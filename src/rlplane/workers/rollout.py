@@ -36,9 +36,9 @@ from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
-from rlplane.utils.threads import set_worker_threads
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:

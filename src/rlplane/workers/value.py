@@ -27,10 +27,9 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, RETURNS, TOKEN_MASK, VALUES
 from rlplane.runtime.devices import resolve_device
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
-from rlplane.utils.threads import set_worker_threads
-
 
 
 @dataclass(frozen=True)

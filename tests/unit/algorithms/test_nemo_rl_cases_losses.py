@@ -9,8 +9,6 @@ NeMo's ``_create_exact_logits`` makes log_softmax return). Written for rlplane; 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 

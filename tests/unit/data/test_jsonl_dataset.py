@@ -14,7 +14,7 @@ def tok():
 
 
 def _write(path, lines):
-    path.write_text("\n".join(l if isinstance(l, str) else json.dumps(l) for l in lines) + "\n")
+    path.write_text("\n".join(ln if isinstance(ln, str) else json.dumps(ln) for ln in lines) + "\n")
     return str(path)
 
 

@@ -8,8 +8,7 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.generation import HFGenerationBackend
-from rlplane.models import build_char_tokenizer, build_tiny_llama
-from rlplane.models import precision as prec
+from rlplane.models import build_char_tokenizer, build_tiny_llama, precision as prec
 from rlplane.workers.policy import token_logprobs
 
 
