@@ -224,7 +224,8 @@ def main() -> int:
                 results[who].append((ms, acc))
                 extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in phases.items()) if phases else ""
                 print(f"pair {pair + 1} {who:7s}: median {ms:6.1f} ms/step over {len(times)} steps "
-                      f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 {1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
+                      f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 "
+                      f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
                       f"held-out accuracy {acc:.3f}; load {os.getloadavg()[0]:.2f}{extra}", flush=True)
         evaluator.close()
     ratios = [r[0] / t[0] for r, t in zip(results["rlplane"], results["trl"])]

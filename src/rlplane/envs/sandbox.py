@@ -237,6 +237,7 @@ def check_isolation() -> str:
     """The isolation mechanism this machine gives (run once per process); raises :class:`SandboxUnavailable`."""
     result = run_python("pass", SandboxLimits(cpu_seconds=5, wall_seconds=30))
     if not result.ok:
-        raise SandboxUnavailable(f"code sandbox: a trivial program failed in the sandbox ({result.stderr.strip()[-300:]!r}); "
+        raise SandboxUnavailable("code sandbox: a trivial program failed in the sandbox "
+                                 f"({result.stderr.strip()[-300:]!r}); "
                                  "report it with this line")
     return result.isolation["mechanism"]

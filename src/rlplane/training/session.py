@@ -65,7 +65,8 @@ class Session:
         for msg in self._early_messages:
             self.say(msg)
         if self.prompts.stats.get("skipped_overlong"):
-            self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
+            self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than "
+                     "policy.max_total_sequence_length")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":

@@ -200,7 +200,8 @@ def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"weights {d}: {INDEX_FILE} is damaged ({e!r}); re-save or restore the model") from None
+            raise CheckpointError(f"weights {d}: {INDEX_FILE} is damaged ({e!r}); re-save or restore the "
+                                  "model") from None
         files = [d / n for n in names]
     elif (d / SINGLE_FILE).is_file():
         files = [d / SINGLE_FILE]
