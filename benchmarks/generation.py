@@ -46,7 +46,8 @@ def load(name: str, precision: str):
     from rlplane.models.precision import apply_precision
 
     rng = np.random.default_rng(0)
-    problems = [draw_problem(rng, ArithmeticSpec(operators=("+",), operand_min=0, operand_max=99))[0] for _ in range(256)]
+    problems = [draw_problem(rng,
+                             ArithmeticSpec(operators=("+",), operand_min=0, operand_max=99))[0] for _ in range(256)]
     if name == "tiny":
         model, tok = load_policy("embedded:tiny-llama", model_kwargs=dict(hidden_size=128, num_layers=2, num_heads=4,
                                                                          intermediate_size=256))

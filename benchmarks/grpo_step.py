@@ -63,7 +63,8 @@ class FloorLoop:
         out = self.gen.generate(prompts, max_new_tokens=cfg.policy.generation.max_new_tokens, temperature=1.0,
                                 generator=self.rng)
         texts = self.tok.batch_decode(out.output_ids, skip_special_tokens=True)
-        logs = [[*d.message_log, {"role": "assistant", "content": t}] for d, t in zip([d for d in datums for _ in range(G)], texts)]
+        logs = [[*d.message_log, {"role": "assistant", "content": t}] for d,
+                t in zip([d for d in datums for _ in range(G)], texts)]
         rewards = torch.as_tensor(self.env.step(logs, [d.extra_env_info for d in datums for _ in range(G)]).rewards,
                                   dtype=torch.float32).view(n, G)
         # Leave-one-out baseline and std, as in rlplane's default.

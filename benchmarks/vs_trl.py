@@ -101,7 +101,8 @@ def run_rlplane(warm_dir: str, steps: int, threads: int) -> tuple[list[float], d
                 s.rollout("set_weight_version", step)  # as run_training does before each step
                 m = grpo_step(s, step)
                 times.append(time.perf_counter() - t0)
-                phases.append({k.removeprefix("timing/train/"): v for k, v in m.items() if k.startswith("timing/train/")})
+                phases.append({k.removeprefix("timing/train/"): v for k,
+                               v in m.items() if k.startswith("timing/train/")})
             state = {k: v.detach().clone() for k, v in s.policy.workers[0].get_weights().items()}
         finally:
             s.close()
@@ -135,7 +136,8 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     env = create_env("arithmetic")
 
     def reward(prompts, completions, ground_truth, **_):
-        logs = [[{"role": "user", "content": p}, {"role": "assistant", "content": c}] for p, c in zip(prompts, completions)]
+        logs = [[{"role": "user", "content": p}, {"role": "assistant", "content": c}] for p,
+                c in zip(prompts, completions)]
         return [float(r) for r in env.step(logs, [{"ground_truth": g} for g in ground_truth]).rewards]
 
     class StepTimes(TrainerCallback):
@@ -222,7 +224,8 @@ def main() -> int:
                 acc = evaluator.accuracy(state)
                 ms = statistics.median(times) * 1e3
                 results[who].append((ms, acc))
-                extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in phases.items()) if phases else ""
+                extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k,
+                                                             v in phases.items()) if phases else ""
                 print(f"pair {pair + 1} {who:7s}: median {ms:6.1f} ms/step over {len(times)} steps "
                       f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 "
                       f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "

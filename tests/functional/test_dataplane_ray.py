@@ -119,7 +119,8 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
     try:
         client.register_partition("p", ["input_ids"], 2)
         lens = torch.tensor([2, 3])
-        *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()}, None, False, None)
+        *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()},
+                                        None, False, None)
         ref = ray.put({"input_ids": to_wire(pack_rows([torch.arange(2), torch.arange(3)]))})
         late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, [ref]))
         late.start()

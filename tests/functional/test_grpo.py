@@ -98,7 +98,8 @@ def test_split_run_equals_straight_run(tmp_path):
     train(straight, quiet=True)
     first = small_cfg(tmp_path / "split", "grpo.max_num_steps=2", "checkpointing.save_period=2")
     train(first, quiet=True)
-    second = small_cfg(tmp_path / "split", "grpo.max_num_steps=4", "checkpointing.save_period=2", "checkpointing.resume=true")
+    second = small_cfg(tmp_path / "split", "grpo.max_num_steps=4", "checkpointing.save_period=2",
+                       "checkpointing.resume=true")
     train(second, quiet=True)
     rows_a = [r for r in _timings_free(read_metrics(tmp_path / "straight" / "logs")) if r["step"] > 0]
     rows_b = [r for r in _timings_free(read_metrics(tmp_path / "split" / "logs")) if r["step"] > 0]

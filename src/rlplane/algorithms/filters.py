@@ -225,7 +225,8 @@ def seq_mult_prob_error(
     """
     dtype = torch.promote_types(prev_logprobs.dtype, torch.float32)
     m = token_mask.to(dtype) * sample_mask.to(dtype)[:, None]
-    diff = torch.where(m != 0, (generation_logprobs.to(dtype) - prev_logprobs.to(dtype)).abs(), torch.zeros((), dtype=dtype, device=m.device))
+    diff = torch.where(m != 0, (generation_logprobs.to(dtype) - prev_logprobs.to(dtype)).abs(),
+                       torch.zeros((), dtype=dtype, device=m.device))
     return safe_div(masked_sum(torch.exp(diff * m), m, dim=-1), m.sum(dim=-1))
 
 
@@ -260,14 +261,18 @@ def seq_logprob_error_mask(
         zero = torch.zeros((), dtype=err.dtype, device=err.device)
         any_sel = sel.any()
         big = torch.finfo(err.dtype).max
-        metrics[f"max_seq_mult_prob_error{suffix}"] = torch.where(any_sel, torch.where(sel, err, -big).amax() if err.numel() else zero, zero)
-        metrics[f"min_seq_mult_prob_error{suffix}"] = torch.where(any_sel, torch.where(sel, err, big).amin() if err.numel() else zero, zero)
-        metrics[f"mean_seq_mult_prob_error{suffix}"] = safe_div(masked_sum(err, sel.to(err.dtype)), sel.sum().to(err.dtype))
+        metrics[f"max_seq_mult_prob_error{suffix}"] = torch.where(
+            any_sel, torch.where(sel, err, -big).amax() if err.numel() else zero, zero)
+        metrics[f"min_seq_mult_prob_error{suffix}"] = torch.where(
+            any_sel, torch.where(sel, err, big).amin() if err.numel() else zero, zero)
+        metrics[f"mean_seq_mult_prob_error{suffix}"] = safe_div(masked_sum(err, sel.to(err.dtype)),
+                                                                sel.sum().to(err.dtype))
 
     stats(alive, "")
     stats((new_mask != 0) & alive, "_after_mask")
     masked = alive & (new_mask == 0)
     metrics["num_masked_seqs_by_logprob_error"] = masked.sum()
     if rewards is not None:
-        metrics["masked_correct_pct"] = safe_div((masked & (rewards == 1)).sum().to(err.dtype), masked.sum().to(err.dtype))
+        metrics["masked_correct_pct"] = safe_div((masked & (rewards == 1)).sum().to(err.dtype),
+                                                 masked.sum().to(err.dtype))
     return new_mask, metrics

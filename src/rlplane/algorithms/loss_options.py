@@ -48,7 +48,9 @@ class ClippedPGOptions:
                                          "it to the loss (the loss's β is then 0).")
     use_importance_sampling_correction: bool = _opt(False, "Weight the loss by π_old/π_gen to correct the "
                                                            "generation/training mismatch; required for async GRPO.")
-    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = _opt(None, "Truncation of the IS weights: tis clamps, icepop zeroes tokens outside [min, max], seq-mask-tis drops sequences whose geometric-mean weight is outside [min, max].")
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = _opt(
+        None, "Truncation of the IS weights: tis clamps, icepop zeroes tokens outside [min, max], seq-mask-tis drops "
+              "sequences whose geometric-mean weight is outside [min, max].")
     truncated_importance_sampling_ratio: float | None = _opt(None, "Upper bound (> 0) of the IS weight for truncation.")
     truncated_importance_sampling_ratio_min: float | None = _opt(None, "Lower bound of the IS weight (tis: 0 when "
                                                                        "null; required for icepop and seq-mask-tis).")

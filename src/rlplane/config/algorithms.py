@@ -99,7 +99,8 @@ class RewardShapingConfig(StrictModel):
         if coef is not None and not 0.0 <= coef <= 1.0:
             errors.append(f"stop_properly_penalty_coef = {coef}: needs a value in [0, 1] (0 zeroes truncated rewards)")
         if self.enabled and coef is None:
-            missing = [k for k in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length") if getattr(self, k) is None]
+            missing = [k for k in ("overlong_buffer_length", "overlong_buffer_penalty",
+                                   "max_response_length") if getattr(self, k) is None]
             if missing:
                 errors.append(f"enabled = true needs {', '.join(missing)} (DAPO overlong shaping) or "
                               "stop_properly_penalty_coef; set them")

@@ -248,7 +248,8 @@ class PPOConfig(RolloutLoopConfig):
     policy_training_start_step: int = Field(
         0, ge=0, description="Critic-only warm-up: the actor trains from this step on (steps counted from 0)."
     )
-    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig, description="GAE or raw reward.")
+    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig,
+                                                 description="GAE or raw reward.")
 
     @model_validator(mode="after")
     def _epochs(self) -> "PPOConfig":

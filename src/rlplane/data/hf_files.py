@@ -27,7 +27,8 @@ def _files(path: str) -> list[str]:
     return files
 
 
-def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: str = "auto", split: str = "train") -> list[dict]:
+def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: str = "auto",
+                 split: str = "train") -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is the 1-based row number)."""
     if importlib.util.find_spec("datasets") is None:
         raise DatasetError(f"dataset {path}: dataset kind 'hf' needs the datasets package: pip install 'rlplane[hf]'")

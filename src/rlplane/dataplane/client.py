@@ -121,7 +121,9 @@ class DataPlaneClient(abc.ABC):
         self.close()
 
 
-def _resolve(sample_ids: SampleIds | None, partition_id: str | None) -> tuple[list[str] | None, str, KVBatchMeta | None]:
+def _resolve(
+    sample_ids: SampleIds | None, partition_id: str | None
+) -> tuple[list[str] | None, str, KVBatchMeta | None]:
     """(keys, partition, meta) from a meta or a key list; a meta's partition must agree if both given."""
     if isinstance(sample_ids, KVBatchMeta):
         meta = sample_ids
@@ -372,7 +374,8 @@ class IndexedClient(DataPlaneClient):
     def status(self, partition_id, sample_ids=None, fields=None):
         self._check_open()
         return self._index_call(
-            "status", partition_id, None if sample_ids is None else list(sample_ids), None if fields is None else list(fields)
+            "status", partition_id, None if sample_ids is None else list(sample_ids),
+            None if fields is None else list(fields)
         )
 
     def ready_samples(self, partition_id, fields):

@@ -311,7 +311,8 @@ class PlaneIndex:
     def list(self, pid: str) -> list[str]:
         return list(self.partition(pid).slot_of)
 
-    def describe(self, pid: str, ids: Sequence[str] | None) -> tuple[list[str], list[str], list[int | None], list[dict], str | None]:
+    def describe(self, pid: str, ids: Sequence[str] | None) -> tuple[list[str], list[str], list[int | None], list[dict],
+                                                                     str | None]:
         """(ids, fields written for all of them, seq_lens, tags, task_name) to rebuild a meta."""
         part = self.partition(pid)
         ids = list(part.slot_of) if ids is None else list(ids)

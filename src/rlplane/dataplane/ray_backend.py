@@ -51,7 +51,8 @@ class _Failed:
         self.reason = reason
 
 _INDEX_METHODS = frozenset(
-    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear", "num_chunks"}
+    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
+     "num_chunks"}
 )
 
 
@@ -200,7 +201,8 @@ class RayDataPlane(IndexedClient):
             # The store re-puts the data, and must have done so before this put returns (the
             # producer may exit right after), so there is nothing to overlap: commit as before.
             return super()._commit(pid, ids, columns, *rest)[:3]
-        answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest, client=self._id)
+        answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest,
+                                               client=self._id)
         try:
             payload = ray.put({name: to_wire(col) for name, col in columns.items()})  # while the store answers
         except Exception as err:  # e.g. the object store is full: readers must hear why, not wait

@@ -207,7 +207,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), tests: str = 
             finally:
                 init = _children(proc.pid)  # the PID namespace's init, while the outer still lives
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the outer and the init (the program, unless it left the group)
+                    os.killpg(proc.pid,
+                              signal.SIGKILL)  # the outer and the init (the program, unless it left the group)
                 except ProcessLookupError:
                     pass
                 for pid in init:  # the kernel kills the namespace's processes before its init is gone

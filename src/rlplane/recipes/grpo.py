@@ -48,7 +48,8 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
+                                    g.num_prompts_per_step * g.num_generations_per_prompt)
 
     # ---- rollout, rewards, dynamic sampling; the sample mask ------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)

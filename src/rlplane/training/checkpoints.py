@@ -105,7 +105,8 @@ class Checkpoints:
             for name, group in self.workers.trained_groups().items():
                 group.run("save", str(tmp / name))
             torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
-            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")}, tmp / "rng.pt")
+            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")},
+                       tmp / "rng.pt")
             for name, state in self.parts.items():
                 torch.save(state(), tmp / name)
 

@@ -129,7 +129,8 @@ def collect_rollouts(
     return meta, carry
 
 
-def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta, carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
+def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta,
+                      carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
     """The (B,) sample mask (``loss_multiplier``, times not-truncated with ``overlong_filtering``),
     stamped on the receipt's tags where the workers read it; returns the receipt and the mask."""
     sample_mask = carry["loss_multiplier"].clone()

@@ -85,7 +85,8 @@ class Workers:
         n, runtime = cfg.policy.dp_size, cfg.runtime
 
         def per_rank(run_cfg, state):
-            return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n, init_state=state) for r in range(n)]
+            return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n,
+                         init_state=state) for r in range(n)]
 
         gpus = 0.0
         if runtime != "local":

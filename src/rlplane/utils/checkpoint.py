@@ -66,7 +66,8 @@ def fsync_dir(path: Path) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str, higher_is_better: bool):
+    def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str,
+                 higher_is_better: bool):
         # Absolute: workers (Ray actors, maybe on other nodes or in another cwd) write into this path.
         self.dir = Path(checkpoint_dir).expanduser().absolute()
         self.keep_top_k = keep_top_k

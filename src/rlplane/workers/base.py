@@ -34,7 +34,8 @@ def load_configured_policy(cfg, trainable: bool = False, init_state: dict[str, t
     in LoRA adapters (``models/lora.py``): the trainer's copy, never a generator's."""
     p = cfg.policy
     embedded = p.model_name.startswith("embedded:")
-    model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
+    model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed,
+                                   model_kwargs=p.tiny.model_dump() if embedded else None)
     if init_state is not None:
         model.load_state_dict(init_state)
     apply_precision(model, p.precision)
@@ -63,7 +64,8 @@ def _lr_lambda(warmup_steps: int, start_factor: float):
 def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
     """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with linear warm-up; ``(optimizer, scheduler)``."""
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
+        [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay,
+        betas=tuple(opt.betas), eps=opt.eps
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor))
     return optimizer, scheduler

@@ -198,7 +198,8 @@ class PolicyWorker(DPTrainWorker):
         ids = data[INPUT_IDS]  # (B, T)
         attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         gen = cfg.policy.generation
-        batch = {c: data[c][:, 1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
+        batch = {c: data[c][:,
+                            1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
         # With top-k/top-p on, a KL-to-reference term needs the current policy's unfiltered logprobs as
         # well (the reference's are unfiltered); both come from one forward pass.
         split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)

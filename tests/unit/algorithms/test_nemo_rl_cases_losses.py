@@ -74,7 +74,8 @@ def test_clipped_pg_loss_ppo_clipping():
 
 def test_clipped_pg_loss_reinforce_mode():
     # test_loss_functions.py::test_clipped_pg_loss_reinforce_mode: −A·log π = [0.5, −1, 3] -> 0.8333
-    loss, _ = pg([[-0.5, -1.0, -1.5]], ADV, [[0.0, 0.0, 0.0]], disable_ppo_ratio=True, ratio_clip_min=0.0, ratio_clip_max=0.0)
+    loss, _ = pg([[-0.5, -1.0, -1.5]], ADV, [[0.0, 0.0, 0.0]], disable_ppo_ratio=True, ratio_clip_min=0.0,
+                 ratio_clip_max=0.0)
     torch.testing.assert_close(loss, T(2.5 / 3))
 
 

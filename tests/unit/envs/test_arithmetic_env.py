@@ -17,7 +17,8 @@ from rlplane.envs import (
 
 
 def _log(answer: str) -> list[dict]:
-    return [{"role": "user", "content": "12+34=", "token_ids": [1]}, {"role": "assistant", "content": answer, "token_ids": []}]
+    return [{"role": "user", "content": "12+34=", "token_ids": [1]},
+            {"role": "assistant", "content": answer, "token_ids": []}]
 
 
 @pytest.mark.parametrize(

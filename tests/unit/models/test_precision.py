@@ -14,7 +14,8 @@ from rlplane.workers.policy import token_logprobs
 
 def _model(hidden: int):
     tok = build_char_tokenizer()
-    return build_tiny_llama(tok, hidden_size=hidden, num_layers=2, num_heads=4, intermediate_size=2 * hidden, seed=0), tok
+    return build_tiny_llama(tok, hidden_size=hidden, num_layers=2, num_heads=4, intermediate_size=2 * hidden,
+                            seed=0), tok
 
 
 def test_auto_is_the_default_and_explicit_choices_pass_through():
