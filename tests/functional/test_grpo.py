@@ -89,7 +89,8 @@ def test_grpo_changes_every_parameter(tmp_path, first_digit_env):
 def test_memory_and_ray_data_planes_give_identical_metrics(tmp_path, ray_session):
     a = train(small_cfg(tmp_path / "mem", "data_plane.backend=memory"), quiet=True)
     b = train(small_cfg(tmp_path / "ray", "data_plane.backend=ray"), quiet=True)
-    assert _timings_free(read_metrics(tmp_path / "mem" / "logs")) == _timings_free(read_metrics(tmp_path / "ray" / "logs"))
+    assert (_timings_free(read_metrics(tmp_path / "mem" / "logs"))
+            == _timings_free(read_metrics(tmp_path / "ray" / "logs")))
     assert a["accuracy_after"] == b["accuracy_after"]
 
 

@@ -254,7 +254,8 @@ def seq_logprob_error_mask(
     err = seq_mult_prob_error(generation_logprobs, prev_logprobs, token_mask, sample_mask)  # (B,)
     # (B,) sample_mask ≠ 0 and at least one valid token
     alive = (token_mask.to(err.dtype) * sample_mask.to(err.dtype)[:, None]).sum(dim=-1) > 0
-    new_mask = sample_mask if seq_logprob_error_threshold is None else sample_mask * (err <= seq_logprob_error_threshold).to(sample_mask.dtype)
+    new_mask = (sample_mask if seq_logprob_error_threshold is None
+                else sample_mask * (err <= seq_logprob_error_threshold).to(sample_mask.dtype))
     metrics: dict[str, Tensor] = {}
 
     def stats(sel: Tensor, suffix: str) -> None:

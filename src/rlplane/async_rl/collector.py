@@ -313,7 +313,8 @@ class AsyncTrajectoryCollector:
                 target_version=target,
                 columns={k: [cols[k][r, : lens[r]].clone() for r in rows] for k in COLUMNS},
                 # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
-                carry={k: carry[k][i * G : (i + 1) * G].clone() for k in carry if k in CARRY or k.startswith("reward/")},
+                carry={k: carry[k][i * G : (i + 1) * G].clone()
+                       for k in carry if k in CARRY or k.startswith("reward/")},
                 rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01

@@ -116,7 +116,8 @@ class RewardShapingConfig(StrictModel):
 
 
 class RewardScalingConfig(StrictModel):
-    """``grpo.reward_scaling``: clamp rewards to [source_min, source_max] and map linearly to [target_min, target_max]."""
+    """``grpo.reward_scaling``: clamp rewards to [source_min, source_max] and map linearly to
+    [target_min, target_max]."""
 
     enabled: bool = Field(False, description="Apply the linear reward map (before reward shaping).")
     source_min: float = Field(0.0, description="Lower end of the raw reward range (rewards below are clamped).")

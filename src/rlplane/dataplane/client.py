@@ -75,8 +75,9 @@ class DataPlaneClient(abc.ABC):
         pad_to: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Fresh tensors for `select_fields` (required) in the order of `sample_ids`. Jagged fields come
-        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`). Per-token fields share one T:
-        `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`, else the longest row."""
+        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`).
+        Per-token fields share one T: `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`,
+        else the longest row."""
 
     @abc.abstractmethod
     def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None, *, wait: bool = True) -> int | None:

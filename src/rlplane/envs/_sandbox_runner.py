@@ -284,7 +284,8 @@ def _init(spec: dict, code: str, tests: str, status_fd: int, nonce_fd: int) -> N
             break
         if child == pid:
             break
-    os._exit(os.waitstatus_to_exitcode(wait_status) % 256 if os.WIFEXITED(wait_status) else 128 + os.WTERMSIG(wait_status))
+    os._exit(os.waitstatus_to_exitcode(wait_status) % 256 if os.WIFEXITED(wait_status)
+             else 128 + os.WTERMSIG(wait_status))
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ from rlplane.models.tiny import build_char_tokenizer, build_tiny_llama
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_MODELS = ("tiny-llama",)
 HUB_PROBE_TIMEOUT_S = 3.0
-_ALTERNATIVES = f"pass a local Hugging Face model directory, {PACKAGED_PREFIX}smollm2-135m-instruct or {EMBEDDED_PREFIX}tiny-llama"
+_ALTERNATIVES = (f"pass a local Hugging Face model directory, {PACKAGED_PREFIX}smollm2-135m-instruct or "
+                 f"{EMBEDDED_PREFIX}tiny-llama")
 
 
 class ModelLoadError(ValueError):

@@ -57,8 +57,8 @@ class Session:
         model, self.tokenizer = load_configured_policy(cfg)
         self.workers = None
         self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
-        self._resume_from = self.checkpoints.check_resume(model,
-                                                          self._early_messages.append) if cfg.checkpointing.resume else None
+        self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
+                             if cfg.checkpointing.resume else None)
         del model
         self.prompts = Prompts(cfg, self.tokenizer)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])

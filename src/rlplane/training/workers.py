@@ -52,7 +52,8 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
         parts = f"{RAY_CPUS_POLICY_RANK:g} per policy rank + {RAY_CPUS_ROLLOUT:g} rollout"
         parts += f" + {RAY_CPUS_CRITIC_RANK:g} per critic rank" if uses_critic else ""
         parts += f" + {RAY_CPUS_TEACHER_RANK:g} per teacher rank" if uses_teacher else ""
-        parts += f" + {RAY_CPUS_COLLECTOR:g} collector" if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else ""
+        parts += (f" + {RAY_CPUS_COLLECTOR:g} collector"
+                  if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else "")
         raise ConfigError([
             f"policy.dp_size = {cfg.policy.dp_size}: the Ray actors need {demand:g} CPUs ({parts}) but the Ray cluster "
             f"has {cluster_cpus:g}; lower policy.dp_size, or give Ray more CPUs (cluster.num_cpus, cluster.address)"

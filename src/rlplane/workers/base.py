@@ -62,7 +62,8 @@ def _lr_lambda(warmup_steps: int, start_factor: float):
 
 
 def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
-    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with linear warm-up; ``(optimizer, scheduler)``."""
+    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with
+    linear warm-up; ``(optimizer, scheduler)``."""
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay,
         betas=tuple(opt.betas), eps=opt.eps

@@ -129,7 +129,8 @@ def test_grpo_no_normalisation_and_no_baseline():
     p, r = torch.tensor([0, 0, 0]), torch.tensor([3.0, 0.0, 0.0])
     # normalize_rewards=False, LOO: b = [0, 1.5, 1.5] -> A = [3, -1.5, -1.5]
     close(grpo_advantages(p, r, normalize_rewards=False), [3.0, -1.5, -1.5])
-    # minus_baseline=False, normalize: A = r / (std + 1e-6) where std > 0; LOO std: s0 = 0 ([0, 0]), s1 = s2 = std([3, 0]) = 3/sqrt(2)
+    # minus_baseline=False, normalize: A = r / (std + 1e-6) where std > 0;
+    # LOO std: s0 = 0 ([0, 0]), s1 = s2 = std([3, 0]) = 3/sqrt(2)
     std = 3 / S2
     close(grpo_advantages(p, r, minus_baseline=False), [3.0, 0.0, 0.0])
     close(grpo_advantages(p, r, minus_baseline=False, normalize_rewards=False), [3.0, 0.0, 0.0])

@@ -112,7 +112,8 @@ def test_overwrite_replaces_and_status_tracks_fields(client, pid):
 
 
 def test_clear_and_step_lifecycle(client, pid):
-    """A step as the recipes run it: first write, dynamic sampling's clear, a padded read, a write-back, the final clear."""
+    """A step as the recipes run it: first write, dynamic sampling's clear, a padded read, a write-back,
+    the final clear."""
     keys = ["u0_g0", "u0_g1", "u1_g0", "u1_g1"]  # {prompt_uid}_g{i}, as the rollout worker mints them
     data = batch((3, 5, 2, 4))
     data["reward"] = torch.tensor([1.0, 1.0, 0.0, 1.0])

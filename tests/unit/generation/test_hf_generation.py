@@ -130,8 +130,8 @@ def test_stop_strings(model, tok):
     plain = backend.generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[])
     texts = [tok.decode(o) for o in plain.output_ids]
     # A two-character stop string (of one-character tokens) occurring after the start of an output.
-    stop = next(t[i : i + 2] for t in texts for i in range(1,
-                                                           len(t) - 1) if "<" not in t[i : i + 2] and ">" not in t[i : i + 2])
+    stop = next(t[i : i + 2] for t in texts for i in range(1, len(t) - 1)
+                if "<" not in t[i : i + 2] and ">" not in t[i : i + 2])
     out = backend.generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[], stop_strings=[stop])
     hits = 0
     for full, ids, reason in zip(texts, out.output_ids, out.finish_reasons):
