@@ -200,8 +200,8 @@ def main() -> None:
     batch, lens = make_batch(args.samples, args.mean_tokens)
     ntok = sum(lens)
     payload = ntok * (8 + 4 + 1) + 4 * args.samples
-    print(f"batch: {args.samples} samples, {ntok} tokens (mean {ntok / args.samples:.0f}), payload {payload / 1e6:.1f} "
-          "MB; "
+    print(f"batch: {args.samples} samples, {ntok} tokens (mean "
+          f"{ntok / args.samples:.0f}), payload {payload / 1e6:.1f} MB; "
           f"load average {os.getloadavg()[0]:.2f}")
 
     plane = make_data_plane("ray")

@@ -139,8 +139,8 @@ class PlainLoop:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each")
-    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first (lazy AdamW state, "
-                                                                "caches)")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first "
+                                                                "(lazy AdamW state, caches)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     import transformers

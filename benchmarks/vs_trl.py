@@ -198,8 +198,8 @@ def main() -> int:
         if args.warm_dir is None or not os.path.isfile(os.path.join(warm_dir, "config.json")):
             t0 = time.perf_counter()
             acc = warm_start(warm_dir, args.threads)
-            print(f"warm-up (rlplane's default job): held-out accuracy {acc:.3f}, {time.perf_counter() - t0:.0f} s; "
-                  f"saved to {warm_dir}", flush=True)
+            print(f"warm-up (rlplane's default job): held-out accuracy {acc:.3f}, "
+                  f"{time.perf_counter() - t0:.0f} s; saved to {warm_dir}", flush=True)
         cfg = rlplane_config(tmp, args.threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
         evaluator = Evaluator(warm_dir, args.threads)
         rows = prompt_rows(warm_dir, args.steps, args.threads)
@@ -208,8 +208,8 @@ def main() -> int:
         print(f"trl {trl.__version__}, torch {torch.__version__}; threads {args.threads} for both; "
               f"{args.steps} steps x {args.pairs} pairs; 32 prompts x 8 samples; load average "
               f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}")
-        print(f"held-out accuracy of the warm-started model ({cfg.grpo.max_val_samples} problems, greedy): "
-              f"{start_acc:.3f}", flush=True)
+        print("held-out accuracy of the warm-started model "
+              f"({cfg.grpo.max_val_samples} problems, greedy): {start_acc:.3f}", flush=True)
         results = {"rlplane": [], "trl": []}
         for pair in range(args.pairs):
             order = ["rlplane", "trl"] if pair % 2 == 0 else ["trl", "rlplane"]

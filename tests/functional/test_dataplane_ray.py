@@ -142,8 +142,8 @@ def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_sessi
         client.register_partition("p", ["reward"], 1)
         *_, chunks = client._index_call("commit", "p", ["a"], {"reward": PENDING}, {}, None, False, None)
         ray.get(client._store_actor.attach.remote("p", chunks, [_Failed("ObjectStoreFullError: full")]))
-        with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] was never stored "
-                                                 r"\(ObjectStoreFullError"):
+        with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] "
+                                                 r"was never stored \(ObjectStoreFullError"):
             client.get_samples(["a"], "p", ["reward"])
     finally:
         client.close()

@@ -181,8 +181,8 @@ def test_fsdp_halves_per_rank_parameter_and_optimizer_memory(fsdp_run):
     full = one["memory_after"]["param_bytes"] + one["memory_after"]["optimizer_bytes"]
     for r in ranks:
         local = r["memory_after"]["param_bytes"] + r["memory_after"]["optimizer_bytes"]
-        print(f"params + AdamW state: 1 rank {full / 2**20:.3f} MiB, FSDP rank {local / 2**20:.3f} MiB "
-              f"({local / full:.3f}x)")
+        print(f"params + AdamW state: 1 rank {full / 2**20:.3f} MiB, "
+              f"FSDP rank {local / 2**20:.3f} MiB ({local / full:.3f}x)")
         # Dim-0 shards of odd-sized parameters round up by a row: about half, never much more.
         assert 0.45 <= local / full <= 0.55
         assert r["memory"]["optimizer_bytes"] == 0  # no state before the first step

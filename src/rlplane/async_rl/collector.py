@@ -276,8 +276,8 @@ class AsyncTrajectoryCollector:
                 self._traceback = traceback.format_exc()  # before the error: health() readers may then read it
                 self._error = (
                     f"async collector: generation failed {self._failures} times in a row "
-                    f"(grpo.async_grpo.max_generation_failures = {self.max_generation_failures}); last error: "
-                    f"{type(e).__name__}: {e}"
+                    "(grpo.async_grpo.max_generation_failures = "
+                    f"{self.max_generation_failures}); last error: {type(e).__name__}: {e}"
                 )
                 self._stop = True
             else:

@@ -210,8 +210,8 @@ class RayDataPlane(IndexedClient):
         lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the object just goes
         self._store_actor.attach.remote(pid, chunks, [payload])  # in a list: a bare ref would be fetched
         if isinstance(payload, _Failed):
-            raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} of keys {fmt_keys(ids)} failed: "
-                                 f"{payload.reason}")
+            raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} "
+                                 f"of keys {fmt_keys(ids)} failed: {payload.reason}")
         return lens, tags, task
 
     def _lookup(self, pid, ids, fields):
@@ -230,8 +230,8 @@ class RayDataPlane(IndexedClient):
             if time.monotonic() > deadline:
                 raise DataPlaneError(
                     f"partition {pid!r}: fields {waiting} of keys {fmt_keys(ids)} were committed but their "
-                    f"data has not arrived in {_PENDING_TIMEOUT_S:.0f} s (did the writer die mid-put?); write them "
-                    "again"
+                    f"data has not arrived in {_PENDING_TIMEOUT_S:.0f} "
+                    "s (did the writer die mid-put?); write them again"
                 )
             time.sleep(0.001)  # the writer's attach is on its way (a race between two callers)
 

@@ -51,8 +51,8 @@ class PooledVerifierEnv(Environment):
 
     def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         if len(message_logs) != len(metadata):
-            raise ValueError(f"{type(self).__name__}.step: {len(message_logs)} message logs for {len(metadata)} "
-                             "metadata")
+            raise ValueError(f"{type(self).__name__}.step: {len(message_logs)} "
+                             f"message logs for {len(metadata)} metadata")
         results = self.pool.map([self.verifier_args(assistant_text(log), m) for log, m in zip(message_logs, metadata)])
         scores = [float(r[0]) if r is not None else 0.0 for r in results]
         answers = [r[1] if r is not None else None for r in results]

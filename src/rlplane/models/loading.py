@@ -126,8 +126,8 @@ def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
     except (OSError, ValueError, SafetensorError) as e:  # a damaged weights file is the user's to fix too
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if os.path.isdir(source):
-            raise ModelLoadError(f"model_name={model_name!r}: cannot load the model directory {source}: "
-                                 f"{reason}") from None
+            raise ModelLoadError(f"model_name={model_name!r}: cannot load "
+                                 f"the model directory {source}: {reason}") from None
         raise ModelLoadError(f"model_name={model_name!r}: the hub could not provide it: {reason}") from None
     ensure_pad_token(tokenizer, model)
     return model.eval(), tokenizer

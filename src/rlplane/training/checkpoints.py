@@ -65,8 +65,8 @@ class Checkpoints:
         # Small: read them now, so that a damaged one is an error before any worker starts.
         self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
                               "rng": load_torch_state(latest / "rng.pt")}
-        fix = (f"resume with the policy settings of the run that wrote it ({latest / 'config.yaml'}), or start a new "
-               "run_dir")
+        fix = ("resume with the policy settings of the run that wrote "
+               f"it ({latest / 'config.yaml'}), or start a new run_dir")
         check_weights_fit(model, latest / "policy" / "weights", fix)
         for name in ("value", "teacher"):
             if (latest / name / "weights").is_dir():

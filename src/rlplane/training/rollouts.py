@@ -83,8 +83,8 @@ def collect_rollouts(
     while True:
         if batches_available(s) <= 0:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
-            raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} passes over the training data "
-                                "done")
+            raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} "
+                                "passes over the training data done")
         datums = s.prompts.next()
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)

@@ -261,8 +261,8 @@ def test_clipped_pg_loss_rejects_tis_min_above_max(tis_type):
         pg(CURR, ADV, PREV, **opts)
 
 
-@pytest.mark.parametrize("tis_min, weights, "
-                         "oob", [(None, [0.1, 1.0, 2.0], 1.0 / 3.0), (0.5, [0.5, 1.0, 2.0], 2.0 / 3.0)])
+@pytest.mark.parametrize("tis_min, "
+                         "weights, oob", [(None, [0.1, 1.0, 2.0], 1.0 / 3.0), (0.5, [0.5, 1.0, 2.0], 2.0 / 3.0)])
 def test_clipped_pg_loss_tis_min_bound_defaults_to_zero(tis_min, weights, oob):
     # test_loss_functions.py::test_clipped_pg_loss_tis_min_bound_defaults_to_zero: forced on-policy, so
     # w = exp(curr − gen) = [0.1, 1, 3] -> clamp([min or 0, 2]); loss = −mean(w)

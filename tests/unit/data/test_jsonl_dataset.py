@@ -42,8 +42,8 @@ def test_configurable_field_names(tok, tmp_path):
     "lines, fragment",
     [
         ([{"problem": "1+1=", "answer": "2"}, "{not json"], r"d\.jsonl, line 2: not valid JSON"),
-        ([{"problem": "1+1=", "answer": "2"}, "", {"problem": "2+2="}], r"d\.jsonl, line 3: missing field 'answer' "
-                                                                        r"\(row has: problem\)"),
+        ([{"problem": "1+1=", "answer": "2"}, "", {"problem": "2+2="}], r"d\.jsonl, line 3: missing field "
+                                                                        r"'answer' \(row has: problem\)"),
         ([[1, 2]], r"d\.jsonl, line 1: expected a JSON object, got list"),
         (["", "  "], r"d\.jsonl: empty \(no rows\)"),
     ],

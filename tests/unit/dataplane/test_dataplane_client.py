@@ -153,8 +153,8 @@ def test_error_missing_key(client, pid):
 def test_error_missing_field(client, pid):
     client.put_samples(KEYS, pid, batch())
     client.put_samples(KEYS[:1], pid, {"advantages": [torch.ones(3)]})
-    with pytest.raises(MissingFieldError, match=rf"partition '{pid}': field 'advantages' is not written for keys "
-                                                r"\['p0_g1', 'p1_g0'\]"):
+    with pytest.raises(MissingFieldError, match=rf"partition '{pid}': field 'advantages' is "
+                                                r"not written for keys \['p0_g1', 'p1_g0'\]"):
         client.get_samples(KEYS, pid, ["advantages"])
     with pytest.raises(MissingFieldError, match="field 'bogus'.*registered fields"):
         client.get_samples(KEYS, pid, ["bogus"])
@@ -198,8 +198,8 @@ def test_error_token_field_longer_than_sequence(client, pid):
 def test_error_write_or_read_cleared_key(client, pid):
     client.put_samples(KEYS, pid, batch())
     client.clear_samples(KEYS[:1], pid)
-    with pytest.raises(ClearedKeyError, match=rf"partition '{pid}': keys \['p0_g0'\] were cleared; writing field "
-                                              r"'reward'"):
+    with pytest.raises(ClearedKeyError, match=rf"partition '{pid}': keys \['p0_g0'\] "
+                                              r"were cleared; writing field 'reward'"):
         client.put_samples(KEYS[:1], pid, {"reward": torch.ones(1)})
     with pytest.raises(ClearedKeyError, match="were cleared; cannot get fields \\['reward'\\]"):
         client.get_samples(KEYS, pid, ["reward"])

@@ -74,8 +74,8 @@ def test_registry_routes_and_errors(request):
     assert isinstance(create_env("arithmetic"), ArithmeticEnv)
     envs = create_envs(["arithmetic", "arithmetic"])
     assert list(envs) == ["arithmetic"]
-    with pytest.raises(UnknownEnvironmentError, match="task_name 'nope': no environment registered; known: "
-                                                      ".*arithmetic"):
+    with pytest.raises(UnknownEnvironmentError, match="task_name 'nope': no environment "
+                                                      "registered; known: .*arithmetic"):
         create_env("nope")
     register_env("arithmetic_custom_eos", lambda: ArithmeticEnv(end_markers=("</s>",)))
     env = create_env("arithmetic_custom_eos")

@@ -79,8 +79,8 @@ def test_greedy_with_stop_token_equals_model_generate(model, tok):
         assert reason == "stop" or len(out) == 10
 
 
-@pytest.mark.parametrize("temperature, top_k, "
-                         "top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
+@pytest.mark.parametrize("temperature, "
+                         "top_k, top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
 def test_logprobs_equal_full_forward(model, tok, temperature, top_k, top_p):
     prompts = _prompts(16, seed=2)
     out = HFGenerationBackend(model, tok).generate(

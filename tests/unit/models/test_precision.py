@@ -51,8 +51,8 @@ def test_apply_precision_records_and_announces_once(monkeypatch, capsys):
         assert prec.apply_precision(model, "auto") == "bf16"
         assert model.rlplane_autocast_dtype == torch.bfloat16
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines == ["policy.precision: auto -> bf16 (bf16 matmul 2.00x as fast as fp32 on this CPU (bf16 needs >= "
-                     "1.3x))"]
+    assert lines == ["policy.precision: auto -> bf16 (bf16 matmul 2.00x "
+                     "as fast as fp32 on this CPU (bf16 needs >= 1.3x))"]
 
 
 def test_cpu_bf16_speedup_is_measured_and_positive():
