@@ -133,7 +133,8 @@ def pack_shard(batch, rows):
     lens = [len(batch["input_ids"][i]) for i in rows]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
-    shard = {f: torch.cat([batch[f][i] for i in rows]).numpy() for f in ("input_ids", "generation_logprobs", "token_mask")}
+    shard = {f: torch.cat([batch[f][i] for i in rows]).numpy() for f in ("input_ids", "generation_logprobs",
+                                                                         "token_mask")}
     shard["reward"] = batch["reward"][rows].numpy()
     shard["offsets"] = offsets
     return shard
@@ -199,7 +200,8 @@ def main() -> None:
     batch, lens = make_batch(args.samples, args.mean_tokens)
     ntok = sum(lens)
     payload = ntok * (8 + 4 + 1) + 4 * args.samples
-    print(f"batch: {args.samples} samples, {ntok} tokens (mean {ntok / args.samples:.0f}), payload {payload / 1e6:.1f} MB; "
+    print(f"batch: {args.samples} samples, {ntok} tokens (mean "
+          f"{ntok / args.samples:.0f}), payload {payload / 1e6:.1f} MB; "
           f"load average {os.getloadavg()[0]:.2f}")
 
     plane = make_data_plane("ray")
@@ -219,7 +221,8 @@ def main() -> None:
         for name, client in variants.items():
             ids = [f"s{step}_{i}" for i in range(args.samples)]
             t: list = []
-            out = raw_step(ranks, batch, lens, t) if client is None else plane_step(name, client, ranks, batch, ids, step, t)
+            out = raw_step(ranks, batch, lens, t) if client is None else plane_step(name, client, ranks, batch, ids,
+                                                                                    step, t)
             if expected is None:
                 expected = out
             assert torch.equal(out, expected), name  # every variant computes the same column

@@ -46,7 +46,8 @@ def load(name: str, precision: str):
     from rlplane.models.precision import apply_precision
 
     rng = np.random.default_rng(0)
-    problems = [draw_problem(rng, ArithmeticSpec(operators=("+",), operand_min=0, operand_max=99))[0] for _ in range(256)]
+    problems = [draw_problem(rng,
+                             ArithmeticSpec(operators=("+",), operand_min=0, operand_max=99))[0] for _ in range(256)]
     if name == "tiny":
         model, tok = load_policy("embedded:tiny-llama", model_kwargs=dict(hidden_size=128, num_layers=2, num_heads=4,
                                                                          intermediate_size=256))
@@ -167,11 +168,13 @@ def run(name: str, args) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2", help="comma list of: smollm2, tiny")
-    ap.add_argument("--batch-sizes", default="64", help="comma list: sequences per generate call (GRPO: prompts × group)")
+    ap.add_argument("--batch-sizes", default="64", help="comma list: sequences per generate "
+                                                        "call (GRPO: prompts × group)")
     ap.add_argument("--group-size", type=int, default=8, help="each distinct prompt is repeated this many times")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="policy.precision")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: all cores)")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads "
+                                                                                      "(default: all cores)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per contender (after one warm-up call)")
     ap.add_argument("--skip-generate", action="store_true", help="time rlplane only (no model.generate)")
     ap.add_argument("--vllm", action="store_true", help="also time the vllm backend (its venv: docs/vllm.md)")

@@ -30,9 +30,11 @@ from rlplane.envs import create_env  # noqa: E402
 from rlplane.generation.hf import HFGenerationBackend  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
-from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 from rlplane.workers.base import load_configured_policy  # noqa: E402
-from rlplane.workers.policy import token_logprobs  # noqa: E402
+from rlplane.workers.policy import (
+    ClippedPGLoss,  # noqa: E402
+    token_logprobs,  # noqa: E402
+)
 
 
 class FloorLoop:
@@ -61,7 +63,8 @@ class FloorLoop:
         out = self.gen.generate(prompts, max_new_tokens=cfg.policy.generation.max_new_tokens, temperature=1.0,
                                 generator=self.rng)
         texts = self.tok.batch_decode(out.output_ids, skip_special_tokens=True)
-        logs = [[*d.message_log, {"role": "assistant", "content": t}] for d, t in zip([d for d in datums for _ in range(G)], texts)]
+        logs = [[*d.message_log, {"role": "assistant", "content": t}] for d,
+                t in zip([d for d in datums for _ in range(G)], texts)]
         rewards = torch.as_tensor(self.env.step(logs, [d.extra_env_info for d in datums for _ in range(G)]).rewards,
                                   dtype=torch.float32).view(n, G)
         # Leave-one-out baseline and std, as in rlplane's default.

@@ -139,7 +139,8 @@ class PlainLoop:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each")
-    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first (lazy AdamW state, caches)")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first "
+                                                                "(lazy AdamW state, caches)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     import transformers
@@ -188,8 +189,10 @@ def main() -> int:
     print(f"median of {args.steps} steps (seconds)   rlplane    plain loop")
     for k in ("generation", "logprobs", "training", "total"):
         print(f"  {k:28s} {med(ours, k):8.2f}    {med(base, k):8.2f}")
-    print(f"  generated tokens/step (median)  {med(ours, 'generated_tokens'):8.0f}    {med(base, 'generated_tokens'):8.0f}")
-    print(f"  generation tokens/s (median)    {statistics.median(r['generated_tokens'] / r['generation'] for r in ours):8.1f}"
+    print(f"  generated tokens/step (median)  {med(ours, 'generated_tokens'):8.0f}    "
+          f"{med(base, 'generated_tokens'):8.0f}")
+    print("  generation tokens/s (median)    "
+          f"{statistics.median(r['generated_tokens'] / r['generation'] for r in ours):8.1f}"
           f"    {statistics.median(r['generated_tokens'] / r['generation'] for r in base):8.1f}")
     print(f"  rlplane's timing/train/* (last step, s): {', '.join(f'{k} {v:.2f}' for k, v in phases.items())}; "
           f"rlplane token_mult_prob_error (median): {med(ours, 'token_mult_prob_error'):.4f}")

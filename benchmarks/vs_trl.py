@@ -101,7 +101,8 @@ def run_rlplane(warm_dir: str, steps: int, threads: int) -> tuple[list[float], d
                 s.rollout("set_weight_version", step)  # as run_training does before each step
                 m = grpo_step(s, step)
                 times.append(time.perf_counter() - t0)
-                phases.append({k.removeprefix("timing/train/"): v for k, v in m.items() if k.startswith("timing/train/")})
+                phases.append({k.removeprefix("timing/train/"): v for k,
+                               v in m.items() if k.startswith("timing/train/")})
             state = {k: v.detach().clone() for k, v in s.policy.workers[0].get_weights().items()}
         finally:
             s.close()
@@ -135,7 +136,8 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     env = create_env("arithmetic")
 
     def reward(prompts, completions, ground_truth, **_):
-        logs = [[{"role": "user", "content": p}, {"role": "assistant", "content": c}] for p, c in zip(prompts, completions)]
+        logs = [[{"role": "user", "content": p}, {"role": "assistant", "content": c}] for p,
+                c in zip(prompts, completions)]
         return [float(r) for r in env.step(logs, [{"ground_truth": g} for g in ground_truth]).rewards]
 
     class StepTimes(TrainerCallback):
@@ -196,8 +198,8 @@ def main() -> int:
         if args.warm_dir is None or not os.path.isfile(os.path.join(warm_dir, "config.json")):
             t0 = time.perf_counter()
             acc = warm_start(warm_dir, args.threads)
-            print(f"warm-up (rlplane's default job): held-out accuracy {acc:.3f}, {time.perf_counter() - t0:.0f} s; "
-                  f"saved to {warm_dir}", flush=True)
+            print(f"warm-up (rlplane's default job): held-out accuracy {acc:.3f}, "
+                  f"{time.perf_counter() - t0:.0f} s; saved to {warm_dir}", flush=True)
         cfg = rlplane_config(tmp, args.threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
         evaluator = Evaluator(warm_dir, args.threads)
         rows = prompt_rows(warm_dir, args.steps, args.threads)
@@ -206,8 +208,8 @@ def main() -> int:
         print(f"trl {trl.__version__}, torch {torch.__version__}; threads {args.threads} for both; "
               f"{args.steps} steps x {args.pairs} pairs; 32 prompts x 8 samples; load average "
               f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}")
-        print(f"held-out accuracy of the warm-started model ({cfg.grpo.max_val_samples} problems, greedy): "
-              f"{start_acc:.3f}", flush=True)
+        print("held-out accuracy of the warm-started model "
+              f"({cfg.grpo.max_val_samples} problems, greedy): {start_acc:.3f}", flush=True)
         results = {"rlplane": [], "trl": []}
         for pair in range(args.pairs):
             order = ["rlplane", "trl"] if pair % 2 == 0 else ["trl", "rlplane"]
@@ -222,9 +224,11 @@ def main() -> int:
                 acc = evaluator.accuracy(state)
                 ms = statistics.median(times) * 1e3
                 results[who].append((ms, acc))
-                extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in phases.items()) if phases else ""
+                extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k,
+                                                             v in phases.items()) if phases else ""
                 print(f"pair {pair + 1} {who:7s}: median {ms:6.1f} ms/step over {len(times)} steps "
-                      f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 {1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
+                      f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 "
+                      f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
                       f"held-out accuracy {acc:.3f}; load {os.getloadavg()[0]:.2f}{extra}", flush=True)
         evaluator.close()
     ratios = [r[0] / t[0] for r, t in zip(results["rlplane"], results["trl"])]

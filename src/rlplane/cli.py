@@ -135,15 +135,13 @@ def _checkpoint_weights(path: str):
     from pathlib import Path
 
     from rlplane.config.loading import ConfigError
-    from rlplane.utils.checkpoint import CheckpointManager
-
-    from rlplane.utils.checkpoint import weight_shapes
+    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
 
     p = Path(path)
     if not p.is_dir():
         what = "is a file, not a directory" if p.exists() else "no such directory"
-        raise ConfigError([f"--checkpoint {p}: {what}; pass a run directory, a step_N checkpoint "
-                           "or an HF model directory"])
+        raise ConfigError([f"--checkpoint {p}: {what}; pass a run directory, "
+                           "a step_N checkpoint or an HF model directory"])
     ckpt = p
     if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
         ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
@@ -157,7 +155,8 @@ def _checkpoint_weights(path: str):
         weight_shapes(p)
         return p, None
     raise ConfigError([f"--checkpoint {p}: no model there (expected checkpoints/step_N/policy/weights, "
-                       "policy/weights or config.json); pass a run directory, a step_N checkpoint or an HF model directory"])
+                       "policy/weights or config.json); pass a run directory, "
+                       "a step_N checkpoint or an HF model directory"])
 
 
 def _dataset_overrides(spec: str) -> list[str]:
@@ -313,12 +312,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k (sampled) of a checkpoint or model")
-    p.add_argument("--checkpoint", default=None, help="a run directory (latest checkpoint), a step_N checkpoint or an HF model directory")
-    p.add_argument("--model", default=None, help="a policy.model_name instead: packaged:smollm2-135m-instruct, embedded:tiny-llama, a directory")
+    p.add_argument("--checkpoint", default=None, help="a run directory (latest checkpoint), a "
+                                                      "step_N checkpoint or an HF model directory")
+    p.add_argument("--model", default=None, help="a policy.model_name instead: packaged:smollm2-135m-instruct, "
+                                                 "embedded:tiny-llama, a directory")
     p.add_argument("--dataset", default=None,
-                   help="arithmetic | reasoning_gym:TASK[,TASK] | FILE (.jsonl, .json, .parquet, .csv); default: the config's data")
-    p.add_argument("--num-problems", "-n", type=_at_least(1), default=None, help="held-out problems (default: max_val_samples)")
-    p.add_argument("-k", type=_at_least(1), default=None, help="sampled responses per problem for pass@k (default: val_num_generations_per_prompt)")
+                   help="arithmetic | reasoning_gym:TASK[,TASK] | FILE (.jsonl, "
+                        ".json, .parquet, .csv); default: the config's data")
+    p.add_argument("--num-problems", "-n", type=_at_least(1), default=None, help="held-out problems "
+                                                                                 "(default: max_val_samples)")
+    p.add_argument("-k", type=_at_least(1), default=None, help="sampled responses per problem for pass@k (default: "
+                                                               "val_num_generations_per_prompt)")
     p.add_argument("--seed", type=_at_least(0), default=None, help="seed of the reasoning-gym held-out problems")
     p.add_argument("--max-new-tokens", type=_at_least(1), default=None, help="response length cap")
     p.add_argument("--batch-size", type=_at_least(1), default=16, help="problems per generation call")

@@ -71,7 +71,8 @@ def evaluate(
     datums = datums[: num_problems or cfg.loop.max_val_samples]
     max_new = cfg.policy.generation.max_new_tokens
     longest = max(d.length for d in datums)
-    run_cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": longest + max_new})})
+    run_cfg = cfg.model_copy(
+        update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": longest + max_new})})
     worker = RolloutWorker(run_cfg, None, model=model, tokenizer=tokenizer, seed=cfg.loop.seed)
 
     greedy = {"rewards": [], "truncated": [], "lengths": []}

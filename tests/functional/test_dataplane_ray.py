@@ -119,7 +119,8 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
     try:
         client.register_partition("p", ["input_ids"], 2)
         lens = torch.tensor([2, 3])
-        *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()}, None, False, None)
+        *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()},
+                                        None, False, None)
         ref = ray.put({"input_ids": to_wire(pack_rows([torch.arange(2), torch.arange(3)]))})
         late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, [ref]))
         late.start()
@@ -141,7 +142,8 @@ def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_sessi
         client.register_partition("p", ["reward"], 1)
         *_, chunks = client._index_call("commit", "p", ["a"], {"reward": PENDING}, {}, None, False, None)
         ray.get(client._store_actor.attach.remote("p", chunks, [_Failed("ObjectStoreFullError: full")]))
-        with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] was never stored \(ObjectStoreFullError"):
+        with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] "
+                                                 r"was never stored \(ObjectStoreFullError"):
             client.get_samples(["a"], "p", ["reward"])
     finally:
         client.close()

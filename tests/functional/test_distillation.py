@@ -55,10 +55,12 @@ def test_distillation_resume_equals_straight_run(tmp_path):
              "distillation.val_period=1"]  # split at 1: both runs validate there
     train(small_cfg(tmp_path / "straight", *extra, "distillation.max_num_steps=3"), quiet=True)
     train(small_cfg(tmp_path / "split", *extra, "distillation.max_num_steps=1"), quiet=True)
-    train(small_cfg(tmp_path / "split", *extra, "distillation.max_num_steps=3", "checkpointing.resume=true"), quiet=True)
+    train(small_cfg(tmp_path / "split", *extra, "distillation.max_num_steps=3", "checkpointing.resume=true"),
+          quiet=True)
 
     def rows(d):
-        return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_metrics(d / "logs") if r["step"] > 0]
+        return [{k: v for k,
+                 v in r.items() if not k.startswith("timing/")} for r in read_metrics(d / "logs") if r["step"] > 0]
 
     a, b = rows(tmp_path / "straight"), rows(tmp_path / "split")
     assert len(a) == 3 and a == b

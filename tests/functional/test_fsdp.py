@@ -20,9 +20,8 @@ import torch.multiprocessing as mp
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
-from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.parallel import check_resume_layout, local_state_bytes
-from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
 
 GBS = 8  # two global batches of 8 rows = two AdamW steps
@@ -182,8 +181,8 @@ def test_fsdp_halves_per_rank_parameter_and_optimizer_memory(fsdp_run):
     full = one["memory_after"]["param_bytes"] + one["memory_after"]["optimizer_bytes"]
     for r in ranks:
         local = r["memory_after"]["param_bytes"] + r["memory_after"]["optimizer_bytes"]
-        print(f"params + AdamW state: 1 rank {full / 2**20:.3f} MiB, FSDP rank {local / 2**20:.3f} MiB "
-              f"({local / full:.3f}x)")
+        print(f"params + AdamW state: 1 rank {full / 2**20:.3f} MiB, "
+              f"FSDP rank {local / 2**20:.3f} MiB ({local / full:.3f}x)")
         # Dim-0 shards of odd-sized parameters round up by a row: about half, never much more.
         assert 0.45 <= local / full <= 0.55
         assert r["memory"]["optimizer_bytes"] == 0  # no state before the first step

@@ -89,7 +89,8 @@ def test_grpo_changes_every_parameter(tmp_path, first_digit_env):
 def test_memory_and_ray_data_planes_give_identical_metrics(tmp_path, ray_session):
     a = train(small_cfg(tmp_path / "mem", "data_plane.backend=memory"), quiet=True)
     b = train(small_cfg(tmp_path / "ray", "data_plane.backend=ray"), quiet=True)
-    assert _timings_free(read_metrics(tmp_path / "mem" / "logs")) == _timings_free(read_metrics(tmp_path / "ray" / "logs"))
+    assert (_timings_free(read_metrics(tmp_path / "mem" / "logs"))
+            == _timings_free(read_metrics(tmp_path / "ray" / "logs")))
     assert a["accuracy_after"] == b["accuracy_after"]
 
 
@@ -98,7 +99,8 @@ def test_split_run_equals_straight_run(tmp_path):
     train(straight, quiet=True)
     first = small_cfg(tmp_path / "split", "grpo.max_num_steps=2", "checkpointing.save_period=2")
     train(first, quiet=True)
-    second = small_cfg(tmp_path / "split", "grpo.max_num_steps=4", "checkpointing.save_period=2", "checkpointing.resume=true")
+    second = small_cfg(tmp_path / "split", "grpo.max_num_steps=4", "checkpointing.save_period=2",
+                       "checkpointing.resume=true")
     train(second, quiet=True)
     rows_a = [r for r in _timings_free(read_metrics(tmp_path / "straight" / "logs")) if r["step"] > 0]
     rows_b = [r for r in _timings_free(read_metrics(tmp_path / "split" / "logs")) if r["step"] > 0]

@@ -14,8 +14,8 @@ from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
 from rlplane.runtime.groups import LocalGroup
 from rlplane.training import Session
-from rlplane.workers.policy import ClippedPGLoss
 from rlplane.utils.logging import read_metrics
+from rlplane.workers.policy import ClippedPGLoss
 
 P, G = 4, 4
 FAST = [
@@ -143,7 +143,8 @@ def test_gdpo_trains_on_the_arithmetic_reward_components(tmp_path):
         assert {"reward/correct", "reward/format"} <= set(carry)
         assert torch.equal(carry["reward/correct"], carry["rewards"])
         rows, _ = estimator_advantages(s, meta, carry, torch.ones(P * G))
-        expected = gdpo_advantages(carry["group"], {"correct": carry["reward/correct"], "format": carry["reward/format"]},
+        expected = gdpo_advantages(carry["group"],
+                                   {"correct": carry["reward/correct"], "format": carry["reward/format"]},
                                    reward_weights=[2.0, 1.0])
         assert torch.equal(torch.stack([r[0] for r in rows]), expected)
         s.data_plane.clear_samples(None, TRAIN_PARTITION)
@@ -178,7 +179,8 @@ def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_p
         s.workers.policy.run_sharded("compute_logprobs", meta, out_field="prev_logprobs")
         s.workers.policy.run_sharded("compute_logprobs", meta, out_field="reference_policy_logprobs", reference=True)
         rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
-        cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, ["token_mask", "prev_logprobs", "reference_policy_logprobs"])
+        cols = s.data_plane.get_samples(meta, TRAIN_PARTITION,
+                                        ["token_mask", "prev_logprobs", "reference_policy_logprobs"])
         mask = cols["token_mask"].float()
         expected = reinforce_plus_plus_advantages(
             carry["group"], carry["rewards"], mask, kl_penalty=0.05, prev_logprobs=cols["prev_logprobs"],

@@ -113,7 +113,8 @@ def test_three_turn_rollout_masks_logprobs_and_rewards(envs):
         assert bool((lp[mask == 0] == 0).all())
         gen_tokens.append(int(mask.sum()))
     assert metrics["mean_gen_tokens_per_sample"] == pytest.approx(sum(gen_tokens) / 12)
-    assert carry["response_lengths"].tolist() == [n - p for n, p in zip(meta.seq_lens, carry["prompt_lengths"].tolist())]
+    assert carry["response_lengths"].tolist() == [n - p for n,
+                                                  p in zip(meta.seq_lens, carry["prompt_lengths"].tolist())]
     # The sampler's logprobs line up with the generated tokens: a fresh forward pass over the whole
     # conversation gives the same logprob at every masked-in position.
     for ids, mask, lp in _columns(dp, meta):

@@ -11,8 +11,8 @@ from rlplane.config.loading import load_config
 from rlplane.recipes.ppo import TRAIN_COLUMNS, ppo_step, train
 from rlplane.training import Session, Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
-from rlplane.workers.policy import ClippedPGLoss
 from rlplane.utils.logging import read_metrics
+from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.value import ValueWorker, shifted_values
 
 SMALL = [

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-for _extra in ("wandb", "mlflow", "matplotlib", "PIL"):
-    pytest.importorskip(_extra, reason="rlplane[trackers]")
-
 from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
+
+for _extra in ("wandb", "mlflow", "matplotlib", "PIL"):
+    pytest.importorskip(_extra, reason="rlplane[trackers]")
 
 SHORT = [
     "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=32",

@@ -75,7 +75,8 @@ def test_grpo_step_changes_weights_and_export_reloads(tmp_path, capsys):
 
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    ids = tok(tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tokenize=False, add_generation_prompt=True),
+    ids = tok(tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tokenize=False,
+                                      add_generation_prompt=True),
               return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         gen = model.generate(**ids, max_new_tokens=4, do_sample=False)

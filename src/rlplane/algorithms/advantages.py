@@ -116,7 +116,8 @@ def calculate_baseline_and_std_per_prompt(
     return baseline.to(rewards.dtype), std.to(rewards.dtype)
 
 
-def _others_extrema(gid: Tensor, r: Tensor, valid: Tensor, leave_one_out: bool, num_groups: int) -> tuple[Tensor, Tensor]:
+def _others_extrema(gid: Tensor, r: Tensor, valid: Tensor, leave_one_out: bool,
+                    num_groups: int) -> tuple[Tensor, Tensor]:
     """(max, min) over the valid rewards of sample i's group, without sample i under leave-one-out.
 
     Exact (no arithmetic on the rewards): with leave-one-out, sample i's max is the group's

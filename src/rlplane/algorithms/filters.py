@@ -17,7 +17,6 @@ from torch import Tensor
 from rlplane.algorithms._ops import masked_sum, safe_div
 from rlplane.algorithms.advantages import group_ids
 
-
 # --------------------------------------------------------------------------------------------
 # Dynamic sampling (DAPO)
 # --------------------------------------------------------------------------------------------
@@ -226,7 +225,8 @@ def seq_mult_prob_error(
     """
     dtype = torch.promote_types(prev_logprobs.dtype, torch.float32)
     m = token_mask.to(dtype) * sample_mask.to(dtype)[:, None]
-    diff = torch.where(m != 0, (generation_logprobs.to(dtype) - prev_logprobs.to(dtype)).abs(), torch.zeros((), dtype=dtype, device=m.device))
+    diff = torch.where(m != 0, (generation_logprobs.to(dtype) - prev_logprobs.to(dtype)).abs(),
+                       torch.zeros((), dtype=dtype, device=m.device))
     return safe_div(masked_sum(torch.exp(diff * m), m, dim=-1), m.sum(dim=-1))
 
 
@@ -254,21 +254,26 @@ def seq_logprob_error_mask(
     err = seq_mult_prob_error(generation_logprobs, prev_logprobs, token_mask, sample_mask)  # (B,)
     # (B,) sample_mask ≠ 0 and at least one valid token
     alive = (token_mask.to(err.dtype) * sample_mask.to(err.dtype)[:, None]).sum(dim=-1) > 0
-    new_mask = sample_mask if seq_logprob_error_threshold is None else sample_mask * (err <= seq_logprob_error_threshold).to(sample_mask.dtype)
+    new_mask = (sample_mask if seq_logprob_error_threshold is None
+                else sample_mask * (err <= seq_logprob_error_threshold).to(sample_mask.dtype))
     metrics: dict[str, Tensor] = {}
 
     def stats(sel: Tensor, suffix: str) -> None:
         zero = torch.zeros((), dtype=err.dtype, device=err.device)
         any_sel = sel.any()
         big = torch.finfo(err.dtype).max
-        metrics[f"max_seq_mult_prob_error{suffix}"] = torch.where(any_sel, torch.where(sel, err, -big).amax() if err.numel() else zero, zero)
-        metrics[f"min_seq_mult_prob_error{suffix}"] = torch.where(any_sel, torch.where(sel, err, big).amin() if err.numel() else zero, zero)
-        metrics[f"mean_seq_mult_prob_error{suffix}"] = safe_div(masked_sum(err, sel.to(err.dtype)), sel.sum().to(err.dtype))
+        metrics[f"max_seq_mult_prob_error{suffix}"] = torch.where(
+            any_sel, torch.where(sel, err, -big).amax() if err.numel() else zero, zero)
+        metrics[f"min_seq_mult_prob_error{suffix}"] = torch.where(
+            any_sel, torch.where(sel, err, big).amin() if err.numel() else zero, zero)
+        metrics[f"mean_seq_mult_prob_error{suffix}"] = safe_div(masked_sum(err, sel.to(err.dtype)),
+                                                                sel.sum().to(err.dtype))
 
     stats(alive, "")
     stats((new_mask != 0) & alive, "_after_mask")
     masked = alive & (new_mask == 0)
     metrics["num_masked_seqs_by_logprob_error"] = masked.sum()
     if rewards is not None:
-        metrics["masked_correct_pct"] = safe_div((masked & (rewards == 1)).sum().to(err.dtype), masked.sum().to(err.dtype))
+        metrics["masked_correct_pct"] = safe_div((masked & (rewards == 1)).sum().to(err.dtype),
+                                                 masked.sum().to(err.dtype))
     return new_mask, metrics

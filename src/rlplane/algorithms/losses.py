@@ -138,7 +138,8 @@ def _mask_inputs(curr_logprobs, prev_logprobs, generation_logprobs, advantages, 
     prev = curr.detach() if force_on_policy_ratio else clean(prev_logprobs)
     gen = prev if generation_logprobs is None else clean(generation_logprobs)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    return _Masked(dtype, sm, tm, m, valid, as_tensor_like(global_valid_tokens, m), as_tensor_like(global_valid_seqs, m),
+    return _Masked(dtype, sm, tm, m, valid, as_tensor_like(global_valid_tokens, m),
+                   as_tensor_like(global_valid_seqs, m),
                    curr, prev, gen, clean(adv.expand(curr.shape)))
 
 
@@ -196,7 +197,8 @@ def _behaviour_is_weights(x: _Masked, o: ClippedPGOptions, metrics: dict[str, Te
     return is_w.expand(x.curr.shape)
 
 
-def _reference_kl(x: _Masked, o: ClippedPGOptions, reference_logprobs: Tensor, curr_unfiltered: Tensor | None) -> Tensor:
+def _reference_kl(x: _Masked, o: ClippedPGOptions, reference_logprobs: Tensor,
+                  curr_unfiltered: Tensor | None) -> Tensor:
     """The KL-to-reference term, reduced like the actor loss (before β)."""
     cu = x.curr if curr_unfiltered is None else x.clean(curr_unfiltered)
     kl_w = torch.exp(cu - x.gen) if o.use_on_policy_kl_approximation else torch.exp(cu - cu.detach())
@@ -335,7 +337,8 @@ def clipped_pg_loss(
         if rewards is None:
             raise ValueError("positive_example_nll_weight > 0 needs rewards (B,) passed to clipped_pg_loss")
         pos_m = x.m * (rewards > 0).to(x.dtype)[:, None]
-        n_pos = pos_m.sum() if global_valid_positive_tokens is None else as_tensor_like(global_valid_positive_tokens, x.m)
+        n_pos = (pos_m.sum() if global_valid_positive_tokens is None
+                 else as_tensor_like(global_valid_positive_tokens, x.m))
         nll = safe_div(masked_sum(-x.curr, pos_m), n_pos)
         loss = loss + o.positive_example_nll_weight * nll
         metrics["positive_nll_loss"] = nll.detach()
@@ -402,7 +405,8 @@ def nll_loss(
     Shapes: logprobs, token_mask (B, T); sample_mask (B,) or None (all 1).
     """
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
-    sm = torch.ones(logprobs.shape[0], dtype=dtype, device=logprobs.device) if sample_mask is None else sample_mask.to(dtype)
+    sm = torch.ones(logprobs.shape[0], dtype=dtype,
+                    device=logprobs.device) if sample_mask is None else sample_mask.to(dtype)
     m = token_mask.to(dtype) * sm[:, None]
     loss = safe_div(masked_sum(-logprobs.to(dtype), m), as_tensor_like(global_valid_tokens, m))
     metrics = {"loss": loss.detach(), "num_unmasked_tokens": m.sum(), "num_valid_samples": sm.sum()}
@@ -435,7 +439,8 @@ def value_loss(
     position t holds V(s_t)); sample_mask (B,) or None.
     """
     dtype = torch.promote_types(values.dtype, torch.float32)
-    sm = torch.ones(values.shape[0], dtype=dtype, device=values.device) if sample_mask is None else sample_mask.to(dtype)
+    sm = torch.ones(values.shape[0], dtype=dtype,
+                    device=values.device) if sample_mask is None else sample_mask.to(dtype)
     m = token_mask.to(dtype) * sm[:, None]
     valid = m != 0
     n_tok = as_tensor_like(global_valid_tokens, m)

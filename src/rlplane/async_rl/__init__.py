@@ -4,4 +4,5 @@ policy trains, and a versioned replay buffer with bounded staleness (``recipes/a
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
 from rlplane.async_rl.collector import AsyncTrajectoryCollector, target_versions
 
-__all__ = ["AsyncTrajectoryCollector", "target_versions", "ReplayBuffer", "SampleResult", "TrajectoryGroup", "buffer_capacity"]
+__all__ = ["AsyncTrajectoryCollector", "target_versions", "ReplayBuffer", "SampleResult", "TrajectoryGroup",
+           "buffer_capacity"]

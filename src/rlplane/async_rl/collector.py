@@ -276,8 +276,8 @@ class AsyncTrajectoryCollector:
                 self._traceback = traceback.format_exc()  # before the error: health() readers may then read it
                 self._error = (
                     f"async collector: generation failed {self._failures} times in a row "
-                    f"(grpo.async_grpo.max_generation_failures = {self.max_generation_failures}); last error: "
-                    f"{type(e).__name__}: {e}"
+                    "(grpo.async_grpo.max_generation_failures = "
+                    f"{self.max_generation_failures}); last error: {type(e).__name__}: {e}"
                 )
                 self._stop = True
             else:
@@ -313,7 +313,8 @@ class AsyncTrajectoryCollector:
                 target_version=target,
                 columns={k: [cols[k][r, : lens[r]].clone() for r in rows] for k in COLUMNS},
                 # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
-                carry={k: carry[k][i * G : (i + 1) * G].clone() for k in carry if k in CARRY or k.startswith("reward/")},
+                carry={k: carry[k][i * G : (i + 1) * G].clone()
+                       for k in carry if k in CARRY or k.startswith("reward/")},
                 rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01

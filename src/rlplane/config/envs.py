@@ -29,7 +29,8 @@ class ReasoningGymEnvConfig(StrictModel):
 class CalculatorEnvConfig(StrictModel):
     """The calculator tool (``rlplane.envs.calculator``)."""
 
-    max_tool_calls: int = Field(1, ge=0, description="Tool calls per sample before every response counts as the answer.")
+    max_tool_calls: int = Field(1, ge=0, description="Tool calls per sample before every "
+                                                     "response counts as the answer.")
 
 
 class CodeEnvConfig(StrictModel):
@@ -40,7 +41,8 @@ class CodeEnvConfig(StrictModel):
     memory_mb: int = Field(512, ge=64, description="Address space per program (RLIMIT_AS), MiB.")
     output_kb: int = Field(64, ge=1, description="stdout and stderr each, KiB (longer output kills the program).")
     num_workers: int = Field(2, ge=1, description="Programs run at once.")
-    max_attempts: int = Field(1, ge=1, description="Attempts per sample (> 1: the error is fed back; needs max_rollout_turns).")
+    max_attempts: int = Field(1, ge=1, description="Attempts per sample (> 1: the error "
+                                                   "is fed back; needs max_rollout_turns).")
 
 
 class GuessNumberEnvConfig(StrictModel):

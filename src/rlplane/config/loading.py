@@ -128,14 +128,16 @@ def _format_errors(err: ValidationError) -> list[str]:
         if e["type"] == "extra_forbidden":
             valid = _fields_at(RunConfig, loc)
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-            hint = f"did you mean {'.'.join(loc[:-1] + (close[0],))}?" if close else f"valid keys here: {', '.join(valid)}"
+            hint = (f"did you mean {'.'.join(loc[:-1] + (close[0],))}?" if close
+                    else f"valid keys here: {', '.join(valid)}")
             problems.append(f"{path}: unknown key; {hint}")
             continue
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "value_error":
             # Section validators write their own lines; they already name their keys.
             section = ".".join(loc)
-            problems.extend(f"{section}.{line}" if section and not line.startswith(section) and "." not in line.split(" ")[0] else line
+            problems.extend(f"{section}.{line}"
+                            if section and not line.startswith(section) and "." not in line.split(" ")[0] else line
                             for line in msg.split("\n"))
             continue
         given = e.get("input")

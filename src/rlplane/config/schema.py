@@ -68,8 +68,8 @@ class OptimizerConfig(StrictModel):
         # torch checks this only at the first optimizer step, after the warm-up has run.
         bad = [f"betas[{i}] = {b:g}" for i, b in enumerate(self.betas) if not 0.0 <= b < 1.0]
         if bad:
-            raise ValueError(f"betas = {list(self.betas)}: {', '.join(bad)} is outside [0, 1); Adam's betas are decay "
-                             "rates, e.g. [0.9, 0.999]")
+            raise ValueError(f"betas = {list(self.betas)}: {', '.join(bad)} is outside "
+                             "[0, 1); Adam's betas are decay rates, e.g. [0.9, 0.999]")
         return self
 
 
@@ -153,7 +153,8 @@ class PolicyConfig(StrictModel):
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
     threads_per_worker: int | None = Field(
-        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS if set, else the cores the process may use)."
+        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS "
+                                "if set, else the cores the process may use)."
     )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
@@ -182,7 +183,8 @@ class RolloutLoopConfig(StrictModel):
     use_dynamic_sampling: bool = Field(False, description="Drop zero-std groups and refill (DAPO).")
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
     batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
-    seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. prob error exceeds this.")
+    seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. "
+                                                                        "prob error exceeds this.")
     rollout_failure_policy: Literal["zero_reward", "retry", "drop_group"] = Field(
         "zero_reward", description="A sample whose environment raises or returns something malformed: `zero_reward` "
         "scores it 0; `retry` re-runs its environment step on a fresh environment up to rollout_max_retries times, "
@@ -246,7 +248,8 @@ class PPOConfig(RolloutLoopConfig):
     policy_training_start_step: int = Field(
         0, ge=0, description="Critic-only warm-up: the actor trains from this step on (steps counted from 0)."
     )
-    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig, description="GAE or raw reward.")
+    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig,
+                                                 description="GAE or raw reward.")
 
     @model_validator(mode="after")
     def _epochs(self) -> "PPOConfig":
@@ -353,7 +356,8 @@ class JsonlDataConfig(StrictModel):
 class ReasoningGymDataConfig(StrictModel):
     """Procedural reasoning-gym tasks (``pip install 'rlplane[reasoning]'``); scored by the task's own verifier."""
 
-    tasks: list[str] = Field(["basic_arithmetic"], min_length=1, description="reasoning-gym dataset names, mixed evenly.")
+    tasks: list[str] = Field(["basic_arithmetic"], min_length=1, description="reasoning-gym dataset "
+                                                                             "names, mixed evenly.")
     train_size: int = Field(10_000, ge=1, description="Training problems per task.")
     train_seed: int = Field(0, description="Seed of the training problems.")
     val_size: int = Field(100, ge=1, description="Held-out problems per task.")
@@ -364,8 +368,8 @@ class ReasoningGymDataConfig(StrictModel):
     def _distinct_seeds(self) -> "ReasoningGymDataConfig":
         if self.train_seed == self.val_seed:
             raise ValueError(
-                f"train_seed = val_seed = {self.val_seed}: the held-out problems would be training problems; "
-                "use different seeds"
+                f"train_seed = val_seed = {self.val_seed}: the held-out "
+                "problems would be training problems; use different seeds"
             )
         return self
 
@@ -376,8 +380,10 @@ class PromptConfig(StrictModel):
     processor: str = Field(
         "default", description="`default` (the problem as is) or `math` (chain-of-thought, answer in \\boxed{})."
     )
-    template: str | None = Field(None, description="Override the processor's template (a format string with {problem}).")
-    system_prompt: str | None = Field(None, description="System message (chat templates only; null: the model's default).")
+    template: str | None = Field(None, description="Override the processor's template "
+                                                   "(a format string with {problem}).")
+    system_prompt: str | None = Field(None, description="System message (chat templates "
+                                                        "only; null: the model's default).")
     chat_template: Literal["auto"] | bool = Field(
         "auto", description="Render with the tokenizer's chat template: true, false, or auto (when it has one)."
     )
@@ -447,14 +453,16 @@ class CheckpointingConfig(StrictModel):
 class RunConfig(StrictModel):
     """A whole run."""
 
-    algorithm: AlgorithmName = Field("grpo", description="Which recipe (`config/recipes.py`): grpo, ppo or distillation.")
+    algorithm: AlgorithmName = Field("grpo", description="Which recipe (`config/recipes.py`): "
+                                                         "grpo, ppo or distillation.")
     runtime: Literal["local", "ray"] = Field("local", description="Workers in this process, or as Ray actors.")
     run_dir: str = Field("runs/grpo-arithmetic", description="Where checkpoints, logs and the summary go.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     grpo: GRPOConfig | None = Field(None, description="The GRPO loop (filled with defaults when algorithm: grpo).")
     ppo: PPOConfig | None = Field(None, description="The PPO loop (filled with defaults when algorithm: ppo).")
     value: ValueConfig | None = Field(None, description="The PPO critic (filled with defaults when algorithm: ppo).")
-    distillation: DistillationConfig | None = Field(None, description="The distillation loop (algorithm: distillation).")
+    distillation: DistillationConfig | None = Field(None, description="The distillation loop "
+                                                                      "(algorithm: distillation).")
     teacher: TeacherConfig | None = Field(None, description="The distillation teacher (algorithm: distillation).")
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
@@ -501,7 +509,8 @@ class RunConfig(StrictModel):
                 )
             if only or not moved:
                 errors.append(
-                    f"{', '.join(f'{section}.{k}' for k in only) or section}: {other_algo.upper()}-only keys with algorithm = "
+                    f"{', '.join(f'{section}.{k}' for k in only) or section}: "
+                    f"{other_algo.upper()}-only keys with algorithm = "
                     f"{algo}; remove them (or set algorithm={other_algo})"
                 )
         if errors:  # the rest would judge the wrong section
@@ -511,7 +520,8 @@ class RunConfig(StrictModel):
         if samples % p.train_global_batch_size:
             errors.append(
                 f"policy.train_global_batch_size = {p.train_global_batch_size} does not divide "
-                f"{name}.num_prompts_per_step × num_generations_per_prompt = {samples}; make it a divisor (e.g. {samples})"
+                f"{name}.num_prompts_per_step × num_generations_per_prompt "
+                f"= {samples}; make it a divisor (e.g. {samples})"
             )
         per_rank = p.train_global_batch_size // p.dp_size
         if p.train_global_batch_size % p.dp_size:
@@ -551,7 +561,8 @@ class RunConfig(StrictModel):
         if name == "grpo":
             errors.extend(_estimator_errors(self))
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
-            errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which loss_fn.force_on_policy_ratio "
+            errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which "
+                          "loss_fn.force_on_policy_ratio "
                           "skips; unset one of them")
         if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
             errors.append(
@@ -610,8 +621,8 @@ def _estimator_errors(cfg: RunConfig) -> list[str]:
             "or grpo.adv_estimator.name=reinforce_plus_plus"
         )
     if kl_in_reward and lf.force_on_policy_ratio:
-        errors.append("loss_fn.use_kl_in_reward needs prev logprobs, which loss_fn.force_on_policy_ratio skips; "
-                      "unset one of them")
+        errors.append("loss_fn.use_kl_in_reward needs prev logprobs, which "
+                      "loss_fn.force_on_policy_ratio skips; unset one of them")
     return errors
 
 

@@ -27,7 +27,8 @@ def _files(path: str) -> list[str]:
     return files
 
 
-def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: str = "auto", split: str = "train") -> list[dict]:
+def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: str = "auto",
+                 split: str = "train") -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is the 1-based row number)."""
     if importlib.util.find_spec("datasets") is None:
         raise DatasetError(f"dataset {path}: dataset kind 'hf' needs the datasets package: pip install 'rlplane[hf]'")
@@ -37,8 +38,8 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
         formats = {_FORMATS.get(e) for e in exts}
         if len(formats) != 1 or None in formats:
             raise DatasetError(
-                f"dataset {path}: cannot tell the format from {', '.join(sorted(exts))}; set data.train.format "
-                "(json, parquet or csv)"
+                f"dataset {path}: cannot tell the format from "
+                f"{', '.join(sorted(exts))}; set data.train.format (json, parquet or csv)"
             )
         file_format = formats.pop()
     if file_format in ("json", "csv"):  # text: say which line is not UTF-8 (datasets says only that it failed)
@@ -58,8 +59,8 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
         while e.__cause__ is not None or e.__context__ is not None:
             e = e.__cause__ or e.__context__
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DatasetError(f"dataset {path}: cannot read it as {file_format}: {reason}; fix the file or set "
-                           "data.train.format") from None
+        raise DatasetError(f"dataset {path}: cannot read it as {file_format}: "
+                           f"{reason}; fix the file or set data.train.format") from None
     finally:
         datasets.logging.set_verbosity(level)
     missing = [k for k in (fields.problem, fields.answer) if k not in ds.column_names]

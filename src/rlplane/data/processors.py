@@ -41,7 +41,8 @@ def resolve_prompt_format(prompt_cfg, tokenizer: PreTrainedTokenizerBase) -> Pro
     base = PROCESSORS.get(prompt_cfg.processor)
     if base is None:
         raise DatasetError(
-            f"data.prompt.processor = {prompt_cfg.processor!r}: unknown processor; known: {', '.join(sorted(PROCESSORS))}"
+            f"data.prompt.processor = {prompt_cfg.processor!r}: unknown processor; known: "
+            f"{', '.join(sorted(PROCESSORS))}"
         )
     use_chat = has_chat_template(tokenizer) if prompt_cfg.chat_template == "auto" else bool(prompt_cfg.chat_template)
     if use_chat and not has_chat_template(tokenizer):

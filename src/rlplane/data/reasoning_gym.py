@@ -39,7 +39,8 @@ def reasoning_gym_rows(
             known = ""
             if "not registered" in str(e) or "Unknown" in str(e) or isinstance(e, (KeyError, ValueError)):
                 known = " (see reasoning_gym.factory.DATASETS for the names)"
-            raise DatasetError(f"data.reasoning_gym.tasks: {name!r}: {str(e).splitlines()[0] if str(e) else e!r}{known}") from None
+            raise DatasetError(f"data.reasoning_gym.tasks: {name!r}: "
+                               f"{str(e).splitlines()[0] if str(e) else e!r}{known}") from None
         per_task.append([ds[i] for i in range(size)])
     rows = []
     exclude = exclude_questions or set()

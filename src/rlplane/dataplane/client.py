@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
 from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack_rows
+from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
 from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
 from .index import LookupPlan
 from .meta import GLOBAL_PAD_KEY, KVBatchMeta
@@ -75,8 +75,9 @@ class DataPlaneClient(abc.ABC):
         pad_to: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Fresh tensors for `select_fields` (required) in the order of `sample_ids`. Jagged fields come
-        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`). Per-token fields share one T:
-        `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`, else the longest row."""
+        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`).
+        Per-token fields share one T: `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`,
+        else the longest row."""
 
     @abc.abstractmethod
     def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None, *, wait: bool = True) -> int | None:
@@ -121,7 +122,9 @@ class DataPlaneClient(abc.ABC):
         self.close()
 
 
-def _resolve(sample_ids: SampleIds | None, partition_id: str | None) -> tuple[list[str] | None, str, KVBatchMeta | None]:
+def _resolve(
+    sample_ids: SampleIds | None, partition_id: str | None
+) -> tuple[list[str] | None, str, KVBatchMeta | None]:
     """(keys, partition, meta) from a meta or a key list; a meta's partition must agree if both given."""
     if isinstance(sample_ids, KVBatchMeta):
         meta = sample_ids
@@ -372,7 +375,8 @@ class IndexedClient(DataPlaneClient):
     def status(self, partition_id, sample_ids=None, fields=None):
         self._check_open()
         return self._index_call(
-            "status", partition_id, None if sample_ids is None else list(sample_ids), None if fields is None else list(fields)
+            "status", partition_id, None if sample_ids is None else list(sample_ids),
+            None if fields is None else list(fields)
         )
 
     def ready_samples(self, partition_id, fields):

@@ -202,8 +202,8 @@ class PlaneIndex:
                     i = int(bad[0])
                     raise ShapeError(
                         f"partition {pid!r}: keys {fmt_keys([ids[j] for j in bad])} already have sequence "
-                        f"length {int(stored[i])} (key {ids[i]!r}); this put says {int(new[i])}: lengths "
-                        "cannot change"
+                        f"length {int(stored[i])} (key {ids[i]!r}); this "
+                        f"put says {int(new[i])}: lengths cannot change"
                     )
             final = np.where(stored >= 0, stored, new)
         for field, lens in token_lens.items():
@@ -213,8 +213,8 @@ class PlaneIndex:
                 i = int(bad[0])
                 raise ShapeError(
                     f"partition {pid!r}: per-token field {field!r} is longer than the sequence length "
-                    f"for keys {fmt_keys([ids[j] for j in bad])} (key {ids[i]!r}: {int(lens_arr[i])} > "
-                    f"{int(final[i])})"
+                    f"for keys {fmt_keys([ids[j] for j in bad])} (key "
+                    f"{ids[i]!r}: {int(lens_arr[i])} > {int(final[i])})"
                 )
         # Validated: apply. New keys get fresh slots.
         fresh = np.nonzero(~known)[0]
@@ -311,7 +311,8 @@ class PlaneIndex:
     def list(self, pid: str) -> list[str]:
         return list(self.partition(pid).slot_of)
 
-    def describe(self, pid: str, ids: Sequence[str] | None) -> tuple[list[str], list[str], list[int | None], list[dict], str | None]:
+    def describe(self, pid: str, ids: Sequence[str] | None) -> tuple[list[str], list[str], list[int | None], list[dict],
+                                                                     str | None]:
         """(ids, fields written for all of them, seq_lens, tags, task_name) to rebuild a meta."""
         part = self.partition(pid)
         ids = list(part.slot_of) if ids is None else list(ids)

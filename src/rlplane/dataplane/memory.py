@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .columns import INPUT_IDS
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
 from .codec import Column
+from .columns import INPUT_IDS
 from .errors import DataPlaneError
 from .index import LookupPlan, PlaneIndex
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import ray
 
-from .columns import INPUT_IDS
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _resolve
 from .codec import Column, from_wire, to_wire
+from .columns import INPUT_IDS
 from .errors import DataPlaneError, fmt_keys
 from .index import PENDING, LookupPlan, Pending, PlaneIndex
 
@@ -51,7 +51,8 @@ class _Failed:
         self.reason = reason
 
 _INDEX_METHODS = frozenset(
-    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear", "num_chunks"}
+    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
+     "num_chunks"}
 )
 
 
@@ -200,7 +201,8 @@ class RayDataPlane(IndexedClient):
             # The store re-puts the data, and must have done so before this put returns (the
             # producer may exit right after), so there is nothing to overlap: commit as before.
             return super()._commit(pid, ids, columns, *rest)[:3]
-        answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest, client=self._id)
+        answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest,
+                                               client=self._id)
         try:
             payload = ray.put({name: to_wire(col) for name, col in columns.items()})  # while the store answers
         except Exception as err:  # e.g. the object store is full: readers must hear why, not wait
@@ -208,7 +210,8 @@ class RayDataPlane(IndexedClient):
         lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the object just goes
         self._store_actor.attach.remote(pid, chunks, [payload])  # in a list: a bare ref would be fetched
         if isinstance(payload, _Failed):
-            raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} of keys {fmt_keys(ids)} failed: {payload.reason}")
+            raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} "
+                                 f"of keys {fmt_keys(ids)} failed: {payload.reason}")
         return lens, tags, task
 
     def _lookup(self, pid, ids, fields):
@@ -227,7 +230,8 @@ class RayDataPlane(IndexedClient):
             if time.monotonic() > deadline:
                 raise DataPlaneError(
                     f"partition {pid!r}: fields {waiting} of keys {fmt_keys(ids)} were committed but their "
-                    f"data has not arrived in {_PENDING_TIMEOUT_S:.0f} s (did the writer die mid-put?); write them again"
+                    f"data has not arrived in {_PENDING_TIMEOUT_S:.0f} "
+                    "s (did the writer die mid-put?); write them again"
                 )
             time.sleep(0.001)  # the writer's attach is on its way (a race between two callers)
 

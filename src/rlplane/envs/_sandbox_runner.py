@@ -44,7 +44,8 @@ _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 # statvfs flags that a bind remount must keep (a user namespace may not clear them): ST_* -> MS_*
 _KEPT_FLAGS = {1: _MS_RDONLY, 2: _MS_NOSUID, 4: _MS_NODEV, 8: _MS_NOEXEC, 1024: _MS_NOATIME, 2048: _MS_NODIRATIME,
                4096: _MS_RELATIME}
-_LIB_DIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")  # shared libraries of extension modules
+_LIB_DIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32",
+             "/usr/lib32")  # shared libraries of extension modules
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 
 _BLOCKED_EVENTS = {
@@ -283,7 +284,8 @@ def _init(spec: dict, code: str, tests: str, status_fd: int, nonce_fd: int) -> N
             break
         if child == pid:
             break
-    os._exit(os.waitstatus_to_exitcode(wait_status) % 256 if os.WIFEXITED(wait_status) else 128 + os.WTERMSIG(wait_status))
+    os._exit(os.waitstatus_to_exitcode(wait_status) % 256 if os.WIFEXITED(wait_status)
+             else 128 + os.WTERMSIG(wait_status))
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ def failure_summary(result: SandboxResult) -> str:
         return "timed out"
     if result.killed_by:
         return f"killed by {result.killed_by}"
-    lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+    lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
     if lines:
         return lines[-1][:200]
     if result.returncode == 0 and not result.completed:

@@ -18,7 +18,8 @@ def warmup_examples(datum: DatumSpec, tokenizer, env) -> list[tuple[list[int], l
     demo = getattr(env, "demonstration", None)
     turns = demo(datum.message_log[-1]["content"], datum.extra_env_info) if demo is not None else None
     if not turns:
-        return [(datum.prompt_token_ids, tokenizer(str(datum.ground_truth), add_special_tokens=False)["input_ids"] + eos)]
+        return [(datum.prompt_token_ids,
+                 tokenizer(str(datum.ground_truth), add_special_tokens=False)["input_ids"] + eos)]
     examples, context = [], list(datum.prompt_token_ids)
     for k, (response, observation) in enumerate(turns):
         target = tokenizer(response, add_special_tokens=False)["input_ids"]

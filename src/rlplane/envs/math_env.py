@@ -41,7 +41,8 @@ class PooledVerifierEnv(Environment):
 
         if self.requires and importlib.util.find_spec(self.requires[0]) is None:
             raise ModuleNotFoundError(
-                f"{type(self).__name__} needs the {self.requires[0]!r} package: pip install 'rlplane[{self.requires[1]}]'"
+                f"{type(self).__name__} needs the {self.requires[0]!r} package: pip install "
+                f"'rlplane[{self.requires[1]}]'"
             )
         self.pool = VerifierPool(verify_fn or self.verify_fn, num_workers=num_workers, timeout_s=timeout_s)
 
@@ -50,7 +51,8 @@ class PooledVerifierEnv(Environment):
 
     def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         if len(message_logs) != len(metadata):
-            raise ValueError(f"{type(self).__name__}.step: {len(message_logs)} message logs for {len(metadata)} metadata")
+            raise ValueError(f"{type(self).__name__}.step: {len(message_logs)} "
+                             f"message logs for {len(metadata)} metadata")
         results = self.pool.map([self.verifier_args(assistant_text(log), m) for log, m in zip(message_logs, metadata)])
         scores = [float(r[0]) if r is not None else 0.0 for r in results]
         answers = [r[1] if r is not None else None for r in results]

@@ -110,7 +110,7 @@ def _sweep_uid(uid: int) -> int:
             continue
         try:
             with open(f"/proc/{entry}/status") as f:
-                line = next(l for l in f if l.startswith("Uid:"))
+                line = next(ln for ln in f if ln.startswith("Uid:"))
             if int(line.split()[1]) == uid:
                 os.kill(int(entry), signal.SIGKILL)
                 found += 1
@@ -207,7 +207,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), tests: str = 
             finally:
                 init = _children(proc.pid)  # the PID namespace's init, while the outer still lives
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the outer and the init (the program, unless it left the group)
+                    os.killpg(proc.pid,
+                              signal.SIGKILL)  # the outer and the init (the program, unless it left the group)
                 except ProcessLookupError:
                     pass
                 for pid in init:  # the kernel kills the namespace's processes before its init is gone
@@ -237,6 +238,7 @@ def check_isolation() -> str:
     """The isolation mechanism this machine gives (run once per process); raises :class:`SandboxUnavailable`."""
     result = run_python("pass", SandboxLimits(cpu_seconds=5, wall_seconds=30))
     if not result.ok:
-        raise SandboxUnavailable(f"code sandbox: a trivial program failed in the sandbox ({result.stderr.strip()[-300:]!r}); "
+        raise SandboxUnavailable("code sandbox: a trivial program failed in the sandbox "
+                                 f"({result.stderr.strip()[-300:]!r}); "
                                  "report it with this line")
     return result.isolation["mechanism"]

@@ -68,7 +68,8 @@ class HFGenerationBackend(GenerationBackend):
         missing = [k for k in missing if k not in tied]
         if missing or unexpected:
             raise ValueError(
-                f"update_weights: state_dict does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                "update_weights: state_dict does not match the model: "
+                f"missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
 
     def generate(

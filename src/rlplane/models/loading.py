@@ -26,7 +26,8 @@ from rlplane.models.tiny import build_char_tokenizer, build_tiny_llama
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_MODELS = ("tiny-llama",)
 HUB_PROBE_TIMEOUT_S = 3.0
-_ALTERNATIVES = f"pass a local Hugging Face model directory, {PACKAGED_PREFIX}smollm2-135m-instruct or {EMBEDDED_PREFIX}tiny-llama"
+_ALTERNATIVES = (f"pass a local Hugging Face model directory, {PACKAGED_PREFIX}smollm2-135m-instruct or "
+                 f"{EMBEDDED_PREFIX}tiny-llama")
 
 
 class ModelLoadError(ValueError):
@@ -125,7 +126,8 @@ def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
     except (OSError, ValueError, SafetensorError) as e:  # a damaged weights file is the user's to fix too
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if os.path.isdir(source):
-            raise ModelLoadError(f"model_name={model_name!r}: cannot load the model directory {source}: {reason}") from None
+            raise ModelLoadError(f"model_name={model_name!r}: cannot load "
+                                 f"the model directory {source}: {reason}") from None
         raise ModelLoadError(f"model_name={model_name!r}: the hub could not provide it: {reason}") from None
     ensure_pad_token(tokenizer, model)
     return model.eval(), tokenizer

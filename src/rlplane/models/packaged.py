@@ -60,7 +60,8 @@ def gguf_path(name: str) -> Path:
         )
     path = Path(found.origin).parent / spec.filename
     if not path.is_file():
-        raise PackagedModelError(f"model_name={PACKAGED_PREFIX + name!r}: {path} is missing; reinstall: {spec.install_hint}")
+        raise PackagedModelError(f"model_name={PACKAGED_PREFIX + name!r}: {path} "
+                                 f"is missing; reinstall: {spec.install_hint}")
     return path
 
 

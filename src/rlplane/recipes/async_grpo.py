@@ -150,7 +150,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
 
     # ---- the step's trajectories, from the buffer into the data plane ------------------------------
     result = wait_for_groups(s, handle, step, timer)
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
+                                    g.num_prompts_per_step * g.num_generations_per_prompt)
     meta, carry = put_groups(s, result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
     _, carry["rewards"] = transform_rewards(cfg, carry)

@@ -35,7 +35,8 @@ class ReverseKLLoss:
         return [TOKEN_MASK, TEACHER_LOGPROBS]
 
     def __call__(self, curr_logprobs, batch, sample_mask, global_valid_tokens, _global_valid_seqs):
-        return reverse_kl_loss(curr_logprobs, batch[TEACHER_LOGPROBS], batch[TOKEN_MASK], sample_mask, global_valid_tokens)
+        return reverse_kl_loss(curr_logprobs, batch[TEACHER_LOGPROBS], batch[TOKEN_MASK], sample_mask,
+                               global_valid_tokens)
 
 
 def teacher_config(cfg: RunConfig) -> RunConfig:
@@ -53,7 +54,8 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
+                                    g.num_prompts_per_step * g.num_generations_per_prompt)
 
     # ---- the student's rollouts; the sample mask ------------------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)

@@ -4,9 +4,9 @@ Each step: refit the generator if stale → register the step's partition → ro
 under per-sample keys, returns a receipt and a small carry → reward scaling/shaping → dynamic
 sampling (drop zero-std groups, clear their keys, refill) → sample mask (overlong filtering) →
 prev and reference logprobs computed by the policy workers and written back → advantages
-(``grpo.adv_estimator``: group baselines, GDPO or REINFORCE++) written back by the driver → workers train on their shard with the clipped PG loss →
-clear the step's keys. Then the session validates, logs and checkpoints when due.
-The driver holds only receipts and (B,) tensors.
+(``grpo.adv_estimator``: group baselines, GDPO or REINFORCE++) written back by the driver →
+workers train on their shard with the clipped PG loss → clear the step's keys. Then the session
+validates, logs and checkpoints when due. The driver holds only receipts and (B,) tensors.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
+                                    g.num_prompts_per_step * g.num_generations_per_prompt)
 
     # ---- rollout, rewards, dynamic sampling; the sample mask ------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)

@@ -14,7 +14,6 @@ batch, so the driver reads the ``values``/``token_mask`` columns (B × T floats)
 
 from __future__ import annotations
 
-
 import torch
 
 from rlplane.algorithms.advantages import raw_reward_advantages
@@ -121,7 +120,8 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
+                                    g.num_prompts_per_step * g.num_generations_per_prompt)
 
     # ---- rollout, rewards, dynamic sampling → values → sample mask, logprobs ----------------------
     meta, carry = collect_rollouts(s, timer, metrics)

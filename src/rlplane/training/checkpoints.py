@@ -65,8 +65,8 @@ class Checkpoints:
         # Small: read them now, so that a damaged one is an error before any worker starts.
         self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
                               "rng": load_torch_state(latest / "rng.pt")}
-        fix = (f"resume with the policy settings of the run that wrote it ({latest / 'config.yaml'}), or start a new "
-               "run_dir")
+        fix = ("resume with the policy settings of the run that wrote "
+               f"it ({latest / 'config.yaml'}), or start a new run_dir")
         check_weights_fit(model, latest / "policy" / "weights", fix)
         for name in ("value", "teacher"):
             if (latest / name / "weights").is_dir():
@@ -105,7 +105,8 @@ class Checkpoints:
             for name, group in self.workers.trained_groups().items():
                 group.run("save", str(tmp / name))
             torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
-            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")}, tmp / "rng.pt")
+            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")},
+                       tmp / "rng.pt")
             for name, state in self.parts.items():
                 torch.save(state(), tmp / name)
 

@@ -83,7 +83,8 @@ def collect_rollouts(
     while True:
         if batches_available(s) <= 0:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
-            raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} passes over the training data done")
+            raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} "
+                                "passes over the training data done")
         datums = s.prompts.next()
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
@@ -128,7 +129,8 @@ def collect_rollouts(
     return meta, carry
 
 
-def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta, carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
+def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta,
+                      carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
     """The (B,) sample mask (``loss_multiplier``, times not-truncated with ``overlong_filtering``),
     stamped on the receipt's tags where the workers read it; returns the receipt and the mask."""
     sample_mask = carry["loss_multiplier"].clone()

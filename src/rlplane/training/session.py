@@ -57,7 +57,8 @@ class Session:
         model, self.tokenizer = load_configured_policy(cfg)
         self.workers = None
         self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
-        self._resume_from = self.checkpoints.check_resume(model, self._early_messages.append) if cfg.checkpointing.resume else None
+        self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
+                             if cfg.checkpointing.resume else None)
         del model
         self.prompts = Prompts(cfg, self.tokenizer)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
@@ -65,7 +66,8 @@ class Session:
         for msg in self._early_messages:
             self.say(msg)
         if self.prompts.stats.get("skipped_overlong"):
-            self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
+            self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than "
+                     "policy.max_total_sequence_length")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":

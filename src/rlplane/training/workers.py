@@ -11,14 +11,16 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.envs.user import import_path_env
 from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
-from rlplane.runtime.groups import cluster_cpus as ray_cluster_cpus
-from rlplane.runtime.groups import cluster_gpus as ray_cluster_gpus
-from rlplane.runtime.groups import make_actor, make_group
+from rlplane.runtime.groups import (
+    cluster_cpus as ray_cluster_cpus,
+    cluster_gpus as ray_cluster_gpus,
+    make_actor,
+    make_group,
+)
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.teacher import TeacherWorker
 from rlplane.workers.value import ValueWorker
-
 
 # CPUs each Ray actor asks for (the workers below; async GRPO's collector).
 RAY_CPUS_POLICY_RANK, RAY_CPUS_ROLLOUT, RAY_CPUS_CRITIC_RANK, RAY_CPUS_COLLECTOR = 0.5, 0.5, 0.25, 0.5
@@ -50,7 +52,8 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
         parts = f"{RAY_CPUS_POLICY_RANK:g} per policy rank + {RAY_CPUS_ROLLOUT:g} rollout"
         parts += f" + {RAY_CPUS_CRITIC_RANK:g} per critic rank" if uses_critic else ""
         parts += f" + {RAY_CPUS_TEACHER_RANK:g} per teacher rank" if uses_teacher else ""
-        parts += f" + {RAY_CPUS_COLLECTOR:g} collector" if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else ""
+        parts += (f" + {RAY_CPUS_COLLECTOR:g} collector"
+                  if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else "")
         raise ConfigError([
             f"policy.dp_size = {cfg.policy.dp_size}: the Ray actors need {demand:g} CPUs ({parts}) but the Ray cluster "
             f"has {cluster_cpus:g}; lower policy.dp_size, or give Ray more CPUs (cluster.num_cpus, cluster.address)"
@@ -83,7 +86,8 @@ class Workers:
         n, runtime = cfg.policy.dp_size, cfg.runtime
 
         def per_rank(run_cfg, state):
-            return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n, init_state=state) for r in range(n)]
+            return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n,
+                         init_state=state) for r in range(n)]
 
         gpus = 0.0
         if runtime != "local":

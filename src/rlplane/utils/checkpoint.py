@@ -66,7 +66,8 @@ def fsync_dir(path: Path) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str, higher_is_better: bool):
+    def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str,
+                 higher_is_better: bool):
         # Absolute: workers (Ray actors, maybe on other nodes or in another cwd) write into this path.
         self.dir = Path(checkpoint_dir).expanduser().absolute()
         self.keep_top_k = keep_top_k
@@ -135,8 +136,8 @@ class CheckpointManager:
                 info = json.load(f)
         except (OSError, ValueError) as e:
             raise CheckpointError(
-                f"checkpoint {path}: training_info.json is missing or damaged ({e}); delete {path} to resume from "
-                "the checkpoint before it"
+                f"checkpoint {path}: training_info.json is missing or damaged "
+                f"({e}); delete {path} to resume from the checkpoint before it"
             ) from None
         if not isinstance(info, dict) or not isinstance(info.get("step"), int):
             raise CheckpointError(f"checkpoint {path}: training_info.json has no integer 'step'; delete {path} "
@@ -200,7 +201,8 @@ def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"weights {d}: {INDEX_FILE} is damaged ({e!r}); re-save or restore the model") from None
+            raise CheckpointError(f"weights {d}: {INDEX_FILE} is damaged "
+                                  f"({e!r}); re-save or restore the model") from None
         files = [d / n for n in names]
     elif (d / SINGLE_FILE).is_file():
         files = [d / SINGLE_FILE]
@@ -209,8 +211,8 @@ def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
                               "incomplete: delete it, or point at a complete one")
     missing = [f.name for f in files if not f.is_file()]
     if missing:
-        raise CheckpointError(f"weights {d}: shard {missing[0]} named in {INDEX_FILE} is missing; restore it or delete "
-                              "the checkpoint")
+        raise CheckpointError(f"weights {d}: shard {missing[0]} named in {INDEX_FILE} "
+                              "is missing; restore it or delete the checkpoint")
     return files
 
 

@@ -51,7 +51,8 @@ class MetricsLogger:
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
         if self._jsonl is not None:
-            row = {"step": step, **{k: (v if not (isinstance(v, float) and not math.isfinite(v)) else str(v)) for k, v in clean.items()}}
+            row = {"step": step, **{k: (v if not (isinstance(v, float) and not math.isfinite(v)) else str(v)) for k,
+                                    v in clean.items()}}
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
         if self._tb is not None:

@@ -126,7 +126,8 @@ class VerifierPool:
                         why = f"timed out after {self.timeout_s:g} s" if overdue else "worker died"
                         self.last_errors.append(f"item {w.task[0]}: {why}")
                     elif stuck:
-                        raise RuntimeError(f"verifier worker for {self.fn_spec} did not start within {START_TIMEOUT_S:g} s")
+                        raise RuntimeError(f"verifier worker for {self.fn_spec} did "
+                                           f"not start within {START_TIMEOUT_S:g} s")
                     w.kill()
                     self._workers[k] = _Worker(self._ctx, self.fn_spec)
         return results

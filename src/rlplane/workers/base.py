@@ -18,8 +18,8 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
 from rlplane.runtime.devices import to_device
-from rlplane.workers import parallel
 from rlplane.utils.metrics import reduce_microbatch_metrics
+from rlplane.workers import parallel
 
 # (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
 # sequences) -> (loss, detached metrics)
@@ -34,7 +34,8 @@ def load_configured_policy(cfg, trainable: bool = False, init_state: dict[str, t
     in LoRA adapters (``models/lora.py``): the trainer's copy, never a generator's."""
     p = cfg.policy
     embedded = p.model_name.startswith("embedded:")
-    model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed, model_kwargs=p.tiny.model_dump() if embedded else None)
+    model, tokenizer = load_policy(p.model_name, seed=cfg.loop.seed,
+                                   model_kwargs=p.tiny.model_dump() if embedded else None)
     if init_state is not None:
         model.load_state_dict(init_state)
     apply_precision(model, p.precision)
@@ -61,9 +62,11 @@ def _lr_lambda(warmup_steps: int, start_factor: float):
 
 
 def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
-    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with linear warm-up; ``(optimizer, scheduler)``."""
+    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with
+    linear warm-up; ``(optimizer, scheduler)``."""
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay, betas=tuple(opt.betas), eps=opt.eps
+        [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay,
+        betas=tuple(opt.betas), eps=opt.eps
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor))
     return optimizer, scheduler

@@ -40,9 +40,10 @@ from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.runtime.devices import resolve_device
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
-from rlplane.utils.threads import set_worker_threads
+
 
 class PolicyLoss(Protocol):
     """A loss the policy worker trains with, handed in by the recipe (frozen, pickles to Ray actors).
@@ -197,7 +198,8 @@ class PolicyWorker(DPTrainWorker):
         ids = data[INPUT_IDS]  # (B, T)
         attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         gen = cfg.policy.generation
-        batch = {c: data[c][:, 1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
+        batch = {c: data[c][:,
+                            1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
         # With top-k/top-p on, a KL-to-reference term needs the current policy's unfiltered logprobs as
         # well (the reference's are unfiltered); both come from one forward pass.
         split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)

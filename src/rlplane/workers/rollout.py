@@ -1,8 +1,9 @@
 """The rollout worker: generation plus environments, writing each sample's columns to the data plane.
 
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
-prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`), mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk
-columns under those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
+prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`),
+mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk columns under those keys in
+one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
 small per-row carry: rewards, group index, truncation, environment failure, lengths, and the
 environments' reward components as ``reward/<name>``. Nothing else crosses to the driver.
 
@@ -36,9 +37,9 @@ from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
-from rlplane.utils.threads import set_worker_threads
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:

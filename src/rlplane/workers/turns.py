@@ -8,14 +8,15 @@ Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md
 2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
 3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
    **summed** over turns (and so are the optional reward components). An environment that raises,
-   or returns a malformed batch (lists of the wrong length), is retried sample by sample; the samples that still raise, or whose own entry is
-   malformed (an observation that is not a dict, a non-finite reward, bad stop strings), are
-   retried on a fresh environment when asked (``max_env_retries``), and then fail: total
-   reward 0, sample done, counted in ``env_errors``, one warning line per task; the others go on;
+   or returns a malformed batch (lists of the wrong length), is retried sample by sample; the
+   samples that still raise, or whose own entry is malformed (an observation that is not a dict, a
+   non-finite reward, bad stop strings), are retried on a fresh environment when asked
+   (``max_env_retries``), and then fail: total reward 0, sample done, counted in ``env_errors``,
+   one warning line per task; the others go on;
 4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
-   has no room left (a response that fills the sequence is marked truncated): the observation (tokenized without special tokens) is appended, cut to the
-   room left, and a sample that could not take it whole plus one more generated token is marked
-   truncated and done.
+   has no room left (a response that fills the sequence is marked truncated): the observation
+   (tokenized without special tokens) is appended, cut to the room left, and a sample that could not
+   take it whole plus one more generated token is marked truncated and done.
 
 Only generated tokens are trained on: ``token_mask`` is 1 exactly on them and ``generation_logprobs``
 holds their sampler logprobs at the same positions (0 on prompt and observation tokens).
@@ -339,7 +340,8 @@ def _apply(s: SampleState, ret, j: int, reward: float, terminated: bool) -> None
     s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
     if ret.metadata is not None:
         s.env_info = ret.metadata[j]
-    s.stop_strings = list(ret.next_stop_strings[j]) if ret.next_stop_strings is not None and ret.next_stop_strings[j] else None
+    s.stop_strings = (list(ret.next_stop_strings[j])
+                      if ret.next_stop_strings is not None and ret.next_stop_strings[j] else None)
 
 
 def _result(states: list[SampleState], env_errors: int, env_retries: int, max_turns: int) -> TurnsResult:

@@ -27,10 +27,9 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, RETURNS, TOKEN_MASK, VALUES
 from rlplane.runtime.devices import resolve_device
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
-from rlplane.utils.threads import set_worker_threads
-
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,8 @@ class ValueWorker(DPTrainWorker):
         ids = data[INPUT_IDS]
         sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
         # Position 0 is never a response token; values/returns are aligned with the token mask.
-        batch = {TOKEN_MASK: data[TOKEN_MASK][:, 1:].float(), VALUES: data[VALUES][:, 1:], RETURNS: data[RETURNS][:, 1:]}
+        batch = {TOKEN_MASK: data[TOKEN_MASK][:, 1:].float(), VALUES: data[VALUES][:, 1:],
+                 RETURNS: data[RETURNS][:, 1:]}
 
         def forward(mb: slice) -> torch.Tensor:
             return shifted_values(self.model, ids[mb], attn[mb])[:, 1:]  # (b, T-1)

@@ -134,7 +134,8 @@ def test_partial_credit_group_of_four():
 
 def test_valid_mask_others_equal_is_exact():
     # [1, 0, 1, 7(invalid)]: the invalid reward never enters; sample 1 still sees [1, 1] -> A = −1
-    adv = grpo_advantages(torch.zeros(4, dtype=torch.long), torch.tensor([1.0, 0.0, 1.0, 7.0]), torch.tensor([1, 1, 1, 0]))
+    adv = grpo_advantages(torch.zeros(4, dtype=torch.long), torch.tensor([1.0, 0.0, 1.0, 7.0]),
+                          torch.tensor([1, 1, 1, 0]))
     x = 0.5 / (math.sqrt(0.5) + 1e-6)
     torch.testing.assert_close(adv[:3], torch.tensor([x, -1.0, x]))
 

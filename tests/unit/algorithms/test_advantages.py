@@ -23,7 +23,8 @@ S2 = math.sqrt(2.0)
 
 
 def close(a, b, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
 
 
 # ---------------------------------------------------------------- baseline and std
@@ -41,7 +42,8 @@ def test_baseline_std_leave_one_out_group_of_four():
 
 def test_baseline_std_without_leave_one_out():
     # [1, 0, 0, 1]: mean 0.5, unbiased var = (4·0.25)/3 = 1/3
-    b, s = calculate_baseline_and_std_per_prompt(torch.zeros(4, dtype=torch.long), torch.tensor([1.0, 0.0, 0.0, 1.0]), leave_one_out=False)
+    b, s = calculate_baseline_and_std_per_prompt(torch.zeros(4, dtype=torch.long), torch.tensor([1.0, 0.0, 0.0, 1.0]),
+                                                 leave_one_out=False)
     close(b, [0.5] * 4)
     close(s, [math.sqrt(1 / 3)] * 4)
 
@@ -63,7 +65,8 @@ def test_baseline_n2_loo_std_zero_means_no_normalisation():
 def test_baseline_valid_mask_excludes_samples():
     # group [1, 0, 9(invalid)]: valid n = 2 -> LOO baselines of the valid pair are each other's reward
     # the invalid sample sees both valid ones: b = (1 + 0)/2 = 0.5, std = sqrt(((0.5² + 0.5²)/2)·2/1) = sqrt(0.5)
-    b, s = calculate_baseline_and_std_per_prompt(torch.tensor([0, 0, 0]), torch.tensor([1.0, 0.0, 9.0]), torch.tensor([1, 1, 0]))
+    b, s = calculate_baseline_and_std_per_prompt(torch.tensor([0, 0, 0]), torch.tensor([1.0, 0.0, 9.0]),
+                                                 torch.tensor([1, 1, 0]))
     close(b, [0.0, 1.0, 0.5])
     close(s, [0.0, 0.0, math.sqrt(0.5)])
 
@@ -100,7 +103,8 @@ def test_baseline_matches_loop_twin(shape, loo):
     g = torch.Generator().manual_seed(shape[0] * 7 + shape[1])
     b, group = shape
     prompt_ids = torch.randint(0, max(b // group, 1) + 1, (b, 2), generator=g)
-    rewards = torch.randint(0, 3, (b,), generator=g).float() + torch.rand(b, generator=g) * (torch.rand(b, generator=g) > 0.5)
+    rewards = torch.randint(0, 3, (b,),
+                            generator=g).float() + torch.rand(b, generator=g) * (torch.rand(b, generator=g) > 0.5)
     valid = (torch.rand(b, generator=g) > 0.2).float()
     got_b, got_s = calculate_baseline_and_std_per_prompt(prompt_ids, rewards.double(), valid, loo)
     ref_b, ref_s = baseline_and_std_loop(prompt_ids, rewards.double(), valid, loo)
@@ -125,12 +129,14 @@ def test_grpo_no_normalisation_and_no_baseline():
     p, r = torch.tensor([0, 0, 0]), torch.tensor([3.0, 0.0, 0.0])
     # normalize_rewards=False, LOO: b = [0, 1.5, 1.5] -> A = [3, -1.5, -1.5]
     close(grpo_advantages(p, r, normalize_rewards=False), [3.0, -1.5, -1.5])
-    # minus_baseline=False, normalize: A = r / (std + 1e-6) where std > 0; LOO std: s0 = 0 ([0, 0]), s1 = s2 = std([3, 0]) = 3/sqrt(2)
+    # minus_baseline=False, normalize: A = r / (std + 1e-6) where std > 0;
+    # LOO std: s0 = 0 ([0, 0]), s1 = s2 = std([3, 0]) = 3/sqrt(2)
     std = 3 / S2
     close(grpo_advantages(p, r, minus_baseline=False), [3.0, 0.0, 0.0])
     close(grpo_advantages(p, r, minus_baseline=False, normalize_rewards=False), [3.0, 0.0, 0.0])
     # non-LOO: b = 1, std = sqrt(((2)^2 + 1 + 1)/2) = sqrt(3); A = [2, -1, -1]/sqrt(3)
-    close(grpo_advantages(p, r, use_leave_one_out_baseline=False), [2 / (3**0.5 + 1e-6), -1 / (3**0.5 + 1e-6), -1 / (3**0.5 + 1e-6)])
+    close(grpo_advantages(p, r, use_leave_one_out_baseline=False),
+          [2 / (3**0.5 + 1e-6), -1 / (3**0.5 + 1e-6), -1 / (3**0.5 + 1e-6)])
     assert std > 0
 
 
@@ -240,7 +246,8 @@ def test_raw_reward_advantages_variance_is_clamped_not_shifted():
     # rewards [1 + 1e-5, 1]: values [1 + 1e-5, 1], μ = 1 + 5e-6, biased var = (5e-6)² = 2.5e-11 < 1e-8
     # clamp: rsqrt(1e-8) = 1e4 -> A = ±5e-6·1e4 = ±0.05   (var + 1e-8 would give ±0.049999999)
     # and one valid token: var = 0 -> clamped -> A = 0, not NaN
-    a = raw_reward_advantages(torch.tensor([1.0 + 1e-5, 1.0], dtype=torch.float64), torch.ones(2, 1, dtype=torch.float64))
+    a = raw_reward_advantages(torch.tensor([1.0 + 1e-5, 1.0], dtype=torch.float64),
+                              torch.ones(2, 1, dtype=torch.float64))
     torch.testing.assert_close(a, torch.tensor([[0.05], [-0.05]], dtype=torch.float64), atol=1e-12, rtol=1e-12)
     close(raw_reward_advantages(torch.tensor([3.0]), torch.ones(1, 2)), [[0.0, 0.0]])
 

@@ -19,7 +19,8 @@ from rlplane.config.algorithms import (
 
 def kwonly_defaults(fn, skip=()):
     sig = inspect.signature(fn)
-    return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty and k not in skip}
+    return {k: p.default for k,
+            p in sig.parameters.items() if p.default is not inspect.Parameter.empty and k not in skip}
 
 
 def test_loss_config_defaults_are_nemo_rl_and_match_the_kernel():
@@ -39,7 +40,8 @@ def test_other_configs_feed_their_kernels():
     assert set(RewardScalingConfig().model_dump()) == set(kwonly_defaults(scale_rewards))
     gae_keys = set(PPOAdvEstimatorConfig().gae_kwargs())
     assert gae_keys <= set(kwonly_defaults(compute_gae))
-    assert PPOAdvEstimatorConfig().gae_kwargs() == {k: v for k, v in kwonly_defaults(compute_gae).items() if k in gae_keys}
+    assert PPOAdvEstimatorConfig().gae_kwargs() == {k: v for k,
+                                                    v in kwonly_defaults(compute_gae).items() if k in gae_keys}
     assert GRPOAdvEstimatorConfig().model_dump() == dict(
         name="grpo", normalize_rewards=True, use_leave_one_out_baseline=True, reward_weights=None, minus_baseline=True
     )

@@ -22,11 +22,13 @@ from rlplane.algorithms import (
 
 
 def close(a, b, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
 
 
 def test_dynamic_sampling_keeps_groups_with_reward_spread():
-    # groups: 0 -> [1, 1] (all equal, drop), 1 -> [0, 1] (keep), 2 -> [0, 0, 0] (drop), 3 -> [1, 0, 0, 0] (keep all four)
+    # groups: 0 -> [1, 1] (all equal, drop), 1 -> [0, 1] (keep), 2 -> [0, 0, 0] (drop),
+    # 3 -> [1, 0, 0, 0] (keep all four)
     p = torch.tensor([0, 0, 1, 1, 2, 2, 2, 3, 3, 3, 3])
     r = torch.tensor([1.0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0])
     keep = dynamic_sampling_keep_mask(p, r)
@@ -59,7 +61,8 @@ def test_dynamic_sampling_select_raises_after_max_batches():
 
 
 def test_overlong_filter():
-    close(overlong_filter_sample_mask(torch.tensor([1.0, 1.0, 0.5]), torch.tensor([True, False, False])), [0.0, 1.0, 0.5])
+    close(overlong_filter_sample_mask(torch.tensor([1.0, 1.0, 0.5]), torch.tensor([True, False, False])),
+          [0.0, 1.0, 0.5])
 
 
 def test_dapo_overlong_penalty():
@@ -85,9 +88,11 @@ def test_stop_properly_penalty_and_reward_shaping_dispatch():
 
 
 def test_scale_rewards():
-    # [0, 1] -> [−1, 1]: clamp then r' = −1 + r·2: [−0.5, 0, 0.25, 1, 2] -> clamp [0, 0, 0.25, 1, 1] -> [−1, −1, −0.5, 1, 1]
+    # [0, 1] -> [−1, 1]: clamp then r' = −1 + r·2:
+    # [−0.5, 0, 0.25, 1, 2] -> clamp [0, 0, 0.25, 1, 1] -> [−1, −1, −0.5, 1, 1]
     r = torch.tensor([-0.5, 0.0, 0.25, 1.0, 2.0])
-    close(scale_rewards(r, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0), [-1.0, -1.0, -0.5, 1.0, 1.0])
+    close(scale_rewards(r, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0),
+          [-1.0, -1.0, -0.5, 1.0, 1.0])
     assert scale_rewards(r, enabled=False) is r
 
 

@@ -17,7 +17,8 @@ REWARD = torch.tensor([3.0])
 
 
 def close(a, b, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
 
 
 def test_gae_hand_computed_with_prompt_and_padding():
@@ -59,7 +60,8 @@ def test_gae_kl_penalty_in_reward():
 def test_gae_decoupled_lambdas():
     # returns with λ_value = 1: t=2 A=1, t=1 A = 1 + 1 = 2 -> R = [2 + 1, 1 + 2] = [3, 3]
     # advantages with λ_policy = 0: one-step TD errors [1, 1]
-    adv, ret = compute_gae(REWARD, VALUES, MASK, gae_lambda_value=1.0, gae_lambda_policy=0.0, normalize_advantages=False)
+    adv, ret = compute_gae(REWARD, VALUES, MASK, gae_lambda_value=1.0, gae_lambda_policy=0.0,
+                           normalize_advantages=False)
     close(adv, [[0.0, 1.0, 1.0, 0.0]])
     close(ret[MASK.bool()], [3.0, 3.0])
 
@@ -104,6 +106,7 @@ def test_gae_matches_loop_twin(shape, gamma, lam):
     close(ret[mask.bool()], ref_ret[mask.bool()], tol=1e-9)
     # length-adaptive λ per sample
     alpha = 0.3
-    adv, _ = compute_gae(rewards, values, mask, gae_gamma=gamma, length_adaptive_alpha=alpha, normalize_advantages=False)
+    adv, _ = compute_gae(rewards, values, mask, gae_gamma=gamma, length_adaptive_alpha=alpha,
+                         normalize_advantages=False)
     lams = [max(0.0, min(1.0, 1 - 1 / max(alpha * float(mask[i].sum()), 1.0))) for i in range(b)]
     close(adv, gae_loop(rewards, values, mask, gamma, lams)[0], tol=1e-6)

@@ -14,7 +14,8 @@ OPTION_SETS = {
     "grpo_default": dict(),
     "dapo": dict(ratio_clip_max=0.28, ratio_clip_c=3.0, reference_policy_kl_penalty=0.0),
     "seq_level": dict(token_level_loss=False),
-    "gspo": dict(token_level_loss=False, sequence_level_importance_ratios=True, use_importance_sampling_correction=True),
+    "gspo": dict(token_level_loss=False, sequence_level_importance_ratios=True,
+                 use_importance_sampling_correction=True),
     "is_tis_k1_onpolicy": dict(
         use_importance_sampling_correction=True, truncated_importance_sampling_type="tis",
         truncated_importance_sampling_ratio=1.2, reference_policy_kl_type="k1", use_on_policy_kl_approximation=True,
@@ -117,7 +118,8 @@ def test_nll_and_value_loss_split_invariance():
     n_tok = (data["tm"] * data["sm"][:, None]).sum()
     g = torch.Generator().manual_seed(3)
     values = torch.randn(8, 6, generator=g, dtype=torch.float64)
-    old, ret = values + 0.3 * torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randn(8, 6, generator=g, dtype=torch.float64)
+    old, ret = values + 0.3 * torch.randn(8, 6, generator=g,
+                                          dtype=torch.float64), torch.randn(8, 6, generator=g, dtype=torch.float64)
     for fn in ("nll", "value"):
         results = []
         for splits in ([torch.arange(8)], list(torch.arange(8).chunk(4))):
@@ -127,7 +129,8 @@ def test_nll_and_value_loss_split_invariance():
                 if fn == "nll":
                     loss, _ = nll_loss(x[idx], data["tm"][idx], n_tok, sample_mask=data["sm"][idx])
                 else:
-                    loss, _ = value_loss(x[idx], old[idx], ret[idx], data["tm"][idx], n_tok, 0.2, sample_mask=data["sm"][idx])
+                    loss, _ = value_loss(x[idx], old[idx], ret[idx], data["tm"][idx], n_tok, 0.2,
+                                         sample_mask=data["sm"][idx])
                 loss.backward()
                 total = total + loss.detach()
             results.append((total, x.grad))

@@ -15,7 +15,8 @@ LN2 = math.log(2.0)
 
 
 def close(a, b, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
 
 
 def pg(curr, adv, *, prev=None, gen=None, ref=None, tm=None, sm=None, n_tok=None, n_seq=None, **opts):
@@ -25,9 +26,11 @@ def pg(curr, adv, *, prev=None, gen=None, ref=None, tm=None, sm=None, n_tok=None
     sm = torch.ones(curr.shape[0], dtype=torch.float64) if sm is None else torch.as_tensor(sm, dtype=torch.float64)
     opts.setdefault("reference_policy_kl_penalty", 0.0)
     t = lambda x: None if x is None else torch.as_tensor(x, dtype=torch.float64)  # noqa: E731
-    tensors = {k: opts.pop(k) for k in ("rewards", "curr_logprobs_unfiltered", "global_valid_positive_tokens") if k in opts}
+    tensors = {k: opts.pop(k) for k in ("rewards", "curr_logprobs_unfiltered",
+                                        "global_valid_positive_tokens") if k in opts}
     loss, metrics = clipped_pg_loss(
-        curr_logprobs=curr, prev_logprobs=t(prev) if prev is not None else torch.zeros_like(curr), generation_logprobs=t(gen),
+        curr_logprobs=curr, prev_logprobs=t(prev) if prev is not None else torch.zeros_like(curr),
+        generation_logprobs=t(gen),
         reference_logprobs=t(ref), advantages=torch.as_tensor(adv, dtype=torch.float64), token_mask=tm, sample_mask=sm,
         global_valid_tokens=(tm * sm[:, None]).sum() if n_tok is None else n_tok,
         global_valid_seqs=sm.sum() if n_seq is None else n_seq, **tensors, options=ClippedPGOptions(**opts),
@@ -58,7 +61,8 @@ def test_ppo_clip_loss_gradient_and_ratio_metrics():
     close(m["num_valid_samples"], 2.0)
     close(m["kl_penalty"], 0.0)
     # gen = prev: no mismatch
-    close([m["token_mult_prob_error"], m["gen_kl_error"], m["policy_kl_error"], m["js_divergence_error"]], [1.0, 0.0, 0.0, 0.0])
+    close([m["token_mult_prob_error"], m["gen_kl_error"], m["policy_kl_error"], m["js_divergence_error"]],
+          [1.0, 0.0, 0.0, 0.0])
     close(m["sampling_importance_ratio"], 1.0)
     assert set(m) <= set(CLIPPED_PG_METRIC_REDUCTIONS)
     assert all(not v.requires_grad for v in m.values())
@@ -151,7 +155,8 @@ def test_importance_sampling_correction_and_truncation():
     close(loss, -1.5)
     close([m["is_oob_ratio"], m["sampling_importance_ratio"]], [1.0, 1.5])
     # icepop [0.5, 1.5]: w = 2 is out -> weight 0 -> loss 0
-    loss, m, _ = pg([[0.0]], [1.0], use_importance_sampling_correction=True, truncated_importance_sampling_type="icepop",
+    loss, m, _ = pg([[0.0]], [1.0], use_importance_sampling_correction=True,
+                    truncated_importance_sampling_type="icepop",
                     truncated_importance_sampling_ratio=1.5, truncated_importance_sampling_ratio_min=0.5, **kw)
     close(loss, 0.0)
     close(m["is_oob_ratio"], 1.0)
@@ -171,7 +176,8 @@ def test_seq_mask_tis_drops_whole_sequences():
 
 def test_sequence_level_is_weight_and_metric():
     # GSPO IS weight per sequence: exp(Σ_t (prev − gen)) = exp(0.2 + 0.3) = e^0.5; sequence-normalised metric
-    _, m, _ = pg(torch.zeros(1, 2), [1.0], gen=[[-0.2, -0.3]], token_level_loss=False, sequence_level_importance_ratios=True)
+    _, m, _ = pg(torch.zeros(1, 2), [1.0], gen=[[-0.2, -0.3]], token_level_loss=False,
+                 sequence_level_importance_ratios=True)
     close(m["sampling_importance_ratio"], math.exp(0.5))
 
 
@@ -257,7 +263,8 @@ def test_mismatch_metrics_hand_computed():
 
 def test_fully_masked_rows_and_nonfinite_padding_are_ignored():
     # row 1 is fully masked and holds NaN/-inf everywhere; row 0's second token is padding with -inf
-    curr = torch.tensor([[L(1.1), float("-inf")], [float("nan"), float("-inf")]], dtype=torch.float64, requires_grad=True)
+    curr = torch.tensor([[L(1.1), float("-inf")], [float("nan"), float("-inf")]], dtype=torch.float64,
+                        requires_grad=True)
     prev = torch.tensor([[0.0, float("nan")], [float("-inf"), float("nan")]], dtype=torch.float64)
     loss, m = clipped_pg_loss(
         curr_logprobs=curr, prev_logprobs=prev, generation_logprobs=prev, reference_logprobs=prev,

@@ -34,7 +34,8 @@ P2 = T([[1, 2, 3]] * 3 + [[4, 5, 6]] * 3)  # two prompts of three generations
 
 
 def close(a, b, rtol=1e-5, atol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               rtol=rtol, atol=atol)
 
 
 # ---------------------------------------------------------------- test_utils.py: baseline and std
@@ -94,7 +95,8 @@ def test_calculate_baseline_and_std_per_prompt_cuda_compatibility():
     # CPU always, and on the GPU's device when there is one
     device = "cuda" if torch.cuda.is_available() else "cpu"
     p = T([[1, 2, 3], [1, 2, 3], [4, 5, 6], [4, 5, 6]], device=device)
-    b, s = calculate_baseline_and_std_per_prompt(p, T([1.0, 2.0, 3.0, 4.0], device=device), torch.ones(4, device=device))
+    b, s = calculate_baseline_and_std_per_prompt(p, T([1.0, 2.0, 3.0, 4.0], device=device),
+                                                 torch.ones(4, device=device))
     assert b.device.type == s.device.type == device
     close(b.cpu(), [2.0, 1.0, 4.0, 3.0])
     close(s.cpu(), [0.0, 0.0, 0.0, 0.0])
@@ -267,13 +269,16 @@ def test_gae_kl_penalty_in_rewards():
     lp, same, far = T([[-1.0, -2.0, -1.5]]), T([[-1.0, -2.0, -1.5]]), T([[-3.0, -4.0, -3.5]])
     kw = {"gae_lambda": 1.0, "gae_gamma": 1.0, "normalize_advantages": False, "kl_type": "k1"}
     no_kl, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), **kw)
-    zero, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.1, prev_logprobs=lp, reference_logprobs=same, **kw)
+    zero, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.1, prev_logprobs=lp,
+                          reference_logprobs=same, **kw)
     torch.testing.assert_close(zero, no_kl)
-    pos, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.1, prev_logprobs=lp, reference_logprobs=far, **kw)
+    pos, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.1, prev_logprobs=lp,
+                         reference_logprobs=far, **kw)
     assert not torch.allclose(pos, no_kl)
     # k1 = lp − ref = 2 per token, −β·2 = −0.2 each; γ = λ = 1: A_0 = 1 − 0.6, A_1 = 1 − 0.4, A_2 = 1 − 0.2
     close(pos, [[0.4, 0.6, 0.8]])
-    off, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.0, prev_logprobs=lp, reference_logprobs=far, **kw)
+    off, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.0, prev_logprobs=lp,
+                         reference_logprobs=far, **kw)
     torch.testing.assert_close(off, no_kl)
 
 

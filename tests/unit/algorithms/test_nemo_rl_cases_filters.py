@@ -29,7 +29,8 @@ T = torch.tensor
 
 
 def close(a, b, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               atol=tol, rtol=tol)
 
 
 # ---------------------------------------------------------------- test_reward_functions.py: scaling
@@ -42,7 +43,8 @@ def test_reward_scaling_disabled():
 
 def test_reward_scaling_base():
     # test_reward_functions.py::test_reward_scaling_base: [0, 1] -> [0, 0.7]: r·0.7
-    close(scale_rewards(T([1.0, 0.5, 0.8]), source_min=0.0, source_max=1.0, target_min=0.0, target_max=0.7), [0.7, 0.35, 0.56])
+    close(scale_rewards(T([1.0, 0.5, 0.8]), source_min=0.0, source_max=1.0, target_min=0.0, target_max=0.7),
+          [0.7, 0.35, 0.56])
 
 
 def test_reward_scaling_dapo():
@@ -53,7 +55,8 @@ def test_reward_scaling_dapo():
 
 def test_reward_scaling_clipping():
     # test_reward_functions.py::test_reward_scaling_clipping: clamp to [−2, 2], then −1 + (r + 2)/4·2
-    close(scale_rewards(T([-2.8, -0.25, 1.5, 0.5, 2.0, 2.5]), source_min=-2.0, source_max=2.0, target_min=-1.0, target_max=1.0),
+    close(scale_rewards(T([-2.8, -0.25, 1.5, 0.5, 2.0, 2.5]), source_min=-2.0, source_max=2.0, target_min=-1.0,
+                        target_max=1.0),
           [-1.0, -0.125, 0.75, 0.25, 1.0, 1.0])
 
 
@@ -206,7 +209,8 @@ def seq_case(gen_full, tm_full=None, sm=None, rewards=None, threshold=None):
     b, s = gen_full.shape
     tm_full = torch.ones(b, s) if tm_full is None else tm_full
     sm = torch.ones(b) if sm is None else sm
-    return seq_logprob_error_mask(gen_full[:, 1:], torch.zeros(b, s - 1), tm_full[:, 1:], sm, threshold, rewards=rewards)
+    return seq_logprob_error_mask(gen_full[:, 1:], torch.zeros(b, s - 1), tm_full[:, 1:], sm, threshold,
+                                  rewards=rewards)
 
 
 def test_no_threshold_only_computes_metrics():
@@ -287,7 +291,8 @@ def test_fully_token_masked_sequences_are_excluded_from_metrics():
     gen[:, 1] = torch.log(T([2.0, 4.0, 16.0]))
     tm = T([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     new, m = seq_case(gen, tm, rewards=T([0.0, 1.0, 1.0]), threshold=3.0)
-    close([m["max_seq_mult_prob_error"], m["mean_seq_mult_prob_error"], m["min_seq_mult_prob_error"]], [4.0, 3.0, 2.0], 1e-5)
+    close([m["max_seq_mult_prob_error"], m["mean_seq_mult_prob_error"], m["min_seq_mult_prob_error"]], [4.0, 3.0, 2.0],
+          1e-5)
     assert m["num_masked_seqs_by_logprob_error"] == 1 and m["masked_correct_pct"] == 1.0
     close([m["max_seq_mult_prob_error_after_mask"], m["mean_seq_mult_prob_error_after_mask"],
            m["min_seq_mult_prob_error_after_mask"]], [2.0, 2.0, 2.0], 1e-5)
@@ -296,7 +301,8 @@ def test_fully_token_masked_sequences_are_excluded_from_metrics():
 
 def test_empty_batch_returns_zero_metrics():
     # ...::test_empty_batch_returns_zero_metrics
-    _, m = seq_logprob_error_mask(torch.zeros(0, 7), torch.zeros(0, 7), torch.zeros(0, 7), torch.zeros(0), 1.5, rewards=torch.zeros(0))
+    _, m = seq_logprob_error_mask(torch.zeros(0, 7), torch.zeros(0, 7), torch.zeros(0, 7), torch.zeros(0), 1.5,
+                                  rewards=torch.zeros(0))
     assert m["max_seq_mult_prob_error"] == 0.0 and m["num_masked_seqs_by_logprob_error"] == 0
     assert m["masked_correct_pct"] == 0.0
 

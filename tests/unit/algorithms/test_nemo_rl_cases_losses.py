@@ -9,8 +9,6 @@ NeMo's ``_create_exact_logits`` makes log_softmax return). Written for rlplane; 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -76,7 +74,8 @@ def test_clipped_pg_loss_ppo_clipping():
 
 def test_clipped_pg_loss_reinforce_mode():
     # test_loss_functions.py::test_clipped_pg_loss_reinforce_mode: −A·log π = [0.5, −1, 3] -> 0.8333
-    loss, _ = pg([[-0.5, -1.0, -1.5]], ADV, [[0.0, 0.0, 0.0]], disable_ppo_ratio=True, ratio_clip_min=0.0, ratio_clip_max=0.0)
+    loss, _ = pg([[-0.5, -1.0, -1.5]], ADV, [[0.0, 0.0, 0.0]], disable_ppo_ratio=True, ratio_clip_min=0.0,
+                 ratio_clip_max=0.0)
     torch.testing.assert_close(loss, T(2.5 / 3))
 
 
@@ -262,7 +261,8 @@ def test_clipped_pg_loss_rejects_tis_min_above_max(tis_type):
         pg(CURR, ADV, PREV, **opts)
 
 
-@pytest.mark.parametrize("tis_min, weights, oob", [(None, [0.1, 1.0, 2.0], 1.0 / 3.0), (0.5, [0.5, 1.0, 2.0], 2.0 / 3.0)])
+@pytest.mark.parametrize("tis_min, "
+                         "weights, oob", [(None, [0.1, 1.0, 2.0], 1.0 / 3.0), (0.5, [0.5, 1.0, 2.0], 2.0 / 3.0)])
 def test_clipped_pg_loss_tis_min_bound_defaults_to_zero(tis_min, weights, oob):
     # test_loss_functions.py::test_clipped_pg_loss_tis_min_bound_defaults_to_zero: forced on-policy, so
     # w = exp(curr − gen) = [0.1, 1, 3] -> clamp([min or 0, 2]); loss = −mean(w)

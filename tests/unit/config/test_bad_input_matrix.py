@@ -138,22 +138,29 @@ def case(cid: str, argv: list[str], setup=None) -> None:
 for cid, ov in [
     ("config/unknown-key", "grpo.num_prompt_per_step=3"), ("config/lr-not-number", "policy.optimizer.lr=abc"),
     ("config/lr-negative", "policy.optimizer.lr=-1"), ("config/betas-above-1", "policy.optimizer.betas=[0.9,1.5]"),
-    ("config/betas-negative", "policy.optimizer.betas=[-0.1,0.9]"), ("config/betas-one-value", "policy.optimizer.betas=[0.9]"),
+    ("config/betas-negative", "policy.optimizer.betas=[-0.1,0.9]"),
+    ("config/betas-one-value", "policy.optimizer.betas=[0.9]"),
     ("config/betas-equal-1", "policy.optimizer.betas=[1.0,0.999]"), ("config/eps-zero", "policy.optimizer.eps=0"),
     ("config/max-new-tokens-above-total", "policy.generation.max_new_tokens=40"),
     ("config/max-new-tokens-equal-total", "policy.generation.max_new_tokens=16"),
     ("config/max-new-tokens-zero", "policy.generation.max_new_tokens=0"),
-    ("config/temperature-zero", "policy.generation.temperature=0"), ("config/top-p-above-1", "policy.generation.top_p=1.5"),
+    ("config/temperature-zero", "policy.generation.temperature=0"),
+    ("config/top-p-above-1", "policy.generation.top_p=1.5"),
     ("config/top-k-negative", "policy.generation.top_k=-1"), ("config/vllm-missing", "policy.generation.backend=vllm"),
     ("config/total-length-1", "policy.max_total_sequence_length=1"), ("config/dp2-local", "policy.dp_size=2"),
-    ("config/gbs-not-divisor", "policy.train_global_batch_size=3"), ("config/mbs-not-divisor", "policy.train_micro_batch_size=3"),
+    ("config/gbs-not-divisor", "policy.train_global_batch_size=3"),
+    ("config/mbs-not-divisor", "policy.train_micro_batch_size=3"),
     ("config/heads-not-dividing", "policy.tiny.num_heads=3"), ("config/hidden-too-small", "policy.tiny.hidden_size=4"),
     ("config/precision-fp16", "policy.precision=fp16"), ("config/ray-memory-plane", "runtime=ray"),
     ("config/runtime-unknown", "runtime=cloud"), ("config/algorithm-unknown", "algorithm=dpo"),
-    ("config/generations-zero", "grpo.num_generations_per_prompt=0"), ("config/steps-negative", "grpo.max_num_steps=-1"),
-    ("config/ppo-keys-under-grpo", "ppo.ppo_epochs=2"), ("config/metric-no-prefix", "checkpointing.metric_name=accuracy"),
-    ("config/keep-top-k-zero", "checkpointing.keep_top_k=0"), ("config/save-period-zero", "checkpointing.save_period=0"),
-    ("config/dual-clip-below-1", "loss_fn.ratio_clip_c=0.5"), ("config/async-without-is", "grpo.async_grpo.enabled=true"),
+    ("config/generations-zero", "grpo.num_generations_per_prompt=0"),
+    ("config/steps-negative", "grpo.max_num_steps=-1"),
+    ("config/ppo-keys-under-grpo", "ppo.ppo_epochs=2"),
+    ("config/metric-no-prefix", "checkpointing.metric_name=accuracy"),
+    ("config/keep-top-k-zero", "checkpointing.keep_top_k=0"),
+    ("config/save-period-zero", "checkpointing.save_period=0"),
+    ("config/dual-clip-below-1", "loss_fn.ratio_clip_c=0.5"),
+    ("config/async-without-is", "grpo.async_grpo.enabled=true"),
     ("config/dataset-unknown", "data.dataset=nope"), ("config/on-overlong-unknown", "data.on_overlong_prompt=truncate"),
     ("config/no-equals", "grpo.max_num_steps"), ("config/section-not-mapping", "policy=5"),
     ("config/seed-not-int", "grpo.seed=abc"), ("config/bool-not-bool", "logger.progress_bar=maybe"),
@@ -183,8 +190,10 @@ for cid, path in [("data/missing-file", "{t}/missing.jsonl"), ("data/directory",
                   ("data/unknown-task", "{w}/badtask.jsonl")]:
     case(cid, ["train", *T, *J, f"data.train.path={path}"])
 case("data/overlong-error", ["train", *T, *J, "data.train.path={w}/long.jsonl", "data.on_overlong_prompt=error"])
-case("data/validation-not-utf8", ["train", *T, *J, "data.train.path={w}/good.jsonl", "data.validation.path={w}/latin1.jsonl"])
-case("data/validation-missing", ["train", *T, *J, "data.train.path={w}/good.jsonl", "data.validation.path={t}/nope.jsonl"])
+case("data/validation-not-utf8",
+     ["train", *T, *J, "data.train.path={w}/good.jsonl", "data.validation.path={w}/latin1.jsonl"])
+case("data/validation-missing",
+     ["train", *T, *J, "data.train.path={w}/good.jsonl", "data.validation.path={t}/nope.jsonl"])
 case("data/problem-key-wrong", ["train", *T, *J, "data.train.path={w}/good.jsonl", "data.train.problem_key=question"])
 case("data/jsonl-no-path", ["train", *T, *J])
 H = ["data.dataset=hf"]
@@ -222,7 +231,8 @@ case("ckpt/sft-over-old", ["sft", "--quiet", *TINY, "run_dir={t}/run", "warmup.e
      _existing_run)
 
 # eval
-E = ["eval", "--model", "embedded:tiny-llama", "--quiet", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
+E = ["eval", "--model", "embedded:tiny-llama", "--quiet", "policy.tiny.hidden_size=16",
+     "policy.tiny.intermediate_size=16",
      "policy.tiny.num_layers=1"]
 for cid, extra in [("eval/batch-size-0", ["--batch-size", "0"]), ("eval/batch-size-negative", ["--batch-size", "-2"]),
                    ("eval/n-0", ["-n", "0"]), ("eval/n-negative", ["-n", "-3"]), ("eval/n-not-int", ["-n", "abc"]),
@@ -243,7 +253,8 @@ case("eval/neither", ["eval", "--quiet"])
 case("eval/checkpoint-missing", ["eval", "--checkpoint", "{t}/nope"])
 case("eval/checkpoint-file", ["eval", "--checkpoint", "{w}/afile"])
 case("eval/checkpoint-empty-dir", ["eval", "--checkpoint", "{w}/emptydir"])
-case("eval/checkpoint-truncated", ["eval", "--quiet", "--checkpoint", "{t}/run"], _damage("policy/weights/model.safetensors"))
+case("eval/checkpoint-truncated", ["eval", "--quiet", "--checkpoint", "{t}/run"],
+     _damage("policy/weights/model.safetensors"))
 case("eval/checkpoint-garbage-weights", ["eval", "--quiet", "--checkpoint", "{t}/run"],
      _damage("policy/weights/model.safetensors", "garbage"))
 case("eval/model-truncated", ["eval", "--quiet", "--model", "{w}/model_trunc"])
@@ -338,7 +349,8 @@ def test_bad_command_is_one_line_error(cid, argv, setup, world, tmp_path, capsys
 @pytest.mark.ray
 def test_ray_actors_that_cannot_fit_fail_fast(world, tmp_path, capsys, ray_session):
     """policy.dp_size=8 asks Ray for 4.5 CPUs; the session's cluster has 2: an error, not a hang."""
-    argv = ["train", *T, "runtime=ray", "data_plane.backend=ray", "policy.dp_size=8", "policy.train_global_batch_size=8",
+    argv = ["train", *T, "runtime=ray", "data_plane.backend=ray", "policy.dp_size=8",
+            "policy.train_global_batch_size=8",
             "grpo.num_prompts_per_step=4", "policy.train_micro_batch_size=1"]
     verdict, err = run_case(argv, world, tmp_path, capsys, None)
     RESULTS["ray/dp8-on-2-cpus"] = verdict

@@ -17,11 +17,13 @@ def run(capsys, *argv):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["grpo.num_prompt_per_step=3"], "grpo.num_prompt_per_step: unknown key; did you mean grpo.num_prompts_per_step?"),
+        (["grpo.num_prompt_per_step=3"], "grpo.num_prompt_per_step: unknown key; did you mean "
+                                         "grpo.num_prompts_per_step?"),
         (["policy.optimizer.lr=abc"], "policy.optimizer.lr: Input should be a valid number"),
         (["loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3"], "CISPO has no dual clip"),
         (["--config", "nope"], "config 'nope': no such file or preset"),
-        (["grpo.async_grpo.enabled=true"], "grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true"),
+        (["grpo.async_grpo.enabled=true"], "grpo.async_grpo.enabled needs "
+                                           "loss_fn.use_importance_sampling_correction=true"),
         (["--config", "grpo_arithmetic_async", "grpo.use_dynamic_sampling=true"],
          "grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled"),
     ],

@@ -48,9 +48,10 @@ def test_ppo_keys_with_grpo_are_errors():
 def test_grpo_keys_with_ppo_are_errors_and_shared_keys_point_to_ppo():
     lines = problems("ppo_arithmetic", ["grpo.advantage_clip_low=-1", "grpo.seed=3"])
     assert len(lines) == 2
-    assert lines[0] == ("grpo.seed: with algorithm = ppo the loop settings live under ppo.*; use ppo.seed "
-                        "(or set algorithm=grpo)")
-    assert lines[1] == "grpo.advantage_clip_low: GRPO-only keys with algorithm = ppo; remove them (or set algorithm=grpo)"
+    assert lines[0] == ("grpo.seed: with algorithm = ppo the loop settings "
+                        "live under ppo.*; use ppo.seed (or set algorithm=grpo)")
+    assert lines[1] == ("grpo.advantage_clip_low: GRPO-only keys with "
+                        "algorithm = ppo; remove them (or set algorithm=grpo)")
 
 
 def test_switching_the_grpo_preset_to_ppo_names_every_misplaced_key():

@@ -73,7 +73,8 @@ def test_eval_set_disjoint_from_training_stream(tok):
     for seed in (0, 1):
         train = ArithmeticDataset(tok, spec, num_problems=5000, seed=seed)
         assert not {train.problem(i)[0] for i in range(len(train))} & eval_problems
-    assert [d.extra_env_info for d in build_eval_set(tok, spec, num_problems=300)] == [d.extra_env_info for d in eval_set]
+    assert [d.extra_env_info for d in build_eval_set(tok, spec,
+                                                     num_problems=300)] == [d.extra_env_info for d in eval_set]
 
 
 def test_eval_set_too_small_space_is_a_clear_error(tok):

@@ -14,7 +14,7 @@ def tok():
 
 
 def _write(path, lines):
-    path.write_text("\n".join(l if isinstance(l, str) else json.dumps(l) for l in lines) + "\n")
+    path.write_text("\n".join(ln if isinstance(ln, str) else json.dumps(ln) for ln in lines) + "\n")
     return str(path)
 
 
@@ -42,7 +42,8 @@ def test_configurable_field_names(tok, tmp_path):
     "lines, fragment",
     [
         ([{"problem": "1+1=", "answer": "2"}, "{not json"], r"d\.jsonl, line 2: not valid JSON"),
-        ([{"problem": "1+1=", "answer": "2"}, "", {"problem": "2+2="}], r"d\.jsonl, line 3: missing field 'answer' \(row has: problem\)"),
+        ([{"problem": "1+1=", "answer": "2"}, "", {"problem": "2+2="}], r"d\.jsonl, line 3: missing field "
+                                                                        r"'answer' \(row has: problem\)"),
         ([[1, 2]], r"d\.jsonl, line 1: expected a JSON object, got list"),
         (["", "  "], r"d\.jsonl: empty \(no rows\)"),
     ],

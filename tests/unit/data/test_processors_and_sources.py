@@ -10,9 +10,9 @@ import pytest
 from rlplane.config.loading import load_config
 from rlplane.data.errors import DatasetError
 from rlplane.data.processors import MATH_COT_TEMPLATE, resolve_prompt_format
+from rlplane.datasets import build_datasets
 from rlplane.envs import UnknownEnvironmentError
 from rlplane.models import build_char_tokenizer
-from rlplane.datasets import build_datasets
 
 
 class _ChatTok:

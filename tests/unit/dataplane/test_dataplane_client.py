@@ -112,7 +112,8 @@ def test_overwrite_replaces_and_status_tracks_fields(client, pid):
 
 
 def test_clear_and_step_lifecycle(client, pid):
-    """A step as the recipes run it: first write, dynamic sampling's clear, a padded read, a write-back, the final clear."""
+    """A step as the recipes run it: first write, dynamic sampling's clear, a padded read, a write-back,
+    the final clear."""
     keys = ["u0_g0", "u0_g1", "u1_g0", "u1_g1"]  # {prompt_uid}_g{i}, as the rollout worker mints them
     data = batch((3, 5, 2, 4))
     data["reward"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
@@ -152,7 +153,8 @@ def test_error_missing_key(client, pid):
 def test_error_missing_field(client, pid):
     client.put_samples(KEYS, pid, batch())
     client.put_samples(KEYS[:1], pid, {"advantages": [torch.ones(3)]})
-    with pytest.raises(MissingFieldError, match=rf"partition '{pid}': field 'advantages' is not written for keys \['p0_g1', 'p1_g0'\]"):
+    with pytest.raises(MissingFieldError, match=rf"partition '{pid}': field 'advantages' is "
+                                                r"not written for keys \['p0_g1', 'p1_g0'\]"):
         client.get_samples(KEYS, pid, ["advantages"])
     with pytest.raises(MissingFieldError, match="field 'bogus'.*registered fields"):
         client.get_samples(KEYS, pid, ["bogus"])
@@ -183,7 +185,8 @@ def test_error_first_dim_mismatch(client, pid):
 
 def test_error_token_field_longer_than_sequence(client, pid):
     client.put_samples(KEYS, pid, batch())  # lengths 3, 5, 2
-    with pytest.raises(ShapeError, match=rf"partition '{pid}': per-token field 'advantages' is longer than the sequence length for keys \['p1_g0'\].*3 > 2"):
+    with pytest.raises(ShapeError, match=rf"partition '{pid}': per-token field 'advantages' is longer than the "
+                                         r"sequence length for keys \['p1_g0'\].*3 > 2"):
         client.put_samples(KEYS, pid, {"advantages": [torch.ones(3), torch.ones(5), torch.ones(3)]})
     with pytest.raises(ShapeError, match="'generation_logprobs' is longer.*'new'"):  # same put as input_ids
         client.put_samples(["new"], pid, {"input_ids": [torch.ones(2)], "generation_logprobs": [torch.ones(3)]})
@@ -195,7 +198,8 @@ def test_error_token_field_longer_than_sequence(client, pid):
 def test_error_write_or_read_cleared_key(client, pid):
     client.put_samples(KEYS, pid, batch())
     client.clear_samples(KEYS[:1], pid)
-    with pytest.raises(ClearedKeyError, match=rf"partition '{pid}': keys \['p0_g0'\] were cleared; writing field 'reward'"):
+    with pytest.raises(ClearedKeyError, match=rf"partition '{pid}': keys \['p0_g0'\] "
+                                              r"were cleared; writing field 'reward'"):
         client.put_samples(KEYS[:1], pid, {"reward": torch.ones(1)})
     with pytest.raises(ClearedKeyError, match="were cleared; cannot get fields \\['reward'\\]"):
         client.get_samples(KEYS, pid, ["reward"])

@@ -44,7 +44,8 @@ def hostile_programs(outside: str, marker: str, secret: str, trainer_pid: int, p
         "read_relative": (f"import os\nrel = os.path.relpath({secret_file!r}, os.getcwd())\n"
                           f"assert open(rel).read() == {secret!r}"),
         "read_symlink_dir_fd": (f"import os\nos.symlink({secret_file!r}, 'link')\nd = os.open('.', os.O_RDONLY)\n"
-                                f"fd = os.open('link', os.O_RDONLY, dir_fd=d)\nassert os.read(fd, 99).decode() == {secret!r}"),
+                                "fd = os.open('link', os.O_RDONLY, dir_fd=d)\nassert "
+                                f"os.read(fd, 99).decode() == {secret!r}"),
         "read_parent_environ": f"assert {secret!r}.encode() in open('/proc/{trainer_pid}/environ', 'rb').read()",
         "read_parent_environ_dir_fd": (f"import os\nd = os.open('/proc', os.O_RDONLY)\n"
                                        f"fd = os.open('{trainer_pid}/environ', os.O_RDONLY, dir_fd=d)\n"

@@ -17,7 +17,8 @@ from rlplane.envs import (
 
 
 def _log(answer: str) -> list[dict]:
-    return [{"role": "user", "content": "12+34=", "token_ids": [1]}, {"role": "assistant", "content": answer, "token_ids": []}]
+    return [{"role": "user", "content": "12+34=", "token_ids": [1]},
+            {"role": "assistant", "content": answer, "token_ids": []}]
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,8 @@ def test_env_step_rewards_and_shapes():
     assert ret.rewards.dtype == torch.float32
     assert ret.terminateds.tolist() == [True, True, True]
     assert ret.answers == ["46", "45", ""]
-    assert [o["content"] for o in ret.observations] == ["Environment: correct", "Environment: incorrect", "Environment: incorrect"]
+    assert [o["content"] for o in ret.observations] == ["Environment: correct", "Environment: "
+                                                                                "incorrect", "Environment: incorrect"]
     assert ret.next_stop_strings == [None, None, None]
     assert ret.metadata == meta
     assert env.metrics(ret.rewards)["accuracy"] == pytest.approx(1 / 3)
@@ -72,7 +74,8 @@ def test_registry_routes_and_errors(request):
     assert isinstance(create_env("arithmetic"), ArithmeticEnv)
     envs = create_envs(["arithmetic", "arithmetic"])
     assert list(envs) == ["arithmetic"]
-    with pytest.raises(UnknownEnvironmentError, match="task_name 'nope': no environment registered; known: .*arithmetic"):
+    with pytest.raises(UnknownEnvironmentError, match="task_name 'nope': no environment "
+                                                      "registered; known: .*arithmetic"):
         create_env("nope")
     register_env("arithmetic_custom_eos", lambda: ArithmeticEnv(end_markers=("</s>",)))
     env = create_env("arithmetic_custom_eos")

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 import rlplane
-from rlplane.envs import UnknownEnvironmentError, create_env
-from rlplane.envs import sandbox
+from rlplane.envs import UnknownEnvironmentError, create_env, sandbox
 from rlplane.envs.code import CodeEnv, extract_code
 from rlplane.envs.sandbox import SandboxLimits, SandboxUnavailable, run_python
 

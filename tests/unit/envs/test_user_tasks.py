@@ -112,8 +112,9 @@ def test_config_errors_name_the_key():
 
 
 def test_user_task_survives_the_saved_config():
-    from rlplane.config.loading import build_config, dump_config
     import yaml
+
+    from rlplane.config.loading import build_config, dump_config
 
     cfg = load_config(None, ["env.t.class=m:C", "env.t.kwargs={a: 1}"])
     again = build_config(yaml.safe_load(dump_config(cfg)))

@@ -60,7 +60,8 @@ def test_eval_routes_jsonl_rows_and_scores_a_saved_model_directory(tmp_path, cap
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
         greedy.append(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip())
     rows = [{"problem": problems[0], "answer": greedy[0]}, {"problem": problems[1], "answer": greedy[1]},
-            {"problem": problems[2], "answer": "not-this"}, {"problem": problems[3], "answer": "x^9", "task_name": "math"}]
+            {"problem": problems[2], "answer": "not-this"},
+            {"problem": problems[3], "answer": "x^9", "task_name": "math"}]
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["eval", "--checkpoint", str(tmp_path / "m"), "--dataset", str(data), "--max-new-tokens", "3",

@@ -4,8 +4,7 @@ optional extra is a one-line config error that says how to install it."""
 import pytest
 
 from rlplane.config.loading import ConfigError, load_config
-from rlplane.generation import HFGenerationBackend, create_backend
-from rlplane.generation import vllm_backend
+from rlplane.generation import HFGenerationBackend, create_backend, vllm_backend
 from rlplane.models import build_char_tokenizer, build_tiny_llama
 
 

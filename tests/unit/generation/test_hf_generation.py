@@ -79,7 +79,8 @@ def test_greedy_with_stop_token_equals_model_generate(model, tok):
         assert reason == "stop" or len(out) == 10
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
+@pytest.mark.parametrize("temperature, "
+                         "top_k, top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
 def test_logprobs_equal_full_forward(model, tok, temperature, top_k, top_p):
     prompts = _prompts(16, seed=2)
     out = HFGenerationBackend(model, tok).generate(
@@ -129,7 +130,8 @@ def test_stop_strings(model, tok):
     plain = backend.generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[])
     texts = [tok.decode(o) for o in plain.output_ids]
     # A two-character stop string (of one-character tokens) occurring after the start of an output.
-    stop = next(t[i : i + 2] for t in texts for i in range(1, len(t) - 1) if "<" not in t[i : i + 2] and ">" not in t[i : i + 2])
+    stop = next(t[i : i + 2] for t in texts for i in range(1, len(t) - 1)
+                if "<" not in t[i : i + 2] and ">" not in t[i : i + 2])
     out = backend.generate(prompts, max_new_tokens=10, greedy=True, stop_token_ids=[], stop_strings=[stop])
     hits = 0
     for full, ids, reason in zip(texts, out.output_ids, out.finish_reasons):

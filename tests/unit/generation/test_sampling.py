@@ -44,7 +44,8 @@ def test_top_p_matches_transformers(top_p):
 @pytest.mark.parametrize("top_k", [1, 5, 20])
 def test_top_k_matches_transformers(top_k):
     logits = torch.randn(16, 50, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(torch.isinf(apply_top_k(logits, top_k)), torch.isinf(TopKLogitsWarper(top_k)(None, logits.clone())))
+    assert torch.equal(torch.isinf(apply_top_k(logits, top_k)),
+                       torch.isinf(TopKLogitsWarper(top_k)(None, logits.clone())))
 
 
 def test_temperature_then_filters():

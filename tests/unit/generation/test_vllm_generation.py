@@ -69,7 +69,8 @@ def test_greedy_equals_hf(engine, model, tok):
     assert len({tuple(o) for o in ours}) > 5  # the model is not degenerate
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
+@pytest.mark.parametrize("temperature, "
+                         "top_k, top_p", [(1.0, None, 1.0), (0.7, None, 1.0), (1.3, 5, 1.0), (0.8, 0, 0.8)])
 def test_logprobs_equal_full_forward(engine, model, temperature, top_k, top_p):
     prompts = _prompts(16, seed=2)
     out = engine.generate(prompts, max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, seed=0)

@@ -81,7 +81,8 @@ def test_generator_refit_gets_merged_weights_under_hf_names():
     x = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
     attn = (x != 0).long()
     with torch.no_grad():
-        torch.testing.assert_close(token_logprobs(plain, x, attn, 1.0), token_logprobs(worker.model.eval(), x, attn, 1.0),
+        torch.testing.assert_close(token_logprobs(plain, x, attn, 1.0),
+                                   token_logprobs(worker.model.eval(), x, attn, 1.0),
                                    atol=1e-5, rtol=0)
 
 

@@ -8,14 +8,14 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.generation import HFGenerationBackend
-from rlplane.models import build_char_tokenizer, build_tiny_llama
-from rlplane.models import precision as prec
+from rlplane.models import build_char_tokenizer, build_tiny_llama, precision as prec
 from rlplane.workers.policy import token_logprobs
 
 
 def _model(hidden: int):
     tok = build_char_tokenizer()
-    return build_tiny_llama(tok, hidden_size=hidden, num_layers=2, num_heads=4, intermediate_size=2 * hidden, seed=0), tok
+    return build_tiny_llama(tok, hidden_size=hidden, num_layers=2, num_heads=4, intermediate_size=2 * hidden,
+                            seed=0), tok
 
 
 def test_auto_is_the_default_and_explicit_choices_pass_through():
@@ -51,7 +51,8 @@ def test_apply_precision_records_and_announces_once(monkeypatch, capsys):
         assert prec.apply_precision(model, "auto") == "bf16"
         assert model.rlplane_autocast_dtype == torch.bfloat16
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines == ["policy.precision: auto -> bf16 (bf16 matmul 2.00x as fast as fp32 on this CPU (bf16 needs >= 1.3x))"]
+    assert lines == ["policy.precision: auto -> bf16 (bf16 matmul 2.00x "
+                     "as fast as fp32 on this CPU (bf16 needs >= 1.3x))"]
 
 
 def test_cpu_bf16_speedup_is_measured_and_positive():

@@ -22,7 +22,8 @@ def test_tokenizer_one_token_per_char_with_bos(tok):
     assert ids[0] == tok.bos_token_id
     assert len(ids) == 1 + len("(12+3)*4 = 60")
     assert tok.unk_token_id not in ids
-    assert tok("12", add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids("1"), tok.convert_tokens_to_ids("2")]
+    assert tok("12", add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids("1"),
+                                                                tok.convert_tokens_to_ids("2")]
     assert tok("a")["input_ids"] == [tok.bos_token_id, tok.unk_token_id]
 
 
@@ -73,8 +74,10 @@ def test_model_save_load_round_trip(tok, tmp_path):
 
 
 def test_load_policy_embedded_is_deterministic():
-    m1, t1 = load_policy("embedded:tiny-llama", seed=3, model_kwargs={"hidden_size": 32, "num_layers": 1, "num_heads": 2})
-    m2, _ = load_policy("embedded:tiny-llama", seed=3, model_kwargs={"hidden_size": 32, "num_layers": 1, "num_heads": 2})
+    m1, t1 = load_policy("embedded:tiny-llama", seed=3,
+                         model_kwargs={"hidden_size": 32, "num_layers": 1, "num_heads": 2})
+    m2, _ = load_policy("embedded:tiny-llama", seed=3,
+                        model_kwargs={"hidden_size": 32, "num_layers": 1, "num_heads": 2})
     assert len(t1) == 21 and not m1.training
     assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
 

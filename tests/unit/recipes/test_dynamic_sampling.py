@@ -59,7 +59,8 @@ class ScriptedSession:
         rewards = torch.tensor([r for r, _ in batch], dtype=torch.float32)
         lengths = torch.tensor([n for _, n in batch])
         keys = [f"b{self.calls}_{i}" for i in range(len(batch))]
-        meta = self.data_plane.put_samples(keys, partition_id, {"input_ids": [torch.ones(int(n) + 1, dtype=torch.long) for n in lengths]})
+        meta = self.data_plane.put_samples(keys, partition_id,
+                                           {"input_ids": [torch.ones(int(n) + 1, dtype=torch.long) for n in lengths]})
         carry = {
             "rewards": rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlplane.config.loading import load_config
-from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.datasets import build_datasets
+from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.workers.rollout import RolloutWorker

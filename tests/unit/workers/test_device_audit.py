@@ -22,9 +22,8 @@ from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models import precision
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
-from rlplane.workers.policy import ClippedPGLoss
 from rlplane.runtime.devices import dist_backend, num_gpus_per_worker, resolve_device, to_device
-from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
 
 SRC = os.path.dirname(rlplane.__file__)

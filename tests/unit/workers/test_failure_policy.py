@@ -9,8 +9,8 @@ import torch
 
 from rlplane.algorithms import failed_group_keep_mask
 from rlplane.config.loading import load_config
-from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.datasets import build_datasets
+from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.failures import add_failure_counts, num_failed_groups
 from rlplane.workers.rollout import RolloutWorker
