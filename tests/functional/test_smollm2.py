@@ -81,3 +81,24 @@ def test_grpo_step_changes_weights_and_export_reloads(tmp_path, capsys):
     with torch.no_grad():
         gen = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert gen.shape[1] > ids["input_ids"].shape[1]
+
+
+def test_grpo_smollm2_preset_runs_one_step_with_validation(tmp_path, capsys):
+    """The README's `rlplane train --config grpo_smollm2`, shrunk to 1 step of 2 prompts x 2 samples of
+    <= 8 tokens and 2 held-out problems: it loads, validates at start and end, and logs exact accuracy."""
+    from rlplane.cli import main
+
+    run = tmp_path / "run"
+    rc = main([
+        "train", "-c", "grpo_smollm2", "--quiet", f"run_dir={run}", "checkpointing.enabled=false",
+        "grpo.max_num_steps=1", "grpo.max_val_samples=2", "grpo.val_batch_size=2",
+        "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+        "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.generation.max_new_tokens=8",
+        "logger.tensorboard_enabled=false", "data.reasoning_gym.train_size=4", "data.reasoning_gym.val_size=2",
+    ])
+    assert rc == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    accuracies = {m["step"]: m["validation/accuracy"] for m in metrics if "validation/accuracy" in m}
+    assert sorted(accuracies) == [0, 1]  # validation at the start and at the end
+    # partial_credit: false makes every held-out score 0 or 1, so accuracy over 2 problems is 0, 0.5 or 1.
+    assert all(a in (0.0, 0.5, 1.0) for a in accuracies.values())

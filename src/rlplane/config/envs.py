@@ -26,6 +26,11 @@ class ReasoningGymEnvConfig(StrictModel):
 
     timeout_s: float = Field(5.0, gt=0, description="Seconds one answer may take; a slower one scores 0.")
     num_workers: int = Field(1, ge=1, description="Scoring processes.")
+    partial_credit: bool = Field(
+        True,
+        description="Keep the task's partial scores (e.g. 2/3 for '16.' against 16); false: 1 for a fully "
+        "correct answer, else 0, so accuracy is the fraction exactly right.",
+    )
 class CalculatorEnvConfig(StrictModel):
     """The calculator tool (``rlplane.envs.calculator``)."""
 

@@ -3,7 +3,7 @@
 Each sample's metadata carries its reasoning-gym entry (``question``, ``answer``, ``metadata``
 with ``source_dataset``); the answer is extracted from the response (the last ``\\boxed{}``, else
 an ``<answer>`` tag, else the last non-empty line) and given to that task's ``score_answer``,
-which may give partial credit (e.g. a close number). Scoring runs in a verifier process pool
+which may give partial credit (e.g. a close number) unless ``partial_credit`` is false. Scoring runs in a verifier process pool
 with a deadline, as for the math environment. Needs ``pip install 'rlplane[reasoning]'``.
 """
 
@@ -18,8 +18,11 @@ class ReasoningGymEnv(PooledVerifierEnv):
     verify_fn = "rlplane.verifiers.reasoning_gym_answer:score_reasoning_gym_answer"
     requires = ("reasoning_gym", "reasoning")
 
-    def __init__(self, num_workers: int = 1, timeout_s: float = 5.0, verify_fn: str | None = None):
+    def __init__(
+        self, num_workers: int = 1, timeout_s: float = 5.0, verify_fn: str | None = None, partial_credit: bool = True
+    ):
         super().__init__(num_workers=num_workers, timeout_s=timeout_s, verify_fn=verify_fn)
+        self.partial_credit = partial_credit
 
     def verifier_args(self, response: str, metadata: dict[str, Any]) -> tuple:
-        return (response, metadata["entry"])
+        return (response, metadata["entry"], self.partial_credit)

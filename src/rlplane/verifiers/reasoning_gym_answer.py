@@ -45,8 +45,14 @@ def _scorer(name: str):
     return reasoning_gym.get_score_answer_fn(name)
 
 
-def score_reasoning_gym_answer(response: str, entry: dict[str, Any]) -> tuple[float, str | None]:
-    """``(score in [0, 1], extracted answer)`` by the task named in ``entry["metadata"]["source_dataset"]``."""
+def score_reasoning_gym_answer(
+    response: str, entry: dict[str, Any], partial_credit: bool = True
+) -> tuple[float, str | None]:
+    """``(score in [0, 1], extracted answer)`` by the task named in ``entry["metadata"]["source_dataset"]``.
+
+    Without ``partial_credit`` the score is 1 for a fully correct answer and 0 otherwise: reasoning-gym's
+    default ``score_answer`` gives ``len(oracle) / len(answer)`` to any answer containing the oracle
+    (``"16."`` scores 2/3 against ``16``), which would make a mean reward read as more than accuracy."""
     answer = extract_answer(response)
     if answer is None:
         return 0.0, None
@@ -54,4 +60,6 @@ def score_reasoning_gym_answer(response: str, entry: dict[str, Any]) -> tuple[fl
         score = float(_scorer(entry["metadata"]["source_dataset"])(answer, entry))
     except Exception:
         return 0.0, answer
+    if not partial_credit:
+        score = 1.0 if score >= 1.0 else 0.0
     return score, answer

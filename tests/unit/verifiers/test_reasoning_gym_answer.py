@@ -1,0 +1,25 @@
+"""reasoning-gym scoring: answer extraction and the exact (no partial credit) switch."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from rlplane.verifiers.reasoning_gym_answer import score_reasoning_gym_answer  # noqa: E402
+
+# A basic_arithmetic entry as reasoning-gym stores it: the oracle answer is the string "16".
+ENTRY = {"question": "Calculate 6 + 10.", "answer": "16", "metadata": {"source_dataset": "basic_arithmetic"}}
+
+
+def test_answer_is_line_is_extracted_and_scored_exactly():
+    assert score_reasoning_gym_answer("6 + 10 = 16.\nThe answer is 16.", ENTRY, partial_credit=False) == (1.0, "16")
+    assert score_reasoning_gym_answer("The answer is 15.", ENTRY, partial_credit=False) == (0.0, "15")
+
+
+def test_partial_credit_is_kept_by_default_and_dropped_when_exact():
+    # The last line "16 apples" contains the oracle "16": reasoning-gym's default score_answer gives
+    # len("16") / len("16 apples") = 2 / 9; exact scoring makes it 0.
+    score, answer = score_reasoning_gym_answer("16 apples", ENTRY)
+    assert answer == "16 apples" and score == pytest.approx(2 / 9)
+    assert score_reasoning_gym_answer("16 apples", ENTRY, partial_credit=False) == (0.0, "16 apples")
