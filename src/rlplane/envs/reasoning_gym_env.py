@@ -3,8 +3,9 @@
 Each sample's metadata carries its reasoning-gym entry (``question``, ``answer``, ``metadata``
 with ``source_dataset``); the answer is extracted from the response (the last ``\\boxed{}``, else
 an ``<answer>`` tag, else the last non-empty line) and given to that task's ``score_answer``,
-which may give partial credit (e.g. a close number) unless ``partial_credit`` is false. Scoring runs in a verifier process pool
-with a deadline, as for the math environment. Needs ``pip install 'rlplane[reasoning]'``.
+which may give partial credit (e.g. a close number) unless ``partial_credit`` is false. Scoring
+runs in a verifier process pool with a deadline, as for the math environment. Needs
+``pip install 'rlplane[reasoning]'``.
 """
 
 from __future__ import annotations
