@@ -42,7 +42,7 @@ from rlplane.training import Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
-    mask_logprob_errors,
+    policy_logprobs,
     rollout_metrics,
     stamp_sample_mask,
     transform_rewards,
@@ -164,13 +164,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
 
     # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the
     # staleness), reference logprobs -----------------------------------------------------------------
-    with timer("logprobs"):
-        if not loss.prev_from_forward:  # else π_old is the training forward, detached (config/plan.py)
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
-        if loss.reference:
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
-    if g.seq_logprob_error_threshold is not None:
-        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
+    meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)
 
     # ---- advantages (grpo.adv_estimator), written back per sample ----------------------------------
     with timer("advantages"):

@@ -28,7 +28,7 @@ from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     collect_rollouts,
-    mask_logprob_errors,
+    policy_logprobs,
     rollout_metrics,
     stamp_sample_mask,
 )
@@ -56,13 +56,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
 
     # ---- prev and reference logprobs, written back by the policy workers -------------------------
-    with timer("logprobs"):
-        if not loss.prev_from_forward:  # else π_old is the training forward, detached (config/plan.py)
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
-        if loss.reference:
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
-    if g.seq_logprob_error_threshold is not None:
-        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
+    meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)
 
     # ---- advantages (grpo.adv_estimator), written back per sample ----------------------------------
     with timer("advantages"):

@@ -35,7 +35,7 @@ from rlplane.training import DataExhausted, Session, Timer
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     collect_rollouts,
-    mask_logprob_errors,
+    policy_logprobs,
     rollout_metrics,
     stamp_sample_mask,
 )
@@ -129,13 +129,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
         with timer("values"):
             critic.run_sharded("compute_values", meta)
     meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
-    with timer("logprobs"):
-        if not loss.prev_from_forward:  # else π_old is the training forward, detached (config/plan.py)
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
-        if loss.reference:
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
-    if g.seq_logprob_error_threshold is not None:
-        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
+    meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)
 
     # ---- advantages and returns (token level): GAE runs on the driver (whitening is a batch statistic)
     with timer("advantages"):

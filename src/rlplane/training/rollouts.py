@@ -22,7 +22,7 @@ from rlplane.algorithms.filters import (
 )
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta, concat_metas
-from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, TOKEN_MASK
 from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
 from rlplane.workers.failures import FAILED_GROUPS_HINT, FAILURE_COUNTS, add_failure_counts
 
@@ -137,6 +137,23 @@ def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta,
     if cfg.loop.overlong_filtering:
         sample_mask = overlong_filter_sample_mask(sample_mask, carry["truncated"])
     return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
+
+
+def policy_logprobs(
+    s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], sample_mask: torch.Tensor, loss, timer: Timer,
+    metrics: dict[str, float],
+) -> tuple[KVBatchMeta, torch.Tensor]:
+    """Prev and reference logprobs written back by the policy workers (what ``loss`` reads; no prev
+    forward when ``loss.prev_from_forward``: π_old is then the training forward, detached, see
+    ``config/plan.py``), then ``seq_logprob_error_threshold``'s mask. Returns the receipt and mask."""
+    with timer("logprobs"):
+        if not loss.prev_from_forward:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
+        if loss.reference:
+            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
+    if s.cfg.loop.seq_logprob_error_threshold is not None:
+        meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
+    return meta, sample_mask
 
 
 def mask_logprob_errors(

@@ -1,0 +1,113 @@
+"""The ``data`` section of a run's config: which dataset (procedural arithmetic, JSONL/HF files,
+reasoning-gym), its splits, and how prompts are formatted."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlplane.config.base import StrictModel
+
+
+class ArithmeticDataConfig(StrictModel):
+    """Procedurally generated `a+b=` problems."""
+
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
+    min_operand: int = Field(0, ge=0, description="Smallest operand.")
+    max_operand: int = Field(99, ge=0, description="Largest operand.")
+    task_name: str = Field("arithmetic", description="Environment that scores them (e.g. `calculator`: tool use).")
+
+    @model_validator(mode="after")
+    def _range(self) -> "ArithmeticDataConfig":
+        if self.min_operand > self.max_operand:
+            raise ValueError(
+                f"min_operand = {self.min_operand} > max_operand = {self.max_operand}; swap them"
+            )
+        return self
+
+
+class JsonlDataConfig(StrictModel):
+    """Problems from a file: JSONL (``dataset: jsonl``) or JSON/JSONL/Parquet/CSV read by Hugging Face
+    ``datasets`` (``dataset: hf``)."""
+
+    path: str = Field(..., description="Path of the file (or, for `hf`, a glob or directory of files).")
+    problem_key: str = Field("problem", description="Field holding the prompt text.")
+    answer_key: str = Field("answer", description="Field holding the reference answer.")
+    task_name_key: str = Field("task_name", description="Field routing a row to an environment.")
+    default_task_name: str = Field("arithmetic", description="Environment of rows without a task_name field.")
+    format: Literal["auto", "json", "parquet", "csv"] = Field(
+        "auto", description="`hf` only: file format (auto: from the extension)."
+    )
+    split: str = Field("train", description="`hf` only: the split to read.")
+
+
+class ReasoningGymDataConfig(StrictModel):
+    """Procedural reasoning-gym tasks (``pip install 'rlplane[reasoning]'``); scored by the task's own verifier."""
+
+    tasks: list[str] = Field(["basic_arithmetic"], min_length=1, description="reasoning-gym dataset "
+                                                                             "names, mixed evenly.")
+    train_size: int = Field(10_000, ge=1, description="Training problems per task.")
+    train_seed: int = Field(0, description="Seed of the training problems.")
+    val_size: int = Field(100, ge=1, description="Held-out problems per task.")
+    val_seed: int = Field(7, description="Seed of the held-out problems (must differ from train_seed).")
+    config: dict = Field(default_factory=dict, description="Extra keyword arguments for every task (e.g. difficulty).")
+
+    @model_validator(mode="after")
+    def _distinct_seeds(self) -> "ReasoningGymDataConfig":
+        if self.train_seed == self.val_seed:
+            raise ValueError(
+                f"train_seed = val_seed = {self.val_seed}: the held-out "
+                "problems would be training problems; use different seeds"
+            )
+        return self
+
+
+class PromptConfig(StrictModel):
+    """How a problem becomes a prompt (a data processor, NeMo RL's ``data.default.processor``)."""
+
+    processor: str = Field(
+        "default", description="`default` (the problem as is) or `math` (chain-of-thought, answer in \\boxed{})."
+    )
+    template: str | None = Field(None, description="Override the processor's template "
+                                                   "(a format string with {problem}).")
+    system_prompt: str | None = Field(None, description="System message (chat templates "
+                                                        "only; null: the model's default).")
+    chat_template: Literal["auto"] | bool = Field(
+        "auto", description="Render with the tokenizer's chat template: true, false, or auto (when it has one)."
+    )
+
+
+class DataConfig(StrictModel):
+    """Where prompts come from."""
+
+    dataset: Literal["arithmetic", "jsonl", "hf", "reasoning_gym", "guess_number"] = Field(
+        "arithmetic", description="Which dataset kind (guess_number: games over env.guess_number's range)."
+    )
+    arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
+    train: JsonlDataConfig | None = Field(None, description="Training file (dataset: jsonl or hf).")
+    validation: JsonlDataConfig | None = Field(None, description="Validation file (dataset: jsonl or hf).")
+    reasoning_gym: ReasoningGymDataConfig = Field(
+        default_factory=ReasoningGymDataConfig, description="Procedural reasoning-gym tasks (dataset: reasoning_gym)."
+    )
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and chat template.")
+    num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
+    shuffle: bool = Field(True, description="Shuffle each epoch.")
+    on_overlong_prompt: Literal["skip", "error"] = Field(
+        "skip", description="A prompt longer than policy.max_total_sequence_length: skip and count it, or fail."
+    )
+
+    @model_validator(mode="after")
+    def _files_need_paths(self) -> "DataConfig":
+        if self.dataset in ("jsonl", "hf") and self.train is None:
+            raise ValueError(f"dataset = {self.dataset} needs data.train.path; set data.train.path=FILE")
+        return self
+
+
+def task_names_of(data: DataConfig) -> list[str]:
+    """The task names a run's data routes to, as far as the config says (file rows may name others)."""
+    if data.dataset == "arithmetic":
+        return [data.arithmetic.task_name]
+    if data.dataset in ("reasoning_gym", "guess_number"):
+        return [data.dataset]
+    return [j.default_task_name for j in (data.train, data.validation) if j is not None]
