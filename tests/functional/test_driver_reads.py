@@ -1,15 +1,21 @@
 """The driver never reads a per-token column in a step, except where the config asks for it.
 
 The data-plane client the driver holds is wrapped after the workers are built (they keep the real
-one), so every ``get_samples`` the step makes on the driver is recorded with the fields it asked for.
+one), so every ``get_samples`` the step makes on the driver is recorded with the fields it asked for,
+and every ``put_samples`` with the fields it wrote: a driver that writes the rollout's columns held
+them first (async GRPO before its collector wrote into the shared plane).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane.columns import (
+    ADVANTAGES,
     COLUMNS,
     GENERATION_LOGPROBS,
     PREV_LOGPROBS,
@@ -32,18 +38,26 @@ class RecordingClient:
     """Passes every call through to ``inner``; records the fields of each ``get_samples``."""
 
     def __init__(self, inner):
-        self.inner, self.reads = inner, []
+        self.inner, self.reads, self.writes = inner, [], []
 
     def get_samples(self, sample_ids, partition_id, select_fields, *args, **kwargs):
         self.reads.append(list(select_fields))
         return self.inner.get_samples(sample_ids, partition_id, select_fields, *args, **kwargs)
 
+    def put_samples(self, sample_ids, partition_id, fields, *args, **kwargs):
+        self.writes.append(list(fields))
+        return self.inner.put_samples(sample_ids, partition_id, fields, *args, **kwargs)
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
 
+def per_token(calls: list[list[str]]) -> set[str]:
+    return {f for fields in calls for f in fields if f in COLUMNS and COLUMNS[f].per_token}
+
+
 def per_token_reads(client: RecordingClient) -> set[str]:
-    return {f for fields in client.reads for f in fields if f in COLUMNS and COLUMNS[f].per_token}
+    return per_token(client.reads)
 
 
 def run_steps(tmp_path, preset, section, step_fn, extra=(), critic=False, teacher_cfg=None, loss=None):
@@ -54,6 +68,7 @@ def run_steps(tmp_path, preset, section, step_fn, extra=(), critic=False, teache
         s.data_plane = client = RecordingClient(s.data_plane)
         for step in range(2):
             step_fn(s, loss, step)
+    assert per_token(client.writes) <= {ADVANTAGES}  # GRPO's per-sample advantage broadcast to its tokens
     return client
 
 
@@ -96,3 +111,69 @@ def test_ppo_driver_reads_only_what_gae_needs(tmp_path, first_digit_env, extra, 
     critic = "ppo.adv_estimator.name=raw_reward" not in extra
     client = run_steps(tmp_path, "ppo_arithmetic", "ppo", ppo_step, ["ppo.ppo_epochs=1", *extra], critic=critic)
     assert per_token_reads(client) == allowed
+
+
+def tensors_in(obj):
+    """Every tensor inside ``obj`` (dataclasses, dicts, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from tensors_in(getattr(obj, f.name))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors_in(v)
+
+
+@pytest.mark.parametrize("extra", [[], ["loss_fn.reference_policy_kl_penalty=0.05"]])
+def test_async_grpo_driver_reads_and_receives_no_per_token_column(tmp_path, first_digit_env, extra):
+    """The collector writes its groups into the shared plane; the driver gets receipts and (G,) carries."""
+    from rlplane.recipes.async_grpo import CollectorHandle, async_grpo_step
+
+    G = 4
+    cfg = load_config(None, [*(f"grpo.{x}" for x in SMALL), *COMMON, f"run_dir={tmp_path}",
+                             "grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
+                             *extra])
+    received = []
+    with Session(cfg, quiet=True) as s:
+        s.start()
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        handle = CollectorHandle(s, start_step=0)  # the collector gets the real client
+        s.on_close(handle.stop)
+        real_call = handle.call
+
+        def recording_call(method, *args, **kwargs):
+            out = real_call(method, *args, **kwargs)
+            received.extend(tensors_in(out))
+            return out
+
+        handle.call = recording_call
+        s.data_plane = client = RecordingClient(s.data_plane)
+        for step in range(2):
+            async_grpo_step(s, handle, loss, step)
+    assert per_token_reads(client) == set()
+    assert per_token(client.writes) <= {ADVANTAGES}
+    # Whatever crosses from the collector to the driver is per sample: G values per group, not tokens.
+    assert received and all(t.numel() == G for t in received), sorted({tuple(t.shape) for t in received})
+
+
+def test_validation_goes_through_the_val_partition(tmp_path, first_digit_env):
+    """NeMo RL's validate_sync: the rollout worker writes under ``val`` keys, the driver reads rewards
+    and lengths only, and the partition is cleared after."""
+    from rlplane.training.loop import VAL_PARTITION
+
+    cfg = load_config(None, [*(f"grpo.{x}" for x in SMALL), *COMMON, f"run_dir={tmp_path}",
+                             "grpo.val_num_generations_per_prompt=2"])
+    with Session(cfg, quiet=True) as s:
+        s.start()
+        plane = s.data_plane
+        s.data_plane = client = RecordingClient(plane)
+        metrics = s.validate()
+        assert 0.0 <= metrics["validation/accuracy"] <= 1.0 and "validation/pass@2" in metrics
+        assert per_token_reads(client) == set() and per_token(client.writes) == set()
+        # 8 greedy samples and 8 prompts × 2 sampled ones were written there, and are gone.
+        assert plane.list_samples(VAL_PARTITION) == []
+        assert len(plane.index.partition(VAL_PARTITION).cleared) == 8 + 16
