@@ -45,13 +45,13 @@ def steps_of(path):
 def trained_prompts(monkeypatch):
     """The ``DatumSpec.idx`` of every prompt group the trainer takes, in order."""
     seen: list[int] = []
-    real = async_grpo.put_groups
+    real = async_grpo.step_carry
 
-    def recording(s, groups):
+    def recording(groups):
         seen.extend(g.prompt_idx for g in groups)
-        return real(s, groups)
+        return real(groups)
 
-    monkeypatch.setattr(async_grpo, "put_groups", recording)
+    monkeypatch.setattr(async_grpo, "step_carry", recording)
     return seen
 
 

@@ -20,6 +20,7 @@ from rlplane.dataplane.columns import (
     GENERATION_LOGPROBS,
     PREV_LOGPROBS,
     REFERENCE_LOGPROBS,
+    RETURNS,
     TOKEN_MASK,
     VALUES,
 )
@@ -68,7 +69,8 @@ def run_steps(tmp_path, preset, section, step_fn, extra=(), critic=False, teache
         s.data_plane = client = RecordingClient(s.data_plane)
         for step in range(2):
             step_fn(s, loss, step)
-    assert per_token(client.writes) <= {ADVANTAGES}  # GRPO's per-sample advantage broadcast to its tokens
+    # The driver writes only what it computes: advantages (and PPO's GAE returns), never the rollout's columns.
+    assert per_token(client.writes) <= {ADVANTAGES, RETURNS}
     return client
 
 

@@ -7,8 +7,11 @@ loader and the :class:`ReplayBuffer`. Its loop (NeMo RL ``async_utils/trajectory
 1. For the generator's weight version ``v`` the servable targets are ``v .. v+max_age``
    (:func:`target_versions`).
 2. Reserve the lowest target above the last one the trainer sampled that still needs groups,
-   generate ``needed`` whole prompt groups for it, score them, add them to the buffer tagged
-   ``(generation_version=v, target_version=t)``.
+   generate ``needed`` whole prompt groups for it, score them; the rollout worker writes their
+   columns into the run's shared data plane under keys unique per group (:func:`group_sample_keys`)
+   and the buffer gets their receipts and (G,) carries, tagged
+   ``(generation_version=v, target_version=t)``. The trainer reads nothing back through itself:
+   its workers read the columns by key. Evicted groups' keys are cleared here.
 3. With every target covered (or the buffer full) it idles until the next weight version.
 
 The trainer brackets each refit with :meth:`prepare_for_refit` (no new generation starts; the
@@ -20,8 +23,13 @@ returns the error for the trainer to raise; a call past its deadline (``env.step
 ``grpo.rollout_failure_policy: drop_group`` a group holding a failed sample is not buffered
 (another is generated in its place); a batch that loses every group counts as a failed batch.
 
-A plain class: ``runtime: local`` runs its loop in a thread of the driver, ``runtime: ray`` wraps
-it as a threaded actor (its loop in a thread of the actor, the trainer's calls in others).
+A plain class: ``runtime: local`` runs its loop in a thread of the driver (sharing the driver's
+in-process data plane), ``runtime: ray`` wraps it as a threaded actor (its loop in a thread of the
+actor, the trainer's calls in others; its client attaches to the run's Ray store).
+
+Checkpoints: the buffer's groups' columns are read back from the data plane into the checkpoint
+file by :meth:`save_state` (here, not on the driver; checkpoints are rare) and written again under
+the same keys by :meth:`load_state`, so a resumed run trains exactly the samples a straight run does.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,15 +49,21 @@ import torch
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
-from rlplane.dataplane import make_data_plane
-from rlplane.dataplane.columns import ROLLOUT_COLUMNS
+from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
+from rlplane.dataplane.columns import ROLLOUT_COLUMNS, TOKEN_MASK
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
-# The rollout worker writes its columns to a private in-process data plane, from which whole groups are cut.
-SCRATCH = "collector"
-COLUMNS = list(ROLLOUT_COLUMNS)
-CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths"]
+# What a group carries per sample besides the environment's reward/<name> components.
+CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths", "generated_tokens"]
+
+
+def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
+    """Data-plane keys of a generation batch's samples, group-major:
+    ``t{target}/b{batch}/e{epoch}/p{idx}_g{i}``. Unique in a run: a prompt draw (epoch, idx) is
+    generated once per batch, and the collector's batch counter never repeats (it is checkpointed);
+    so a stale group's cleared keys or a resume's rewritten ones never meet a new sample's."""
+    return [f"t{target}/b{batch}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
 
 
 def target_versions(generation_version: int, max_age_steps: int) -> list[int]:
@@ -71,16 +86,24 @@ class AsyncTrajectoryCollector:
         start_version: int,
         *,
         seed: int,
+        data_plane: DataPlaneClient,
+        partition_id: str,
+        fields: Sequence[str] = ROLLOUT_COLUMNS,
         init_weights: Mapping[str, torch.Tensor] | None = None,
     ):
+        """``data_plane``: the run's shared plane; the groups go to ``partition_id``, registered here
+        with ``fields`` (the step's columns: the rollout's and those the trainer adds to the same keys)."""
         g = cfg.grpo
         self.num_prompts_per_step = g.num_prompts_per_step
         self.group_size = g.num_generations_per_prompt
         self.max_age_steps = g.async_grpo.max_trajectory_age_steps
         self.max_generation_failures = g.async_grpo.max_generation_failures
-        self.buffer = ReplayBuffer(buffer_capacity(self.num_prompts_per_step, self.max_age_steps))
-        self._scratch = make_data_plane("memory")
-        self.worker = RolloutWorker(cfg, self._scratch, seed=seed)  # its own model copy
+        capacity = buffer_capacity(self.num_prompts_per_step, self.max_age_steps)
+        self.buffer = ReplayBuffer(capacity, release=self._clear)
+        self.dp, self.partition_id = data_plane, partition_id
+        # Registered from this process: under Ray its own later puts are then ordered after it.
+        self.dp.register_partition(partition_id, [*ROLLOUT_COLUMNS, *fields], capacity * self.group_size)
+        self.worker = RolloutWorker(cfg, data_plane, seed=seed)  # its own model copy
         if init_weights is not None:
             self.worker.update_weights(init_weights)
         self.loader = loader
@@ -96,6 +119,7 @@ class AsyncTrajectoryCollector:
         self._hold = 0  # state_dict() calls holding new starts back
         self._traceback = ""
         self._thread: threading.Thread | None = None
+        self._batches = 0  # generation batches started: part of every key (group_sample_keys)
         self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "failures": 0, "dropped_groups": 0}
         self.drop_failed_groups = g.rollout_failure_policy == "drop_group"
 
@@ -175,29 +199,68 @@ class AsyncTrajectoryCollector:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Buffer, loader position, undrawn prompts and sampler RNG, taken between generation batches:
-        every prompt drawn from the loader is then either in the buffer, pending, or already trained."""
+        """Buffer (its groups' columns read back from the data plane), loader position, undrawn
+        prompts, sampler RNG and batch counter, taken between generation batches: every prompt drawn
+        from the loader is then either in the buffer, pending, or already trained."""
         with self._cond:
             self._hold += 1
             try:
                 self._wait_idle()
+                buffer = self.buffer.state_dict()
+                metas = [TrajectoryGroup.from_state(g).meta for g in buffer["groups"]]
+                if metas:
+                    cols = self.dp.get_samples(concat_metas(metas), None, list(ROLLOUT_COLUMNS))  # (N, T) padded
+                    first = 0  # the group's first row in cols
+                    for group, meta in zip(buffer["groups"], metas):
+                        group["columns"] = {k: [cols[k][first + i, :n].clone() for i, n in enumerate(meta.seq_lens)]
+                                            for k in ROLLOUT_COLUMNS}  # G jagged rows each
+                        first += len(meta)
                 return {
-                    "replay_buffer": self.buffer.state_dict(),
+                    "replay_buffer": buffer,
                     "dataloader": self.loader.state_dict(),
                     "pending_prompts": [dataclasses.asdict(d) for d in self._pending],
                     "rng": self.worker.rng_state(),
                     "weight_version": self.weight_version,
+                    "batches": self._batches,
                 }
             finally:
                 self._hold -= 1
                 self._cond.notify_all()
 
     def load_state_dict(self, state: dict[str, Any], current_version: int) -> int:
-        """Restore before :meth:`start`; returns how many saved groups were dropped (stale or past)."""
+        """Restore before :meth:`start`: the groups still servable at ``current_version`` are written
+        back into the data plane; returns how many saved groups were dropped (stale or past)."""
         self.loader.load_state_dict(state["dataloader"])
         self._pending = deque(DatumSpec(**d) for d in state["pending_prompts"])
         self.worker.set_rng_state(state["rng"])
-        return self.buffer.load_state_dict(state["replay_buffer"], current_version, self.max_age_steps)
+        self._batches = int(state.get("batches", 0))
+        return self.buffer.load_state_dict(state["replay_buffer"], current_version, self.max_age_steps,
+                                           restore=self._restore_group)
+
+    def save_state(self, path: str) -> None:
+        """:meth:`state_dict` written to ``path`` from this process (the driver never holds the columns)."""
+        torch.save(self.state_dict(), Path(path))
+
+    def load_state(self, path: str, current_version: int) -> tuple[int, int]:
+        """:meth:`load_state_dict` of the file at ``path``; returns (groups restored, groups dropped)."""
+        dropped = self.load_state_dict(torch.load(Path(path), weights_only=True), current_version)
+        return len(self.buffer), dropped
+
+    def _restore_group(self, saved: dict[str, Any]) -> TrajectoryGroup:
+        """A saved group, its columns written again under its keys (minted for a file without them)."""
+        cols = saved["columns"]
+        n = len(cols[TOKEN_MASK])
+        keys = saved.get("keys") or [f"t{saved['target_version']}/restored/p{saved['prompt_idx']}_g{i}"
+                                     for i in range(n)]
+        carry = dict(saved["carry"])
+        carry.setdefault("generated_tokens", torch.tensor([int(m.sum()) for m in cols[TOKEN_MASK]]))
+        meta = self.dp.put_samples(keys, self.partition_id, {k: cols[k] for k in ROLLOUT_COLUMNS},
+                                   tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()])
+        return TrajectoryGroup.from_state({**saved, "carry": carry}, meta=meta)
+
+    def _clear(self, metas: list[KVBatchMeta]) -> None:
+        """Free the keys of groups that will not be trained (evicted, dropped); nobody waits on it."""
+        self.dp.clear_samples(concat_metas(metas), None, wait=False)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _wait_idle(self) -> None:
@@ -257,12 +320,11 @@ class AsyncTrajectoryCollector:
         datums = self._take_prompts(needed)
         G = self.group_size
         t0 = time.perf_counter()
+        self._batches += 1
         try:
-            self._scratch.register_partition(SCRATCH, COLUMNS, len(datums) * G)
-            meta, carry, rollout_metrics = self.worker.rollout(datums, group_size=G, partition_id=SCRATCH,
-                                                                weight_version=version)
-            cols = self._scratch.get_samples(meta, SCRATCH, COLUMNS)  # (B, T) padded
-            self._scratch.clear_samples(meta, SCRATCH)
+            meta, carry, rollout_metrics = self.worker.rollout(
+                datums, group_size=G, partition_id=self.partition_id, weight_version=version,
+                keys=group_sample_keys(target, self._batches, datums, G))
         except DeadlineExceeded as e:  # a hung generator or environment: no retry, the run stops
             self._pending.extendleft(reversed(datums))
             self._error = f"async collector: {e}"
@@ -283,12 +345,14 @@ class AsyncTrajectoryCollector:
             else:
                 time.sleep(min(0.1 * self._failures, 1.0))
             return
-        # rollout_failure_policy: drop_group: a group holding a failed sample is not buffered; the loop
-        # generates another for its target from the next prompts.
+        # rollout_failure_policy: drop_group: a group holding a failed sample is not buffered (its keys
+        # are cleared); the loop generates another for its target from the next prompts.
         failed = carry["env_failed"].view(len(datums), G).any(dim=1).tolist() if self.drop_failed_groups \
             else [False] * len(datums)
         rollout_metrics = {**rollout_metrics, "dropped_groups": float(sum(failed))}
         self.counters["dropped_groups"] += sum(failed)
+        if any(failed):
+            self._clear([meta.slice(i * G, (i + 1) * G) for i, f in enumerate(failed) if f])
         if all(failed):  # nothing came of the batch: a failure toward the limit, like a generation error
             self._failures += 1
             if self._failures > self.max_generation_failures:
@@ -302,19 +366,17 @@ class AsyncTrajectoryCollector:
             return
         self._failures = 0
         self.counters["generation_seconds"] += time.perf_counter() - t0
-        lens = meta.seq_lens
         for i, d in enumerate(datums):
             if failed[i]:
                 continue
-            rows = range(i * G, (i + 1) * G)
+            rows = slice(i * G, (i + 1) * G)
             group = TrajectoryGroup(
                 prompt_idx=d.idx,
                 generation_version=version,
                 target_version=target,
-                columns={k: [cols[k][r, : lens[r]].clone() for r in rows] for k in COLUMNS},
+                meta=meta.slice(rows.start, rows.stop),  # its columns stay in the data plane
                 # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
-                carry={k: carry[k][i * G : (i + 1) * G].clone()
-                       for k in carry if k in CARRY or k.startswith("reward/")},
+                carry={k: carry[k][rows].clone() for k in carry if k in CARRY or k.startswith("reward/")},
                 rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01

@@ -2,10 +2,13 @@
 
 Columns are stored as given (packed, detached CPU tensors); a read gathers into fresh tensors, so
 the caller can never alias stored data. Not shared across processes: pickling it is refused.
+Threads may share it (async GRPO's collector thread writes while the trainer reads): index calls
+run one at a time under a lock, as the Ray store actor runs them one at a time.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,11 +27,13 @@ class MemoryDataPlane(IndexedClient):
     def __init__(self, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS, seq_len_field: str = INPUT_IDS) -> None:
         super().__init__(token_fields, seq_len_field)
         self.index = PlaneIndex()
+        self._lock = threading.Lock()
 
     def _index_call(self, method: str, *args: Any) -> Any:
-        result = getattr(self.index, method)(*args)
-        self.index.freed.clear()
-        return result
+        with self._lock:
+            result = getattr(self.index, method)(*args)
+            self.index.freed.clear()
+            return result
 
     def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
         return dict(columns)

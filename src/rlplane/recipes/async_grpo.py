@@ -2,21 +2,27 @@
 
 An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (a thread for ``runtime: local``, a Ray
 actor for ``runtime: ray``) generates and scores whole prompt groups with its own copy of the
-policy, tagged with the weight version that generated them and the step they are meant for. Each
-step here (NeMo RL ``async_grpo_train``, ``reference/nemo_rl_notes.md`` §6.1):
+policy and writes their columns into the run's data plane (``TRAIN_PARTITION``, keys unique per
+group); its replay buffer holds their receipts, tagged with the weight version that generated them
+and the step they are meant for. Each step here (NeMo RL ``async_grpo_train``,
+``reference/nemo_rl_notes.md`` §6.1):
 
-  take the step's groups from the replay buffer (waiting if they are not all there)
-  → put them in the data plane → reward scaling/shaping
+  take the step's receipts from the replay buffer (waiting if they are not all there)
+  → one receipt for the step (:func:`~rlplane.dataplane.concat_metas`) → reward scaling/shaping
   → prev logprobs recomputed with the current weights, reference logprobs, advantages, train
     (as sync GRPO; the loss's IS weight π_old/π_gen corrects the staleness)
-  → refit the collector (it finishes the batch in flight first) → weight version + 1.
+  → clear the step's keys (the next steps' groups stay) → refit the collector (it finishes the
+    batch in flight first) → weight version + 1.
+
+The driver holds receipts and (B,) tensors only, as in sync GRPO.
 
 Timings: ``exposed_generation`` (the trainer waiting for its batch, sampling included),
 ``idle/buffer_starvation`` (the part of it spent waiting because the batch was incomplete),
 ``idle/refit_bubble`` (waiting for the collector's batch in flight before a refit) and
 ``weight_sync`` (copying the weights into the collector). The collector's state (replay buffer,
 loader position, prompts drawn but not generated, sampler RNG) is ``replay_buffer.pt`` in each
-checkpoint and is restored on resume.
+checkpoint (the collector writes it, its groups' columns read back from the data plane) and is
+restored on resume (the columns written back under the same keys).
 """
 
 from __future__ import annotations
@@ -24,11 +30,10 @@ from __future__ import annotations
 import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
-from rlplane.async_rl.collector import COLUMNS
 from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
-from rlplane.dataplane import KVBatchMeta
+from rlplane.dataplane import concat_metas
 from rlplane.dataplane.columns import (
     ADVANTAGES,
     GENERATION_LOGPROBS,
@@ -51,7 +56,6 @@ from rlplane.training.samples import train_samples
 from rlplane.training.workers import RAY_CPUS_COLLECTOR
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.policy import ClippedPGLoss
-from rlplane.workers.rollout import group_keys
 
 CHECKPOINT_FILE = "replay_buffer.pt"
 _POLL_S = 0.5  # how long one wait on the buffer lasts before the collector's health is checked
@@ -61,12 +65,14 @@ TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFE
 
 class CollectorHandle:
     """The collector (a thread here for ``runtime: local``, a Ray actor for ``ray``: the runtime layer
-    decides), started with the policy's weights and restored from the checkpoint the run resumed from."""
+    decides), writing into the session's data plane, started with the policy's weights and restored
+    from the checkpoint the run resumed from."""
 
     def __init__(self, s: Session, start_step: int):
         cfg = s.cfg
         policy = s.workers.policy
         kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
+                      data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
                       init_weights=policy.lazy("get_weights"))  # straight from the rank-0 policy, not via the driver
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
                                 max_concurrency=4)
@@ -75,11 +81,9 @@ class CollectorHandle:
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
             # A synchronous run's checkpoint: the loader position (restored by the session) is all there is.
             s.say(f"{resumed} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
-        elif resumed is not None:
-            state = torch.load(resumed / CHECKPOINT_FILE, weights_only=True)
-            dropped = self.call("load_state_dict", state, start_step)
-            s.say(f"restored {len(state['replay_buffer']['groups']) - dropped} trajectory groups "
-                  f"({dropped} stale dropped)")
+        elif resumed is not None:  # read by the collector itself: its columns never pass the driver
+            restored, dropped = self.call("load_state", str(resumed / CHECKPOINT_FILE), start_step)
+            s.say(f"restored {restored} trajectory groups ({dropped} stale dropped)")
         self.call("start")
 
     def call(self, method: str, *args, **kwargs):
@@ -117,17 +121,13 @@ def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer
     return result
 
 
-def put_groups(s: Session, groups: list[TrajectoryGroup]) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
-    """Write the groups' columns under fresh keys in ``TRAIN_PARTITION``; the receipt and the (B,) carry."""
-    G = len(groups[0].columns[INPUT_IDS])
-    carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each, B = groups × G
+def step_carry(groups: list[TrajectoryGroup]) -> dict[str, torch.Tensor]:
+    """The step's (B,) carry, B = groups × G, group-major like the concatenated receipt; ``group``
+    numbers the groups 0.. in that order."""
+    G = len(groups[0].meta)
+    carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each
     carry["group"] = torch.arange(len(groups)).repeat_interleave(G)
-    keys = group_keys(len(groups), G)
-    meta = s.data_plane.put_samples(
-        keys, TRAIN_PARTITION, {k: [t for g in groups for t in g.columns[k]] for k in COLUMNS},
-        tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
-    )
-    return meta, carry
+    return carry
 
 
 def merge_rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
@@ -148,11 +148,9 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     timer = Timer()
     metrics: dict[str, float] = {}
 
-    # ---- the step's trajectories, from the buffer into the data plane ------------------------------
+    # ---- the step's trajectories: their receipts from the buffer (the columns are in the data plane)
     result = wait_for_groups(s, handle, step, timer)
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
-                                    g.num_prompts_per_step * g.num_generations_per_prompt)
-    meta, carry = put_groups(s, result.groups)
+    meta, carry = concat_metas([grp.meta for grp in result.groups]), step_carry(result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
     _, carry["rewards"] = transform_rewards(cfg, carry)
     metrics.update(merge_rollout_metrics(result.groups))
@@ -179,7 +177,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     with timer("policy_training"):
         results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
     s.refit.mark_stale()
-    s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
+    # This step's keys only: the next steps' groups wait in the same partition. Nobody needs the answer.
+    s.data_plane.clear_samples(meta, None, wait=False)
     handle.refit(step + 1, timer)
 
     metrics.update(merge_rank_metrics(results))
@@ -196,7 +195,7 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
         start = s.start()
         handle = CollectorHandle(s, start_step=start)
         s.on_close(handle.stop)
-        s.checkpoints.add_part(CHECKPOINT_FILE, lambda: handle.call("state_dict"))
+        s.checkpoints.add_part(CHECKPOINT_FILE, lambda path: handle.call("save_state", str(path)))
         for step in range(start, s.last_step()):
             s.begin_step(step)
             s.end_step(step, async_grpo_step(s, handle, loss, step))

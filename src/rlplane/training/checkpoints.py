@@ -34,7 +34,7 @@ class Checkpoints:
         self.manager = CheckpointManager(checkpoint_dir, ck.keep_top_k, ck.metric_name, ck.higher_is_better)
         self.workers: Workers | None = None
         self.prompts: Prompts | None = None
-        self.parts: dict[str, Callable[[], object]] = {}
+        self.parts: dict[str, Callable[[Path], None]] = {}
         self.resumed_from: Path | None = None
         self._resume_state: dict = {}
 
@@ -42,9 +42,10 @@ class Checkpoints:
         """What a checkpoint holds: the workers' groups, the prompt loader (set once they exist)."""
         self.workers, self.prompts = workers, prompts
 
-    def add_part(self, file_name: str, state: Callable[[], object]) -> None:
-        """Keep ``state()`` (written with torch.save) as ``file_name`` in every checkpoint from now on."""
-        self.parts[file_name] = state
+    def add_part(self, file_name: str, save: Callable[[Path], None]) -> None:
+        """Have ``save(path)`` write ``file_name`` in every checkpoint from now on (the part's owner
+        writes it: async GRPO's collector saves its buffer without passing it through the driver)."""
+        self.parts[file_name] = save
 
     def check_resume(self, model: torch.nn.Module, say: Callable[[str], None]) -> Path | None:
         """Repair what a crash mid-save left, then check the latest checkpoint on the driver (its info,
@@ -107,7 +108,7 @@ class Checkpoints:
             torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")},
                        tmp / "rng.pt")
-            for name, state in self.parts.items():
-                torch.save(state(), tmp / name)
+            for name, save in self.parts.items():
+                save(tmp / name)
 
         return self.manager.save(step, {"step": step, "metrics": ranked, **info}, write)

@@ -8,7 +8,11 @@ from contextlib import contextmanager
 import torch
 
 from rlplane.config.schema import RunConfig
+from rlplane.dataplane import DataPlaneClient
+from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.runtime.groups import LocalActor, RayActor
+
+VAL_PARTITION = "val"  # validation rollouts' columns, cleared after each validation
 
 
 class TrainingStopped(RuntimeError):
@@ -37,21 +41,35 @@ class Timer:
         return out
 
 
-def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list) -> tuple[dict[str, float], list[dict]]:
+def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list,
+             data_plane: DataPlaneClient) -> tuple[dict[str, float], list[dict]]:
     """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
-    the greedy answers as text (rows for samples.jsonl)."""
+    the greedy answers as text (rows for samples.jsonl).
+
+    As NeMo RL's ``validate_sync``: the rollout worker writes the samples' columns under keys of
+    ``VAL_PARTITION``; the driver reads the rewards of the small carry only, and clears the partition.
+    """
     g = cfg.loop
     datums = datums[: g.max_val_samples]
+    k = g.val_num_generations_per_prompt
+    data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(datums) * (1 + (k > 1) * k))
+    # A round trip: under Ray the register above is sent without waiting, and Ray does not order it with
+    # the rollout worker's puts (another caller); our own later call is answered only after it.
+    data_plane.list_samples(VAL_PARTITION)
     correct, passed, samples = [], [], []
-    for i in range(0, len(datums), g.val_batch_size):
-        batch = datums[i : i + g.val_batch_size]
-        _, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=None, greedy=True)
-        correct.append(carry["rewards"])
-        samples += rollout.call("last_samples")
-        k = g.val_num_generations_per_prompt
-        if k > 1:
-            _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=None, greedy=False)
-            passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
+    try:
+        for i in range(0, len(datums), g.val_batch_size):
+            batch = datums[i : i + g.val_batch_size]
+            _, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,
+                                       heldout=True)
+            correct.append(carry["rewards"])
+            samples += rollout.call("last_samples")
+            if k > 1:
+                _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=VAL_PARTITION, greedy=False,
+                                           heldout=True)
+                passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
+    finally:
+        data_plane.clear_samples(None, VAL_PARTITION)
     out = {"accuracy": float(torch.cat(correct).double().mean())}
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())

@@ -142,7 +142,7 @@ class Session:
         """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
         answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
-        metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums)
+        metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums, self.data_plane)
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 

@@ -2,10 +2,11 @@
 
 For each prompt it draws ``group_size`` responses, scores them with the environment named by the
 prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`),
-mints one key per sample (``{prompt_uid}_g{i}``) and writes the bulk columns under those keys in
-one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a
-small per-row carry: rewards, group index, truncation, environment failure, lengths, and the
-environments' reward components as ``reward/<name>``. Nothing else crosses to the driver.
+mints one key per sample (``{prompt_uid}_g{i}``, or the caller's) and writes the bulk columns under
+those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a small per-row
+carry: rewards, group index, truncation, environment failure, lengths (prompt, response, generated
+tokens), and the environments' reward components as ``reward/<name>``. Nothing else crosses to the
+driver.
 
 A failed environment step (it raised, or returned something malformed for the sample) follows
 ``{grpo,ppo}.rollout_failure_policy``: ``zero_reward`` and ``drop_group`` score it 0 here (the
@@ -130,21 +131,27 @@ class RolloutWorker:
         partition_id: str | None,
         greedy: bool = False,
         weight_version: int | None = None,
+        keys: Sequence[str] | None = None,
+        heldout: bool = False,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
 
-        With a ``partition_id`` the columns go to the data plane and the receipt is returned;
-        without one (validation) only the carry comes back. Sampling is seeded by each row's
-        :func:`sample_keys` and ``weight_version`` (default: the one set by :meth:`set_weight_version`).
+        With a ``partition_id`` the columns go to the data plane under ``keys`` (one per row,
+        group-major; default: fresh :func:`group_keys`) and the receipt is returned; without one
+        (warm-up and stand-alone evaluation) only the carry comes back. Sampling is seeded by each
+        row's :func:`sample_keys` and ``weight_version`` (default: the one set by
+        :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
         """
         gen = self.cfg.policy.generation
         rows = [d for d in datums for _ in range(group_size)]
+        if keys is not None and len(keys) != len(rows):
+            raise ValueError(f"rollout: {len(keys)} keys for {len(datums)} prompts × {group_size} samples")
         version = self.weight_version if weight_version is None else int(weight_version)
         row_seeds = None
         if getattr(self.backend, "supports_row_seeds", False) and not greedy:
-            keys = sample_keys(datums, group_size, "heldout" if partition_id is None else "train")
-            row_seeds = [sample_seed(self.run_seed, k, version) for k in keys]
+            stream = "heldout" if heldout or partition_id is None else "train"
+            row_seeds = [sample_seed(self.run_seed, k, version) for k in sample_keys(datums, group_size, stream)]
         res = run_turns(
             self.backend,
             self.tokenizer,
@@ -174,6 +181,8 @@ class RolloutWorker:
             "loss_multiplier": torch.tensor([d.loss_multiplier for d in rows], dtype=torch.float32),
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
+            # Trained tokens per sample (the token mask's ones): async GRPO weighs token ages by them.
+            "generated_tokens": torch.tensor([int(m.sum()) for m in res.token_mask]),
         }
         # Every component an environment of the batch declares, 0 where it gave none (a failed
         # sample): the carry's keys then depend on the tasks only, so batches concatenate.
@@ -185,9 +194,8 @@ class RolloutWorker:
                    "rollout_retries": res.metrics["env_retries"]}
         if partition_id is None:
             return None, carry, metrics
-        keys = group_keys(len(datums), group_size)
         meta = self.dp.put_samples(
-            keys,
+            group_keys(len(datums), group_size) if keys is None else list(keys),
             partition_id,
             {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],

@@ -1,5 +1,6 @@
 """AsyncTrajectoryCollector with the real tiny model and the exact-match environment: targets per
-weight version, pause/resume around a refit, failures injected into the generation backend."""
+weight version, pause/resume around a refit, failures injected into the generation backend, the
+groups' columns in the shared data plane (evicted ones cleared, checkpointed ones written back)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, target_versions
 from rlplane.config.loading import load_config
+from rlplane.dataplane import make_data_plane
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, ROLLOUT_COLUMNS, TOKEN_MASK
 from rlplane.datasets import build_datasets
 from rlplane.workers.base import load_configured_policy
 
@@ -28,7 +31,8 @@ def make_collector(*extra, start_version=0):
     cfg = make_cfg(*extra)
     _, tok = load_configured_policy(cfg)
     loader, _, _ = build_datasets(cfg, tok)
-    return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0), loader
+    plane = make_data_plane("memory")  # the run's shared plane; the collector registers its partition
+    return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0, data_plane=plane, partition_id="train"), loader
 
 
 def wait_until(cond, timeout=20.0):
@@ -63,11 +67,15 @@ def test_collector_fills_targets_then_idles_and_follows_refits():
         first = c.sample(P, current_version=0)
         assert [g.generation_version for g in first.groups] == [0] * P and first.avg_trajectory_age == 0
         g = first.groups[0]
-        assert len(g.columns["input_ids"]) == G and g.carry["rewards"].shape == (G,)
+        assert len(g.meta) == G and g.carry["rewards"].shape == (G,)
+        # The columns are in the shared plane under the group's keys (target 0, first batch, its prompt).
+        assert g.meta.sample_ids == tuple(f"t0/b1/e0/p{g.prompt_idx}_g{i}" for i in range(G))
+        cols = c.dp.get_samples(g.meta, None, list(ROLLOUT_COLUMNS))
         # Token mask marks the response; generation logprobs are 0 on the prompt and < 0 on the response.
-        tm, lp = g.columns["token_mask"][0], g.columns["generation_logprobs"][0]
-        assert tm.shape == lp.shape == g.columns["input_ids"][0].shape
-        assert (lp[tm == 0] == 0).all() and (lp[tm == 1] < 0).all()
+        n = g.meta.seq_lens[0]
+        tm, lp = cols[TOKEN_MASK][0, :n], cols[GENERATION_LOGPROBS][0, :n]
+        assert cols[INPUT_IDS].shape[0] == G and (lp[tm == 0] == 0).all() and (lp[tm == 1] < 0).all()
+        assert g.carry["generated_tokens"].tolist() == cols[TOKEN_MASK].sum(dim=1).tolist()
 
         # Refit to version 1: serves steps 1 (already covered by version 0) and 2.
         model, _ = load_configured_policy(make_cfg("grpo.seed=7"))
@@ -168,19 +176,24 @@ def test_too_many_failures_stop_the_collector_with_a_one_line_reason():
         c.stop()
 
 
-def test_state_dict_restores_buffer_loader_and_pending_prompts():
+def test_state_dict_restores_buffer_loader_and_pending_prompts(tmp_path):
     c, _ = make_collector()
     try:
         c.start()
         wait_until(lambda: c.counters["groups_generated"] == 2 * P)
         used = c.sample(P, current_version=0)
-        state = c.state_dict()
+        c.save_state(str(tmp_path / "replay_buffer.pt"))  # the columns read back from the plane, into the file
+        saved = {g.meta.sample_ids: c.dp.get_samples(g.meta, None, list(ROLLOUT_COLUMNS)) for g in c.buffer._groups}
     finally:
         c.stop()
+    state = torch.load(tmp_path / "replay_buffer.pt", weights_only=True)
     assert len(state["replay_buffer"]["groups"]) == P
-    torch.save(state, "/dev/null")
-    d, _ = make_collector(start_version=1)
-    assert d.load_state_dict(state, current_version=1) == 0
+    d, _ = make_collector(start_version=1)  # a fresh plane: a resumed run's
+    assert d.load_state(str(tmp_path / "replay_buffer.pt"), current_version=1) == (P, 0)
+    # Written back under the same keys, the same columns.
+    for g in d.buffer._groups:
+        back = d.dp.get_samples(g.meta, None, list(ROLLOUT_COLUMNS))
+        assert all(torch.equal(back[k], saved[g.meta.sample_ids][k]) for k in ROLLOUT_COLUMNS)
     try:
         d.start()
         # Resumed at version 1: serves steps 1 (covered by the restored groups) and 2 (needs P).
@@ -190,8 +203,28 @@ def test_state_dict_restores_buffer_loader_and_pending_prompts():
         ids = [g.prompt_idx for g in used.groups] + [g.prompt_idx for g in d.buffer._groups]
         c3, loader3 = make_collector()
         assert ids == [x.idx for _ in range(3) for x in next(loader3)]
+        # The batch counter went on from the checkpoint's: no key of the new batch repeats an old one.
+        assert {k for g in d.buffer._groups for k in g.meta.sample_ids}.isdisjoint(saved) and d._batches == 3
     finally:
         d.stop()
+
+
+def test_evicted_groups_are_cleared_from_the_data_plane():
+    c, _ = make_collector()
+    try:
+        c.start()
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+        c.pause()
+        stale = [g.meta for g in c.buffer._groups if g.target_version == 0]
+        assert len(stale) == P
+        # The trainer skips to step 1: step 0's groups missed their step and are evicted, keys and all.
+        out = c.sample(P, current_version=1)
+        assert out.evicted == P and all(g.target_version == 1 for g in out.groups)
+        live = set(c.dp.list_samples("train"))
+        assert live == {k for g in out.groups for k in g.meta.sample_ids}
+        assert live.isdisjoint(k for m in stale for k in m.sample_ids)
+    finally:
+        c.stop()
 
 
 def test_pause_holds_new_generation_until_resume():

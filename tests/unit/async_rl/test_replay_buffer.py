@@ -8,15 +8,17 @@ import time
 import torch
 
 from rlplane.async_rl import ReplayBuffer, TrajectoryGroup, buffer_capacity
+from rlplane.dataplane import KVBatchMeta
 
 
 def group(idx: int, gen: int, target: int) -> TrajectoryGroup:
-    G = 2
+    G = 2  # a receipt only: the columns would be in the data plane under these keys
     return TrajectoryGroup(
         prompt_idx=idx,
         generation_version=gen,
         target_version=target,
-        columns={"input_ids": [torch.tensor([idx, i]) for i in range(G)]},
+        meta=KVBatchMeta("train", None, [f"t{target}/p{idx}_g{i}" for i in range(G)], seq_lens=[3 + idx, 4],
+                         tags=[{"sample_mask": 1.0}] * G),
         carry={"rewards": torch.tensor([float(idx), 0.0])},
     )
 
@@ -65,13 +67,17 @@ def test_stalls_until_enough_groups_target_the_step():
     assert [g.prompt_idx for g in out.groups] == [0, 2]
 
 
-def test_age_eviction():
-    buf = ReplayBuffer(max_size=10)
+def test_age_eviction_releases_the_evicted_groups_keys():
+    released = []
+    buf = ReplayBuffer(max_size=10, release=released.extend)
     buf.add(group(0, gen=1, target=3))  # age 2 at step 3: too old for max_age 1
     buf.add(group(1, gen=2, target=3))  # age 1
     buf.add(group(2, gen=3, target=3))  # age 0
+    buf.add(group(3, gen=2, target=2))  # its step has passed
     out = buf.sample(2, current_version=3, max_age_steps=1)
-    assert out.evicted == 1
+    assert out.evicted == 2
+    # Their receipts go to release (the collector clears the keys); the sampled ones stay with the trainer.
+    assert [m.sample_ids for m in released] == [("t3/p0_g0", "t3/p0_g1"), ("t2/p3_g0", "t2/p3_g1")]
     assert [g.prompt_idx for g in out.groups] == [1, 2]
     assert out.avg_trajectory_age == 0.5 and out.max_trajectory_age == 1
 
@@ -86,7 +92,7 @@ def test_mean_age_over_mixed_versions():
 
 
 def test_save_and_restore_keeps_future_targets_and_drops_the_rest():
-    buf = ReplayBuffer(max_size=6)
+    buf = ReplayBuffer(max_size=6)  # (restore builds the kept groups only: the collector writes their columns)
     buf.add(group(0, gen=3, target=4))
     buf.add(group(1, gen=3, target=4))
     buf.add(group(2, gen=3, target=3))  # step 3 has passed when resuming at 4
@@ -101,7 +107,8 @@ def test_save_and_restore_keeps_future_targets_and_drops_the_rest():
     assert fresh.last_target_sampled == 3
     out = fresh.sample(2, current_version=4, max_age_steps=1)
     assert [g.prompt_idx for g in out.groups] == [0, 1]
-    assert torch.equal(out.groups[0].columns["input_ids"][1], torch.tensor([0, 1]))
+    # The receipt survives the round trip: keys, lengths, tags.
+    assert out.groups[0].meta == group(0, gen=3, target=4).meta
     # A smaller buffer on resume keeps the lowest targets.
     small = ReplayBuffer(max_size=2)
     assert small.load_state_dict(state, current_version=4, max_age_steps=1) == 2
@@ -117,4 +124,5 @@ def test_state_round_trips_through_torch_save(tmp_path):
     fresh.load_state_dict(state, current_version=1, max_age_steps=1)
     [g] = fresh._groups
     assert (g.prompt_idx, g.generation_version, g.target_version) == (7, 0, 1)
+    assert g.meta.sample_ids == ("t1/p7_g0", "t1/p7_g1") and g.meta.seq_lens == (10, 4)
     assert torch.equal(g.carry["rewards"], torch.tensor([7.0, 0.0]))

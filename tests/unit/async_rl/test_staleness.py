@@ -6,6 +6,7 @@ import torch
 
 from rlplane.async_rl import TrajectoryGroup
 from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
+from rlplane.dataplane import KVBatchMeta
 
 
 def test_token_age_metrics_hand_computed():
@@ -25,11 +26,13 @@ def test_token_age_metrics_hand_computed():
 
 
 def test_group_token_ages_weights_by_trained_tokens():
-    def group(version, masks, mult):
+    def group(version, generated, mult):
         return TrajectoryGroup(prompt_idx=0, generation_version=version, target_version=5,
-                               columns={"token_mask": [torch.tensor(m) for m in masks]},
-                               carry={"loss_multiplier": torch.tensor(mult)})
+                               meta=KVBatchMeta("train", None, [f"v{version}_g{i}" for i in range(len(mult))]),
+                               carry={"generated_tokens": torch.tensor(generated),
+                                      "loss_multiplier": torch.tensor(mult)})
 
-    groups = [group(4, [[0, 1, 1], [0, 1, 0]], [1.0, 1.0]), group(3, [[0, 0, 1], [1, 1, 1]], [1.0, 0.0])]
+    # generated_tokens = the token mask's sum per sample (masks [0,1,1], [0,1,0] | [0,0,1], [1,1,1])
+    groups = [group(4, [2, 1], [1.0, 1.0]), group(3, [1, 3], [1.0, 0.0])]
     ages, tokens = group_token_ages(groups, current_version=5)
     assert ages.tolist() == [1, 1, 2, 2] and tokens.tolist() == [2.0, 1.0, 1.0, 0.0]  # masked-out sample: 0 tokens
