@@ -118,12 +118,16 @@ def test_async_collector_drops_groups_with_a_failed_sample(flaky):
                              "grpo.rollout_failure_policy=drop_group"])
     _, tok = load_configured_policy(cfg)
     loader, _, _ = build_datasets(cfg, tok)
-    c = AsyncTrajectoryCollector(cfg, loader, 0, seed=0)
+    from rlplane.dataplane import make_data_plane
+
+    c = AsyncTrajectoryCollector(cfg, loader, 0, seed=0, data_plane=make_data_plane("memory"), partition_id="train")
     first = next(build_datasets(cfg, tok)[0])  # the collector's first batch of prompts
     flaky.always_fail = {first[0].ground_truth, first[2].ground_truth}
     c._generate(target=0, needed=4, version=0)
     kept = [g.prompt_idx for g in c.buffer._groups]
     assert kept == [first[1].idx, first[3].idx] and c.counters["dropped_groups"] == 2
+    # The dropped groups' keys are cleared from the data plane; the kept groups' stay.
+    assert set(c.dp.list_samples("train")) == {k for g in c.buffer._groups for k in g.meta.sample_ids}
     assert c.buffer._groups[0].rollout_metrics["dropped_groups"] == 2
     # The collector's loop asks for the 2 groups still needed: they come from the next prompts.
     c._generate(target=0, needed=2, version=0)
