@@ -65,7 +65,10 @@ class RolloutWorker:
         if model is None:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
-        self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
+        g = cfg.policy.generation
+        # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf has no engine to configure.
+        options = g.vllm_cfg.model_dump() if g.backend == "vllm" else {}
+        self.backend = create_backend(g.backend, model, tokenizer, **options)
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
         self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
@@ -75,6 +78,10 @@ class RolloutWorker:
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.backend.update_weights(state_dict)
+
+    def sleep(self) -> None:
+        """Release the generator's accelerator memory while the policy trains (vLLM sleep mode, colocated)."""
+        self.backend.sleep()
 
     def set_weight_version(self, version: int) -> None:
         """The weight version the next rollouts are seeded with (the step whose weights sample them)."""
