@@ -214,6 +214,7 @@ class VLLMGenerationBackend(GenerationBackend):
         enforce_eager: bool = True,
         enable_sleep_mode: bool = False,
     ):
+        self._dir = None  # close() may run (from __del__) after a constructor that raised early
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: refit reaches its model
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         vllm = _import_vllm()
@@ -257,7 +258,8 @@ class VLLMGenerationBackend(GenerationBackend):
                                    tied=self._tied)
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __del__(self):
         self.close()

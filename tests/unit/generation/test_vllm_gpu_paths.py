@@ -152,3 +152,14 @@ def test_gpu_only_settings_on_cpu_are_config_errors():
     assert errors[1].startswith("policy.generation.vllm_cfg.enable_sleep_mode = true with policy.device = cpu")
     assert vllm_cfg_errors("cuda", VllmConfig(tensor_parallel_size=2, enable_sleep_mode=True)) == []
     assert vllm_cfg_errors("auto", VllmConfig(tensor_parallel_size=2)) == []  # judged in the worker
+
+
+def test_a_constructor_that_failed_early_closes_cleanly():
+    # A settings error (check_engine_devices) or a missing vllm raises before the engine's model
+    # directory exists; close() (run again by __del__) must not add an AttributeError to the one line.
+    from rlplane.generation.vllm_backend import VLLMGenerationBackend
+
+    backend = object.__new__(VLLMGenerationBackend)
+    with pytest.raises((ImportError, ConfigError, AttributeError)):
+        backend.__init__(None, None, tensor_parallel_size=8)
+    backend.close()
