@@ -163,3 +163,19 @@ def test_a_constructor_that_failed_early_closes_cleanly():
     with pytest.raises((ImportError, ConfigError, AttributeError)):
         backend.__init__(None, None, tensor_parallel_size=8)
     backend.close()
+
+
+def test_sleep_mode_with_async_grpo_is_a_config_error():
+    # Checked through the async rules directly: backend=vllm cannot load where vllm is not installed.
+    from types import SimpleNamespace as NS
+
+    from rlplane.config.schema import _async_grpo_errors
+
+    def cfg(sleep):
+        return NS(loss_fn=NS(use_importance_sampling_correction=True, force_on_policy_ratio=False),
+                  grpo=NS(use_dynamic_sampling=False),
+                  policy=NS(generation=NS(backend="vllm", vllm_cfg=NS(enable_sleep_mode=sleep))))
+
+    assert _async_grpo_errors(cfg(False)) == []
+    (err,) = _async_grpo_errors(cfg(True))
+    assert err.startswith("policy.generation.vllm_cfg.enable_sleep_mode cannot run with grpo.async_grpo.enabled")
