@@ -58,3 +58,17 @@ run default-split "${RAY_GPU[@]}" grpo.max_num_steps="$STEPS"
 run default-colocated policy.device=cuda grpo.max_num_steps="$STEPS"
 run smollm2-split --config grpo_smollm2_reasoning_gym "${RAY_GPU[@]}" grpo.max_num_steps="$STEPS"
 run smollm2-colocated --config grpo_smollm2_reasoning_gym policy.device=cuda grpo.max_num_steps="$STEPS"
+
+# vllm backend (when vllm imports): colocated in one process, so a refit hands the engine the policy's
+# CUDA tensors (no host copy) and the engine sleeps while the policy trains (vllm_cfg.enable_sleep_mode);
+# gpu_memory_utilization leaves the trainer room. The SmolLM2 run also captures CUDA graphs
+# (enforce_eager=false, NeMo RL's default). Never run on a GPU yet either.
+if python -c "import vllm" 2>/dev/null; then
+  VLLM=(policy.device=cuda policy.generation.backend=vllm policy.generation.vllm_cfg.gpu_memory_utilization=0.3
+        policy.generation.vllm_cfg.enable_sleep_mode=true)
+  run default-vllm-colocated "${VLLM[@]}" grpo.max_num_steps="$STEPS"
+  run smollm2-vllm-colocated --config grpo_smollm2_reasoning_gym "${VLLM[@]}" \
+    policy.generation.vllm_cfg.enforce_eager=false grpo.max_num_steps="$STEPS"
+else
+  echo "== vllm runs skipped: vllm is not importable (pip install 'rlplane[vllm]')"
+fi

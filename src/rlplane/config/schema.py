@@ -24,6 +24,7 @@ from rlplane.config.data import DataConfig, task_names_of
 from rlplane.config.envs import EnvConfig
 from rlplane.config.logger import LoggerConfig
 from rlplane.config.recipes import RECIPES, owner_of
+from rlplane.config.vllm import VllmConfig, vllm_cfg_errors
 
 AlgorithmName = Literal[tuple(RECIPES)]  # type: ignore[valid-type]
 
@@ -45,6 +46,7 @@ class GenerationConfig(StrictModel):
         1800.0, gt=0, description="Seconds one generate call (a turn of a rollout batch) may take before the run "
         "stops with an error (null = wait forever)."
     )
+    vllm_cfg: VllmConfig = Field(default_factory=VllmConfig, description="The vLLM engine (backend: vllm only).")
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
@@ -463,6 +465,8 @@ class RunConfig(StrictModel):
         if p.dtensor_cfg.enabled and name == "grpo" and g.async_grpo.enabled:
             errors.append("policy.dtensor_cfg.enabled is not supported with grpo.async_grpo.enabled (the collector "
                           "refits from rank 0 alone, an FSDP gather needs every rank); disable one of them")
+        if p.generation.backend == "vllm":
+            errors.extend(vllm_cfg_errors(p.device, p.generation.vllm_cfg))
         if p.dp_size > 1 and self.runtime == "local":
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
         if name == "grpo":
@@ -536,4 +540,7 @@ def _async_grpo_errors(cfg: RunConfig) -> list[str]:
     if cfg.loss_fn.force_on_policy_ratio:
         errors.append("loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the "
                       "prev logprobs with the current weights); set it to false")
+    if cfg.policy.generation.backend == "vllm" and cfg.policy.generation.vllm_cfg.enable_sleep_mode:
+        errors.append("policy.generation.vllm_cfg.enable_sleep_mode cannot run with grpo.async_grpo.enabled (the "
+                      "collector generates while the policy trains, so the engine never sleeps); set it to false")
     return errors

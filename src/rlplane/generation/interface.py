@@ -82,6 +82,10 @@ class GenerationBackend(abc.ABC):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Refit: load new policy weights into the generator's model."""
 
+    def sleep(self) -> None:
+        """Release the accelerator memory the backend holds while the policy trains on the same device
+        (vLLM's sleep mode); the next ``generate`` or ``update_weights`` takes it back. Nothing by default."""
+
 
 def default_stop_token_ids(model, tokenizer) -> list[int]:
     """The token ids that end a generation by default: the tokenizer's eos plus the model's

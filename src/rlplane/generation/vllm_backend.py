@@ -14,6 +14,15 @@ every layer that has a ``cpu_linear``, which repacks from the new weight
 (``reference/machine_notes.md`` §5). The prefix cache is reset after every refit: its KV blocks
 were computed with the old weights.
 
+On a GPU (``policy.generation.vllm_cfg``): ``gpu_memory_utilization``, ``tensor_parallel_size`` and
+``enable_sleep_mode`` go to the engine, after :func:`check_engine_devices` has checked that the
+process sees the GPUs they need. A refit from the trainer in the same process (``runtime: local``,
+one GPU) hands the engine the policy's tensors where they are: on the GPU they are copied
+device-to-device by ``load_weights``, with no round trip through host memory (:func:`refit_items`).
+With sleep mode the engine sleeps while the policy trains (:meth:`VLLMGenerationBackend.sleep`) and
+wakes on the next refit or generation (:class:`EngineHandle`). None of the GPU paths has run on a
+GPU yet; their logic is tested against a recording fake engine.
+
 Logprobs are vLLM's ``processed_logprobs``: ``log_softmax`` of the logits after temperature and
 top-k / top-p, the same quantity the ``hf`` backend reports. One difference: for greedy
 requests vLLM reports the unscaled (temperature 1) logprobs; greedy decoding is used for
@@ -30,6 +39,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from rlplane.config.loading import ConfigError
+from rlplane.config.vllm import VLLM_CFG
 from rlplane.generation.interface import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -101,12 +112,92 @@ def _model_len(requested: int | None, model_max: int | None) -> int | None:
     return min(requested, int(model_max))
 
 
+# ---- GPUs, refit and sleep -----------------------------------------------------------------------
+def check_engine_devices(*, tensor_parallel_size: int, enable_sleep_mode: bool, visible_gpus: int,
+                         sleep_mode_available: bool) -> None:
+    """In the process that builds the engine: a one-line :class:`ConfigError` when ``vllm_cfg`` asks for
+    more GPUs than this process sees (``visible_gpus``: 0 on a CPU-only machine or a Ray actor given
+    none), or for sleep mode on a platform vLLM has none for (``current_platform.is_sleep_mode_available()``:
+    CUDA and ROCm; not the CPU build)."""
+    tp = tensor_parallel_size
+    if tp > 1 and visible_gpus < tp:
+        where = "no GPU" if visible_gpus == 0 else f"{visible_gpus} GPU(s)"
+        raise ConfigError([
+            f"{VLLM_CFG}.tensor_parallel_size = {tp}: the rollout worker sees {where} (CUDA_VISIBLE_DEVICES, or the "
+            f"GPUs Ray gave its actor); lower tensor_parallel_size to {max(visible_gpus, 1)} or give it {tp} GPUs"
+        ])
+    if enable_sleep_mode and not sleep_mode_available:
+        raise ConfigError([
+            f"{VLLM_CFG}.enable_sleep_mode = true: this vLLM build has no sleep mode on this device (vLLM offers it "
+            "on CUDA and ROCm GPUs only, not the CPU build); set enable_sleep_mode=false"
+        ])
+
+
+def refit_items(state_dict: Mapping[str, torch.Tensor], *, tied: bool,
+                engine_in_process: bool) -> list[tuple[str, torch.Tensor]]:
+    """The ``(name, tensor)`` pairs a refit hands ``load_weights``.
+
+    ``lm_head.weight`` is dropped for a tied model (the engine ties it to the embedding). With the
+    engine's model in this process (``tensor_parallel_size`` 1; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    the tensors go as they are, not copied: ``load_weights`` copies each into its parameter, GPU to
+    GPU when the trainer's weights are already on the engine's GPU (no host round trip), host to
+    GPU otherwise. With ``tensor_parallel_size`` > 1 the model lives in one worker process per GPU
+    and the pairs are pickled to each, which slices out its shard: they go as host tensors (a CUDA
+    tensor would be rebuilt on each receiver's current GPU, every rank's whole copy at once).
+    """
+    items = []
+    for name, t in state_dict.items():
+        if tied and name == "lm_head.weight":
+            continue
+        items.append((name, t if engine_in_process or t.device.type == "cpu" else t.to("cpu")))
+    return items
+
+
+class EngineHandle:
+    """The running engine's refit and sleep state.
+
+    ``sleep()`` (sleep mode only) calls ``llm.sleep(level=1)``: weights offloaded to host memory, the
+    KV cache freed, so a trainer on the same GPU has the memory. Whatever comes next wakes it: a refit
+    wakes the weights first (``wake_up(tags=["weights"])``) and loads into them, then the KV cache
+    (new weights, so it starts empty); a generation wakes both. Waking a model that then gets new
+    weights reloads the old ones from host memory first; NeMo RL's level-1 refit does the same.
+    """
+
+    def __init__(self, llm, *, sleep_mode: bool, engine_in_process: bool, tied: bool):
+        self.llm, self.sleep_mode = llm, sleep_mode
+        self.engine_in_process, self.tied = engine_in_process, tied
+        self.asleep = False
+
+    def sleep(self) -> None:
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        items = refit_items(state_dict, tied=self.tied, engine_in_process=self.engine_in_process)
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.apply_model(functools.partial(_load_weights, items=items))
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()  # its KV blocks were computed with the old weights
+
+
 class VLLMGenerationBackend(GenerationBackend):
     """Batched sampling with a vLLM engine built from ``model``'s weights, refit by ``update_weights``.
 
     ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds);
     ``max_model_len`` defaults to the model's ``max_position_embeddings``. The engine's dtype is
     the model's compute dtype (its autocast dtype under ``policy.precision: bf16``).
+    ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager`` and ``enable_sleep_mode``
+    are ``policy.generation.vllm_cfg``'s; all but ``enforce_eager`` reach the engine only when this
+    process sees a GPU (the CPU build gets the arguments it was tested with).
     """
 
     def __init__(
@@ -118,11 +209,23 @@ class VLLMGenerationBackend(GenerationBackend):
         max_model_len: int | None = None,
         max_num_seqs: int = 256,
         seed: int = 0,
+        gpu_memory_utilization: float = 0.6,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = True,
+        enable_sleep_mode: bool = False,
     ):
+        self._dir = None  # close() may run (from __del__) after a constructor that raised early
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: refit reaches its model
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         vllm = _import_vllm()
         self._vllm = vllm
+        from vllm.platforms import current_platform
+
+        visible_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        check_engine_devices(tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=enable_sleep_mode,
+                             visible_gpus=visible_gpus, sleep_mode_available=current_platform.is_sleep_mode_available())
+        gpu_options = dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                           enable_sleep_mode=enable_sleep_mode) if visible_gpus else {}
         self.tokenizer = tokenizer
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -141,27 +244,34 @@ class VLLMGenerationBackend(GenerationBackend):
                 model=self._dir,
                 dtype=str(dtype).removeprefix("torch."),
                 logprobs_mode="processed_logprobs",
-                enforce_eager=True,
+                enforce_eager=enforce_eager,
                 max_model_len=_model_len(max_model_len, getattr(model.config, "max_position_embeddings", None)),
                 max_num_seqs=max_num_seqs,
                 generation_config="vllm",  # ignore the model's generation_config defaults
                 seed=seed,
+                **gpu_options,
             )
         finally:
             torch.set_num_threads = set_num_threads
         self._max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.engine = EngineHandle(self.llm, sleep_mode=enable_sleep_mode, engine_in_process=tensor_parallel_size == 1,
+                                   tied=self._tied)
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __del__(self):
         self.close()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load ``state_dict`` (HF names) into the running engine, then drop its stale prefix cache."""
-        items = [(k, v) for k, v in state_dict.items() if not (self._tied and k == "lm_head.weight")]
-        self.llm.apply_model(functools.partial(_load_weights, items=items))
-        self.llm.reset_prefix_cache()
+        """Load ``state_dict`` (HF names) into the running engine (waking it if asleep), then drop its
+        stale prefix cache."""
+        self.engine.load_weights(state_dict)
+
+    def sleep(self) -> None:
+        """Free the GPU for the trainer (``vllm_cfg.enable_sleep_mode``; otherwise nothing)."""
+        self.engine.sleep()
 
     def generate(
         self,
@@ -220,6 +330,7 @@ class VLLMGenerationBackend(GenerationBackend):
                 )
             )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        self.engine.wake_up()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(call_seed)
             outs = self.llm.generate(prompts, params, use_tqdm=False)

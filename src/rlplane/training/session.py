@@ -25,6 +25,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
 from rlplane.envs.user import check_user_tasks, user_task_error_in
 from rlplane.runtime.groups import init_ray
+from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
 from rlplane.training.loop import validate
 from rlplane.training.prompts import Prompts
@@ -55,7 +56,7 @@ class Session:
         # Tokenizer, the checkpoint to resume, data and user tasks first: their errors surface before
         # anything slow starts (or any log file is written).
         model, self.tokenizer = load_configured_policy(cfg)
-        self.workers = None
+        self.workers = self.shared_paths = None
         self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)
@@ -72,8 +73,16 @@ class Session:
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":
             check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None)
+        worker_cfg = cfg
+        if cfg.runtime == "ray":
+            # Workers may run on other nodes: they get absolute paths (a local model directory resolved
+            # here, the run's directories already are) and first check that they see what the driver wrote.
+            self.shared_paths = write_probes(self._probed_dirs())
+            worker_cfg = with_driver_model_path(cfg)
+            teacher_cfg = teacher_cfg and with_driver_model_path(teacher_cfg)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
-        self.workers = Workers(cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg)
+        self.workers = Workers(worker_cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg,
+                               shared_paths=self.shared_paths)
         self.refit = Refit(self.workers)
         self.checkpoints.attach(self.workers, self.prompts)
         self.initial_validation: dict[str, float] = {}
@@ -85,6 +94,23 @@ class Session:
     def say(self, msg: str) -> None:
         self.log.say(msg)
 
+    def _probed_dirs(self) -> dict:
+        """The directories workers write into: the run directory, and the checkpoints wherever they go."""
+        dirs = {"run directory": self.paths.run_dir}
+        if self.cfg.checkpointing.enabled or self.cfg.checkpointing.resume:
+            dirs["checkpoint directory"] = self.paths.checkpoint_dir
+        return dirs
+
+    def _start_workers(self, state: dict | None = None, teacher_state: dict | None = None) -> None:
+        """Start every worker; under Ray, wait for the rollout actor too (a single actor is not awaited
+        when made), so a worker that cannot see the run's files stops the run here, in one line."""
+        try:
+            self.workers.start(state, teacher_state)
+            if self.cfg.runtime != "local":
+                self.workers.rollout.call("ping")
+        except Exception as e:  # Ray's text of an actor's constructor error: its one line, not the trace
+            raise node_path_error_in(e) or user_task_error_in(e) or e from None
+
     # ---- start: resume, or warm up -----------------------------------------------------------------
     def start(self) -> int:
         """Resume from the latest checkpoint (``checkpointing.resume``) or warm up; start the workers;
@@ -92,7 +118,7 @@ class Session:
         cfg = self.cfg
         latest = self._resume_from
         if latest is not None:
-            self.workers.start(init_state=None)
+            self._start_workers()
             info = self.checkpoints.restore(latest)
             self.initial_validation = info.get("initial_validation", {})
             self.warmup_result = info.get("warmup", {})
@@ -109,7 +135,7 @@ class Session:
             if teacher_cfg is not None and teacher_cfg.warmup.enabled:
                 self.say("teacher:")
                 teacher_state, self.teacher_warmup_result = warm_up(teacher_cfg, self.prompts, self.say)
-            self.workers.start(state, teacher_state)
+            self._start_workers(state, teacher_state)
             if cfg.runtime != "local":  # the rollout actor built its own weights: push the policy's now
                 self.refit.mark_stale()
                 try:
@@ -218,6 +244,8 @@ class Session:
         if self.workers is not None:
             self.workers.close()
             self.data_plane.close()
+        remove_probes(self.shared_paths)
+        self.shared_paths = None
 
     def __enter__(self) -> Session:
         return self

@@ -65,11 +65,12 @@ class Workers:
 
     ``critic``: build the value workers (PPO with GAE). ``teacher_cfg``: the teacher's run config
     (its ``policy`` section names the teacher's model) for a frozen :class:`TeacherWorker` group.
+    ``shared_paths``: the probes every worker checks first (:mod:`rlplane.runtime.shared_paths`).
     """
 
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient, *, critic: bool = False,
-                 teacher_cfg: RunConfig | None = None):
-        self.cfg, self.data_plane = cfg, data_plane
+                 teacher_cfg: RunConfig | None = None, shared_paths=None):
+        self.cfg, self.data_plane, self.shared_paths = cfg, data_plane, shared_paths
         self.critic, self.teacher_cfg = critic, teacher_cfg
         self.policy = self.rollout = self.value = self.teacher = None
         # Whether the generator samples from the policy's own module (hf, colocated): then a refit costs nothing.
@@ -87,7 +88,7 @@ class Workers:
 
         def per_rank(run_cfg, state):
             return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n,
-                         init_state=state) for r in range(n)]
+                         init_state=state, shared_paths=self.shared_paths) for r in range(n)]
 
         gpus = 0.0
         if runtime != "local":
@@ -112,7 +113,8 @@ class Workers:
             # Its own weights, built from the config: the refit part pushes the policy's into it at start.
             # The driver's working directory is importable there too (user tasks by import path).
             self.rollout = make_actor(runtime, RolloutWorker, dict(cfg=cfg, data_plane=self.data_plane,
-                                                                   seed=cfg.loop.seed), num_cpus=RAY_CPUS_ROLLOUT,
+                                                                   seed=cfg.loop.seed, shared_paths=self.shared_paths),
+                                      num_cpus=RAY_CPUS_ROLLOUT,
                                       env_vars=import_path_env())
         if self.teacher_cfg is not None:
             self.teacher = make_group(runtime, TeacherWorker, per_rank(self.teacher_cfg, teacher_state),

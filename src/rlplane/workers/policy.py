@@ -40,6 +40,7 @@ from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.runtime.devices import resolve_device
+from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
@@ -134,7 +135,10 @@ class PolicyWorker(DPTrainWorker):
         rank: int = 0,
         world_size: int = 1,
         init_state: dict[str, torch.Tensor] | None = None,
+        shared_paths: SharedPaths | None = None,
     ):
+        # First: on another node, a run directory or model this worker cannot see is one line, not a traceback.
+        check_shared_paths(shared_paths, "policy worker", cfg.policy.model_name)
         self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
         set_worker_threads(cfg.policy.threads_per_worker)
         self.device = resolve_device(cfg.policy.device)

@@ -38,6 +38,7 @@ from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
+from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
@@ -60,22 +61,36 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0):
+    def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0,
+                 shared_paths: SharedPaths | None = None):
+        # First: on another node, a run directory or model this worker cannot see is one line, not a traceback.
+        check_shared_paths(shared_paths, "rollout worker", cfg.policy.model_name)
         self.cfg, self.dp = cfg, data_plane
         set_worker_threads(cfg.policy.threads_per_worker)
         if model is None:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
-        self.backend = create_backend(cfg.policy.generation.backend, model, tokenizer)
+        g = cfg.policy.generation
+        # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf has no engine to configure.
+        options = g.vllm_cfg.model_dump() if g.backend == "vllm" else {}
+        self.backend = create_backend(g.backend, model, tokenizer, **options)
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
         self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
         self._envs: dict[str, object] = {}
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
+    def ping(self) -> int:
+        """Answers once the constructor has finished (a constructor that raised raises here, under Ray)."""
+        return 0
+
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.backend.update_weights(state_dict)
+
+    def sleep(self) -> None:
+        """Release the generator's accelerator memory while the policy trains (vLLM sleep mode, colocated)."""
+        self.backend.sleep()
 
     def set_weight_version(self, version: int) -> None:
         """The weight version the next rollouts are seeded with (the step whose weights sample them)."""

@@ -168,6 +168,9 @@ for cid, ov in [
     ("config/operands-reversed", "data.arithmetic.min_operand=50"),
     ("config/operator-unknown", "data.arithmetic.operators=[/]"),
     ("config/rg-seeds-equal", "data.reasoning_gym.val_seed=0"),
+    ("config/vllm-gpu-mem-zero", "policy.generation.vllm_cfg.gpu_memory_utilization=0"),
+    ("config/vllm-gpu-mem-above-1", "policy.generation.vllm_cfg.gpu_memory_utilization=1.5"),
+    ("config/vllm-tp-zero", "policy.generation.vllm_cfg.tensor_parallel_size=0"),
 ]:
     extra = ["data.arithmetic.max_operand=10"] if cid == "config/operands-reversed" else []
     extra += ["data.dataset=reasoning_gym"] if cid == "config/rg-seeds-equal" else []
