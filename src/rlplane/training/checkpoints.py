@@ -17,6 +17,7 @@ from rlplane.config.loading import dump_config
 from rlplane.config.schema import RunConfig
 from rlplane.training.prompts import Prompts
 from rlplane.training.workers import Workers
+from rlplane.utils.kill_points import kill_point
 from rlplane.utils.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -104,6 +105,7 @@ class Checkpoints:
             (tmp / "config.yaml").write_text(dump_config(self.cfg))
             for name, group in self.workers.trained_groups().items():
                 group.run("save", str(tmp / name))
+            kill_point("checkpoint_write")
             torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")},
                        tmp / "rng.pt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,29 @@ def test_damaged_index_or_missing_shard_is_a_checkpoint_error(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="index.json is damaged"):
         weight_files(tmp_path)
+
+
+def test_prune_cut_mid_delete_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """A kill while retention deletes a checkpoint (issue 20): rmtree had already removed its
+    training_info.json, so every later save's ranking read that half directory and stopped the run."""
+    m = CheckpointManager(tmp_path, keep_top_k=1, metric_name="val:accuracy", higher_is_better=True)
+    m.save(1, {"step": 1, "metrics": {"val:accuracy": 0.1}}, fill("one"))
+
+    def killed_mid_delete(path, *args, **kwargs):  # the first file went, then the kill
+        (Path(path) / "training_info.json").unlink()
+        raise KeyboardInterrupt("killed")
+
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", killed_mid_delete)
+    with pytest.raises(KeyboardInterrupt):
+        m.save(2, {"step": 2, "metrics": {"val:accuracy": 0.2}}, fill("two"))  # keep_top_k=1: step_1 goes
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+
+    fresh = CheckpointManager(tmp_path, keep_top_k=1, metric_name="val:accuracy", higher_is_better=True)
+    assert fresh.steps() == [2]  # the half-deleted step_1 is no checkpoint
+    fresh.repair()
+    fresh.save(3, {"step": 3, "metrics": {"val:accuracy": 0.3}}, fill("three"))  # ranks every checkpoint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
 
 
 def test_resave_cut_between_its_renames_keeps_the_newest_checkpoint(tmp_path, monkeypatch):
