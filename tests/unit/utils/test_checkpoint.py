@@ -180,6 +180,25 @@ def test_resume_drops_the_metrics_rows_of_the_killed_stretch(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["x"] == 40
 
 
+def test_resume_drops_the_prompt_and_sample_rows_of_the_killed_stretch(tmp_path):
+    """prompts.jsonl (what each step trained on, issue 20) and samples.jsonl go back to the checkpoint
+    like metrics.jsonl: a redone step must not show its prompts or samples twice."""
+    log = MetricsLogger(tmp_path, jsonl=True, tensorboard=False)
+    for step in range(1, 6):
+        log.log({"x": step}, step)
+        log.log_prompts(step, {"drawn": [[0, step]], "trained": [[0, step]]})
+        log.log_samples("train", step, [{"prompt": f"p{step}"}])
+    log.close()
+    log = MetricsLogger(tmp_path, jsonl=True, tensorboard=False)
+    assert log.drop_after(3) == 2
+    log.log_prompts(4, {"drawn": [[0, 40]], "trained": [[0, 40]]})
+    log.close()
+    prompts = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["drawn"]) for r in prompts] == [(1, [[0, 1]]), (2, [[0, 2]]), (3, [[0, 3]]), (4, [[0, 40]])]
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [1, 2, 3]
+
+
 def test_resumed_run_logs_each_step_once(tmp_path):
     from rlplane.recipes.grpo import train
 
@@ -193,4 +212,6 @@ def test_resumed_run_logs_each_step_once(tmp_path):
           quiet=True)
     steps = [r["step"] for r in read_metrics(run / "logs")]
     assert steps == [1, 2, 3]
+    prompts = [json.loads(line) for line in (run / "logs" / "prompts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in prompts] == [1, 2, 3] and all(len(r["trained"]) == 2 for r in prompts)
     assert json.loads((run / "checkpoints" / "step_3" / "training_info.json").read_text())["step"] == 3
