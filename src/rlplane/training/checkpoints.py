@@ -17,7 +17,6 @@ from rlplane.config.loading import dump_config
 from rlplane.config.schema import RunConfig
 from rlplane.training.prompts import Prompts
 from rlplane.training.workers import Workers
-from rlplane.utils.kill_points import kill_point
 from rlplane.utils.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -25,6 +24,7 @@ from rlplane.utils.checkpoint import (
     load_torch_state,
     weight_shapes,
 )
+from rlplane.utils.kill_points import kill_point
 from rlplane.workers.parallel import LAYOUT_FILE, check_resume_layout
 
 

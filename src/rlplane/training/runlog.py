@@ -36,7 +36,7 @@ class RunLog:
         return bool(every) and (self.last_logged_step + 1) % every == 0
 
     def log_prompts(self, step: int, record: dict) -> None:
-        """The prompts step ``step`` drew and trained on (``logs/prompts.jsonl``, see :mod:`rlplane.training.prompts`)."""
+        """The prompts step ``step`` drew and trained on: ``logs/prompts.jsonl`` (:mod:`rlplane.training.prompts`)."""
         self.logger.log_prompts(step, record)
 
     def log(self, metrics: dict, step: int) -> None:

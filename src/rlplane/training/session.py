@@ -31,8 +31,8 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
-from rlplane.utils.kill_points import kill_point
 from rlplane.training.workers import Workers, check_ray_resources
+from rlplane.utils.kill_points import kill_point
 from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.seeding import seed_everything
 from rlplane.utils.threads import set_worker_threads
