@@ -4,7 +4,8 @@ The exactly-once kill test (``tests/functional/test_kill_resume.py``) kills a ru
 and resumes it; random delays rarely land inside a short stretch such as a checkpoint's rename, so
 the code names those stretches with :func:`kill_point`. The points, in the order a step reaches them:
 
-    refit             Refit.if_stale, before the generator may get the policy's weights
+    refit             Refit.if_stale, before the generator may get the policy's weights (a no-op
+                      under runtime: local with hf, whose generator shares the policy's module)
     generation        RolloutWorker.rollout, responses generated and scored, not yet in the data plane
     refill            collect_rollouts, before a dynamic-sampling (or drop_group) refill batch is drawn
     train             after the policy (and critic) trained, before the step is logged
