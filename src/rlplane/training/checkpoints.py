@@ -24,6 +24,7 @@ from rlplane.utils.checkpoint import (
     load_torch_state,
     weight_shapes,
 )
+from rlplane.utils.kill_points import kill_point
 from rlplane.workers.parallel import LAYOUT_FILE, check_resume_layout
 
 
@@ -105,6 +106,7 @@ class Checkpoints:
             (tmp / "config.yaml").write_text(dump_config(self.cfg))
             for name, group in self.workers.trained_groups().items():
                 group.run("save", str(tmp / name))
+            kill_point("checkpoint_write")
             torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
             torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")},
                        tmp / "rng.pt")

@@ -1,5 +1,12 @@
 """The session's data: the training prompt stream (an endless pass over the loader) and the
-held-out problems, built from ``data.*`` before anything slow starts."""
+held-out problems, built from ``data.*`` before anything slow starts.
+
+The stream also keeps the step's record for ``logs/prompts.jsonl`` (:meth:`Prompts.take_step_record`):
+every prompt the step drew, as ``[epoch, idx]`` in draw order, and those it trained on (dynamic
+sampling drops all-equal groups and the overflow of its last batch). With the loader's position in
+each checkpoint and the rows of a killed stretch dropped on resume, those rows show that every
+prompt of a run was trained exactly once, however often it was killed.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ class Prompts:
     def __init__(self, cfg: RunConfig, tokenizer):
         self.loader, self.val_datums, self.stats = build_datasets(cfg, tokenizer)
         self._iter = iter(self.loader)
+        self._drawn: list[list[int]] = []  # this step's draws, [epoch, idx]
+        self._trained: list[int] | None = None  # positions in _drawn of the prompts trained on (None: all)
 
     @property
     def dataset(self):
@@ -19,10 +28,25 @@ class Prompts:
     def next(self) -> list:
         """The next batch of prompts; a new epoch starts when the loader runs out."""
         try:
-            return next(self._iter)
+            batch = next(self._iter)
         except StopIteration:
             self._iter = iter(self.loader)
-            return next(self._iter)
+            batch = next(self._iter)
+        self._drawn += [[d.epoch, d.idx] for d in batch]
+        return batch
+
+    def note_trained(self, positions: list[int]) -> None:
+        """The step trains on the prompts drawn at ``positions`` (in draw order) only."""
+        self._trained = sorted(positions)
+
+    def take_step_record(self) -> dict | None:
+        """The step's ``{"drawn": [[epoch, idx], ...], "trained": [...]}`` (None if it drew none), and
+        a fresh record for the next step."""
+        drawn, trained = self._drawn, self._trained
+        self._drawn, self._trained = [], None
+        if not drawn:
+            return None
+        return {"drawn": drawn, "trained": drawn if trained is None else [drawn[i] for i in trained]}
 
     def state_dict(self) -> dict:
         return self.loader.state_dict()

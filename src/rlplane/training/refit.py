@@ -8,6 +8,7 @@ before its next generation; under Ray they go from the policy actor to the rollo
 from __future__ import annotations
 
 from rlplane.training.workers import Workers
+from rlplane.utils.kill_points import kill_point
 
 
 class Refit:
@@ -21,6 +22,7 @@ class Refit:
 
     def if_stale(self) -> None:
         """Push the policy's weights into the generator if it does not have them yet."""
+        kill_point("refit")
         if self.stale:
             w = self.workers
             if w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1:

@@ -24,6 +24,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, TOKEN_MASK
 from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
+from rlplane.utils.kill_points import kill_point
 from rlplane.workers.failures import FAILED_GROUPS_HINT, FAILURE_COUNTS, add_failure_counts
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def collect_rollouts(
             s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
             raise DataExhausted(f"{cfg.algorithm}.max_num_epochs = {g.max_num_epochs} "
                                 "passes over the training data done")
+        if metas:  # a refill: the batches drawn so far did not give the step its target
+            kill_point("refill")
         datums = s.prompts.next()
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
@@ -123,6 +126,7 @@ def collect_rollouts(
         s.data_plane.clear_samples(overflow, TRAIN_PARTITION)
     meta = concat_metas([m.subset(idx.tolist()) for m, idx in zip(metas, selection.indices)])
     carry = {k: torch.cat([c[k][idx] for c, idx in zip(carries, selection.indices)]) for k in carries[0]}
+    s.prompts.note_trained(torch.unique(carry["group"]).tolist())  # group g = the g-th prompt drawn this step
     metrics.update({**gen_metrics, **failures})
     metrics["dynamic_sampling_num_gen_batches"] = selection.num_gen_batches
     metrics["dynamic_sampling_num_discarded_valid_samples"] = selection.num_discarded_valid_samples

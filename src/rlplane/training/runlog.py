@@ -35,6 +35,10 @@ class RunLog:
         every = self.cfg.logger.log_train_samples_every
         return bool(every) and (self.last_logged_step + 1) % every == 0
 
+    def log_prompts(self, step: int, record: dict) -> None:
+        """The prompts step ``step`` drew and trained on: ``logs/prompts.jsonl`` (:mod:`rlplane.training.prompts`)."""
+        self.logger.log_prompts(step, record)
+
     def log(self, metrics: dict, step: int) -> None:
         self.logger.log(metrics, step)
         self.last_logged_step = step

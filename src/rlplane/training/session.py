@@ -33,6 +33,7 @@ from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_ray_resources
+from rlplane.utils.kill_points import kill_point
 from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.seeding import seed_everything
 from rlplane.utils.threads import set_worker_threads
@@ -163,6 +164,7 @@ class Session:
     def begin_step(self, step: int) -> None:
         """Before step ``step``: samples are seeded by (sample key, weight version = step)."""
         self.workers.rollout.call("set_weight_version", step)
+        self.prompts.take_step_record()  # what a step that stopped early drew is no step's record
 
     def validate(self) -> dict[str, float]:
         """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
@@ -189,12 +191,16 @@ class Session:
     def end_step(self, step: int, metrics: dict[str, float]) -> None:
         """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step)."""
         g, done, end = self.cfg.loop, step + 1, self.last_step()
+        kill_point("train")
         if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
             t0 = time.perf_counter()
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
         self.log.log(metrics, step=done)
+        if (record := self.prompts.take_step_record()) is not None:
+            self.log.log_prompts(done, record)
+        kill_point("logged")  # a checkpoint not written yet: resuming drops the rows and redoes the step
         if self.checkpoints.due(done) or (done == end and self.cfg.checkpointing.enabled):
             self.save_checkpoint(done, metrics)
 

@@ -7,7 +7,9 @@ latest ``step_N`` is always whole. Re-saving a step that exists renames the old 
 (``old_step_N``), renames the new one in, then deletes the old one: a crash between the two renames
 leaves ``old_step_N`` and no ``step_N``, and :meth:`CheckpointManager.repair` (run on resume) puts
 it back, so the newest checkpoint is never lost. ``training_info.json`` holds the loop state and
-the ranking metric. Retention keeps the best ``keep_top_k`` by that metric plus the latest.
+the ranking metric. Retention keeps the best ``keep_top_k`` by that metric plus the latest; a
+checkpoint it drops is renamed ``pruned_step_N`` before it is deleted, so a kill mid-delete leaves
+no half ``step_N`` (whose ranking would stop every later save), only a directory resume removes.
 
 Layout of ``step_N/``::
 
@@ -33,8 +35,11 @@ from pathlib import Path
 
 import torch
 
+from rlplane.utils.kill_points import kill_point
+
 _STEP = re.compile(r"^step_(\d+)$")
 _OLD_STEP = re.compile(r"^old_step_(\d+)$")
+_PRUNED = "pruned_"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -114,6 +119,7 @@ class CheckpointManager:
         write(tmp)
         (tmp / "training_info.json").write_text(json.dumps(training_info, indent=2, sort_keys=True))
         fsync_tree(tmp)
+        kill_point("checkpoint_rename")
         final = self.dir / f"step_{step}"
         if final.exists():
             old = self.dir / f"old_step_{step}"
@@ -146,8 +152,8 @@ class CheckpointManager:
 
     def repair(self) -> list[str]:
         """Undo what a crash mid-save left: restore ``old_step_N`` to ``step_N`` where the re-save of
-        step N was cut between its renames, then remove ``tmp_step_*`` / other ``old_step_*``
-        directories. Returns what it did, one phrase per directory."""
+        step N was cut between its renames, then remove ``tmp_step_*`` / other ``old_step_*`` /
+        ``pruned_*`` directories. Returns what it did, one phrase per directory."""
         done = []
         if not self.dir.is_dir():
             return done
@@ -158,7 +164,7 @@ class CheckpointManager:
             if m and not (self.dir / f"step_{m.group(1)}").exists():
                 p.rename(self.dir / f"step_{m.group(1)}")
                 done.append(f"restored {p.name} (a re-save cut between its renames)")
-            elif m or p.name.startswith("tmp_step_"):
+            elif m or p.name.startswith(("tmp_step_", _PRUNED)):
                 shutil.rmtree(p)
                 done.append(f"removed incomplete {p.name}")
         if done:
@@ -187,7 +193,11 @@ class CheckpointManager:
             keep = set(steps[-self.keep_top_k :])
         for s in steps:
             if s not in keep:
-                shutil.rmtree(self.path(s))
+                path = self.path(s)
+                aside = path.with_name(_PRUNED + path.name)
+                path.rename(aside)  # atomic: from here on it is no checkpoint, whatever the delete leaves
+                kill_point("checkpoint_prune")
+                shutil.rmtree(aside)
 
 
 # ---- weights ----------------------------------------------------------------------------------------

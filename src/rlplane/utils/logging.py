@@ -1,5 +1,6 @@
 """Metric sinks: JSONL (one object per step), TensorBoard and the enabled trackers (wandb, MLflow);
-sample tables (``samples.jsonl``); progress on stderr (a bar on a terminal, else a line per N steps)."""
+sample tables (``samples.jsonl``); the prompts each step drew and trained on (``prompts.jsonl``, with
+the JSONL sink); progress on stderr (a bar on a terminal, else a line per N steps)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class MetricsLogger:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.log_dir / "metrics.jsonl", "a") if jsonl else None
         self._samples = None  # samples.jsonl, opened on the first table
+        self._prompts = None  # prompts.jsonl, opened on the first step
         self.sinks = list(sinks or [])
         self._tb = None
         if tensorboard:
@@ -27,20 +29,19 @@ class MetricsLogger:
 
     def drop_after(self, step: int) -> int:
         """Forget every logged row past ``step`` (a resumed run redoes those steps): rewrite
-        ``metrics.jsonl`` without them and reopen TensorBoard purging its events past ``step``.
-        Returns how many JSONL rows went."""
+        ``metrics.jsonl``, ``prompts.jsonl`` and ``samples.jsonl`` without them and reopen TensorBoard
+        purging its events past ``step``. Returns how many ``metrics.jsonl`` rows went."""
         dropped = 0
         if self._jsonl is not None:
             self._jsonl.close()
-            path = self.log_dir / "metrics.jsonl"
-            lines = path.read_text().splitlines(keepends=True)
-            kept = [line for line in lines if not line.strip() or _row_step(line) <= step]
-            dropped = len(lines) - len(kept)
-            if dropped:
-                tmp = path.with_suffix(".jsonl.tmp")
-                tmp.write_text("".join(kept))
-                tmp.replace(path)
-            self._jsonl = open(path, "a")
+            dropped = _drop_rows_after(self.log_dir / "metrics.jsonl", step)
+            self._jsonl = open(self.log_dir / "metrics.jsonl", "a")
+            for f in (self._prompts, self._samples):
+                if f is not None:
+                    f.close()
+            self._prompts = self._samples = None  # reopened on their next row
+            for name in ("prompts.jsonl", "samples.jsonl"):
+                _drop_rows_after(self.log_dir / name, step)
         if self._tb is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -62,6 +63,15 @@ class MetricsLogger:
         for sink in self.sinks:
             sink.log(clean, step)
 
+    def log_prompts(self, step: int, record: dict) -> None:
+        """Append ``{"step": step, **record}`` to ``prompts.jsonl`` (with the JSONL sink only)."""
+        if self._jsonl is None:
+            return
+        if self._prompts is None:
+            self._prompts = open(self.log_dir / "prompts.jsonl", "a")
+        self._prompts.write(json.dumps({"step": step, **record}) + "\n")
+        self._prompts.flush()
+
     def log_samples(self, kind: str, step: int, rows: list[dict]) -> None:
         """Append ``rows`` (prompt, completion, reward, ...) to ``samples.jsonl`` as ``{"kind", "step", ...}``
         and send them to TensorBoard (a markdown table under ``{kind}/samples``) and the trackers."""
@@ -78,7 +88,7 @@ class MetricsLogger:
             sink.log_samples(kind, step, rows)
 
     def close(self) -> None:
-        for f in (self._jsonl, self._samples):
+        for f in (self._jsonl, self._samples, self._prompts):
             if f is not None:
                 f.close()
         if self._tb is not None:
@@ -116,6 +126,20 @@ def _row_step(line: str) -> float:
         return float(json.loads(line).get("step", math.inf))
     except (ValueError, AttributeError):  # a row cut by the kill: it goes too
         return math.inf
+
+
+def _drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite the JSONL file ``path`` (if it exists) without its rows past ``step``, atomically
+    (a kill mid-rewrite leaves the old file); returns how many rows went."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not line.strip() or _row_step(line) <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
+    return len(lines) - len(kept)
 
 
 def read_metrics(log_dir: str | Path) -> list[dict]:

@@ -39,6 +39,7 @@ from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
+from rlplane.utils.kill_points import kill_point
 from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
@@ -187,6 +188,7 @@ class RolloutWorker:
             env_step_timeout_s=self.cfg.env.step_timeout_s,
             generation_timeout_s=gen.timeout_s,
         )
+        kill_point("generation")
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         carry = {
             "rewards": res.rewards,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,29 @@ def test_damaged_index_or_missing_shard_is_a_checkpoint_error(tmp_path):
         weight_files(tmp_path)
 
 
+def test_prune_cut_mid_delete_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """A kill while retention deletes a checkpoint (issue 20): rmtree had already removed its
+    training_info.json, so every later save's ranking read that half directory and stopped the run."""
+    m = CheckpointManager(tmp_path, keep_top_k=1, metric_name="val:accuracy", higher_is_better=True)
+    m.save(1, {"step": 1, "metrics": {"val:accuracy": 0.1}}, fill("one"))
+
+    def killed_mid_delete(path, *args, **kwargs):  # the first file went, then the kill
+        (Path(path) / "training_info.json").unlink()
+        raise KeyboardInterrupt("killed")
+
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", killed_mid_delete)
+    with pytest.raises(KeyboardInterrupt):
+        m.save(2, {"step": 2, "metrics": {"val:accuracy": 0.2}}, fill("two"))  # keep_top_k=1: step_1 goes
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+
+    fresh = CheckpointManager(tmp_path, keep_top_k=1, metric_name="val:accuracy", higher_is_better=True)
+    assert fresh.steps() == [2]  # the half-deleted step_1 is no checkpoint
+    fresh.repair()
+    fresh.save(3, {"step": 3, "metrics": {"val:accuracy": 0.3}}, fill("three"))  # ranks every checkpoint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
+
+
 def test_resave_cut_between_its_renames_keeps_the_newest_checkpoint(tmp_path, monkeypatch):
     m = CheckpointManager(tmp_path, keep_top_k=None, metric_name="val:accuracy", higher_is_better=True)
     m.save(1, {"step": 1}, fill("one"))
@@ -156,6 +180,25 @@ def test_resume_drops_the_metrics_rows_of_the_killed_stretch(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["x"] == 40
 
 
+def test_resume_drops_the_prompt_and_sample_rows_of_the_killed_stretch(tmp_path):
+    """prompts.jsonl (what each step trained on, issue 20) and samples.jsonl go back to the checkpoint
+    like metrics.jsonl: a redone step must not show its prompts or samples twice."""
+    log = MetricsLogger(tmp_path, jsonl=True, tensorboard=False)
+    for step in range(1, 6):
+        log.log({"x": step}, step)
+        log.log_prompts(step, {"drawn": [[0, step]], "trained": [[0, step]]})
+        log.log_samples("train", step, [{"prompt": f"p{step}"}])
+    log.close()
+    log = MetricsLogger(tmp_path, jsonl=True, tensorboard=False)
+    assert log.drop_after(3) == 2
+    log.log_prompts(4, {"drawn": [[0, 40]], "trained": [[0, 40]]})
+    log.close()
+    prompts = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["drawn"]) for r in prompts] == [(1, [[0, 1]]), (2, [[0, 2]]), (3, [[0, 3]]), (4, [[0, 40]])]
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [1, 2, 3]
+
+
 def test_resumed_run_logs_each_step_once(tmp_path):
     from rlplane.recipes.grpo import train
 
@@ -169,4 +212,6 @@ def test_resumed_run_logs_each_step_once(tmp_path):
           quiet=True)
     steps = [r["step"] for r in read_metrics(run / "logs")]
     assert steps == [1, 2, 3]
+    prompts = [json.loads(line) for line in (run / "logs" / "prompts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in prompts] == [1, 2, 3] and all(len(r["trained"]) == 2 for r in prompts)
     assert json.loads((run / "checkpoints" / "step_3" / "training_info.json").read_text())["step"] == 3
