@@ -31,7 +31,7 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
-from rlplane.training.workers import Workers, check_ray_resources
+from rlplane.training.workers import Workers, check_placement, check_ray_resources
 from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.seeding import seed_everything
 from rlplane.utils.threads import set_worker_threads
@@ -72,6 +72,7 @@ class Session:
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":
             check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None)
+            check_placement(cfg, critic, uses_teacher=teacher_cfg is not None)
         self.data_plane = make_data_plane(cfg.data_plane.backend)
         self.workers = Workers(cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg)
         self.refit = Refit(self.workers)
@@ -110,7 +111,7 @@ class Session:
                 self.say("teacher:")
                 teacher_state, self.teacher_warmup_result = warm_up(teacher_cfg, self.prompts, self.say)
             self.workers.start(state, teacher_state)
-            if cfg.runtime != "local":  # the rollout actor built its own weights: push the policy's now
+            if not self.workers.generator_shares_weights:  # the generators built their own weights: push now
                 self.refit.mark_stale()
                 try:
                     self.refit.if_stale()
@@ -143,6 +144,7 @@ class Session:
         answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
         metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums)
+        self.refit.release()
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 

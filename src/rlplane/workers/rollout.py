@@ -74,7 +74,31 @@ class RolloutWorker:
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load the policy's weights (and wake the engine after :meth:`sleep`)."""
         self.backend.update_weights(state_dict)
+
+    def sleep(self) -> None:
+        """Release the engine's weights until the next :meth:`update_weights` (colocated placement:
+        the policy trains on the same resources meanwhile)."""
+        sleep = getattr(self.backend, "sleep", None)
+        if sleep is None:
+            raise NotImplementedError(f"the {self.cfg.policy.generation.backend} backend cannot sleep; "
+                                      "set policy.generation.colocated.enabled=false")
+        sleep()
+
+    def num_weights_held(self) -> int:
+        """Parameter elements the engine's model holds now (0 while asleep)."""
+        model = getattr(self.backend, "model", None)
+        return sum(p.numel() for p in model.parameters()) if model is not None else 0
+
+    def ping(self) -> int:
+        return 0
+
+    def placement(self) -> dict:
+        """Under Ray: the node, placement group and bundle this actor runs in."""
+        from rlplane.runtime.placement import current_placement
+
+        return current_placement()
 
     def set_weight_version(self, version: int) -> None:
         """The weight version the next rollouts are seeded with (the step whose weights sample them)."""
@@ -139,6 +163,8 @@ class RolloutWorker:
         :func:`sample_keys` and ``weight_version`` (default: the one set by :meth:`set_weight_version`).
         """
         gen = self.cfg.policy.generation
+        if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
+            raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
         rows = [d for d in datums for _ in range(group_size)]
         version = self.weight_version if weight_version is None else int(weight_version)
         row_seeds = None
