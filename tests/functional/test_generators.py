@@ -48,8 +48,7 @@ def first_step_samples(tmp_path, *extra) -> dict:
         s.start()
         s.begin_step(0)
         s.refit.if_stale()
-        g = cfg.grpo
-        s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, g.num_prompts_per_step * g.num_generations_per_prompt)
+        s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, 5 * 4)  # prompts x generations
         metrics: dict[str, float] = {}
         meta, carry = collect_rollouts(s, Timer(), metrics)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, [INPUT_IDS, GENERATION_LOGPROBS, TOKEN_MASK])
