@@ -59,7 +59,8 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
                   if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else "")
         raise ConfigError([
             f"policy.dp_size = {cfg.policy.dp_size}: the Ray actors need {demand:g} CPUs ({parts}) but the Ray cluster "
-            f"has {cluster_cpus:g}; lower policy.dp_size, or give Ray more CPUs (cluster.num_cpus, cluster.address)"
+            f"has {cluster_cpus:g}; lower policy.dp_size or policy.generation.num_generators, or give Ray more CPUs "
+            "(cluster.num_cpus, cluster.address)"
         ])
 
 

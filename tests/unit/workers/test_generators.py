@@ -131,3 +131,13 @@ def test_bundles_that_do_not_fit_are_one_line_errors():
         with pytest.raises(ConfigError) as e:
             check_bundles_fit(plan, nodes, num_nodes=num_nodes, mode="colocated")
         assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_generators_count_in_the_ray_cpu_demand_and_async_grpo_takes_one():
+    from rlplane.training.workers import ray_cpu_demand
+
+    cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.generation.num_generators=3"])
+    assert ray_cpu_demand(cfg, uses_critic=False) == 0.5 + 3 * 0.5  # a policy rank + three generators
+    with pytest.raises(ConfigError, match="num_generators = 2 with grpo.async_grpo.enabled"):
+        load_config(None, ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
+                           "policy.generation.num_generators=2"])
