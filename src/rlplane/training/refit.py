@@ -8,6 +8,7 @@ resolving it in its own process; the driver never holds them.
 
 Colocated under Ray the generators share the policy ranks' bundles: :meth:`Refit.release` puts
 them to sleep (their weights freed) once a step's generation is done, and the next refit wakes them.
+Validation needs no release: the policy does not train between it and the next step's generation.
 """
 
 from __future__ import annotations

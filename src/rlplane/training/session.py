@@ -144,7 +144,6 @@ class Session:
         answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
         metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums)
-        self.refit.release()
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 

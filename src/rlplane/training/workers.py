@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlplane.config.loading import ConfigError
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
-from rlplane.envs.user import import_path_env
+from rlplane.envs.user import import_path_env, user_task_error_in
 from rlplane.runtime import placement
 from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
 from rlplane.runtime.groups import (
@@ -151,10 +151,13 @@ class Workers:
             self.generator_shares_weights = group.workers[0].backend.shares_weights
             return Generators(group)
         # The driver's working directory is importable there too (user tasks by import path).
-        group = make_group(cfg.runtime, RolloutWorker,
-                           [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j)
-                            for j in range(gen.num_generators)],
-                           num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env())
+        try:
+            group = make_group(cfg.runtime, RolloutWorker,
+                               [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j)
+                                for j in range(gen.num_generators)],
+                               num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env())
+        except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
+            raise user_task_error_in(e) or e from None
         # Colocated under Ray: they share the policy's bundles, so they sleep while it trains.
         return Generators(group, sleeps=cfg.runtime != "local" and gen.colocated.enabled)
 
