@@ -150,3 +150,22 @@ def test_bundles_that_cannot_fit_are_a_one_line_error(tmp_path, ray_session):
     with pytest.raises(ConfigError) as e:
         Session(cfg, quiet=True)
     assert "\n" not in str(e.value) and "cluster.num_nodes = 3" in str(e.value)
+
+
+def test_every_generator_gets_the_trained_weights(tmp_path, first_digit_env):
+    """After a step the refit reaches both generators (local: their models are inspectable; the
+    first-digit reward varies from random weights, so the step changes them)."""
+    cfg = load_config(None, [*SMALL, f"run_dir={tmp_path}", "policy.generation.num_generators=2"])
+    with Session(cfg, quiet=True) as s:
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        s.start()
+        before = {k: v.clone() for k, v in s.workers.policy.workers[0].model.state_dict().items()}
+        s.begin_step(0)
+        grpo_step(s, loss, 0)
+        assert s.refit.stale
+        s.refit.if_stale()
+        trained = s.workers.policy.workers[0].model.state_dict()
+        assert any(not torch.equal(before[k], trained[k]) for k in trained)
+        for gen in s.workers.rollout.group.workers:
+            held = gen.backend.model.state_dict()
+            assert all(torch.equal(held[k], trained[k]) for k in trained)
