@@ -36,17 +36,18 @@ class PlacementPlan:
 
 
 def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_cpus: dict[str, float],
-                   generator_cpus: float, gpus_per_rank: float) -> PlacementPlan:
+                   generator_cpus: float, rank_gpus: dict[str, float] | None = None) -> PlacementPlan:
     """The bundles for ``dp_size`` ranks of each trained group in ``rank_cpus`` (name → CPUs of one
     rank: policy, value, teacher; rank ``i`` of every group shares bundle ``i``, as NeMo RL colocates
     the critic with the policy) and ``num_generators`` generators of ``generator_cpus`` each.
 
     Colocated: ``max(dp_size, num_generators)`` bundles, generator ``j`` in bundle ``j``. Split: a
-    ``train`` group of ``dp_size`` bundles and a ``generation`` group of ``num_generators``. A policy
-    rank's GPUs (``gpus_per_rank``) are in its bundle; the generators ask for none (the ``hf``
-    engine runs on CPU in the rollout actor).
+    ``train`` group of ``dp_size`` bundles and a ``generation`` group of ``num_generators``. The GPUs
+    of a rank of each group (``rank_gpus``, name → GPUs) are in its bundle; the generators ask for
+    none (the rollout actor's engine runs on CPU).
     """
     train_cpus = sum(rank_cpus.values())
+    gpus_per_rank = sum((rank_gpus or {}).values())
     plan = PlacementPlan()
     if colocated:
         n = max(dp_size, num_generators)

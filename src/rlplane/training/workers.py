@@ -68,15 +68,15 @@ def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_p
                    ) -> placement.PlacementPlan:
     """The run's placement groups: policy (and critic, teacher) ranks and the generators, colocated
     or split as ``policy.generation.colocated.enabled`` says."""
-    rank_cpus = {"policy": RAY_CPUS_POLICY_RANK}
-    if uses_critic:
-        rank_cpus["value"] = RAY_CPUS_CRITIC_RANK
+    rank_cpus, rank_gpus = {"policy": RAY_CPUS_POLICY_RANK}, {"policy": gpus_per_rank}
+    if uses_critic:  # a critic rank computes on the policy's device: a GPU of its own
+        rank_cpus["value"], rank_gpus["value"] = RAY_CPUS_CRITIC_RANK, gpus_per_rank
     if uses_teacher:
         rank_cpus["teacher"] = RAY_CPUS_TEACHER_RANK
     gen = cfg.policy.generation
     return placement.plan_placement(dp_size=cfg.policy.dp_size, num_generators=gen.num_generators,
                                     colocated=gen.colocated.enabled, rank_cpus=rank_cpus,
-                                    generator_cpus=RAY_CPUS_ROLLOUT, gpus_per_rank=gpus_per_rank)
+                                    generator_cpus=RAY_CPUS_ROLLOUT, rank_gpus=rank_gpus)
 
 
 def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> None:

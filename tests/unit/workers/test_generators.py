@@ -106,20 +106,20 @@ def test_hf_engine_sleeps_and_wakes_with_the_same_samples():
 
 
 def test_colocated_plan_shares_bundles_split_plan_separates_them():
-    kw = dict(rank_cpus={"policy": 0.5, "value": 0.25}, generator_cpus=0.5, gpus_per_rank=1.0)
+    kw = dict(rank_cpus={"policy": 0.5, "value": 0.25}, generator_cpus=0.5, rank_gpus={"policy": 1.0, "value": 1.0})
     co = plan_placement(dp_size=2, num_generators=3, colocated=True, **kw)
-    # Bundle i: policy + critic rank i (0.75 CPU, 1 GPU) and generator i (0.5 CPU); bundle 2 a generator only.
-    assert co.bundles == {"colocated": [{"CPU": 1.25, "GPU": 1.0}, {"CPU": 1.25, "GPU": 1.0}, {"CPU": 0.5}]}
+    # Bundle i: policy + critic rank i (0.5 + 0.25 CPU, 1 + 1 GPU) and generator i (0.5 CPU); bundle 2 a generator.
+    assert co.bundles == {"colocated": [{"CPU": 1.25, "GPU": 2.0}, {"CPU": 1.25, "GPU": 2.0}, {"CPU": 0.5}]}
     assert co.slots["policy"] == co.slots["value"] == [("colocated", 0), ("colocated", 1)]
     assert co.slots["generators"] == [("colocated", 0), ("colocated", 1), ("colocated", 2)]
     split = plan_placement(dp_size=2, num_generators=3, colocated=False, **kw)
-    assert split.bundles == {"train": [{"CPU": 0.75, "GPU": 1.0}] * 2, "generation": [{"CPU": 0.5}] * 3}
+    assert split.bundles == {"train": [{"CPU": 0.75, "GPU": 2.0}] * 2, "generation": [{"CPU": 0.5}] * 3}
     assert split.slots["generators"] == [("generation", j) for j in range(3)]
 
 
 def test_bundles_that_do_not_fit_are_one_line_errors():
     plan = plan_placement(dp_size=2, num_generators=2, colocated=True, rank_cpus={"policy": 0.5},
-                          generator_cpus=0.5, gpus_per_rank=1.0)
+                          generator_cpus=0.5, rank_gpus={"policy": 1.0})
     check_bundles_fit(plan, [{"CPU": 2.0, "GPU": 2.0}], num_nodes=1, mode="colocated")  # 2 CPU, 2 GPU: fits
     cases = [
         ([{"CPU": 2.0, "GPU": 1.0}], 1, "need 2 GPU in all"),
