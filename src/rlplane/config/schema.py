@@ -29,8 +29,18 @@ from rlplane.config.vllm import VllmConfig, vllm_cfg_errors
 AlgorithmName = Literal[tuple(RECIPES)]  # type: ignore[valid-type]
 
 
+class ColocatedConfig(StrictModel):
+    """Where the generators run under `runtime: ray` (NeMo RL `policy.generation.colocated.*`)."""
+
+    enabled: bool = Field(
+        True, description="`true`: the generators share the policy ranks' placement-group bundles and release their "
+        "weights (sleep) while the policy trains, woken by the next refit; `false`: the generators get bundles of "
+        "their own (split) and keep their weights between steps."
+    )
+
+
 class GenerationConfig(StrictModel):
-    """How the rollout worker samples responses."""
+    """How the rollout workers sample responses."""
 
     backend: Literal["hf", "vllm"] = Field(
         "hf",
@@ -42,6 +52,11 @@ class GenerationConfig(StrictModel):
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    num_generators: int = Field(
+        1, ge=1, description="Rollout workers, each with its own engine; a step's prompt groups are spread across "
+        "them (a group stays on one) and they generate concurrently under `runtime: ray`."
+    )
+    colocated: ColocatedConfig = Field(default_factory=ColocatedConfig, description="Colocated or split placement.")
     timeout_s: float | None = Field(
         1800.0, gt=0, description="Seconds one generate call (a turn of a rollout batch) may take before the run "
         "stops with an error (null = wait forever)."
@@ -337,6 +352,8 @@ class ClusterConfig(StrictModel):
     address: str | None = Field(None, description="Existing Ray cluster to join (null = start one).")
     gpus_per_node: int = Field(0, ge=0, description="GPUs Ray may use on this node (0 = none; `policy.device: auto` "
                                "then computes on CPU).")
+    num_nodes: int = Field(1, ge=1, description="Nodes the run's placement groups may spread over; the Ray cluster "
+                           "must have at least this many.")
 
 
 class CheckpointingConfig(StrictModel):
@@ -496,6 +513,9 @@ class RunConfig(StrictModel):
             )
         if name == "grpo" and g.async_grpo.enabled:
             errors.extend(_async_grpo_errors(self))
+            if p.generation.num_generators > 1:
+                errors.append(f"policy.generation.num_generators = {p.generation.num_generators} with "
+                              "grpo.async_grpo.enabled: the async collector is one generator; set num_generators=1")
         if errors:
             raise ValueError("\n".join(errors))
         return self

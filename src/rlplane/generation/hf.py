@@ -59,8 +59,24 @@ class HFGenerationBackend(GenerationBackend):
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._added: dict[tuple[int, ...], str | None] = {}  # (previous, newest) -> text newest adds
 
+    def sleep(self) -> None:
+        """Free the model's weights (colocated placement: the trainer needs the memory meanwhile); the
+        next :meth:`update_weights` allocates them again. Tied weights are one parameter, freed once."""
+        self._shapes = {id(p): p.shape for p in self.model.parameters()}
+        for p in self.model.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    @property
+    def asleep(self) -> bool:
+        return bool(getattr(self, "_shapes", None))
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy ``state_dict`` into the generator's model in place (tied weights may be given once)."""
+        """Copy ``state_dict`` into the generator's model in place (tied weights may be given once);
+        after :meth:`sleep` the weights are allocated first (woken)."""
+        if self.asleep:
+            for p in self.model.parameters():
+                p.data = torch.empty(self._shapes[id(p)], dtype=p.dtype, device=p.device)
+            self._shapes = None
         missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
         if getattr(self.model.config, "tie_word_embeddings", False):

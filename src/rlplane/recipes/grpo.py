@@ -53,7 +53,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     # ---- rollout, rewards, dynamic sampling; the sample mask ------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
-    s.workers.rollout.call("sleep")  # vLLM with sleep mode frees the GPU for training; generation wakes it
+    s.refit.release()  # colocated: the generators sleep while the policy trains
     meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
 
     # ---- prev and reference logprobs, written back by the policy workers -------------------------

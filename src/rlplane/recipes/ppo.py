@@ -125,7 +125,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     # ---- rollout, rewards, dynamic sampling → values → sample mask, logprobs ----------------------
     meta, carry = collect_rollouts(s, timer, metrics)
-    s.workers.rollout.call("sleep")  # vLLM with sleep mode frees the GPU for training; generation wakes it
+    s.refit.release()  # colocated: the generators sleep while the policy trains
     if critic is not None:
         with timer("values"):
             critic.run_sharded("compute_values", meta)

@@ -68,11 +68,17 @@ class RayGroup:
     With ``distributed`` (and more than one rank) the ranks join one gloo group at start."""
 
     def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0,
-                 distributed: bool = False, num_gpus: float = 0.0):
+                 distributed: bool = False, num_gpus: float = 0.0, scheduling: list | None = None,
+                 env_vars: dict[str, str] | None = None):
         import ray
 
-        remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": WORKER_ENV})(cls)
-        self.workers = [remote_cls.remote(**kw) for kw in per_rank_kwargs]
+        remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus,
+                                runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})(cls)
+        # ``scheduling``: a placement-group bundle per rank (runtime/placement.py); None: wherever Ray puts it.
+        self.workers = [
+            (remote_cls.options(scheduling_strategy=scheduling[i]) if scheduling else remote_cls).remote(**kw)
+            for i, kw in enumerate(per_rank_kwargs)
+        ]
         await_actors(self.workers)
         if distributed:  # its own process group (gloo/NCCL): every actor is its own process
             self.run("setup_distributed", ray.get(self.workers[0].node_address.remote()))
@@ -100,10 +106,10 @@ class RayGroup:
         return getattr(self.workers[rank], method).remote(*args, **kwargs)
 
     def wait(self, handles: list) -> list:
-        """The results of calls started with :meth:`lazy`."""
-        import ray
+        """The results of calls started with :meth:`lazy` (a deadline hit in an actor comes out as its one line)."""
+        from rlplane.workers.deadlines import ray_get
 
-        return ray.get(handles)
+        return ray_get(handles)
 
     def close(self) -> None:
         import ray
@@ -161,12 +167,16 @@ class RayActor:
 
 
 def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *, num_cpus: float = 1.0,
-               num_gpus: float = 0.0, distributed: bool = False) -> LocalGroup | RayGroup:
+               num_gpus: float = 0.0, distributed: bool = False, scheduling: list | None = None,
+               env_vars: dict[str, str] | None = None) -> LocalGroup | RayGroup:
     """A group of ``cls`` workers, one per entry of ``per_rank_kwargs``, under ``runtime`` (local | ray);
-    with ``distributed`` the Ray ranks join one process group at start (more than one rank, or FSDP)."""
+    with ``distributed`` the Ray ranks join one process group at start (more than one rank, or FSDP).
+    Under Ray, ``scheduling`` places rank ``i`` (a placement-group bundle, :func:`placement.scheduling`)
+    and ``env_vars`` are set in the actors' processes."""
     if runtime == "local":
         return LocalGroup(cls, per_rank_kwargs)
-    return RayGroup(cls, per_rank_kwargs, num_cpus=num_cpus, num_gpus=num_gpus, distributed=distributed)
+    return RayGroup(cls, per_rank_kwargs, num_cpus=num_cpus, num_gpus=num_gpus, distributed=distributed,
+                    scheduling=scheduling, env_vars=env_vars)
 
 
 def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,

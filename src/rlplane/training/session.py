@@ -32,7 +32,7 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
-from rlplane.training.workers import Workers, check_ray_resources
+from rlplane.training.workers import Workers, check_placement, check_ray_resources
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.run_dir import prepare_run_paths
 from rlplane.utils.seeding import seed_everything
@@ -74,6 +74,7 @@ class Session:
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":
             check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None)
+            check_placement(cfg, critic, uses_teacher=teacher_cfg is not None)
         worker_cfg = cfg
         if cfg.runtime == "ray":
             # Workers may run on other nodes: they get absolute paths (a local model directory resolved
@@ -137,7 +138,7 @@ class Session:
                 self.say("teacher:")
                 teacher_state, self.teacher_warmup_result = warm_up(teacher_cfg, self.prompts, self.say)
             self._start_workers(state, teacher_state)
-            if cfg.runtime != "local":  # the rollout actor built its own weights: push the policy's now
+            if not self.workers.generator_shares_weights:  # the generators built their own weights: push now
                 self.refit.mark_stale()
                 try:
                     self.refit.if_stale()

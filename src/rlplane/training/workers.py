@@ -1,7 +1,9 @@
-"""The session's workers: the policy (one per data-parallel rank), the rollout worker (the
-generator and the environments), and, when the recipe asks for them, the critic and a frozen
-teacher. All of them go through the runtime layer (:mod:`rlplane.runtime.groups`), so the same
-code runs them in this process (``runtime: local``) or as Ray actors (``runtime: ray``).
+"""The session's workers: the policy (one per data-parallel rank), the generators (rollout
+workers: an engine and the environments each, ``policy.generation.num_generators`` of them), and,
+when the recipe asks for them, the critic and a frozen teacher. All of them go through the runtime
+layer (:mod:`rlplane.runtime.groups`), so the same code runs them in this process (``runtime:
+local``) or as Ray actors (``runtime: ray``), where they are placed in placement groups
+(:mod:`rlplane.runtime.placement`: colocated or split, ``policy.generation.colocated.enabled``).
 """
 
 from __future__ import annotations
@@ -9,14 +11,15 @@ from __future__ import annotations
 from rlplane.config.loading import ConfigError
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
-from rlplane.envs.user import import_path_env
+from rlplane.envs.user import import_path_env, user_task_error_in
+from rlplane.runtime import placement
 from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
 from rlplane.runtime.groups import (
     cluster_cpus as ray_cluster_cpus,
     cluster_gpus as ray_cluster_gpus,
-    make_actor,
     make_group,
 )
+from rlplane.training.generators import Generators
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.teacher import TeacherWorker
@@ -31,7 +34,7 @@ def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False
     """CPUs the run's Ray actors ask for together; Ray never schedules an actor it cannot fit, so a
     demand above the cluster's CPUs would wait forever."""
     n = cfg.policy.dp_size
-    demand = n * RAY_CPUS_POLICY_RANK + RAY_CPUS_ROLLOUT
+    demand = n * RAY_CPUS_POLICY_RANK + cfg.policy.generation.num_generators * RAY_CPUS_ROLLOUT
     if uses_critic:
         demand += n * RAY_CPUS_CRITIC_RANK
     if uses_teacher:
@@ -49,15 +52,39 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
         cluster_cpus = ray_cluster_cpus()
     demand = ray_cpu_demand(cfg, uses_critic, uses_teacher)
     if demand > cluster_cpus:
-        parts = f"{RAY_CPUS_POLICY_RANK:g} per policy rank + {RAY_CPUS_ROLLOUT:g} rollout"
+        parts = f"{RAY_CPUS_POLICY_RANK:g} per policy rank + {RAY_CPUS_ROLLOUT:g} per generator"
         parts += f" + {RAY_CPUS_CRITIC_RANK:g} per critic rank" if uses_critic else ""
         parts += f" + {RAY_CPUS_TEACHER_RANK:g} per teacher rank" if uses_teacher else ""
         parts += (f" + {RAY_CPUS_COLLECTOR:g} collector"
                   if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled else "")
         raise ConfigError([
             f"policy.dp_size = {cfg.policy.dp_size}: the Ray actors need {demand:g} CPUs ({parts}) but the Ray cluster "
-            f"has {cluster_cpus:g}; lower policy.dp_size, or give Ray more CPUs (cluster.num_cpus, cluster.address)"
+            f"has {cluster_cpus:g}; lower policy.dp_size or policy.generation.num_generators, or give Ray more CPUs "
+            "(cluster.num_cpus, cluster.address)"
         ])
+
+
+def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_per_rank: float
+                   ) -> placement.PlacementPlan:
+    """The run's placement groups: policy (and critic, teacher) ranks and the generators, colocated
+    or split as ``policy.generation.colocated.enabled`` says."""
+    rank_cpus, rank_gpus = {"policy": RAY_CPUS_POLICY_RANK}, {"policy": gpus_per_rank}
+    if uses_critic:  # a critic rank computes on the policy's device: a GPU of its own
+        rank_cpus["value"], rank_gpus["value"] = RAY_CPUS_CRITIC_RANK, gpus_per_rank
+    if uses_teacher:
+        rank_cpus["teacher"] = RAY_CPUS_TEACHER_RANK
+    gen = cfg.policy.generation
+    return placement.plan_placement(dp_size=cfg.policy.dp_size, num_generators=gen.num_generators,
+                                    colocated=gen.colocated.enabled, rank_cpus=rank_cpus,
+                                    generator_cpus=RAY_CPUS_ROLLOUT, rank_gpus=rank_gpus)
+
+
+def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> None:
+    """A one-line :class:`ConfigError` when the run's bundles cannot be placed on the connected cluster."""
+    gpus = num_gpus_per_worker(cfg.policy.device, ray_cluster_gpus())
+    mode = "colocated" if cfg.policy.generation.colocated.enabled else "split"
+    placement.check_bundles_fit(placement_plan(cfg, uses_critic, uses_teacher, gpus), placement.cluster_nodes(),
+                                cfg.cluster.num_nodes, mode)
 
 
 class Workers:
@@ -72,9 +99,11 @@ class Workers:
                  teacher_cfg: RunConfig | None = None, shared_paths=None):
         self.cfg, self.data_plane, self.shared_paths = cfg, data_plane, shared_paths
         self.critic, self.teacher_cfg = critic, teacher_cfg
-        self.policy = self.rollout = self.value = self.teacher = None
+        self.policy = self.value = self.teacher = None
+        self.rollout: Generators | None = None  # the generators, called like one rollout worker
         # Whether the generator samples from the policy's own module (hf, colocated): then a refit costs nothing.
         self.generator_shares_weights = False
+        self.placement_groups: dict = {}  # under Ray: name -> placement group (runtime/placement.py)
 
     @property
     def needs_reference(self) -> bool:
@@ -90,35 +119,52 @@ class Workers:
             return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n,
                          init_state=state, shared_paths=self.shared_paths) for r in range(n)]
 
-        gpus = 0.0
+        gpus, slots = 0.0, {}
         if runtime != "local":
             cluster_gpus = ray_cluster_gpus()
             check_cluster_gpus(cfg.policy.device, n * (1 + self.critic), cluster_gpus)
             gpus = num_gpus_per_worker(cfg.policy.device, cluster_gpus)
+            plan = placement_plan(cfg, self.critic, self.teacher_cfg is not None, gpus)
+            self.placement_groups = placement.reserve(plan, cfg.cluster.num_nodes)
+            slots = {name: placement.scheduling(self.placement_groups, s) for name, s in plan.slots.items()}
         # Ranks join one process group when there are several, or when FSDP shards even one rank's model.
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
         self.policy = make_group(runtime, PolicyWorker, per_rank(cfg, init_state), num_cpus=RAY_CPUS_POLICY_RANK,
-                                 num_gpus=gpus, distributed=distributed)
-        if runtime == "local":
-            # Colocated: the generator shares the policy's module (hf samples from it directly).
-            w = self.policy.workers[0]
-            self.rollout = make_actor(runtime, RolloutWorker, dict(cfg=cfg, data_plane=self.data_plane, model=w.model,
-                                                                   tokenizer=w.tokenizer, seed=cfg.loop.seed))
-            self.generator_shares_weights = self.rollout.obj.backend.shares_weights
+                                 num_gpus=gpus, distributed=distributed, scheduling=slots.get("policy"))
         if self.critic:
             # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
             self.value = make_group(runtime, ValueWorker, per_rank(cfg, init_state), num_cpus=RAY_CPUS_CRITIC_RANK,
-                                    num_gpus=gpus, distributed=distributed)
-        if runtime != "local":
-            # Its own weights, built from the config: the refit part pushes the policy's into it at start.
-            # The driver's working directory is importable there too (user tasks by import path).
-            self.rollout = make_actor(runtime, RolloutWorker, dict(cfg=cfg, data_plane=self.data_plane,
-                                                                   seed=cfg.loop.seed, shared_paths=self.shared_paths),
-                                      num_cpus=RAY_CPUS_ROLLOUT,
-                                      env_vars=import_path_env())
+                                    num_gpus=gpus, distributed=distributed, scheduling=slots.get("value"))
         if self.teacher_cfg is not None:
             self.teacher = make_group(runtime, TeacherWorker, per_rank(self.teacher_cfg, teacher_state),
-                                      num_cpus=RAY_CPUS_TEACHER_RANK)
+                                      num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"))
+        self.rollout = self._start_generators(slots.get("generators"))
+
+    def _start_generators(self, scheduling: list | None) -> Generators:
+        """The generators. One in this process samples from the policy's own module (nothing to refit);
+        otherwise each builds its model from the config and the refit pushes the policy's weights in.
+        Each has its own sampling seed (engines without per-sample seeds draw from it)."""
+        cfg, gen = self.cfg, self.cfg.policy.generation
+        if cfg.runtime == "local" and gen.num_generators == 1:
+            w = self.policy.workers[0]
+            group = make_group("local", RolloutWorker, [dict(cfg=cfg, data_plane=self.data_plane, model=w.model,
+                                                             tokenizer=w.tokenizer, seed=cfg.loop.seed)])
+            self.generator_shares_weights = group.workers[0].backend.shares_weights
+            return Generators(group)
+        # The driver's working directory is importable there too (user tasks by import path).
+        try:
+            group = make_group(cfg.runtime, RolloutWorker,
+                               [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j,
+                                     shared_paths=self.shared_paths)
+                                for j in range(gen.num_generators)],
+                               num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env())
+        except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
+            raise user_task_error_in(e) or e from None
+        # Colocated under Ray: they share the policy's bundles, so they sleep while it trains; vLLM with
+        # sleep mode frees its GPU memory for training in every runtime.
+        sleeps = (cfg.runtime != "local" and gen.colocated.enabled) or (
+            gen.backend == "vllm" and gen.vllm_cfg.enable_sleep_mode)
+        return Generators(group, sleeps=sleeps)
 
     def trained_groups(self) -> dict:
         """The groups whose weights a checkpoint holds, by sub-directory name."""
@@ -129,3 +175,6 @@ class Workers:
         for g in (*self.trained_groups().values(), self.rollout):
             if g is not None:
                 g.close()
+        if self.placement_groups:
+            placement.release(self.placement_groups)
+            self.placement_groups = {}

@@ -116,6 +116,12 @@ class DPTrainWorker:
     def ping(self) -> int:
         return self.rank
 
+    def placement(self) -> dict:
+        """Under Ray: the node, placement group and bundle this actor runs in."""
+        from rlplane.runtime.placement import current_placement
+
+        return current_placement()
+
     def node_address(self) -> str:
         import socket
 

@@ -87,11 +87,25 @@ class RolloutWorker:
 
     # ---- weights and RNG -------------------------------------------------------------------------
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load the policy's weights (and wake the engine after :meth:`sleep`)."""
         self.backend.update_weights(state_dict)
 
     def sleep(self) -> None:
-        """Release the generator's accelerator memory while the policy trains (vLLM sleep mode, colocated)."""
+        """Release the engine's memory until the next :meth:`update_weights` (colocated placement: the
+        policy trains on the same resources meanwhile). ``hf`` frees its weights; vLLM sleeps when
+        ``vllm_cfg.enable_sleep_mode`` is on and does nothing otherwise."""
         self.backend.sleep()
+
+    def num_weights_held(self) -> int:
+        """Parameter elements the engine's model holds now (0 while asleep)."""
+        model = getattr(self.backend, "model", None)
+        return sum(p.numel() for p in model.parameters()) if model is not None else 0
+
+    def placement(self) -> dict:
+        """Under Ray: the node, placement group and bundle this actor runs in."""
+        from rlplane.runtime.placement import current_placement
+
+        return current_placement()
 
     def set_weight_version(self, version: int) -> None:
         """The weight version the next rollouts are seeded with (the step whose weights sample them)."""
@@ -160,6 +174,8 @@ class RolloutWorker:
         :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
         """
         gen = self.cfg.policy.generation
+        if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
+            raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
         rows = [d for d in datums for _ in range(group_size)]
         if keys is not None and len(keys) != len(rows):
             raise ValueError(f"rollout: {len(keys)} keys for {len(datums)} prompts × {group_size} samples")

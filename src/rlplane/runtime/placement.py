@@ -1,0 +1,153 @@
+"""Placement groups under ``runtime: ray``: which bundle of reserved resources each actor runs in.
+
+NeMo RL reserves its cluster as placement groups of bundles (one per GPU) and places every worker
+group in them; ``policy.generation.colocated.enabled`` chooses between
+
+- **colocated**: one placement group; bundle ``i`` holds policy rank ``i`` (with its critic and
+  teacher ranks) *and* generator ``i``. Generation and training share the bundle's resources, so
+  the generators release their weights while the policy trains (:meth:`Refit.release`).
+- **split**: a ``train`` placement group (one bundle per policy rank) and a ``generation`` one
+  (one bundle per generator): nothing shared, the generators keep their weights.
+
+:func:`plan_placement` is pure (the bundles and which bundle each worker group's ranks take);
+:func:`check_bundles_fit` compares a plan with the cluster's nodes before anything is reserved, so
+a plan that can never be placed is a one-line error instead of a hang; :func:`reserve` creates the
+groups. Inside an actor, :func:`current_placement` says where it landed (the tests read it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rlplane.config.loading import ConfigError
+
+# Seconds to wait for a placement group that passed :func:`check_bundles_fit` (others' actors may hold resources).
+RESERVE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class PlacementPlan:
+    """``bundles``: placement-group name → its bundles (``{"CPU": c, "GPU": g}``);
+    ``slots``: worker-group name → ``(placement-group name, bundle index)`` per rank."""
+
+    bundles: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    slots: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_cpus: dict[str, float],
+                   generator_cpus: float, rank_gpus: dict[str, float] | None = None) -> PlacementPlan:
+    """The bundles for ``dp_size`` ranks of each trained group in ``rank_cpus`` (name → CPUs of one
+    rank: policy, value, teacher; rank ``i`` of every group shares bundle ``i``, as NeMo RL colocates
+    the critic with the policy) and ``num_generators`` generators of ``generator_cpus`` each.
+
+    Colocated: ``max(dp_size, num_generators)`` bundles, generator ``j`` in bundle ``j``. Split: a
+    ``train`` group of ``dp_size`` bundles and a ``generation`` group of ``num_generators``. The GPUs
+    of a rank of each group (``rank_gpus``, name → GPUs) are in its bundle; the generators ask for
+    none (the rollout actor's engine runs on CPU).
+    """
+    train_cpus = sum(rank_cpus.values())
+    gpus_per_rank = sum((rank_gpus or {}).values())
+    plan = PlacementPlan()
+    if colocated:
+        n = max(dp_size, num_generators)
+        plan.bundles["colocated"] = [
+            _bundle((train_cpus if i < dp_size else 0.0) + (generator_cpus if i < num_generators else 0.0),
+                    gpus_per_rank if i < dp_size else 0.0)
+            for i in range(n)
+        ]
+        for name in rank_cpus:
+            plan.slots[name] = [("colocated", i) for i in range(dp_size)]
+        plan.slots["generators"] = [("colocated", j) for j in range(num_generators)]
+        return plan
+    plan.bundles["train"] = [_bundle(train_cpus, gpus_per_rank) for _ in range(dp_size)]
+    plan.bundles["generation"] = [_bundle(generator_cpus, 0.0) for _ in range(num_generators)]
+    for name in rank_cpus:
+        plan.slots[name] = [("train", i) for i in range(dp_size)]
+    plan.slots["generators"] = [("generation", j) for j in range(num_generators)]
+    return plan
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+def check_bundles_fit(plan: PlacementPlan, nodes: list[dict[str, float]], num_nodes: int, mode: str) -> None:
+    """A one-line :class:`ConfigError` when ``plan`` cannot be placed on ``nodes`` (each node's total
+    resources): fewer nodes than ``cluster.num_nodes``, a bundle bigger than every node, or more
+    CPUs/GPUs than the nodes have together. ``mode`` (colocated | split) is named in the message."""
+    if len(nodes) < num_nodes:
+        raise ConfigError([
+            f"cluster.num_nodes = {num_nodes} but the Ray cluster has {len(nodes)} node(s); lower cluster.num_nodes "
+            "or join a bigger cluster (cluster.address)"
+        ])
+    bundles = [b for group in plan.bundles.values() for b in group]
+    for res in ("CPU", "GPU"):
+        need = sum(b.get(res, 0.0) for b in bundles)
+        have = sum(n.get(res, 0.0) for n in nodes)
+        biggest = max((b.get(res, 0.0) for b in bundles), default=0.0)
+        per_node = max((n.get(res, 0.0) for n in nodes), default=0.0)
+        if need > have + 1e-9 or biggest > per_node + 1e-9:
+            sizes = ", ".join(f"{name}: {len(g)} x {g[0]}" for name, g in plan.bundles.items() if g)
+            raise ConfigError([
+                f"policy.generation.colocated ({mode}): the placement bundles ({sizes}) need {need:g} {res} in all, "
+                f"{biggest:g} in one bundle, but the Ray cluster has {have:g} ({per_node:g} on its largest node); "
+                "lower policy.dp_size or policy.generation.num_generators, switch colocated/split, or give Ray more "
+                "(cluster.num_cpus, cluster.gpus_per_node, cluster.address)"
+            ])
+
+
+def cluster_nodes() -> list[dict[str, float]]:
+    """The total resources of each live node of the connected Ray cluster."""
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def reserve(plan: PlacementPlan, num_nodes: int, timeout_s: float = RESERVE_TIMEOUT_S) -> dict:
+    """Create ``plan``'s placement groups (``PACK`` on one node, ``SPREAD`` over several) and wait
+    until they are placed; returns name → placement group. A one-line error if they are not placed
+    within ``timeout_s`` (the groups made so far are removed)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    strategy = "SPREAD" if num_nodes > 1 else "PACK"
+    groups = {name: placement_group(bundles, strategy=strategy) for name, bundles in plan.bundles.items()}
+    for name, pg in groups.items():
+        if not pg.wait(timeout_seconds=timeout_s):
+            for g in groups.values():
+                remove_placement_group(g)
+            raise ConfigError([
+                f"runtime=ray: placement group {name!r} ({len(plan.bundles[name])} bundles) was not placed within "
+                f"{timeout_s:g} s (its resources are held by other actors); free the cluster or lower "
+                "policy.dp_size / policy.generation.num_generators"
+            ])
+    return groups
+
+
+def release(groups: dict) -> None:
+    """Remove the placement groups made by :func:`reserve` (their actors must be gone)."""
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in groups.values():
+        remove_placement_group(pg)
+
+
+def scheduling(groups: dict, slots: list[tuple[str, int]]) -> list:
+    """The Ray scheduling strategy of each rank of a worker group placed at ``slots``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return [PlacementGroupSchedulingStrategy(placement_group=groups[name], placement_group_bundle_index=i)
+            for name, i in slots]
+
+
+def current_placement() -> dict:
+    """Inside a Ray actor: its node id, placement group id (None outside one) and bundle indices,
+    read from the bundle-scoped resources Ray assigned it (``CPU_group_<i>_<pg id>``). The public
+    ``get_assigned_resources`` names only ``CPU``; the core worker's resource ids name the bundle."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    pg = ctx.get_placement_group_id()
+    names = ray._private.worker.global_worker.core_worker.resource_ids()
+    bundles = sorted({int(m.group(1)) for k in names if (m := re.match(r"\w+?_group_(\d+)_", k))})
+    return {"node_id": ctx.get_node_id(), "placement_group_id": pg, "bundles": bundles}

@@ -1,0 +1,120 @@
+"""``policy.generation.num_generators`` rollout workers used like one.
+
+The session's generators are a worker group (:func:`rlplane.runtime.groups.make_group`), one
+:class:`~rlplane.workers.rollout.RolloutWorker` per generator, each with its own engine. A rollout
+spreads the prompts across them by whole group (a prompt's ``group_size`` samples stay on one
+generator, so group statistics never need two workers), contiguously and as evenly as the count
+allows; under Ray the generators run at once, each writing its samples to the data plane. The
+results come back in prompt order, as one generator would give them: the receipts concatenated,
+the carries concatenated with group indices offset, the metrics merged (:func:`merge_metrics`).
+
+Sampling is seeded per sample key (:mod:`rlplane.generation.sampling`), so with the ``hf`` engine
+any number of generators draws exactly the samples one would.
+
+:meth:`Generators.call` takes the single rollout actor's method names, so a caller (validation,
+checkpoints, the dynamic-sampling loop) does not know how many generators there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlplane.dataplane import concat_metas
+from rlplane.runtime.groups import LocalGroup, RayGroup
+
+# Rollout metrics that count events: summed over generators. ``max_*`` take the maximum; every other
+# metric is a per-sample mean or rate, merged as the mean weighted by each generator's rows.
+COUNT_METRICS = ("env_errors", "env_retries", "rollout_failures", "rollout_retries")
+
+
+def spread(num_items: int, num_workers: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` ranges of ``num_items`` for each of ``num_workers``, sizes differing
+    by at most one, the larger ones first: ``spread(5, 2) == [(0, 3), (3, 5)]``."""
+    base, extra = divmod(num_items, num_workers)
+    out, start = [], 0
+    for w in range(num_workers):
+        end = start + base + (w < extra)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def merge_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """One rollout's metrics from each generator's ``(metrics, rows)``: counts summed, ``max_*`` the
+    maximum, the rest weighted by rows (a mean over all samples, as one generator would report)."""
+    total = sum(rows for _, rows in parts) or 1
+    out = {}
+    for k in dict.fromkeys(k for m, _ in parts for k in m):
+        vals = [(m[k], rows) for m, rows in parts if k in m]
+        if k in COUNT_METRICS:
+            out[k] = float(sum(v for v, _ in vals))
+        elif k.startswith("max_"):
+            out[k] = float(max(v for v, _ in vals))
+        else:
+            out[k] = float(sum(v * rows for v, rows in vals)) / total
+    return out
+
+
+class Generators:
+    """``group``: the rollout workers. ``sleeps``: they release their weights between generation and
+    the next refit (colocated under Ray, :meth:`Refit.release`)."""
+
+    def __init__(self, group: LocalGroup | RayGroup, sleeps: bool = False):
+        self.group, self.sleeps = group, sleeps
+        self._last_ranks: list[int] = [0]  # the generators of the last rollout, for last_samples
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def call(self, method: str, *args, **kwargs):
+        """``method`` as on one rollout worker: ``rollout`` spread over the generators, ``last_samples``
+        gathered from those of the last rollout, ``rng_state`` one state per generator; anything else
+        (``set_weight_version``, ``update_weights``, ``sleep``) goes to all of them."""
+        if method == "rollout":
+            return self.rollout(*args, **kwargs)
+        if method == "last_samples":
+            return self.last_samples(*args, **kwargs)
+        if method == "rng_state":
+            return self.group.run("rng_state")
+        if method == "set_rng_state":
+            return self.set_rng_state(*args, **kwargs)
+        return self.group.run(method, *args, **kwargs)[0]
+
+    def rollout(self, datums: Sequence, *, group_size: int, partition_id: str | None, **kwargs):
+        """:meth:`RolloutWorker.rollout` of ``datums`` spread by whole group over the generators."""
+        ranges = [(r, a, b) for r, (a, b) in enumerate(spread(len(datums), len(self))) if b > a]
+        handles = [self.group.lazy("rollout", datums[a:b], group_size=group_size, partition_id=partition_id,
+                                   **kwargs, rank=r) for r, a, b in ranges]
+        results = self.group.wait(handles)
+        self._last_ranks = [r for r, _, _ in ranges]
+        if len(results) == 1:
+            return results[0]
+        metas = [meta for meta, _, _ in results]
+        carries = []
+        for (_, a, _), (_, c, _) in zip(ranges, results):
+            carries.append({**c, "group": c["group"] + a})  # a generator numbers its groups from 0
+        carry = {k: torch.cat([c[k] for c in carries]) for k in carries[0]}
+        metrics = merge_metrics([(m, len(c["rewards"])) for (_, c, m) in results])
+        return (None if partition_id is None else concat_metas(metas)), carry, metrics
+
+    def last_samples(self, limit: int | None = None) -> list[dict]:
+        parts = self.group.wait([self.group.lazy("last_samples", rank=r) for r in self._last_ranks])
+        return [s for part in parts for s in part][:limit]
+
+    def set_rng_state(self, state) -> None:
+        """One state per generator (``rng_state``); a single state (a checkpoint of one generator) goes
+        to generator 0. Only engines without per-sample seeds (vLLM) draw from it."""
+        states = state if isinstance(state, list) else [state]
+        self.group.wait([self.group.lazy("set_rng_state", s, rank=r) for r, s in enumerate(states[: len(self)])])
+
+    def update_weights(self, weights) -> None:
+        """Every generator loads ``weights`` (under Ray an object reference: one object in the store,
+        resolved in each generator's process)."""
+        self.group.run("update_weights", weights)
+
+    def close(self) -> None:
+        if isinstance(self.group, LocalGroup):  # a Ray actor's environments go with its processes
+            self.group.run("close")
+        self.group.close()
