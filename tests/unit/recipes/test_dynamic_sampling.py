@@ -46,7 +46,9 @@ class ScriptedSession:
         self.train_loader = ScriptedLoader(batches_per_epoch)
         self.calls = 0
         # The session parts collect_rollouts uses: the prompt stream and the rollout worker.
-        self.prompts = SimpleNamespace(next=self.next_prompts, loader=self.train_loader)
+        self.trained_groups: list[list[int]] = []  # what collect_rollouts reports as trained (logs/prompts.jsonl)
+        self.prompts = SimpleNamespace(next=self.next_prompts, loader=self.train_loader,
+                                       note_trained=self.trained_groups.append)
         self.workers = SimpleNamespace(rollout=SimpleNamespace(call=self.rollout))
 
     def next_prompts(self):
