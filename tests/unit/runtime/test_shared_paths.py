@@ -5,7 +5,6 @@ one-line message naming the node and the path, and reading that line out of Ray'
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -14,6 +13,7 @@ from rlplane.runtime.shared_paths import (
     NodePathError,
     check_shared_paths,
     driver_resolved,
+    node_label,
     node_path_error_in,
     remove_probes,
     write_probes,
@@ -45,7 +45,7 @@ def test_run_directory_that_does_not_exist_on_the_node(tmp_path):
     with pytest.raises(NodePathError) as e:
         check_shared_paths(shared, "policy worker")
     msg = _one_line(e)
-    assert msg.startswith(f"policy worker on node {socket.gethostname()} cannot see the run directory "
+    assert msg.startswith(f"policy worker on node {node_label()} cannot see the run directory "
                           f"{tmp_path / 'elsewhere'} (no such directory on this node); put it on storage every node "
                           "mounts")
 
@@ -63,7 +63,7 @@ def test_a_probe_left_by_another_run(tmp_path):
     (tmp_path / PROBE_NAME).write_text("0123456789abcdef")
     with pytest.raises(NodePathError) as e:
         check_shared_paths(shared, "value worker")
-    assert f"value worker on node {socket.gethostname()} cannot see the checkpoint directory {tmp_path} " \
+    assert f"value worker on node {node_label()} cannot see the checkpoint directory {tmp_path} " \
            "(its probe file .rlplane-node-probe is another run's" in _one_line(e)
 
 
@@ -71,7 +71,7 @@ def test_model_directory_missing_on_the_node(tmp_path):
     shared = write_probes({"run directory": tmp_path})
     with pytest.raises(NodePathError) as e:
         check_shared_paths(shared, "teacher worker", str(tmp_path / "model"))
-    assert _one_line(e).startswith(f"teacher worker on node {socket.gethostname()} cannot see the model directory "
+    assert _one_line(e).startswith(f"teacher worker on node {node_label()} cannot see the model directory "
                                    f"{tmp_path / 'model'} (no config.json there); copy it to that path on every node")
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
