@@ -19,8 +19,10 @@ Sampling is seeded per sample (with a backend that supports it: ``hf``): the sam
 ``sample_seed(run seed, sample key, v)`` (:func:`sample_keys`), so it draws the same tokens
 whatever batch or worker generates it and in whatever order.
 
-Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
-:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response.
+Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs, the weight version
+of each generated token; declared in :mod:`rlplane.dataplane.columns`), per-token, jagged, length =
+prompt + response. A token's version is the one the backend stamped it with (in-flight weight
+updates: it changes mid-response), else the rollout's ``weight_version``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
-from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
@@ -59,6 +61,20 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
     return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
 
 
+def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.Tensor], default: int,
+                  span: int) -> dict[str, torch.Tensor]:
+    """Per sample: ``oldest_version`` (B,) of its generated tokens (``default`` when it has none) and
+    ``version_tokens`` (B, span + 1), its generated tokens per version ``oldest + k`` (k = span takes any
+    newer); ``versions``/``token_mask`` jagged (L_i,) rows."""
+    oldest = torch.tensor([int(v[m > 0].min()) if bool((m > 0).any()) else default
+                           for v, m in zip(versions, token_mask)], dtype=torch.long)
+    counts = torch.zeros((len(versions), span + 1), dtype=torch.long)
+    for i, (v, m) in enumerate(zip(versions, token_mask)):
+        k = (v[m > 0] - oldest[i]).clamp(max=span)
+        counts[i].scatter_add_(0, k, torch.ones_like(k))
+    return {"oldest_version": oldest, "version_tokens": counts}
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0):
         self.cfg, self.dp = cfg, data_plane
@@ -74,8 +90,12 @@ class RolloutWorker:
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     # ---- weights and RNG -------------------------------------------------------------------------
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.backend.update_weights(state_dict)
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """``version`` stamps the tokens the new weights sample (may land mid-generation: in-flight updates)."""
+        if version is None:
+            self.backend.update_weights(state_dict)
+        else:
+            self.backend.update_weights(state_dict, version=version)
 
     def set_weight_version(self, version: int) -> None:
         """The weight version the next rollouts are seeded with (the step whose weights sample them)."""
@@ -133,6 +153,7 @@ class RolloutWorker:
         weight_version: int | None = None,
         keys: Sequence[str] | None = None,
         heldout: bool = False,
+        version_span: int | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
@@ -142,6 +163,10 @@ class RolloutWorker:
         (warm-up and stand-alone evaluation) only the carry comes back. Sampling is seeded by each
         row's :func:`sample_keys` and ``weight_version`` (default: the one set by
         :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
+
+        ``version_span`` (async GRPO: ``max_trajectory_age_steps``) adds to the carry each sample's
+        ``oldest_version`` (of its oldest generated token) and ``version_tokens`` (B, span + 1): its
+        generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
         """
         gen = self.cfg.policy.generation
         rows = [d for d in datums for _ in range(group_size)]
@@ -173,6 +198,8 @@ class RolloutWorker:
             generation_timeout_s=gen.timeout_s,
         )
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
+        # Tokens the backend did not stamp (it was never given a version) were sampled with `version`.
+        versions = [torch.where((v < 0) & (m > 0), version, v) for v, m in zip(res.generation_versions, res.token_mask)]
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
@@ -184,6 +211,8 @@ class RolloutWorker:
             # Trained tokens per sample (the token mask's ones): async GRPO weighs token ages by them.
             "generated_tokens": torch.tensor([int(m.sum()) for m in res.token_mask]),
         }
+        if version_span is not None:
+            carry.update(version_carry(versions, res.token_mask, version, version_span))
         # Every component an environment of the batch declares, 0 where it gave none (a failed
         # sample): the carry's keys then depend on the tasks only, so batches concatenate.
         declared = {n for d in datums for n in getattr(self.env(d.task_name), "reward_component_names", ())}
@@ -197,7 +226,8 @@ class RolloutWorker:
         meta = self.dp.put_samples(
             group_keys(len(datums), group_size) if keys is None else list(keys),
             partition_id,
-            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs},
+            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs,
+             GENERATION_VERSIONS: versions},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
         return meta, carry, metrics
