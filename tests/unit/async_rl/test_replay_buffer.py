@@ -83,6 +83,21 @@ def test_stalls_until_enough_groups_target_the_step():
     assert [g.prompt_idx for g in out.groups] == [0, 2]
 
 
+def test_age_is_bounded_on_the_oldest_token():
+    # In-flight weight updates: a group begun with version 0 whose last 9 tokens came from version 2.
+    # Its generation_version is its oldest token's, 0: at step 3 with max_age 2 it is 3 versions old
+    # and evicted, however young most of its tokens are; at step 2 it is still trained.
+    for step, kept in [(2, True), (3, False)]:
+        buf = ReplayBuffer(max_size=10)
+        old = group(0, gen=0, target=step)
+        old.carry.update(oldest_version=torch.tensor([0, 0]), version_tokens=torch.tensor([[1, 0, 9], [1, 0, 9]]))
+        buf.add(old)
+        buf.add(group(1, gen=2, target=step))
+        out = buf.sample(1, current_version=step, max_age_steps=2, timeout_s=0)
+        assert out.evicted == (0 if kept else 1)
+        assert [g.prompt_idx for g in out.groups] == [0 if kept else 1]
+
+
 def test_age_eviction_releases_the_evicted_groups_keys():
     released = []
     buf = ReplayBuffer(max_size=10, release=released.extend)
