@@ -64,7 +64,7 @@ from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup,
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
-from rlplane.dataplane.columns import ROLLOUT_COLUMNS, TOKEN_MASK
+from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
@@ -103,7 +103,7 @@ class AsyncTrajectoryCollector:
         seed: int,
         data_plane: DataPlaneClient,
         partition_id: str,
-        fields: Sequence[str] = ROLLOUT_COLUMNS,
+        fields: Sequence[str] = ASYNC_ROLLOUT_COLUMNS,
         init_weights: Mapping[str, torch.Tensor] | None = None,
     ):
         """``data_plane``: the run's shared plane; the groups go to ``partition_id``, registered here
@@ -118,7 +118,8 @@ class AsyncTrajectoryCollector:
         self.buffer = ReplayBuffer(capacity, release=self._clear)
         self.dp, self.partition_id = data_plane, partition_id
         # Registered from this process: under Ray its own later puts are then ordered after it.
-        self.dp.register_partition(partition_id, [*ROLLOUT_COLUMNS, *fields], capacity * self.group_size)
+        self.dp.register_partition(partition_id, list(dict.fromkeys([*ASYNC_ROLLOUT_COLUMNS, *fields])),
+                                   capacity * self.group_size)
         self.worker = RolloutWorker(cfg, data_plane, seed=seed)  # its own model copy
         if init_weights is not None:
             self.worker.update_weights(init_weights, version=start_version)
@@ -170,13 +171,12 @@ class AsyncTrajectoryCollector:
         would not replay. With in-flight updates: return at once (the swap lands mid-generation).
         """
         with self._cond:
-            self._refitting = True
-            if self.in_flight:
-                return
-            if next_version is not None:
+            if not self.in_flight and next_version is not None:
                 while not (self._stop or self._error or self._paused or self._hold) and self._still_short(next_version):
                     self._cond.wait(0.02)  # the collector is generating them (or about to)
-            self._wait_idle()
+            self._refitting = True  # only now: the loop must be free to start the batches waited for above
+            if not self.in_flight:
+                self._wait_idle()
 
     def _still_short(self, first: int) -> bool:
         """Whether a target the current weights serve, from ``first`` on, still lacks groups."""
@@ -234,11 +234,11 @@ class AsyncTrajectoryCollector:
                 buffer = self.buffer.state_dict()
                 metas = [TrajectoryGroup.from_state(g).meta for g in buffer["groups"]]
                 if metas:
-                    cols = self.dp.get_samples(concat_metas(metas), None, list(ROLLOUT_COLUMNS))  # (N, T) padded
+                    cols = self.dp.get_samples(concat_metas(metas), None, list(ASYNC_ROLLOUT_COLUMNS))  # (N, T) padded
                     first = 0  # the group's first row in cols
                     for group, meta in zip(buffer["groups"], metas):
                         group["columns"] = {k: [cols[k][first + i, :n].clone() for i, n in enumerate(meta.seq_lens)]
-                                            for k in ROLLOUT_COLUMNS}  # G jagged rows each
+                                            for k in ASYNC_ROLLOUT_COLUMNS}  # G jagged rows each
                         first += len(meta)
                 return {
                     "replay_buffer": buffer,
@@ -279,7 +279,11 @@ class AsyncTrajectoryCollector:
                                      for i in range(n)]
         carry = dict(saved["carry"])
         carry.setdefault("generated_tokens", torch.tensor([int(m.sum()) for m in cols[TOKEN_MASK]]))
-        meta = self.dp.put_samples(keys, self.partition_id, {k: cols[k] for k in ROLLOUT_COLUMNS},
+        # A checkpoint from before per-token versions has no generation_versions: the group's own then.
+        if GENERATION_VERSIONS not in cols:
+            v = int(saved["generation_version"])
+            cols = {**cols, GENERATION_VERSIONS: [torch.where(m > 0, v, -1).long() for m in cols[TOKEN_MASK]]}
+        meta = self.dp.put_samples(keys, self.partition_id, {k: cols[k] for k in ASYNC_ROLLOUT_COLUMNS},
                                    tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()])
         return TrajectoryGroup.from_state({**saved, "carry": carry}, meta=meta)
 

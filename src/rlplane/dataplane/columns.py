@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "ADVANTAGES", "COLUMNS", "GENERATION_LOGPROBS", "GENERATION_VERSIONS", "INPUT_IDS", "PREV_LOGPROBS", "REFERENCE_LOGPROBS", "RETURNS",
+    "ADVANTAGES", "ASYNC_ROLLOUT_COLUMNS", "COLUMNS", "GENERATION_LOGPROBS", "GENERATION_VERSIONS", "INPUT_IDS", "PREV_LOGPROBS", "REFERENCE_LOGPROBS", "RETURNS",
     "ROLLOUT_COLUMNS", "TEACHER_LOGPROBS", "TOKEN_COLUMNS", "TOKEN_MASK", "VALUES", "ColumnSpec", "pad_values",
 ]
 
@@ -71,7 +71,9 @@ COLUMNS: dict[str, ColumnSpec] = {c.name: c for c in (
 #: Per-token columns: stored jagged, trimmed to the sequence length on write, padded on read.
 TOKEN_COLUMNS: tuple[str, ...] = tuple(name for name, c in COLUMNS.items() if c.per_token)
 #: What the rollout worker writes for each sample.
-ROLLOUT_COLUMNS: tuple[str, ...] = (INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, GENERATION_VERSIONS)
+ROLLOUT_COLUMNS: tuple[str, ...] = (INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS)
+#: ... and what it adds for async GRPO (whose tokens may come from several weight versions).
+ASYNC_ROLLOUT_COLUMNS: tuple[str, ...] = (*ROLLOUT_COLUMNS, GENERATION_VERSIONS)
 
 
 def pad_values(names) -> dict[str, float | int]:

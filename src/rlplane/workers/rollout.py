@@ -19,10 +19,11 @@ Sampling is seeded per sample (with a backend that supports it: ``hf``): the sam
 ``sample_seed(run seed, sample key, v)`` (:func:`sample_keys`), so it draws the same tokens
 whatever batch or worker generates it and in whatever order.
 
-Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs, the weight version
-of each generated token; declared in :mod:`rlplane.dataplane.columns`), per-token, jagged, length =
-prompt + response. A token's version is the one the backend stamped it with (in-flight weight
-updates: it changes mid-response), else the rollout's ``weight_version``.
+Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
+:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response; with
+``version_span`` (async GRPO) also ``generation_versions``, the weight version of each generated
+token: the one the backend stamped it with (in-flight weight updates: it changes mid-response),
+else the rollout's ``weight_version``.
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ class RolloutWorker:
         row's :func:`sample_keys` and ``weight_version`` (default: the one set by
         :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
 
-        ``version_span`` (async GRPO: ``max_trajectory_age_steps``) adds to the carry each sample's
+        ``version_span`` (async GRPO: ``max_trajectory_age_steps``) writes ``generation_versions`` and adds
+        to the carry each sample's
         ``oldest_version`` (of its oldest generated token) and ``version_tokens`` (B, span + 1): its
         generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
         """
@@ -227,7 +229,7 @@ class RolloutWorker:
             group_keys(len(datums), group_size) if keys is None else list(keys),
             partition_id,
             {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs,
-             GENERATION_VERSIONS: versions},
+             **({} if version_span is None else {GENERATION_VERSIONS: versions})},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
         return meta, carry, metrics
