@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 
+from rlplane.async_rl import ReplayBuffer
 from rlplane.config.loading import load_config
 from rlplane.envs import ENV_REGISTRY, register_env
 from rlplane.recipes import async_grpo
@@ -44,9 +45,18 @@ class SlowVerifier(FirstDigitEnv):
         return super().step(message_logs, metadata)
 
 
-def run(path, *extra, env=FirstDigitEnv, monkeypatch=None, slow_trainer=False):
+def run(path, *extra, env=FirstDigitEnv, monkeypatch=None, slow_trainer=False, slow_collector=False):
     saved = dict(ENV_REGISTRY)
     register_env("arithmetic", env)
+    if slow_collector:  # each group lands, then the collector dawdles: a refit can get in between two batches
+        real_add = ReplayBuffer.add
+
+        def slow_add(self, group):
+            added = real_add(self, group)
+            time.sleep(0.05)
+            return added
+
+        monkeypatch.setattr(ReplayBuffer, "add", slow_add)
     if slow_trainer:  # the trainer dawdles before each step: the collector runs ahead as far as it may
         real = async_grpo.wait_for_groups
 
@@ -60,7 +70,7 @@ def run(path, *extra, env=FirstDigitEnv, monkeypatch=None, slow_trainer=False):
     finally:
         ENV_REGISTRY.clear()
         ENV_REGISTRY.update(saved)
-        if slow_trainer:
+        if slow_trainer or slow_collector:
             monkeypatch.undo()
     return [r for r in read_metrics(path / "logs") if r["step"] > 0]
 
@@ -70,8 +80,9 @@ def untimed(rows):
     return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
 
 
-def test_same_metrics_with_a_slow_verifier_or_a_slow_trainer(tmp_path, monkeypatch):
-    slow_verifier = untimed(run(tmp_path / "a", f"grpo.max_num_steps={STEPS}", env=SlowVerifier))
+def test_same_metrics_with_a_slow_collector_or_a_slow_trainer(tmp_path, monkeypatch):
+    slow_verifier = untimed(run(tmp_path / "a", f"grpo.max_num_steps={STEPS}", env=SlowVerifier,
+                                monkeypatch=monkeypatch, slow_collector=True))
     slow_trainer = untimed(run(tmp_path / "b", f"grpo.max_num_steps={STEPS}", monkeypatch=monkeypatch,
                                slow_trainer=True))
     assert [r["step"] for r in slow_verifier] == list(range(1, STEPS + 1))
