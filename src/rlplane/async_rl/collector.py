@@ -30,6 +30,7 @@ In-flight weight updates (``in_flight_weight_updates: true``): a refit does not 
 reach the generation in flight at its next token (``hf``; ``vllm`` between requests), each token
 records its version (``generation_versions``), and a group's ``generation_version`` (its age) is its
 oldest token's. Results then depend on where the swaps fall: not deterministic, by nature.
+
 Failed generation batches are retried, their prompts put back;
 after more than ``max_generation_failures`` in a row the collector stops and :meth:`health`
 returns the error for the trainer to raise; a call past its deadline (``env.step_timeout_s``,
@@ -279,10 +280,14 @@ class AsyncTrajectoryCollector:
                                      for i in range(n)]
         carry = dict(saved["carry"])
         carry.setdefault("generated_tokens", torch.tensor([int(m.sum()) for m in cols[TOKEN_MASK]]))
-        # A checkpoint from before per-token versions has no generation_versions: the group's own then.
+        # A checkpoint from before per-token versions: every token has the group's version.
+        v = int(saved["generation_version"])
         if GENERATION_VERSIONS not in cols:
-            v = int(saved["generation_version"])
             cols = {**cols, GENERATION_VERSIONS: [torch.where(m > 0, v, -1).long() for m in cols[TOKEN_MASK]]}
+        carry.setdefault("oldest_version", torch.full((n,), v, dtype=torch.long))
+        if "version_tokens" not in carry:
+            carry["version_tokens"] = torch.zeros((n, self.max_age_steps + 1), dtype=torch.long)
+            carry["version_tokens"][:, 0] = carry["generated_tokens"]
         meta = self.dp.put_samples(keys, self.partition_id, {k: cols[k] for k in ASYNC_ROLLOUT_COLUMNS},
                                    tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()])
         return TrajectoryGroup.from_state({**saved, "carry": carry}, meta=meta)

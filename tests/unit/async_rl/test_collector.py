@@ -313,3 +313,24 @@ def test_in_flight_refit_lands_mid_generation_and_tokens_record_their_version():
         assert any(g.carry["version_tokens"][:, 1].sum() > 0 for g in first)
     finally:
         c.stop()
+
+
+def test_a_checkpoint_without_token_versions_restores_with_the_groups_version(tmp_path):
+    c, _ = make_collector()
+    try:
+        c.start()
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+        c.sample(P, current_version=0)
+        state = c.state_dict()
+    finally:
+        c.stop()
+    for g in state["replay_buffer"]["groups"]:  # as a checkpoint written before per-token versions
+        del g["columns"][GENERATION_VERSIONS], g["carry"]["oldest_version"], g["carry"]["version_tokens"]
+    d, _ = make_collector(start_version=1)
+    d.load_state_dict(state, current_version=1)
+    for g in d.buffer._groups:
+        tm, vs = (d.dp.get_samples(g.meta, None, [TOKEN_MASK, GENERATION_VERSIONS])[k] for k in (TOKEN_MASK,
+                                                                                                 GENERATION_VERSIONS))
+        assert (vs[tm == 1] == 0).all() and g.carry["oldest_version"].tolist() == [0] * G
+        # max_age 1: two columns (age offsets 0, 1); every generated token in the first.
+        assert g.carry["version_tokens"].tolist() == [[n, 0] for n in g.carry["generated_tokens"].tolist()]
