@@ -1,4 +1,5 @@
-"""ReplayBuffer semantics: capacity, prompt order (not arrival order) among the current target, stall, age eviction, save/restore."""
+"""ReplayBuffer semantics: capacity, prompt order (not arrival order) among the current target, stall,
+age eviction (on the oldest token), save/restore."""
 
 from __future__ import annotations
 
