@@ -70,8 +70,9 @@ from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
 # What a group carries per sample besides the environment's reward/<name> components.
+# With version_tokens/<k> (tokens per weight version, async only) and reward/<name> (the env's components).
 CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths", "generated_tokens",
-         "oldest_version", "version_tokens"]
+         "oldest_version"]
 
 
 def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
@@ -285,9 +286,9 @@ class AsyncTrajectoryCollector:
         if GENERATION_VERSIONS not in cols:
             cols = {**cols, GENERATION_VERSIONS: [torch.where(m > 0, v, -1).long() for m in cols[TOKEN_MASK]]}
         carry.setdefault("oldest_version", torch.full((n,), v, dtype=torch.long))
-        if "version_tokens" not in carry:
-            carry["version_tokens"] = torch.zeros((n, self.max_age_steps + 1), dtype=torch.long)
-            carry["version_tokens"][:, 0] = carry["generated_tokens"]
+        if "version_tokens/0" not in carry:
+            carry.update({f"version_tokens/{k}": torch.zeros(n, dtype=torch.long) if k else carry["generated_tokens"]
+                          for k in range(self.max_age_steps + 1)})
         meta = self.dp.put_samples(keys, self.partition_id, {k: cols[k] for k in ASYNC_ROLLOUT_COLUMNS},
                                    tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()])
         return TrajectoryGroup.from_state({**saved, "carry": carry}, meta=meta)
@@ -412,7 +413,8 @@ class AsyncTrajectoryCollector:
                 target_version=target,
                 meta=meta.slice(rows.start, rows.stop),  # its columns stay in the data plane
                 # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
-                carry={k: carry[k][rows].clone() for k in carry if k in CARRY or k.startswith("reward/")},
+                carry={k: carry[k][rows].clone() for k in carry
+                       if k in CARRY or k.startswith(("reward/", "version_tokens/"))},
                 rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01

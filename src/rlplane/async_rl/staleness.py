@@ -5,7 +5,7 @@ are weighted by their trained tokens (``token_mask`` × ``loss_multiplier``), no
 so a long response weighs what it costs in the loss (each group's carry holds its samples'
 ``generated_tokens``, the token mask's sums: no per-token column is read). Every token of a group
 has its group's generation version unless in-flight weight updates split a response across versions:
-then each sample's carry holds ``oldest_version`` and ``version_tokens`` (its generated tokens per
+then each sample's carry holds ``oldest_version`` and ``version_tokens/<k>`` (its generated tokens per
 version ``oldest + k``), read here instead.
 
 Metrics (logged as ``train/<name>`` by async GRPO each step; A = ``max_trajectory_age_steps``):
@@ -47,10 +47,10 @@ def token_age_metrics(ages: torch.Tensor, num_tokens: torch.Tensor, max_age_step
 def group_token_ages(groups: Sequence[TrajectoryGroup], current_version: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample of ``groups`` (group-major): its age at ``current_version`` and its trained tokens
     (``generated_tokens × loss_multiplier`` from each group's carry: no column is read). With
-    per-version counts in the carry (``version_tokens`` (G, K)): one entry per (sample, version),
-    sample-major, age ``current − oldest_version − k``, tokens ``version_tokens[:, k] × loss_multiplier``."""
-    if all("version_tokens" in g.carry for g in groups):
-        counts = torch.cat([g.carry["version_tokens"].double() * g.carry["loss_multiplier"].double()[:, None]
+    per-version counts in the carry (``version_tokens/<k>``): one entry per (sample, version),
+    sample-major, age ``current − oldest_version − k``, tokens ``version_tokens/<k> × loss_multiplier``."""
+    if all("version_tokens/0" in g.carry for g in groups):
+        counts = torch.cat([version_token_counts(g.carry).double() * g.carry["loss_multiplier"].double()[:, None]
                             for g in groups])  # (B, K)
         oldest = torch.cat([g.carry["oldest_version"] for g in groups]).long()  # (B,)
         ages = current_version - oldest[:, None] - torch.arange(counts.shape[1])[None, :]  # (B, K)
@@ -60,3 +60,9 @@ def group_token_ages(groups: Sequence[TrajectoryGroup], current_version: int) ->
     tokens = torch.cat([g.carry["generated_tokens"].double() * g.carry["loss_multiplier"].double()
                         for g in groups])  # (B,)
     return ages.long(), tokens
+
+
+def version_token_counts(carry: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The ``version_tokens/<k>`` (G,) carries side by side: (G, K) long, column k = version ``oldest + k``."""
+    K = sum(k.startswith("version_tokens/") for k in carry)
+    return torch.stack([carry[f"version_tokens/{k}"] for k in range(K)], dim=1).long()

@@ -65,15 +65,16 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
 def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.Tensor], default: int,
                   span: int) -> dict[str, torch.Tensor]:
     """Per sample: ``oldest_version`` (B,) of its generated tokens (``default`` when it has none) and
-    ``version_tokens`` (B, span + 1), its generated tokens per version ``oldest + k`` (k = span takes any
-    newer); ``versions``/``token_mask`` jagged (L_i,) rows."""
+    ``version_tokens/<k>`` (B,) for k = 0 .. span, its generated tokens sampled with version ``oldest + k``
+    (k = span takes any newer): (B,) carries, like every other one; ``versions``/``token_mask`` jagged
+    (L_i,) rows."""
     oldest = torch.tensor([int(v[m > 0].min()) if bool((m > 0).any()) else default
                            for v, m in zip(versions, token_mask)], dtype=torch.long)
     counts = torch.zeros((len(versions), span + 1), dtype=torch.long)
     for i, (v, m) in enumerate(zip(versions, token_mask)):
         k = (v[m > 0] - oldest[i]).clamp(max=span)
         counts[i].scatter_add_(0, k, torch.ones_like(k))
-    return {"oldest_version": oldest, "version_tokens": counts}
+    return {"oldest_version": oldest, **{f"version_tokens/{k}": counts[:, k] for k in range(span + 1)}}
 
 
 class RolloutWorker:
@@ -167,7 +168,7 @@ class RolloutWorker:
 
         ``version_span`` (async GRPO: ``max_trajectory_age_steps``) writes ``generation_versions`` and adds
         to the carry each sample's
-        ``oldest_version`` (of its oldest generated token) and ``version_tokens`` (B, span + 1): its
+        ``oldest_version`` (of its oldest generated token) and ``version_tokens/<k>`` (B,), k = 0 .. span: its
         generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
         """
         gen = self.cfg.policy.generation

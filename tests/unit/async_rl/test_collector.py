@@ -10,6 +10,7 @@ import time
 import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, target_versions
+from rlplane.async_rl.staleness import version_token_counts
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, ROLLOUT_COLUMNS, TOKEN_MASK
@@ -309,8 +310,8 @@ def test_in_flight_refit_lands_mid_generation_and_tokens_record_their_version():
                 gen = vs[tm == 1].tolist()
                 assert gen == [0, 0, *[1] * (len(gen) - 2)][: len(gen)]  # flips exactly at token 2
                 assert (vs[tm == 0] == -1).all()
-                assert g.carry["version_tokens"][i].tolist() == [gen.count(0), gen.count(1)]
-        assert any(g.carry["version_tokens"][:, 1].sum() > 0 for g in first)
+                assert version_token_counts(g.carry)[i].tolist() == [gen.count(0), gen.count(1)]
+        assert any(g.carry["version_tokens/1"].sum() > 0 for g in first)
     finally:
         c.stop()
 
@@ -325,7 +326,8 @@ def test_a_checkpoint_without_token_versions_restores_with_the_groups_version(tm
     finally:
         c.stop()
     for g in state["replay_buffer"]["groups"]:  # as a checkpoint written before per-token versions
-        del g["columns"][GENERATION_VERSIONS], g["carry"]["oldest_version"], g["carry"]["version_tokens"]
+        del g["columns"][GENERATION_VERSIONS], g["carry"]["oldest_version"]
+        del g["carry"]["version_tokens/0"], g["carry"]["version_tokens/1"]
     d, _ = make_collector(start_version=1)
     d.load_state_dict(state, current_version=1)
     for g in d.buffer._groups:
@@ -333,4 +335,4 @@ def test_a_checkpoint_without_token_versions_restores_with_the_groups_version(tm
                                                                                                  GENERATION_VERSIONS))
         assert (vs[tm == 1] == 0).all() and g.carry["oldest_version"].tolist() == [0] * G
         # max_age 1: two columns (age offsets 0, 1); every generated token in the first.
-        assert g.carry["version_tokens"].tolist() == [[n, 0] for n in g.carry["generated_tokens"].tolist()]
+        assert version_token_counts(g.carry).tolist() == [[n, 0] for n in g.carry["generated_tokens"].tolist()]

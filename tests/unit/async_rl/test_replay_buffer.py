@@ -91,7 +91,8 @@ def test_age_is_bounded_on_the_oldest_token():
     for step, kept in [(2, True), (3, False)]:
         buf = ReplayBuffer(max_size=10)
         old = group(0, gen=0, target=step)
-        old.carry.update(oldest_version=torch.tensor([0, 0]), version_tokens=torch.tensor([[1, 0, 9], [1, 0, 9]]))
+        old.carry.update({"oldest_version": torch.tensor([0, 0]), "version_tokens/0": torch.tensor([1, 1]),
+                          "version_tokens/1": torch.tensor([0, 0]), "version_tokens/2": torch.tensor([9, 9])})
         buf.add(old)
         buf.add(group(1, gen=2, target=step))
         out = buf.sample(1, current_version=step, max_age_steps=2, timeout_s=0)

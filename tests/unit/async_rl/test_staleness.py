@@ -46,7 +46,10 @@ def test_token_ages_per_version_when_a_response_spans_a_refit():
                         carry={"generated_tokens": torch.tensor([6, 4, 5]),
                                "loss_multiplier": torch.tensor([1.0, 1.0, 0.0]),
                                "oldest_version": torch.tensor([3, 4, 3]),
-                               "version_tokens": torch.tensor([[2, 4, 0], [4, 0, 0], [5, 0, 0]])})
+                               # (per sample: tokens at oldest + 0, + 1, + 2)  [2, 4, 0], [4, 0, 0], [5, 0, 0]
+                               "version_tokens/0": torch.tensor([2, 4, 5]),
+                               "version_tokens/1": torch.tensor([4, 0, 0]),
+                               "version_tokens/2": torch.tensor([0, 0, 0])})
     ages, tokens = group_token_ages([g], current_version=5)
     # Per (sample, k): age 5 - oldest - k: sample 0 -> 2, 1, 0; sample 1 -> 1, 0, 0 (clamped from -1);
     # tokens version_tokens × loss_multiplier.
