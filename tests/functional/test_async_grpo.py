@@ -90,7 +90,9 @@ def test_save_and_resume_loses_and_repeats_no_prompt_and_keeps_learning(tmp_path
     async_grpo.train(cfg_for(split, "grpo.max_num_steps=6", "checkpointing.save_period=6"), quiet=True)
     before = list(trained_prompts)
     state = torch.load(split / "checkpoints" / "step_6" / "replay_buffer.pt", weights_only=True)
-    in_buffer = [g["prompt_idx"] for g in state["replay_buffer"]["groups"]]
+    # In the order the trainer takes them: by step, then prompt (epoch, index).
+    in_buffer = [g["prompt_idx"] for g in sorted(state["replay_buffer"]["groups"],
+                                                  key=lambda g: (g["target_version"], g["epoch"], g["prompt_idx"]))]
     pending = [d["idx"] for d in state["pending_prompts"]]
     trained_prompts.clear()
     async_grpo.train(cfg_for(split, "grpo.max_num_steps=12", "checkpointing.save_period=6",

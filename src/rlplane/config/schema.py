@@ -241,6 +241,14 @@ class AsyncGRPOConfig(StrictModel):
     max_generation_failures: int = Field(
         3, ge=0, description="Consecutive failed generation batches the collector retries before stopping the run."
     )
+    # Off: a refit waits until the outgoing weights have generated every step they serve (target t by
+    # version t - max_trajectory_age_steps), so a fixed seed replays the same metrics whatever the timing.
+    # On: results depend on thread timing (where in a response the weights change), by nature.
+    in_flight_weight_updates: bool = Field(
+        False, description="A refit swaps the generator's weights at the next token boundary instead of waiting "
+        "for the generation in flight (hf; vllm swaps between requests); each token records its weight version, "
+        "a trajectory's age is its oldest token's. Not deterministic: results depend on timing.",
+    )
 
 
 class GRPOConfig(RolloutLoopConfig):

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "ADVANTAGES", "COLUMNS", "GENERATION_LOGPROBS", "INPUT_IDS", "PREV_LOGPROBS", "REFERENCE_LOGPROBS", "RETURNS",
+    "ADVANTAGES", "ASYNC_ROLLOUT_COLUMNS", "COLUMNS", "GENERATION_LOGPROBS", "GENERATION_VERSIONS", "INPUT_IDS",
+    "PREV_LOGPROBS", "REFERENCE_LOGPROBS", "RETURNS",
     "ROLLOUT_COLUMNS", "TEACHER_LOGPROBS", "TOKEN_COLUMNS", "TOKEN_MASK", "VALUES", "ColumnSpec", "pad_values",
 ]
 
 INPUT_IDS = "input_ids"
 TOKEN_MASK = "token_mask"
 GENERATION_LOGPROBS = "generation_logprobs"
+GENERATION_VERSIONS = "generation_versions"
 PREV_LOGPROBS = "prev_logprobs"
 REFERENCE_LOGPROBS = "reference_policy_logprobs"
 TEACHER_LOGPROBS = "teacher_logprobs"
@@ -50,6 +52,9 @@ COLUMNS: dict[str, ColumnSpec] = {c.name: c for c in (
                "1 on generated tokens (the ones trained on), 0 on prompt and observation tokens"),
     ColumnSpec(GENERATION_LOGPROBS, True, torch.float32, 0.0, "rollout worker",
                "logprob of each generated token under the sampler, 0 elsewhere"),
+    ColumnSpec(GENERATION_VERSIONS, True, torch.long, -1, "rollout worker",
+               "weight version each generated token was sampled with (in-flight weight updates change it "
+               "mid-response), -1 elsewhere"),
     ColumnSpec(PREV_LOGPROBS, True, torch.float32, 0.0, "policy worker (compute_logprobs)",
                "log π_old: the policy's logprobs before this step's update"),
     ColumnSpec(REFERENCE_LOGPROBS, True, torch.float32, 0.0, "policy worker (compute_logprobs, reference=True)",
@@ -68,6 +73,8 @@ COLUMNS: dict[str, ColumnSpec] = {c.name: c for c in (
 TOKEN_COLUMNS: tuple[str, ...] = tuple(name for name, c in COLUMNS.items() if c.per_token)
 #: What the rollout worker writes for each sample.
 ROLLOUT_COLUMNS: tuple[str, ...] = (INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS)
+#: ... and what it adds for async GRPO (whose tokens may come from several weight versions).
+ASYNC_ROLLOUT_COLUMNS: tuple[str, ...] = (*ROLLOUT_COLUMNS, GENERATION_VERSIONS)
 
 
 def pad_values(names) -> dict[str, float | int]:

@@ -7,6 +7,13 @@ rows. This loop does: left-pad once, one prefill forward into a preallocated KV 
 (``kv_cache.py``: no per-step copy of the cache), then one forward
 per new token for the rows still running; rows that stop are dropped from the batch (and from the
 KV cache) once enough of them have stopped, and the loop exits when none run.
+
+In-flight weight updates: ``update_weights`` from another thread during a generation hands the
+weights to the loop (:class:`~rlplane.generation.interface.WeightSwap`), which loads them before
+its next forward pass; the tokens sampled from that forward on are stamped with the new version
+and their logprobs are the new weights' (the sampler's own). The KV cache of the earlier
+positions is kept as the old weights computed it (NeMo RL's default, "Magistral-style"; it is not
+recomputed).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from rlplane.generation.interface import (
     GenerationBackend,
     GenerationOutput,
     StopStrings,
+    WeightSwap,
     default_stop_token_ids,
     normalize_stop_strings,
 )
@@ -58,6 +66,7 @@ class HFGenerationBackend(GenerationBackend):
             raise ValueError("tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._added: dict[tuple[int, ...], str | None] = {}  # (previous, newest) -> text newest adds
+        self._swap = WeightSwap(self._load_weights)
 
     def sleep(self) -> None:
         """Free the model's weights (colocated placement: the trainer needs the memory meanwhile); the
@@ -70,13 +79,21 @@ class HFGenerationBackend(GenerationBackend):
     def asleep(self) -> bool:
         return bool(getattr(self, "_shapes", None))
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    @property
+    def weight_version(self) -> int | None:
+        return self._swap.version
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Copy ``state_dict`` into the generator's model in place (tied weights may be given once);
-        after :meth:`sleep` the weights are allocated first (woken)."""
+        during a generation in another thread, at its next token boundary. After :meth:`sleep` the
+        weights are allocated first (woken; nothing generates while asleep)."""
         if self.asleep:
             for p in self.model.parameters():
                 p.data = torch.empty(self._shapes[id(p)], dtype=p.dtype, device=p.device)
             self._shapes = None
+        self._swap.update(state_dict, version)
+
+    def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
         if getattr(self.model.config, "tie_word_embeddings", False):
@@ -109,7 +126,7 @@ class HFGenerationBackend(GenerationBackend):
         try:
             # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
             # the weights and re-casts every weight at every decode step (~30% of a SmolLM2 step).
-            with torch.no_grad(), autocast(self.model):
+            with torch.no_grad(), autocast(self.model), self._swap.generating():
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
@@ -169,6 +186,7 @@ class HFGenerationBackend(GenerationBackend):
             cache = preallocated_cache(self.model.config, max_len + max_new_tokens)
         else:
             cache = DynamicCache(config=self.model.config)
+        version = self._swap.boundary()  # of the weights that compute the logits of the next token
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -184,6 +202,7 @@ class HFGenerationBackend(GenerationBackend):
 
         out_tokens = torch.full((batch_size, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         out_logprobs = torch.zeros((batch_size, max_new_tokens), dtype=torch.float32, device=device)
+        out_versions = torch.full((batch_size, max_new_tokens), -1, dtype=torch.long)  # -1: no version given
         gen_lengths = torch.full((batch_size,), max_new_tokens, dtype=torch.long, device=device)
         stop_ids = torch.as_tensor(list(stop_token_ids), dtype=torch.long, device=device)
         finished_by_stop = torch.zeros(batch_size, dtype=torch.bool, device=device)
@@ -202,6 +221,7 @@ class HFGenerationBackend(GenerationBackend):
             tokens = tokens.masked_fill(done, self.pad_token_id)
             out_tokens[rows, step] = tokens
             out_logprobs[rows, step] = logprobs
+            out_versions[rows.cpu(), step] = -1 if version is None else version
             newly_done = torch.isin(tokens, stop_ids) & ~done if stop_ids.numel() else torch.zeros_like(done)
             if row_stop_strings is not None:
                 newly_done |= self._stop_string_hits(rows, done | newly_done, out_tokens, step, row_stop_strings)
@@ -220,6 +240,7 @@ class HFGenerationBackend(GenerationBackend):
                     done = done[keep]
             if step == max_new_tokens - 1:
                 break
+            version = self._swap.boundary()  # a token boundary: an in-flight weight update lands here
             logits = self.model(
                 input_ids=tokens[:, None],
                 attention_mask=attention_mask[:, : max_len + step + 1],
@@ -235,6 +256,7 @@ class HFGenerationBackend(GenerationBackend):
             output_ids=[t[:n] for t, n in zip(tokens_list, lengths_list)],
             logprobs=[out_logprobs[i, :n].cpu() for i, n in enumerate(lengths_list)],
             finish_reasons=[FINISH_STOP if s else FINISH_LENGTH for s in finished_by_stop.tolist()],
+            versions=None if version is None else [out_versions[i, :n] for i, n in enumerate(lengths_list)],
         )
 
     @staticmethod

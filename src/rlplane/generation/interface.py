@@ -11,7 +11,9 @@ are comparable (``train/token_mult_prob_error`` is 1 when the weights are the sa
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +29,82 @@ class GenerationOutput:
     output_ids: generated token ids only, through the stop token inclusive. ``len`` = T_i.
     logprobs: float32 tensors of shape (T_i,), processed log-probs of ``output_ids``.
     finish_reasons: ``"stop"`` or ``"length"``.
+    versions: long tensors of shape (T_i,), the weight version each token was sampled with (the
+        version given to ``update_weights``); None when the backend was never given one.
     """
 
     output_ids: list[list[int]]
     logprobs: list[torch.Tensor]
     finish_reasons: list[str]
+    versions: list[torch.Tensor] | None = None
+
+
+class WeightSwap:
+    """Weight updates handed to a generation in flight (in-flight weight updates).
+
+    ``update(state_dict, version)`` with no generation running loads at once. While one runs
+    (:meth:`generating`), it hands the weights over and waits: the generating thread loads them
+    itself at its next :meth:`boundary` (the ``hf`` loop calls it before every forward pass, so the
+    swap falls between two tokens and never inside a forward) or, failing that, when the
+    generation ends (``vllm``: between requests). The caller's tensors are copied before
+    ``update`` returns, so a trainer may step its weights right after.
+
+    ``version`` is the version of the weights loaded last (None until one is given): the generating
+    thread reads it at each boundary to stamp the tokens it samples next.
+    """
+
+    def __init__(self, load: Callable[[Mapping[str, torch.Tensor]], None]):
+        self._load = load
+        self._cond = threading.Condition()
+        self._generating = 0
+        self._pending: tuple[Mapping[str, torch.Tensor], int | None] | None = None
+        self._error: BaseException | None = None  # a handed-over load that failed, for its updater
+        self.version: int | None = None
+
+    def update(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        with self._cond:
+            if not self._generating:
+                self._apply(state_dict, version)
+                return
+            self._pending, self._error = (state_dict, version), None
+            while self._pending is not None:
+                self._cond.wait()
+            if self._error is not None:
+                raise RuntimeError(f"update_weights: loading in the generating thread failed: {self._error}") \
+                    from self._error
+
+    def boundary(self) -> int | None:
+        """Load weights handed over since the last call (the generating thread, between forwards);
+        returns the version the next forward runs with."""
+        with self._cond:
+            if self._pending is not None:
+                self._apply(*self._pending)
+            return self.version
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        with self._cond:
+            self._generating += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._generating -= 1
+                if self._pending is not None and not self._generating:
+                    self._apply(*self._pending)  # a swap handed over after the last boundary
+
+    def _apply(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
+        """Under the lock: load, stamp, wake the updater (which re-raises a failed load)."""
+        self._pending = None
+        try:
+            self._load(state_dict)
+            if version is not None:
+                self.version = int(version)
+        except BaseException as e:
+            self._error = e
+            raise
+        finally:
+            self._cond.notify_all()
 
 
 # A flat list of stop strings applies to every row; a list of per-row lists (None = none) to each row,
@@ -79,8 +152,11 @@ class GenerationBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Refit: load new policy weights into the generator's model."""
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """Refit: load new policy weights into the generator's model; ``version`` (the trainer's step)
+        stamps the tokens sampled with them (:attr:`GenerationOutput.versions`). Safe to call while
+        another thread generates (:class:`WeightSwap`): ``hf`` swaps at the next token, ``vllm`` once
+        the request in flight ends."""
 
     def sleep(self) -> None:
         """Release the accelerator memory the backend holds while the policy trains on the same device

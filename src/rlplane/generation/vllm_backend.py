@@ -23,6 +23,11 @@ With sleep mode the engine sleeps while the policy trains (:meth:`VLLMGeneration
 wakes on the next refit or generation (:class:`EngineHandle`). None of the GPU paths has run on a
 GPU yet; their logic is tested against a recording fake engine.
 
+In-flight weight updates: the in-process ``LLM.generate`` gives no hook between decode steps, so an
+``update_weights`` from another thread during a generation waits for that call to end and loads
+between requests (:class:`~rlplane.generation.interface.WeightSwap`); every token of a call carries
+the version it started with. The refit still waits for the request in flight here, unlike ``hf``.
+
 Logprobs are vLLM's ``processed_logprobs``: ``log_softmax`` of the logits after temperature and
 top-k / top-p, the same quantity the ``hf`` backend reports. One difference: for greedy
 requests vLLM reports the unscaled (temperature 1) logprobs; greedy decoding is used for
@@ -47,6 +52,7 @@ from rlplane.generation.interface import (
     GenerationBackend,
     GenerationOutput,
     StopStrings,
+    WeightSwap,
     default_stop_token_ids,
     normalize_stop_strings,
 )
@@ -256,6 +262,11 @@ class VLLMGenerationBackend(GenerationBackend):
         self._max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.engine = EngineHandle(self.llm, sleep_mode=enable_sleep_mode, engine_in_process=tensor_parallel_size == 1,
                                    tied=self._tied)
+        self._swap = WeightSwap(self._load_weights)
+
+    @property
+    def weight_version(self) -> int | None:
+        return self._swap.version
 
     def close(self) -> None:
         if self._dir is not None:
@@ -264,9 +275,12 @@ class VLLMGenerationBackend(GenerationBackend):
     def __del__(self):
         self.close()
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Load ``state_dict`` (HF names) into the running engine (waking it if asleep), then drop its
-        stale prefix cache."""
+        stale prefix cache; during a generation in another thread, once that call ends."""
+        self._swap.update(state_dict, version)
+
+    def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.engine.load_weights(state_dict)
 
     def sleep(self) -> None:
@@ -331,8 +345,9 @@ class VLLMGenerationBackend(GenerationBackend):
             )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         self.engine.wake_up()
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), self._swap.generating():
             torch.manual_seed(call_seed)
+            version = self._swap.boundary()  # the whole call runs with these weights
             outs = self.llm.generate(prompts, params, use_tqdm=False)
         output_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns outputs in request order
@@ -341,4 +356,6 @@ class VLLMGenerationBackend(GenerationBackend):
             output_ids.append(ids)
             logprobs.append(torch.tensor([pos[t].logprob for pos, t in zip(c.logprobs, ids)], dtype=torch.float32))
             reasons.append(FINISH_LENGTH if c.finish_reason == "length" else FINISH_STOP)
-        return GenerationOutput(output_ids, logprobs, reasons)
+        versions = None if version is None else [torch.full((len(ids),), version, dtype=torch.long)
+                                                 for ids in output_ids]
+        return GenerationOutput(output_ids, logprobs, reasons, versions)

@@ -11,8 +11,10 @@ and the step they are meant for. Each step here (NeMo RL ``async_grpo_train``,
   → one receipt for the step (:func:`~rlplane.dataplane.concat_metas`) → reward scaling/shaping
   → prev logprobs recomputed with the current weights, reference logprobs, advantages, train
     (as sync GRPO; the loss's IS weight π_old/π_gen corrects the staleness)
-  → clear the step's keys (the next steps' groups stay) → refit the collector (it finishes the
-    batch in flight first) → weight version + 1.
+  → clear the step's keys (the next steps' groups stay) → refit the collector (it first serves
+    every step the outgoing weights are due to serve, then finishes the batch in flight; with
+    ``in_flight_weight_updates`` it waits for neither: the weights land at the next token)
+    → weight version + 1.
 
 The driver holds receipts and (B,) tensors only, as in sync GRPO.
 
@@ -89,15 +91,19 @@ class CollectorHandle:
     def call(self, method: str, *args, **kwargs):
         return self.actor.call(method, *args, **kwargs)
 
-    def refit(self, version: int, timer: Timer) -> None:
+    def refit(self, version: int, timer: Timer) -> int:
         """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
-        have served step ``version`` and for the batch in flight, copy, bump the version."""
+        have served the steps due to them and for the batch in flight (neither with in-flight
+        updates), copy, bump the version. Returns the buffer's size at the swap: the groups for the
+        next steps, the same in every run unless in-flight updates are on."""
         with timer("idle/refit_bubble"):
             self.call("prepare_for_refit", version)
+        buffered = int(self.call("stats")["buffer_size"])
         with timer("weight_sync"):
-            self.call("update_weights", self._policy.lazy("get_weights"))
+            self.call("update_weights", self._policy.lazy("get_weights"), version)
         self.call("set_weight_version", version)
         self.call("resume_after_refit")
+        return buffered
 
     def stop(self) -> None:
         self.call("stop")
@@ -179,11 +185,11 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     s.refit.mark_stale()
     # This step's keys only: the next steps' groups wait in the same partition. Nobody needs the answer.
     s.data_plane.clear_samples(meta, None, wait=False)
-    handle.refit(step + 1, timer)
+    buffered = handle.refit(step + 1, timer)
 
     metrics.update(merge_rank_metrics(results))
     metrics.update(rollout_metrics(carry, meta.seq_lens))
-    metrics["buffer_size"] = float(handle.call("stats")["buffer_size"])
+    metrics["buffer_size"] = float(buffered)
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 

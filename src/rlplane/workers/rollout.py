@@ -20,7 +20,10 @@ Sampling is seeded per sample (with a backend that supports it: ``hf``): the sam
 whatever batch or worker generates it and in whatever order.
 
 Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
-:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response.
+:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response; with
+``version_span`` (async GRPO) also ``generation_versions``, the weight version of each generated
+token: the one the backend stamped it with (in-flight weight updates: it changes mid-response),
+else the rollout's ``weight_version``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
-from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.generation import create_backend
@@ -61,6 +64,21 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
     return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
 
 
+def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.Tensor], default: int,
+                  span: int) -> dict[str, torch.Tensor]:
+    """Per sample: ``oldest_version`` (B,) of its generated tokens (``default`` when it has none) and
+    ``version_tokens/<k>`` (B,) for k = 0 .. span, its generated tokens sampled with version ``oldest + k``
+    (k = span takes any newer): (B,) carries, like every other one; ``versions``/``token_mask`` jagged
+    (L_i,) rows."""
+    oldest = torch.tensor([int(v[m > 0].min()) if bool((m > 0).any()) else default
+                           for v, m in zip(versions, token_mask)], dtype=torch.long)
+    counts = torch.zeros((len(versions), span + 1), dtype=torch.long)
+    for i, (v, m) in enumerate(zip(versions, token_mask)):
+        k = (v[m > 0] - oldest[i]).clamp(max=span)
+        counts[i].scatter_add_(0, k, torch.ones_like(k))
+    return {"oldest_version": oldest, **{f"version_tokens/{k}": counts[:, k] for k in range(span + 1)}}
+
+
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0,
                  shared_paths: SharedPaths | None = None):
@@ -86,9 +104,13 @@ class RolloutWorker:
         return 0
 
     # ---- weights and RNG -------------------------------------------------------------------------
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load the policy's weights (and wake the engine after :meth:`sleep`)."""
-        self.backend.update_weights(state_dict)
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """Load the policy's weights (waking the engine after :meth:`sleep`); ``version`` stamps the
+        tokens the new weights sample (may land mid-generation: in-flight updates)."""
+        if version is None:
+            self.backend.update_weights(state_dict)
+        else:
+            self.backend.update_weights(state_dict, version=version)
 
     def sleep(self) -> None:
         """Release the engine's memory until the next :meth:`update_weights` (colocated placement: the
@@ -163,6 +185,7 @@ class RolloutWorker:
         weight_version: int | None = None,
         keys: Sequence[str] | None = None,
         heldout: bool = False,
+        version_span: int | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
@@ -172,6 +195,11 @@ class RolloutWorker:
         (warm-up and stand-alone evaluation) only the carry comes back. Sampling is seeded by each
         row's :func:`sample_keys` and ``weight_version`` (default: the one set by
         :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
+
+        ``version_span`` (async GRPO: ``max_trajectory_age_steps``) writes ``generation_versions`` and adds
+        to the carry each sample's
+        ``oldest_version`` (of its oldest generated token) and ``version_tokens/<k>`` (B,), k = 0 .. span: its
+        generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
         """
         gen = self.cfg.policy.generation
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
@@ -206,6 +234,8 @@ class RolloutWorker:
         )
         kill_point("generation")
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
+        # Tokens the backend did not stamp (it was never given a version) were sampled with `version`.
+        versions = [torch.where((v < 0) & (m > 0), version, v) for v, m in zip(res.generation_versions, res.token_mask)]
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),
@@ -217,6 +247,8 @@ class RolloutWorker:
             # Trained tokens per sample (the token mask's ones): async GRPO weighs token ages by them.
             "generated_tokens": torch.tensor([int(m.sum()) for m in res.token_mask]),
         }
+        if version_span is not None:
+            carry.update(version_carry(versions, res.token_mask, version, version_span))
         # Every component an environment of the batch declares, 0 where it gave none (a failed
         # sample): the carry's keys then depend on the tasks only, so batches concatenate.
         declared = {n for d in datums for n in getattr(self.env(d.task_name), "reward_component_names", ())}
@@ -230,7 +262,8 @@ class RolloutWorker:
         meta = self.dp.put_samples(
             group_keys(len(datums), group_size) if keys is None else list(keys),
             partition_id,
-            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs},
+            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs,
+             **({} if version_span is None else {GENERATION_VERSIONS: versions})},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
         return meta, carry, metrics

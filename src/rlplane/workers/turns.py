@@ -67,6 +67,7 @@ class SampleState:
     stop_strings: list[str] | None
     token_mask: list[torch.Tensor] = field(default_factory=list)  # chunks, int8
     logprobs: list[torch.Tensor] = field(default_factory=list)  # chunks, float32
+    versions: list[torch.Tensor] = field(default_factory=list)  # chunks, long: weight version, -1 off the mask
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)  # summed over turns like reward
     turns: int = 0
@@ -78,17 +79,20 @@ class SampleState:
     truncated: bool = False  # the sequence hit max_total_sequence_length
     env_error: bool = False
 
-    def append(self, ids: Sequence[int], generated: torch.Tensor | None) -> None:
-        """Add ``ids``; ``generated`` is their logprobs when the model produced them, None for observations."""
+    def append(self, ids: Sequence[int], generated: torch.Tensor | None, versions: torch.Tensor | None = None) -> None:
+        """Add ``ids``; ``generated`` is their logprobs when the model produced them, None for observations;
+        ``versions`` the weight version of each generated token."""
         n = len(ids)
         self.input_ids.extend(ids)
         if generated is None:
             self.token_mask.append(torch.zeros(n, dtype=torch.int8))
             self.logprobs.append(torch.zeros(n))
+            self.versions.append(torch.full((n,), -1, dtype=torch.long))
             self.env_tokens += n
         else:
             self.token_mask.append(torch.ones(n, dtype=torch.int8))
             self.logprobs.append(generated.float())
+            self.versions.append(torch.full((n,), -1, dtype=torch.long) if versions is None else versions.long())
             self.gen_tokens += n
 
 
@@ -99,6 +103,7 @@ class TurnsResult:
     input_ids: list[torch.Tensor]  # (L_i,) long
     token_mask: list[torch.Tensor]  # (L_i,) int8, 1 on generated tokens
     generation_logprobs: list[torch.Tensor]  # (L_i,) float32, 0 off the mask
+    generation_versions: list[torch.Tensor]  # (L_i,) long, weight version of each generated token, -1 off the mask
     rewards: torch.Tensor  # (B,) float32, summed over turns
     reward_components: dict[str, torch.Tensor]  # name -> (B,) float32, summed over turns; 0 where not given
     truncated: torch.Tensor  # (B,) bool: last response cut by a length limit, or sequence at the max length
@@ -153,6 +158,7 @@ def run_turns(
     for s in states:
         s.token_mask.append(torch.zeros(s.prompt_length, dtype=torch.int8))
         s.logprobs.append(torch.zeros(s.prompt_length))
+        s.versions.append(torch.full((s.prompt_length,), -1, dtype=torch.long))
         if s.prompt_length >= max_total:  # no room to generate anything
             s.done = s.truncated = True
     env_errors = env_retries = 0
@@ -173,11 +179,13 @@ def run_turns(
             generation_timeout_s, f"rollout worker: generation of {len(active)} samples (turn {turn + 1})",
             "policy.generation.timeout_s",
         )
-        for i, room, ids, lps, reason in zip(active, rooms, out.output_ids, out.logprobs, out.finish_reasons):
+        versions = out.versions or [None] * len(active)
+        for i, room, ids, lps, vs, reason in zip(active, rooms, out.output_ids, out.logprobs, versions,
+                                                 out.finish_reasons):
             s = states[i]
             if len(ids) > room:
-                ids, lps, reason = ids[:room], lps[:room], FINISH_LENGTH
-            s.append(ids, lps)
+                ids, lps, vs, reason = ids[:room], lps[:room], None if vs is None else vs[:room], FINISH_LENGTH
+            s.append(ids, lps, vs)
             s.truncated = reason == FINISH_LENGTH and len(s.input_ids) >= max_total  # filled the sequence
             s.turns += 1
             s.finish_reason = reason
@@ -373,6 +381,7 @@ def _result(states: list[SampleState], env_errors: int, env_retries: int, max_tu
         input_ids=[torch.tensor(s.input_ids, dtype=torch.long) for s in states],
         token_mask=[torch.cat(s.token_mask) for s in states],
         generation_logprobs=[torch.cat(s.logprobs) for s in states],
+        generation_versions=[torch.cat(s.versions) for s in states],
         rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
         reward_components={n: torch.tensor([s.reward_components.get(n, 0.0) for s in states], dtype=torch.float32)
                            for n in names},

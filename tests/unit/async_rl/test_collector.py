@@ -10,9 +10,10 @@ import time
 import torch
 
 from rlplane.async_rl import AsyncTrajectoryCollector, target_versions
+from rlplane.async_rl.staleness import version_token_counts
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
-from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, ROLLOUT_COLUMNS, TOKEN_MASK
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, ROLLOUT_COLUMNS, TOKEN_MASK
 from rlplane.datasets import build_datasets
 from rlplane.workers.base import load_configured_policy
 
@@ -271,3 +272,67 @@ def test_refit_lets_the_outgoing_weights_serve_the_next_step_first():
     finally:
         release.set()
         c.stop()
+
+
+def test_in_flight_refit_lands_mid_generation_and_tokens_record_their_version():
+    c, _ = make_collector("grpo.async_grpo.in_flight_weight_updates=true")
+    backend = c.worker.backend
+    real_boundary, calls, reached = backend._swap.boundary, {"n": 0}, threading.Event()
+
+    def boundary():
+        calls["n"] += 1
+        if calls["n"] == 3:  # before token 2's forward of the first batch: hold until the refit is handed over
+            reached.set()
+            while backend._swap._pending is None:
+                time.sleep(0.001)
+        return real_boundary()
+
+    backend._swap.boundary = boundary
+    model, _ = load_configured_policy(make_cfg("grpo.seed=7"))
+    try:
+        c.start()
+        assert reached.wait(20)
+        t0 = time.monotonic()
+        c.prepare_for_refit(next_version=1)  # returns at once: the batch in flight keeps going
+        assert c._busy and time.monotonic() - t0 < 1.0
+        c.update_weights({k: v.clone() for k, v in model.state_dict().items()}, version=1)
+        c.set_weight_version(1)
+        c.resume_after_refit()
+        wait_until(lambda: len(c.buffer) >= P)
+        c.pause()
+        first = [g for g in c.buffer._groups if g.target_version == 0]
+        assert len(first) == P
+        for g in first:
+            assert g.generation_version == 0  # its oldest token's version: its age counts from there
+            cols = c.dp.get_samples(g.meta, None, [TOKEN_MASK, GENERATION_VERSIONS])
+            for i, n in enumerate(g.meta.seq_lens):
+                tm, vs = cols[TOKEN_MASK][i, :n], cols[GENERATION_VERSIONS][i, :n]
+                gen = vs[tm == 1].tolist()
+                assert gen == [0, 0, *[1] * (len(gen) - 2)][: len(gen)]  # flips exactly at token 2
+                assert (vs[tm == 0] == -1).all()
+                assert version_token_counts(g.carry)[i].tolist() == [gen.count(0), gen.count(1)]
+        assert any(g.carry["version_tokens/1"].sum() > 0 for g in first)
+    finally:
+        c.stop()
+
+
+def test_a_checkpoint_without_token_versions_restores_with_the_groups_version(tmp_path):
+    c, _ = make_collector()
+    try:
+        c.start()
+        wait_until(lambda: c.counters["groups_generated"] == 2 * P)
+        c.sample(P, current_version=0)
+        state = c.state_dict()
+    finally:
+        c.stop()
+    for g in state["replay_buffer"]["groups"]:  # as a checkpoint written before per-token versions
+        del g["columns"][GENERATION_VERSIONS], g["carry"]["oldest_version"]
+        del g["carry"]["version_tokens/0"], g["carry"]["version_tokens/1"]
+    d, _ = make_collector(start_version=1)
+    d.load_state_dict(state, current_version=1)
+    for g in d.buffer._groups:
+        tm, vs = (d.dp.get_samples(g.meta, None, [TOKEN_MASK, GENERATION_VERSIONS])[k] for k in (TOKEN_MASK,
+                                                                                                 GENERATION_VERSIONS))
+        assert (vs[tm == 1] == 0).all() and g.carry["oldest_version"].tolist() == [0] * G
+        # max_age 1: two columns (age offsets 0, 1); every generated token in the first.
+        assert version_token_counts(g.carry).tolist() == [[n, 0] for n in g.carry["generated_tokens"].tolist()]

@@ -36,3 +36,26 @@ def test_group_token_ages_weights_by_trained_tokens():
     groups = [group(4, [2, 1], [1.0, 1.0]), group(3, [1, 3], [1.0, 0.0])]
     ages, tokens = group_token_ages(groups, current_version=5)
     assert ages.tolist() == [1, 1, 2, 2] and tokens.tolist() == [2.0, 1.0, 1.0, 0.0]  # masked-out sample: 0 tokens
+
+
+def test_token_ages_per_version_when_a_response_spans_a_refit():
+    # In-flight weight updates: sample 0 began at version 3 (oldest token) and got the weights of
+    # version 4 after 2 tokens; sample 1 is all version 4; sample 2 is masked out (loss_multiplier 0).
+    g = TrajectoryGroup(prompt_idx=0, generation_version=3, target_version=5,
+                        meta=KVBatchMeta("train", None, ["a", "b", "c"]),
+                        carry={"generated_tokens": torch.tensor([6, 4, 5]),
+                               "loss_multiplier": torch.tensor([1.0, 1.0, 0.0]),
+                               "oldest_version": torch.tensor([3, 4, 3]),
+                               # (per sample: tokens at oldest + 0, + 1, + 2)  [2, 4, 0], [4, 0, 0], [5, 0, 0]
+                               "version_tokens/0": torch.tensor([2, 4, 5]),
+                               "version_tokens/1": torch.tensor([4, 0, 0]),
+                               "version_tokens/2": torch.tensor([0, 0, 0])})
+    ages, tokens = group_token_ages([g], current_version=5)
+    # Per (sample, k): age 5 - oldest - k: sample 0 -> 2, 1, 0; sample 1 -> 1, 0, 0 (clamped from -1);
+    # tokens version_tokens × loss_multiplier.
+    assert ages.tolist() == [2, 1, 0, 1, 0, 0, 2, 1, 0]
+    assert tokens.tolist() == [2.0, 4.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    m = token_age_metrics(ages, tokens, max_age_steps=2)
+    # 10 tokens: age 2: 2, age 1: 4 + 4 = 8. mean = (2·2 + 1·8) / 10 = 1.2; p50 = 1; max = 2.
+    assert abs(m["token_age/mean"] - 1.2) < 1e-12 and m["token_age/p50"] == 1.0 and m["token_age/max"] == 2.0
+    assert [round(m[f"tokens_from_version_minus_{k}"], 12) for k in range(3)] == [0.0, 0.8, 0.2]
