@@ -138,3 +138,52 @@ def test_packed_and_token_budget_batches_match_padded(token_level):
             assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-6), (name, key)
         for pname, g in ref_grads.items():
             torch.testing.assert_close(grads[pname], g, atol=1e-5, rtol=1e-4, msg=f"{name}: grad of {pname}")
+
+
+@pytest.mark.parametrize("extra", [MODES["dynamic"], MODES["packed"]], ids=["dynamic", "packed"])
+def test_value_worker_packed_and_token_budget_match_padded(extra):
+    """The critic takes the same micro-batch plans: same V(s_t), same value loss and gradients."""
+    from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_COLUMNS
+    from rlplane.workers.value import ValueWorker
+
+    def run(modes):
+        cfg = load_config("ppo_arithmetic", [
+            "warmup.enabled=false", f"policy.train_global_batch_size={N}", "policy.train_micro_batch_size=4",
+            "policy.logprob_batch_size=4", "policy.max_total_sequence_length=32",
+            "policy.generation.max_new_tokens=24", "ppo.num_prompts_per_step=6", "ppo.num_generations_per_prompt=2",
+            "value.max_grad_norm=null", "value.loss_fn.cliprange=0.2", *modes])
+        client = make_data_plane("memory")
+        g = torch.Generator().manual_seed(3)
+        lengths = [p + r for p, r in zip(PROMPTS, RESPONSES)]
+        client.register_partition("train", PPO_COLUMNS, N)
+        mask = [torch.cat([torch.zeros(p), torch.ones(r)]).to(torch.int8) for p, r in zip(PROMPTS, RESPONSES)]
+        meta = client.put_samples([f"s{i}_g0" for i in range(N)], "train", {
+            "input_ids": [torch.randint(4, 21, (n,), generator=g) for n in lengths], "token_mask": mask,
+            "returns": [torch.randn(n, generator=g) for n in lengths]})
+        w = ValueWorker(cfg, client)
+        torch.nn.init.normal_(w.model.score.weight, std=0.1, generator=torch.Generator().manual_seed(2))
+        w.compute_values(meta)
+        values = client.get_samples(meta, "train", ["values"])["values"]
+        metrics = w.train(meta)
+        return values, metrics, {n: p.grad.clone() for n, p in w.model.named_parameters()}, torch.tensor(meta.seq_lens)
+
+    ref_v, ref_m, ref_g, lengths = run([])
+    v, m, grads, _ = run(extra)
+    valid = torch.arange(ref_v.shape[1])[None, :] < lengths[:, None]
+    torch.testing.assert_close(v[valid], ref_v[valid], atol=1e-5, rtol=0)
+    assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-5)
+    for name, g in ref_g.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=true"], "are exclusive"),
+    (["policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=16"],
+     "policy.sequence_packing.train_mb_tokens = 16 < policy.max_total_sequence_length = 32"),
+    (["policy.dynamic_batching.enabled=true", "policy.dynamic_batching.logprob_mb_tokens=8"],
+     "policy.dynamic_batching.logprob_mb_tokens = 8 < policy.max_total_sequence_length = 32"),
+])
+def test_config_errors_name_the_key_and_the_fix(overrides, message):
+    with pytest.raises(Exception) as err:
+        _cfg(*overrides)
+    assert message in str(err.value)
