@@ -138,6 +138,26 @@ class TokenBudgetConfig(StrictModel):
     )
 
 
+def _transformers_packs() -> bool:
+    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows)."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SequencePackingConfig(TokenBudgetConfig):
+    """``policy.sequence_packing``: a token budget plus the width of a packed row."""
+
+    row_tokens: int | None = Field(
+        None, ge=2, description="Width of a packed row (several sequences share it); null = the longest sequence "
+        "of the batch, where attention costs no more than in a padded batch. Wider rows fit more short sequences "
+        "but SDPA/eager attention on a CPU costs width² per row (NeMo RL packs one row of train_mb_tokens, for "
+        "flash-attention on GPUs)."
+    )
+
+
 class PolicyConfig(StrictModel):
     """The trained model, its optimizer and how batches are cut."""
 
@@ -167,8 +187,8 @@ class PolicyConfig(StrictModel):
         default_factory=TokenBudgetConfig, description="Rows sorted by length and cut by token budget, each "
         "micro-batch padded only to its own longest sequence."
     )
-    sequence_packing: TokenBudgetConfig = Field(
-        default_factory=TokenBudgetConfig, description="Several sequences per row (position ids restart, attention "
+    sequence_packing: SequencePackingConfig = Field(
+        default_factory=SequencePackingConfig, description="Several sequences per row (position ids restart, attention "
         "stays within each), rows as wide as the longest sequence; no padding is computed but row tails."
     )
     train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
@@ -481,6 +501,10 @@ class RunConfig(StrictModel):
         if p.dynamic_batching.enabled and p.sequence_packing.enabled:
             errors.append("policy.dynamic_batching.enabled and policy.sequence_packing.enabled are exclusive (NeMo "
                           "RL's rule: both decide the micro-batches); disable one of them")
+        if p.sequence_packing.enabled and not _transformers_packs():
+            errors.append("policy.sequence_packing.enabled needs transformers' packed-sequence masks "
+                          "(masking_utils.find_packed_sequence_indices, transformers >= 4.54); upgrade "
+                          "transformers or use policy.dynamic_batching instead")
         for key in ("dynamic_batching", "sequence_packing"):
             tb = getattr(p, key)
             if tb.enabled and p.dtensor_cfg.enabled and p.dp_size > 1:

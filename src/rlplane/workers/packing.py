@@ -8,14 +8,17 @@ which is why any partition of a global batch into micro-batches gives the same s
 
 - **Dynamic batching**: rows sorted longest first, cut greedily so that ``rows × longest ≤ max_tokens``;
   each micro-batch is padded only to its own longest sequence.
-- **Sequence packing**: first-fit decreasing into rows of ``width`` = the longest sequence of what is
-  planned; ``max_tokens // width`` packed rows per micro-batch. Inside a row, ``position_ids`` restart
-  at 0 for every sequence, and the model gets ``attention_mask=None``: transformers (>= 4.54,
-  ``masking_utils.find_packed_sequence_indices``) then builds the block-diagonal causal mask itself for
-  SDPA and eager attention, and FlashAttention-2 takes the same input as varlen ``cu_seqlens``. Rows as
-  long as the longest sequence, not one row of ``max_tokens`` as NeMo RL packs on GPU: SDPA/eager on a
-  CPU materialise the dense (W, W) mask and scores, so one 8k-token row would cost 64× the attention of
-  sixty-four 128-token rows; at the longest sequence's width attention costs no more than padding did.
+- **Sequence packing**: first-fit decreasing into rows of ``width`` = ``row_tokens``, by default the
+  longest sequence of what is planned; ``max_tokens // width`` packed rows per micro-batch. Inside a row,
+  ``position_ids`` restart at 0 for every sequence, and the model gets ``attention_mask=None``:
+  transformers (``masking_utils.find_packed_sequence_indices``, PR #39194, 4.54+) then builds the
+  block-diagonal causal mask itself for SDPA and eager attention, and FlashAttention-2 takes the same
+  input as varlen ``cu_seqlens`` (one input for every backend; a hand-made 4-D mask would rule out
+  FlashAttention). It must be ``None``: with a 2-D mask transformers skips the detection (PR #46634).
+  By default rows are as long as the longest sequence, not one row of ``max_tokens`` as NeMo RL packs
+  on GPU: SDPA/eager on a CPU materialise the dense (W, W) mask and scores, so one 8k-token row would
+  cost 64× the attention of sixty-four 128-token rows; at the longest sequence's width attention costs
+  no more than padding did.
 """
 
 from __future__ import annotations
@@ -83,12 +86,13 @@ def first_fit_decreasing(rows: torch.Tensor, lengths: torch.Tensor, width: int) 
     return bins
 
 
-def packed_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: int) -> list[MicroBatch]:
-    """Sequence packing: ``rows`` into first-fit-decreasing rows as wide as the longest of them, then
-    ``max(1, max_tokens // width)`` packed rows per micro-batch."""
+def packed_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: int,
+                        row_tokens: int | None = None) -> list[MicroBatch]:
+    """Sequence packing: ``rows`` into first-fit-decreasing rows of width ``row_tokens`` (at least the
+    longest of them; None: the longest), then ``max(1, max_tokens // width)`` packed rows per micro-batch."""
     if len(rows) == 0:
         return []
-    width = int(lengths[rows].max())
+    width = max(int(lengths[rows].max()), row_tokens or 0)
     bins = first_fit_decreasing(rows, lengths, width)
     per_mb = max(1, max_tokens // width)
     out = []
@@ -115,11 +119,13 @@ def microbatch_planner(policy_cfg, train: bool) -> Callable[[torch.Tensor, torch
     ``max_total_sequence_length × logprob_batch_size``); off: fixed chunks of the batch size."""
     p = policy_cfg
     size = p.train_micro_batch_size if train else p.logprob_batch_size
-    for section, plan in ((p.sequence_packing, packed_microbatches), (p.dynamic_batching, token_budget_microbatches)):
+    for section in (p.sequence_packing, p.dynamic_batching):
         if section.enabled:
             budget = section.train_mb_tokens if train else section.logprob_mb_tokens
             budget = budget if budget is not None else p.max_total_sequence_length * size
-            return lambda rows, lengths, plan=plan, budget=budget: plan(rows, lengths, budget)
+            if section is p.sequence_packing:
+                return lambda rows, lengths: packed_microbatches(rows, lengths, budget, section.row_tokens)
+            return lambda rows, lengths: token_budget_microbatches(rows, lengths, budget)
     return lambda rows, lengths: fixed_microbatches(rows, size)
 
 

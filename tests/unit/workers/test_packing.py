@@ -100,6 +100,9 @@ MODES = {
                 "policy.dynamic_batching.logprob_mb_tokens=48"],
     "packed": ["policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=64",
                "policy.sequence_packing.logprob_mb_tokens=48"],
+    # Rows of 40 columns: up to 6 short sequences share one.
+    "packed, wide rows": ["policy.sequence_packing.enabled=true", "policy.sequence_packing.row_tokens=40",
+                          "policy.sequence_packing.train_mb_tokens=80"],
     # One micro-batch holding the whole global batch, packed: the micro-batch split itself changes nothing.
     "packed, one micro-batch": ["policy.sequence_packing.enabled=true",
                                 "policy.sequence_packing.train_mb_tokens=1024"],
