@@ -139,6 +139,42 @@ class DTensorConfig(StrictModel):
     )
 
 
+class TokenBudgetConfig(StrictModel):
+    """Micro-batches cut by a token budget instead of a row count (``policy.dynamic_batching`` /
+    ``policy.sequence_packing``, NeMo RL's keys; ``workers/packing.py`` plans them). The loss is unchanged:
+    it stays normalised by the global batch's counts, so only the padding that is computed changes."""
+
+    enabled: bool = Field(False, description="Cut micro-batches by tokens (see the section's description).")
+    train_mb_tokens: int | None = Field(
+        None, ge=1, description="Tokens per training micro-batch (padding included); null = "
+        "max_total_sequence_length × train_micro_batch_size."
+    )
+    logprob_mb_tokens: int | None = Field(
+        None, ge=1, description="Tokens per no-grad logprob micro-batch; null = max_total_sequence_length × "
+        "logprob_batch_size."
+    )
+
+
+def _transformers_packs() -> bool:
+    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows)."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SequencePackingConfig(TokenBudgetConfig):
+    """``policy.sequence_packing``: a token budget plus the width of a packed row."""
+
+    row_tokens: int | None = Field(
+        None, ge=2, description="Width of a packed row (several sequences share it); null = the longest sequence "
+        "of the batch, where attention costs no more than in a padded batch. Wider rows fit more short sequences "
+        "but SDPA/eager attention on a CPU costs width² per row (NeMo RL packs one row of train_mb_tokens, for "
+        "flash-attention on GPUs)."
+    )
+
+
 class PolicyConfig(StrictModel):
     """The trained model, its optimizer and how batches are cut."""
 
@@ -164,6 +200,14 @@ class PolicyConfig(StrictModel):
         default_factory=DTensorConfig, description="FSDP2 sharding of the trained models (NeMo RL's key)."
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the embedded model.")
+    dynamic_batching: TokenBudgetConfig = Field(
+        default_factory=TokenBudgetConfig, description="Rows sorted by length and cut by token budget, each "
+        "micro-batch padded only to its own longest sequence."
+    )
+    sequence_packing: SequencePackingConfig = Field(
+        default_factory=SequencePackingConfig, description="Several sequences per row (position ids restart, attention "
+        "stays within each), rows as wide as the longest sequence; no padding is computed but row tails."
+    )
     train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
     train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
     logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
@@ -481,6 +525,24 @@ class RunConfig(StrictModel):
                 f"policy.max_total_sequence_length = {p.max_total_sequence_length} (prompt + response); raise "
                 f"max_total_sequence_length above max_new_tokens + the longest prompt, or lower max_new_tokens"
             )
+        if p.dynamic_batching.enabled and p.sequence_packing.enabled:
+            errors.append("policy.dynamic_batching.enabled and policy.sequence_packing.enabled are exclusive (NeMo "
+                          "RL's rule: both decide the micro-batches); disable one of them")
+        if p.sequence_packing.enabled and not _transformers_packs():
+            errors.append("policy.sequence_packing.enabled needs transformers' packed-sequence masks "
+                          "(masking_utils.find_packed_sequence_indices, transformers >= 4.54); upgrade "
+                          "transformers or use policy.dynamic_batching instead")
+        for key in ("dynamic_batching", "sequence_packing"):
+            tb = getattr(p, key)
+            if tb.enabled and p.dtensor_cfg.enabled and p.dp_size > 1:
+                errors.append(f"policy.{key}.enabled with policy.dtensor_cfg.enabled: ranks would run different "
+                              "numbers of training forwards, which FSDP's collectives cannot; disable one of them")
+            for budget in ("train_mb_tokens", "logprob_mb_tokens"):
+                value = getattr(tb, budget)
+                if tb.enabled and value is not None and value < p.max_total_sequence_length:
+                    errors.append(f"policy.{key}.{budget} = {value} < policy.max_total_sequence_length = "
+                                  f"{p.max_total_sequence_length}: the longest sequence must fit one micro-batch; "
+                                  f"raise it (or leave it null)")
         if p.dtensor_cfg.enabled and p.lora.enabled:
             errors.append("policy.dtensor_cfg.enabled with policy.lora.enabled is not supported yet (the adapter "
                           "refit and checkpoints assume an unsharded model); disable one of them")

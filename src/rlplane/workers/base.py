@@ -20,6 +20,7 @@ from rlplane.models.precision import apply_precision
 from rlplane.runtime.devices import to_device
 from rlplane.utils.metrics import reduce_microbatch_metrics
 from rlplane.workers import parallel
+from rlplane.workers.packing import MicroBatch
 
 # (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
 # sequences) -> (loss, detached metrics)
@@ -158,22 +159,23 @@ class DPTrainWorker:
         token_mask: torch.Tensor,
         sample_mask: torch.Tensor,
         global_batch_size: int,
-        micro_batch_size: int,
+        plan: Callable[[torch.Tensor], list[MicroBatch]],
         max_grad_norm: float | None,
-        forward: Callable[[slice], torch.Tensor],
+        forward: Callable[[MicroBatch], torch.Tensor],
         loss: MicroBatchLoss,
         batch: dict[str, torch.Tensor],
     ) -> dict[str, float]:
         """One optimizer step per global batch of this rank's shard, then one scheduler step.
 
         ``token_mask`` (B, T') is the loss's token mask (already sliced like the loss inputs) and
-        ``sample_mask`` (B,). Per micro-batch ``mb``: ``loss(forward(mb), {k: v[mb]}, sample_mask[mb],
-        global_valid_tokens, global_valid_seqs)``. The loss is normalised by the global counts of each global batch
-        (summed over micro-batches and DP ranks), so the summed gradient is the global-batch mean.
+        ``sample_mask`` (B,). ``plan(rows)`` cuts a global batch's rows into micro-batches
+        (``workers/packing.py``); per micro-batch ``mb``: ``loss(forward(mb), {k: v[mb.rows]},
+        sample_mask[mb.rows], global_valid_tokens, global_valid_seqs)``, ``forward`` returning (b, T') rows.
+        The loss is normalised by the global counts of each global batch (summed over micro-batches and
+        DP ranks), so the summed gradient is the global-batch mean, however the rows are cut.
         Returns the reduced metrics plus ``grad_norm``, ``lr``, ``global_valid_toks/seqs``.
         """
         per_rank_gbs = global_batch_size // self.world_size
-        mbs = min(micro_batch_size, per_rank_gbs)
         num_gb = max(1, len(token_mask) // per_rank_gbs)
         metrics_per_mb: list[dict[str, torch.Tensor]] = []
         grad_norms = []
@@ -183,10 +185,9 @@ class DPTrainWorker:
             counts = self._all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
             global_toks, global_seqs = counts[0], counts[1]
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(gb.start, gb.stop, mbs):
-                mb = slice(start, start + mbs)
-                value, m = loss(forward(mb), {k: v[mb] for k, v in batch.items()}, sample_mask[mb], global_toks,
-                                global_seqs)
+            for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
+                value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
+                                global_toks, global_seqs)
                 value.backward()
                 metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
             parallel.sync_gradients(self.model, self.group)

@@ -44,6 +44,7 @@ from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner, pad_columns
 
 
 class PolicyLoss(Protocol):
@@ -116,6 +117,11 @@ def token_logprobs(
     """
     with autocast(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+    return logprobs_from_logits(logits, input_ids, temperature, top_k, top_p, unfiltered)
+
+
+def logprobs_from_logits(logits, input_ids, temperature, top_k=None, top_p=1.0, unfiltered=False):
+    """:func:`token_logprobs` after the forward: ``logits`` (B, T, V) of ``input_ids`` (B, T)."""
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]  # (B, T-1)
     logp = sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p, tokens=targets)  # (B, T-1)
@@ -123,6 +129,17 @@ def token_logprobs(
         return F.pad(logp, (1, 0))
     plain = sampling_logprobs(logits, temperature=temperature, top_k=None, top_p=1.0, tokens=targets)
     return F.pad(logp, (1, 0)), F.pad(plain, (1, 0))
+
+
+def microbatch_logprobs(model, input_ids, lengths, mb: MicroBatch, trim: bool, temperature, top_k=None, top_p=1.0,
+                        unfiltered=False):
+    """:func:`token_logprobs` of the micro-batch ``mb`` (fixed, token-budget or packed,
+    ``workers/packing.py``) as (b, T) rows in ``mb.rows`` order, T = ``input_ids``' width."""
+    with autocast(model):
+        logits, ids = forward_microbatch(model, input_ids, lengths, mb, trim)  # (b, L, V), (b, L)
+    lp = logprobs_from_logits(logits, ids, temperature, top_k, top_p, unfiltered)
+    width = input_ids.shape[1]
+    return tuple(pad_columns(x, width) for x in lp) if unfiltered else pad_columns(lp, width)
 
 
 class PolicyWorker(DPTrainWorker):
@@ -166,24 +183,23 @@ class PolicyWorker(DPTrainWorker):
     def compute_logprobs(self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False) -> None:
         """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
         model = self.reference if reference else self.model
-        bs = self.cfg.policy.logprob_batch_size
-        finish_lockstep = self._lockstep(model, -(-len(meta) // bs))
+        lengths = torch.tensor(meta.seq_lens or (), dtype=torch.long, device=self.device)
+        plan = microbatch_planner(self.cfg.policy, train=False)(torch.arange(len(meta), device=self.device), lengths)
+        finish_lockstep = self._lockstep(model, len(plan))
         if len(meta) == 0:
             return finish_lockstep()
-        data = self._fetch(meta, [INPUT_IDS])
-        ids = data[INPUT_IDS]  # (B, T)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
-        attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()  # (B, T)
+        ids = self._fetch(meta, [INPUT_IDS])[INPUT_IDS]  # (B, T)
         gen = self.cfg.policy.generation
         # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
         # use_reference_model), and the loss compares them with the policy's unfiltered ones.
         top_k, top_p = (None, 1.0) if reference else (gen.top_k, gen.top_p)
+        trim = self.cfg.policy.dynamic_batching.enabled
         was_training = model.training
         model.eval()
-        out = torch.cat([
-            token_logprobs(model, ids[i : i + bs], attn[i : i + bs], gen.temperature, top_k, top_p)
-            for i in range(0, len(ids), bs)
-        ]).cpu()  # the data plane holds host tensors
+        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # (B, T)
+        for mb in plan:
+            out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p)
+        out = out.cpu()  # the data plane holds host tensors
         finish_lockstep()
         model.train(was_training)
         self.dp.put_samples(
@@ -200,7 +216,6 @@ class PolicyWorker(DPTrainWorker):
         sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
         lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
         ids = data[INPUT_IDS]  # (B, T)
-        attn = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         gen = cfg.policy.generation
         batch = {c: data[c][:,
                             1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
@@ -208,13 +223,15 @@ class PolicyWorker(DPTrainWorker):
         # well (the reference's are unfiltered); both come from one forward pass.
         split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)
 
-        def forward(mb: slice):
+        def forward(mb: MicroBatch):
             """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``."""
-            lp = token_logprobs(self.model, ids[mb], attn[mb], gen.temperature, gen.top_k, gen.top_p, split_kl)
+            lp = microbatch_logprobs(self.model, ids, lengths, mb, cfg.policy.dynamic_batching.enabled,
+                                     gen.temperature, gen.top_k, gen.top_p, split_kl)
             return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
+        plan = microbatch_planner(cfg.policy, train=True)
         return self._train_global_batches(
-            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,
+            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, lambda rows: plan(rows, lengths),
             cfg.policy.max_grad_norm, forward, loss, batch,
         )
 

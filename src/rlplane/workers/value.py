@@ -31,6 +31,7 @@ from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
+from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner, pad_columns
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,13 @@ def shifted_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return F.pad(head[:, :-1], (1, 0))
 
 
+def microbatch_values(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, trim: bool):
+    """:func:`shifted_values` of the micro-batch ``mb`` (fixed, token-budget or packed, ``workers/packing.py``)
+    as (b, T) rows in ``mb.rows`` order, T = ``input_ids``' width."""
+    out, _ = forward_microbatch(model, input_ids, lengths, mb, trim)  # (b, L, 1)
+    return pad_columns(F.pad(out[..., 0].float()[:, :-1], (1, 0)), input_ids.shape[1])
+
+
 class ValueWorker(DPTrainWorker):
     """One data-parallel rank of the critic: ``compute_values`` and ``train`` on its shard."""
 
@@ -96,24 +104,20 @@ class ValueWorker(DPTrainWorker):
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.value.optimizer, cfg.value.scheduler)
         self.group = None
 
-    def _inputs(self, meta: KVBatchMeta, fields: list[str]):
-        data = self._fetch(meta, fields)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
-        positions = torch.arange(data[INPUT_IDS].shape[1], device=self.device)
-        attn = (positions[None, :] < lengths[:, None]).long()  # (B, T)
-        return data, lengths, attn
-
     @torch.no_grad()
     def compute_values(self, meta: KVBatchMeta, out_field: str = VALUES) -> None:
         """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
-        bs = self.cfg.policy.logprob_batch_size
-        finish_lockstep = self._lockstep(self.model, -(-len(meta) // bs))
+        lengths = torch.tensor(meta.seq_lens or (), dtype=torch.long, device=self.device)
+        plan = microbatch_planner(self.cfg.policy, train=False)(torch.arange(len(meta), device=self.device), lengths)
+        finish_lockstep = self._lockstep(self.model, len(plan))
         if len(meta) == 0:
             return finish_lockstep()
-        data, lengths, attn = self._inputs(meta, [INPUT_IDS])
-        ids = data[INPUT_IDS]
+        ids = self._fetch(meta, [INPUT_IDS])[INPUT_IDS]  # (B, T)
+        trim = self.cfg.policy.dynamic_batching.enabled
         self.model.eval()
-        out = torch.cat([shifted_values(self.model, ids[i : i + bs], attn[i : i + bs]) for i in range(0, len(ids), bs)])
+        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # (B, T)
+        for mb in plan:
+            out[mb.rows] = microbatch_values(self.model, ids, lengths, mb, trim)
         out = out.cpu()  # the data plane holds host tensors
         finish_lockstep()
         self.model.train()
@@ -127,18 +131,21 @@ class ValueWorker(DPTrainWorker):
         ``0.5·scale·Σ max((v − R)², (clamp(v, v_old ± ε) − R)²)·m / N_tok`` against the stored
         ``returns``, ``v_old`` = the stored ``values``. Metrics: :func:`rlplane.algorithms.value_loss`'s."""
         cfg = self.cfg
-        data, _, attn = self._inputs(meta, [INPUT_IDS, TOKEN_MASK, VALUES, RETURNS])
+        data = self._fetch(meta, [INPUT_IDS, TOKEN_MASK, VALUES, RETURNS])
+        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
         ids = data[INPUT_IDS]
         sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
         # Position 0 is never a response token; values/returns are aligned with the token mask.
         batch = {TOKEN_MASK: data[TOKEN_MASK][:, 1:].float(), VALUES: data[VALUES][:, 1:],
                  RETURNS: data[RETURNS][:, 1:]}
 
-        def forward(mb: slice) -> torch.Tensor:
-            return shifted_values(self.model, ids[mb], attn[mb])[:, 1:]  # (b, T-1)
+        def forward(mb: MicroBatch) -> torch.Tensor:
+            trim = cfg.policy.dynamic_batching.enabled
+            return microbatch_values(self.model, ids, lengths, mb, trim)[:, 1:]  # (b, T-1)
 
+        plan = microbatch_planner(cfg.policy, train=True)
         return self._train_global_batches(
-            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size,
+            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, lambda rows: plan(rows, lengths),
             cfg.value.max_grad_norm, forward, CriticLoss(cfg.value.loss_fn.cliprange, cfg.value.loss_fn.scale), batch,
         )
 

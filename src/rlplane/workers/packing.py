@@ -1,0 +1,177 @@
+"""How a shard's rows are cut into micro-batches: fixed-size (the default), by token budget (NeMo RL's
+``policy.dynamic_batching``) or packed several sequences to a row (``policy.sequence_packing``).
+
+Every plan is a list of :class:`MicroBatch`; the worker forwards each one and gets back per-sample rows
+(b, T) in ``mb.rows`` order, so the loss sees exactly what it sees without packing. The loss stays
+normalised by the global batch's valid tokens / sequences (``DPTrainWorker._train_global_batches``),
+which is why any partition of a global batch into micro-batches gives the same summed loss and gradient.
+
+- **Dynamic batching**: rows sorted longest first, cut greedily so that ``rows × longest ≤ max_tokens``;
+  each micro-batch is padded only to its own longest sequence.
+- **Sequence packing**: first-fit decreasing into rows of ``width`` = ``row_tokens``, by default the
+  longest sequence of what is planned; ``max_tokens // width`` packed rows per micro-batch. Inside a row,
+  ``position_ids`` restart at 0 for every sequence, and the model gets ``attention_mask=None``:
+  transformers (``masking_utils.find_packed_sequence_indices``, PR #39194, 4.54+) then builds the
+  block-diagonal causal mask itself for SDPA and eager attention, and FlashAttention-2 takes the same
+  input as varlen ``cu_seqlens`` (one input for every backend; a hand-made 4-D mask would rule out
+  FlashAttention). It must be ``None``: with a 2-D mask transformers skips the detection (PR #46634).
+  By default rows are as long as the longest sequence, not one row of ``max_tokens`` as NeMo RL packs
+  on GPU: SDPA/eager on a CPU materialise the dense (W, W) mask and scores, so one 8k-token row would
+  cost 64× the attention of sixty-four 128-token rows; at the longest sequence's width attention costs
+  no more than padding did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each sample of a packed micro-batch sits: row ``row[i]``, columns ``offset[i] : offset[i] + len``."""
+
+    row: torch.Tensor  # (b,) packed row of each sample
+    offset: torch.Tensor  # (b,) first column of each sample in its row
+    num_rows: int
+    width: int
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """``rows`` (b,): the shard's rows it holds, in the order its outputs come back; ``packing``: their
+    layout when packed (None: one sample per row, right-padded to the longest of ``rows``)."""
+
+    rows: torch.Tensor
+    packing: PackedLayout | None = None
+
+
+def fixed_microbatches(rows: torch.Tensor, size: int) -> list[MicroBatch]:
+    """Consecutive chunks of ``size`` rows (the last may be shorter)."""
+    return [MicroBatch(r) for r in rows.split(size)]
+
+
+def token_budget_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: int) -> list[MicroBatch]:
+    """Dynamic batching: ``rows`` sorted by length, longest first (ties keep their order), then cut
+    greedily so that a micro-batch's padded size ``len(mb) × its longest`` stays ≤ ``max_tokens``.
+    A sequence longer than the budget gets a micro-batch of its own."""
+    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)].tolist()
+    out: list[list[int]] = []
+    for r in order:
+        # Sorted longest first, so the micro-batch's longest is its first row's length.
+        if out and (len(out[-1]) + 1) * int(lengths[out[-1][0]]) <= max_tokens:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return [MicroBatch(torch.tensor(mb, dtype=torch.long, device=rows.device)) for mb in out]
+
+
+def first_fit_decreasing(rows: torch.Tensor, lengths: torch.Tensor, width: int) -> list[list[int]]:
+    """Bins of total length ≤ ``width``: longest first (ties keep their order), each into the first bin it fits."""
+    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)].tolist()
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for r in order:
+        n = int(lengths[r])
+        for b, room in enumerate(free):
+            if n <= room:
+                bins[b].append(r)
+                free[b] -= n
+                break
+        else:
+            bins.append([r])
+            free.append(width - n)
+    return bins
+
+
+def packed_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: int,
+                        row_tokens: int | None = None) -> list[MicroBatch]:
+    """Sequence packing: ``rows`` into first-fit-decreasing rows of width ``row_tokens`` (at least the
+    longest of them; None: the longest), then ``max(1, max_tokens // width)`` packed rows per micro-batch."""
+    if len(rows) == 0:
+        return []
+    width = max(int(lengths[rows].max()), row_tokens or 0)
+    bins = first_fit_decreasing(rows, lengths, width)
+    per_mb = max(1, max_tokens // width)
+    out = []
+    for start in range(0, len(bins), per_mb):
+        chunk = bins[start : start + per_mb]
+        samples, row, offset = [], [], []
+        for r, members in enumerate(chunk):
+            at = 0
+            for s in members:
+                samples.append(s)
+                row.append(r)
+                offset.append(at)
+                at += int(lengths[s])
+        layout = PackedLayout(torch.tensor(row, device=rows.device), torch.tensor(offset, device=rows.device),
+                              len(chunk), width)
+        out.append(MicroBatch(torch.tensor(samples, dtype=torch.long, device=rows.device), layout))
+    return out
+
+
+def microbatch_planner(policy_cfg, train: bool) -> Callable[[torch.Tensor, torch.Tensor], list[MicroBatch]]:
+    """``plan(rows, lengths)`` for the run's ``policy.sequence_packing`` / ``policy.dynamic_batching``
+    (mutually exclusive, checked with the config), for training (``train_mb_tokens``, default
+    ``max_total_sequence_length × train_micro_batch_size``) or logprobs (``logprob_mb_tokens``, default
+    ``max_total_sequence_length × logprob_batch_size``); off: fixed chunks of the batch size."""
+    p = policy_cfg
+    size = p.train_micro_batch_size if train else p.logprob_batch_size
+    for section in (p.sequence_packing, p.dynamic_batching):
+        if section.enabled:
+            budget = section.train_mb_tokens if train else section.logprob_mb_tokens
+            budget = budget if budget is not None else p.max_total_sequence_length * size
+            if section is p.sequence_packing:
+                return lambda rows, lengths: packed_microbatches(rows, lengths, budget, section.row_tokens)
+            return lambda rows, lengths: token_budget_microbatches(rows, lengths, budget)
+    return lambda rows, lengths: fixed_microbatches(rows, size)
+
+
+def pack_inputs(input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, pad_id: int = 0):
+    """``(input_ids, position_ids, where)``: the first two (R, W) for the packed forward; ``where`` (b, L) the flat
+    index ``row·W + column`` of each sample's token t (t < L = its micro-batch's longest; past a sample's
+    own length it points at column 0 of its row, a value the caller masks). Unused row tails get
+    ``position_ids`` counting from 0 again, so they form a block of their own and attend to no sample."""
+    lay = mb.packing
+    n = lengths[mb.rows]  # (b,)
+    longest = int(n.max())
+    t = torch.arange(longest, device=input_ids.device)
+    valid = t[None, :] < n[:, None]  # (b, L)
+    where = lay.row[:, None] * lay.width + torch.where(valid, lay.offset[:, None] + t[None, :], 0)  # (b, L)
+    flat_ids = torch.full((lay.num_rows * lay.width,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
+    flat_ids[where[valid]] = input_ids[mb.rows, :longest][valid]
+    # Position of each column counted from the start of the block it belongs to: a sample, or a row's tail.
+    cols = torch.arange(lay.width, device=input_ids.device)
+    used = torch.zeros(lay.num_rows, dtype=torch.long, device=input_ids.device)
+    used = used.scatter_reduce(0, lay.row, lay.offset + n, reduce="amax")  # (R,) columns holding samples
+    positions = (cols[None, :] - used[:, None]).reshape(-1)  # (R·W,) the tails' count from 0
+    positions[where[valid]] = t.expand_as(valid)[valid]
+    return flat_ids.view(lay.num_rows, lay.width), positions.view(lay.num_rows, lay.width), where
+
+
+def unpack_rows(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """(R, W, ...) outputs of a packed forward → (b, L, ...) per-sample rows (``where`` from :func:`pack_inputs`)."""
+    return values.reshape(-1, *values.shape[2:])[where]
+
+
+def forward_microbatch(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, trim: bool):
+    """``(logits, ids)``: the model's output (b, L, ...) for the samples of ``mb`` as right-padded rows, and
+    their ids (b, L). L is the micro-batch's longest sequence with ``trim`` or packing, else the shard's
+    width (the fixed path, unchanged). Positions past a sample's length hold values the loss masks."""
+    if mb.packing is not None:
+        packed_ids, positions, where = pack_inputs(input_ids, lengths, mb)
+        out = model(input_ids=packed_ids, position_ids=positions, attention_mask=None, use_cache=False).logits
+        return unpack_rows(out, where), input_ids[mb.rows, : where.shape[1]]
+    width = int(lengths[mb.rows].max()) if trim else input_ids.shape[1]
+    ids = input_ids[mb.rows, :width]  # (b, L)
+    attn = (torch.arange(width, device=ids.device)[None, :] < lengths[mb.rows, None]).long()  # (b, L)
+    return model(input_ids=ids, attention_mask=attn, use_cache=False).logits, ids
+
+
+def pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(b, L, ...) → (b, width, ...) with zeros after column L (per-token outputs back to the batch's width)."""
+    if x.shape[1] == width:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], dim=1)
