@@ -308,6 +308,17 @@ class PlaneIndex:
         tags = [part.tags[s] or {} for s in slots.tolist()]
         return LookupPlan(parts, _lens_out(part.seq_len[slots]), tags, part.task_name)
 
+    def verify(self, pid: str, ids: Sequence[str], expected: dict[str, np.ndarray]) -> bool:
+        """True if every key is live and each field's rows are in chunk `expected[field][i]` (the
+        locations a put receipt promised are still current); False if any was overwritten since.
+        Cleared or unknown keys raise as `lookup` does."""
+        part, slots = self._live_slots(pid, ids, f"get fields {list(expected)}")
+        for field, cids in expected.items():
+            arr = part.loc.get(field)
+            if arr is None or not np.array_equal(arr[0, slots], cids):
+                return False
+        return True
+
     def list(self, pid: str) -> list[str]:
         return list(self.partition(pid).slot_of)
 
