@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _resolve
+from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _encoded, _resolve
 from .codec import Column, from_wire, to_wire
 from .columns import INPUT_IDS
 from .errors import DataPlaneError, fmt_keys
@@ -94,9 +94,11 @@ _RECEIPTS_LOCK = threading.Lock()
 
 
 def _forget(store: str, pid: str | None, ids: Iterable[str] | None = None, fields: Iterable[str] | None = None) -> None:
-    """Drop the refs of this process's receipts that hold any of `ids` (all keys if None) in
-    partition `pid` (all if None) for any of `fields` (all if None): their rows are being cleared
-    or overwritten, and a receipt must not keep the object alive after the index lets it go."""
+    """Drop the refs of this process's receipts whose rows go: a clear of `ids` (all keys if None)
+    in `pid` (all partitions if None) drops every receipt holding any of them; an overwrite of
+    `fields` of `ids` drops those it replaces whole (one replaced in part still has live rows in
+    the index, and a reader's check sees which). A receipt must not keep an object alive after
+    the index lets it go."""
     with _RECEIPTS_LOCK:
         for gone in [k for k, v in _RECEIPTS.items() if not v]:  # partitions of past steps
             del _RECEIPTS[gone]
@@ -104,9 +106,12 @@ def _forget(store: str, pid: str | None, ids: Iterable[str] | None = None, field
     keys = None if ids is None else set(ids)
     for receipts in groups:
         for r in receipts:
-            if r.ref is None or (fields is not None and r.chunks.keys().isdisjoint(fields)):
+            if r.ref is None:
                 continue
-            if keys is None or not keys.isdisjoint(r.ids):
+            if fields is None:
+                if keys is None or not keys.isdisjoint(r.ids):
+                    r.ref = None
+            elif r.chunks.keys() <= set(fields) and keys.issuperset(r.ids):
                 r.ref = None
 
 
@@ -264,7 +269,8 @@ class RayDataPlane(IndexedClient):
         answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest,
                                                client=self._id)
         try:
-            payload = ray.put({name: to_wire(col) for name, col in columns.items()})  # while the store answers
+            # Encoding and copying while the store answers.
+            payload = ray.put({name: to_wire(col) for name, col in _encoded(columns).items()})
         except Exception as err:  # e.g. the object store is full: readers must hear why, not wait
             payload = _Failed(f"{type(err).__name__}: {err}")
         lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the object just goes
