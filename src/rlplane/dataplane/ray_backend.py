@@ -290,7 +290,10 @@ class RayDataPlane(IndexedClient):
             return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
         refs, expected, plan = located
         check = self._store_actor.call.remote("verify", pid, ids, expected, client=self._id)
-        objs = dict(zip(refs, ray.get(refs)))  # while the store checks the receipts
+        try:
+            objs = dict(zip(refs, ray.get(refs)))  # while the store checks the receipts
+        except ray.exceptions.RayError:  # e.g. its owner died: the index's answer says what is left
+            return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
         parts = {f: [(from_wire(objs[ref][f]), rows, pos) for ref, rows, pos in fparts] for f, fparts in plan.items()}
         try:
             out, err = self._assemble(pid, ids, meta, fields, parts, pad_values, pad_to), None
@@ -305,10 +308,12 @@ class RayDataPlane(IndexedClient):
     def _from_receipts(self, meta, ids: list[str], fields: list[str]):
         """(refs, expected chunk ids per field, field -> [(ref, rows, positions)]) for reading `ids`
         from the receipts `meta` carries, or None if they do not hold every (key, field) asked for."""
-        receipts = [r for r in meta.locations if isinstance(r, _Receipt) and r.ref is not None
-                    and r.store == self._store_key and r.pid == meta.partition_id]
-        if not receipts:
+        held = [(r, r.ref) for r in meta.locations if isinstance(r, _Receipt)
+                and r.store == self._store_key and r.pid == meta.partition_id]
+        held = [(r, ref) for r, ref in held if ref is not None]  # (a clear in another thread may drop one)
+        if not held:
             return None
+        receipts = [r for r, _ in held]
         rows_in = [[r.row_of().get(k) for k in ids] for r in receipts]  # per receipt, per key: row or None
         refs: dict = {}
         expected: dict[str, np.ndarray] = {}
@@ -330,8 +335,8 @@ class RayDataPlane(IndexedClient):
             for i in dict.fromkeys(use):
                 pos = [p for p, u in enumerate(use) if u == i]
                 cids[pos] = receipts[i].chunks[f]
-                refs[receipts[i].ref] = None
-                plan[f].append((receipts[i].ref, [rows_in[i][p] for p in pos], pos))
+                refs[held[i][1]] = None
+                plan[f].append((held[i][1], [rows_in[i][p] for p in pos], pos))
             expected[f] = cids
         return list(refs), expected, plan
 
