@@ -14,7 +14,8 @@ One step (what a sync GRPO step asks of the data plane):
   original order -> clear (without waiting for the store's answer, as the trainer's step-end clear).
 
 Variants:
-  ray        rlplane's `ray` backend (index in a store actor, one object per put).
+  ray        rlplane's `ray` backend (index in a store actor, one object per put; a rank handed the
+             put's receipt reads from it while the store verifies it is current).
   ray/store  the same with owner="store" (data outlives its producer; one extra copy per put).
   raw        what one would write by hand: the driver packs each column jagged (numpy values +
              offsets) per DP shard, one ray.put per shard; actors get and pad it, return their

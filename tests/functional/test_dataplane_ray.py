@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from rlplane.dataplane import GLOBAL_PAD_KEY, DataPlaneError, make_data_plane, shard_meta_for_dp
+from rlplane.dataplane import GLOBAL_PAD_KEY, ClearedKeyError, DataPlaneError, make_data_plane, shard_meta_for_dp
 
 pytestmark = pytest.mark.ray
 
@@ -46,6 +46,12 @@ def consumers(ray_session):
             assert cols["input_ids"].shape == (len(meta), T)
             client.put_samples(meta, None, {"prev_logprobs": 2 * cols["generation_logprobs"]})
             return len(meta), int(cols["input_ids"].shape[1])
+
+        def rewrite(self, client, pid, keys, reward):
+            client.put_samples(keys, pid, {"reward": torch.full((len(keys),), reward)})
+
+        def clear(self, client, meta):
+            client.clear_samples(meta, None)
 
         def produce(self, client):
             return client.put_samples(["a", "b"], "roll", {"input_ids": [torch.arange(3), torch.arange(200_000)]})
@@ -145,5 +151,66 @@ def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_sessi
         with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] "
                                                  r"was never stored \(ObjectStoreFullError"):
             client.get_samples(["a"], "p", ["reward"])
+    finally:
+        client.close()
+
+
+def test_a_reader_given_a_receipt_skips_the_lookup_and_still_sees_later_overwrites(ray_session, consumers):
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        client.register_partition("r", ["input_ids", "reward"], 2)
+        meta = client.put_samples(["a", "b"], "r", {"input_ids": [torch.arange(3), torch.arange(4)],
+                                                    "reward": torch.tensor([1.0, 2.0])})
+        assert len(meta.locations) == 1 and meta.locations[0].ref is not None
+        lookups = []
+        lookup = client._lookup
+        client._lookup = lambda *args: (lookups.append(args), lookup(*args))[1]
+        out = client.get_samples(meta, None, ["input_ids", "reward"])
+        assert lookups == []  # read straight from the receipt's object; the store only verified it
+        assert out["input_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 2, 3]] and out["reward"].tolist() == [1.0, 2.0]
+        # Another process overwrites b's reward. This process's receipt is now stale (and, written
+        # elsewhere, still holds its ref): the read must notice and return the new value.
+        ray.get(consumers[0].rewrite.remote(client, "r", ["b"], 9.0))
+        assert client.get_samples(meta, None, ["reward"])["reward"].tolist() == [1.0, 9.0]
+        assert len(lookups) == 1
+        # A write-back's receipt carries both puts; the later one wins for the keys both hold.
+        meta2 = client.put_samples(meta.slice(1), None, {"reward": torch.tensor([5.0])})
+        assert len(meta2.locations) == 2
+        assert client.get_samples(meta2, None, ["input_ids", "reward"])["reward"].tolist() == [5.0]
+        assert len(lookups) == 1
+    finally:
+        client.close()
+
+
+def test_receipts_after_a_clear_refuse_to_read_and_free_the_store(ray_session, consumers):
+    import gc
+
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        client.register_partition("c", ["input_ids"], 2)
+        before = wait_for_usage(plasma_usage())
+        meta = client.put_samples(["a", "b"], "c", {"input_ids": [torch.arange(300_000), torch.arange(5)]})
+        # Cleared here: the receipt drops its ref at once, so the store goes back while the meta lives.
+        client.clear_samples(meta, None, wait=False)
+        assert wait_for_usage(before) == before
+        with pytest.raises(ClearedKeyError, match=r"keys \['a', 'b'\] were cleared"):
+            client.get_samples(meta, None, ["input_ids"])
+
+        # Overwritten whole here: the old object goes although the old receipt lives on.
+        meta = client.put_samples(["x", "y"], "c", {"input_ids": [torch.arange(300_000), torch.arange(5)]})
+        after_one_put = wait_for_usage(plasma_usage())
+        old_meta = meta
+        meta = client.put_samples(["x", "y"], "c", {"input_ids": [torch.arange(300_000), torch.arange(5)]})
+        assert wait_for_usage(after_one_put) == after_one_put and old_meta.locations[0].ref is None
+        del old_meta
+        # Cleared by another process: this process's receipt still holds its ref, yet the read refuses.
+        ray.get(consumers[0].clear.remote(client, meta))
+        with pytest.raises(ClearedKeyError, match=r"keys \['x', 'y'\] were cleared"):
+            client.get_samples(meta, None, ["input_ids"])
+        del meta  # ... and the object goes with the last meta that carries it
+        gc.collect()
+        assert wait_for_usage(before) == before
     finally:
         client.close()

@@ -17,7 +17,8 @@ row's length (the tail is padding by definition).
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -143,6 +144,11 @@ def _resolve(
     return (None if sample_ids is None else [str(s) for s in sample_ids]), partition_id, None
 
 
+def _encoded(columns: Mapping[str, Column | Callable[[], Column]]) -> dict[str, Column]:
+    """`columns` with the encodings `put_samples` deferred (callables) done."""
+    return {name: col() if callable(col) else col for name, col in columns.items()}
+
+
 def _check_register(partition_id: str, fields: Sequence[str], num_samples: int) -> tuple[str, list[str], int]:
     if isinstance(fields, str):
         raise DataPlaneError(f"partition {partition_id!r}: fields is the string {fields!r}; pass a list of names")
@@ -177,9 +183,10 @@ class IndexedClient(DataPlaneClient):
         """Turn the plan's payloads back into columns (same structure as plan.parts)."""
 
     def _commit(self, pid: str, ids: list[str], columns: dict[str, Column], *rest: Any) -> tuple:
-        """Store `columns` and record them in the index; returns the index's `commit` answer.
+        """Store `columns` and record them in the index; returns the index's `commit` answer
+        (seq_lens, tags, task_name) and the locations for the receipt (see `KVBatchMeta.locations`).
         `rest` = (token_lens, seq_lens, seq_lens_explicit, tags) as `PlaneIndex.commit` takes them."""
-        return self._index_call("commit", pid, ids, self._store(columns), *rest)
+        return (*self._index_call("commit", pid, ids, self._store(_encoded(columns)), *rest)[:3], ())
 
     def _lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
         return self._index_call("lookup", pid, ids, fields)
@@ -280,16 +287,21 @@ class IndexedClient(DataPlaneClient):
                     f"{self.seq_len_field!r} as a list of 1-D tensors first"
                 )
             for name in padded_token_fields:
-                col = jagged_from_padded(fields[name].detach().cpu(), torch.tensor(known, dtype=torch.int64))
-                columns[name] = col
-                token_lens[name] = col.row_lengths().numpy()
+                value = fields[name].detach().cpu()
+                trimmed = np.minimum(np.asarray(known, dtype=np.int64), value.shape[1])  # the jagged rows' lengths
+                # Encoded in the backend's _commit (`_encoded`): the ray backend does it while the store
+                # checks the commit. It cannot fail, so the commit may go first.
+                columns[name] = functools.partial(jagged_from_padded, value, torch.from_numpy(trimmed))
+                token_lens[name] = trimmed
 
-        final_lens, final_tags, task_name = self._commit(pid, ids, columns, token_lens, lens, not derived, tags)
+        final_lens, final_tags, task_name, located = self._commit(pid, ids, columns, token_lens, lens, not derived,
+                                                                  tags)
         out_lens = None if any(x is None for x in final_lens) else tuple(final_lens)
         if final_tags is None:  # no key carries tags: the store spares sending n empty dicts
             final_tags = [{} for _ in ids]
         if meta is None:
-            return KVBatchMeta(pid, task_name, tuple(ids), tuple(fields), out_lens, tuple(final_tags))
+            return KVBatchMeta(pid, task_name, tuple(ids), tuple(fields), out_lens, tuple(final_tags),
+                               locations=located)
         merged_tags = tuple({**old, **new} for old, new in zip(meta.tags, final_tags))
         return KVBatchMeta(
             pid,
@@ -299,6 +311,7 @@ class IndexedClient(DataPlaneClient):
             out_lens if out_lens is not None else meta.seq_lens,
             merged_tags,
             dict(meta.extra_info),
+            (*meta.locations, *located),  # later locations win for a key both hold
         )
 
     def get_samples(self, sample_ids, partition_id, select_fields, pad_values=None, pad_to=None):
@@ -308,8 +321,11 @@ class IndexedClient(DataPlaneClient):
         if isinstance(select_fields, str):
             select_fields = [select_fields]
         select_fields = list(select_fields or [])
-        plan = self._lookup(pid, ids, select_fields)
-        parts = self._fetch(plan)
+        parts = self._fetch(self._lookup(pid, ids, select_fields))
+        return self._assemble(pid, ids, meta, select_fields, parts, pad_values, pad_to)
+
+    def _assemble(self, pid, ids, meta, select_fields, parts, pad_values, pad_to) -> dict[str, torch.Tensor]:
+        """`get_samples`' answer from the fetched chunks: fresh padded (or dense) tensors in `ids` order."""
         pad_values = {**declared_pads(select_fields), **(pad_values or {})}
         if pad_to is None and meta is not None:
             pad_to = meta.extra_info.get(GLOBAL_PAD_KEY)

@@ -87,10 +87,7 @@ class _Partition:
 class LookupPlan:
     """Where each requested field's rows live: field -> [(payload, rows in chunk, output positions)]."""
 
-    parts: dict[str, list[tuple[Any, list[int], list[int]]]]
-    seq_lens: list[int | None]
-    tags: list[dict]
-    task_name: str | None
+    parts: dict[str, list[tuple[Any, list[int], list[int]]]]  # (the reader has the rest in its meta)
 
 
 def _lens_out(arr: np.ndarray) -> list[int | None]:
@@ -305,8 +302,18 @@ class PlaneIndex:
             for cid in uniq.tolist():
                 pos = np.nonzero(cids == cid)[0]
                 parts[field].append((part.chunks[cid][0], rows[pos].tolist(), pos.tolist()))
-        tags = [part.tags[s] or {} for s in slots.tolist()]
-        return LookupPlan(parts, _lens_out(part.seq_len[slots]), tags, part.task_name)
+        return LookupPlan(parts)
+
+    def verify(self, pid: str, ids: Sequence[str], expected: dict[str, np.ndarray]) -> bool:
+        """True if every key is live and each field's rows are in chunk `expected[field][i]` (the
+        locations a put receipt promised are still current); False if any was overwritten since.
+        Cleared or unknown keys raise as `lookup` does."""
+        part, slots = self._live_slots(pid, ids, f"get fields {list(expected)}")
+        for field, cids in expected.items():
+            arr = part.loc.get(field)
+            if arr is None or not np.array_equal(arr[0, slots], cids):
+                return False
+        return True
 
     def list(self, pid: str) -> list[str]:
         return list(self.partition(pid).slot_of)

@@ -45,6 +45,10 @@ class KVBatchMeta:
         seq_lens: unpadded per-row sequence length, or None when no per-token field was written.
         tags: per-row dicts of small scalars, 1:1 with `sample_ids` (empty dicts when untagged).
         extra_info: batch-level values, e.g. `global_forward_pad_seqlen`; copied by every op.
+        locations: where the backend put the rows (opaque; the ray backend's put receipts, so a
+            reader can fetch without asking the index first). A hint only: a reader still checks
+            it against the index, and a meta without it reads the same data. Kept by every op
+            that keeps rows (subset, concat), not compared, not shown.
     """
 
     partition_id: str
@@ -54,6 +58,7 @@ class KVBatchMeta:
     seq_lens: tuple[int, ...] | None = None
     tags: tuple[dict, ...] | None = None
     extra_info: dict = dataclasses.field(default_factory=dict)
+    locations: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Normalise containers to tuples so a meta is hashable-ish and cannot be appended to in place.
@@ -84,6 +89,7 @@ class KVBatchMeta:
             )
         object.__setattr__(self, "tags", tags)
         object.__setattr__(self, "extra_info", dict(self.extra_info))
+        object.__setattr__(self, "locations", tuple(self.locations))
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -226,4 +232,5 @@ def concat_metas(metas: Sequence[KVBatchMeta]) -> KVBatchMeta:
         seq_lens=lens,
         tags=tuple(t for m in metas for t in m.tags),
         extra_info=info,
+        locations=tuple(dict.fromkeys(loc for m in metas for loc in m.locations)),
     )

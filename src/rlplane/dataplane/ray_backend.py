@@ -18,6 +18,15 @@ worker actors that write are the owners, and the index outlives them all. `owner
 the store actor re-put every column it is sent, so data outlives its producer (a rollout worker
 that is restarted, say) at the cost of one more copy per put.
 
+Receipts carry locations. A put's receipt (`KVBatchMeta.locations`) holds the ref of the object it
+stored and the chunk id of each field, so a reader handed that meta (a DP rank, say) fetches and
+decodes at once while one small `verify` call checks, in parallel, that those chunks are still
+the current ones; only if a key was overwritten since does it look up and read again (a cleared
+key raises, as before). The lookup's round trip then overlaps the read instead of preceding it.
+A receipt's ref keeps its object alive, so every clear or overwrite in a process first drops the
+refs of the receipts it holds for those keys (`_forget`): the object goes when the index's ref
+goes, as before; a copy of a receipt kept in another process holds its object until dropped.
+
 The client pickles to a handle on the same store actor, so it can be passed to Ray workers as an
 argument; `make_data_plane("ray", name=...)` in a worker attaches to a named store instead.
 """
@@ -28,12 +37,14 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import ray
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _resolve
+from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _check_register, _encoded, _resolve
 from .codec import Column, from_wire, to_wire
 from .columns import INPUT_IDS
 from .errors import DataPlaneError, fmt_keys
@@ -51,9 +62,57 @@ class _Failed:
         self.reason = reason
 
 _INDEX_METHODS = frozenset(
-    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
-     "num_chunks"}
+    {"register", "seq_lens", "commit", "lookup", "verify", "list", "describe", "status", "ready", "expected",
+     "clear", "num_chunks"}
 )
+
+
+class _Receipt:
+    """Where one put stored its rows: `ref` (one object, a dict field -> wire column), the index's
+    chunk id of each field, and the put's keys in row order. Travels inside `KVBatchMeta.locations`;
+    every copy, in any process, is listed in `_RECEIPTS` so that a clear there can drop its ref."""
+
+    __slots__ = ("store", "pid", "ids", "chunks", "ref", "_rows", "__weakref__")
+
+    def __init__(self, store: str, pid: str, ids: tuple, chunks: dict[str, int], ref: Any) -> None:
+        self.store, self.pid, self.ids, self.chunks, self.ref = store, pid, ids, chunks, ref
+        self._rows: dict[str, int] | None = None
+        with _RECEIPTS_LOCK:
+            _RECEIPTS.setdefault((store, pid), weakref.WeakSet()).add(self)
+
+    def __reduce__(self):
+        return _Receipt, (self.store, self.pid, self.ids, self.chunks, self.ref)
+
+    def row_of(self) -> dict[str, int]:
+        if self._rows is None:
+            self._rows = {key: row for row, key in enumerate(self.ids)}
+        return self._rows
+
+
+_RECEIPTS: dict[tuple[str, str], weakref.WeakSet] = {}  # (store, partition) -> this process's live receipts
+_RECEIPTS_LOCK = threading.Lock()
+
+
+def _forget(store: str, pid: str | None, ids: Iterable[str] | None = None, fields: Iterable[str] | None = None) -> None:
+    """Drop the refs of this process's receipts whose rows go: a clear of `ids` (all keys if None)
+    in `pid` (all partitions if None) drops every receipt holding any of them; an overwrite of
+    `fields` of `ids` drops those it replaces whole (one replaced in part still has live rows in
+    the index, and a reader's check sees which). A receipt must not keep an object alive after
+    the index lets it go."""
+    with _RECEIPTS_LOCK:
+        for gone in [k for k, v in _RECEIPTS.items() if not v]:  # partitions of past steps
+            del _RECEIPTS[gone]
+        groups = [list(v) for (st, p), v in _RECEIPTS.items() if st == store and (pid is None or p == pid)]
+    keys = None if ids is None else set(ids)
+    for receipts in groups:
+        for r in receipts:
+            if r.ref is None:
+                continue
+            if fields is None:
+                if keys is None or not keys.isdisjoint(r.ids):
+                    r.ref = None
+            elif r.chunks.keys() <= set(fields) and keys.issuperset(r.ids):
+                r.ref = None
 
 
 class _StoreActor:
@@ -117,6 +176,7 @@ def _attach(store: Any, token_fields: frozenset, seq_len_field: str, adopt: bool
     client = RayDataPlane.__new__(RayDataPlane)
     IndexedClient.__init__(client, token_fields, seq_len_field)
     client._store_actor = store
+    client._store_key = store._actor_id.hex()
     client._adopt = adopt
     client._owns_store = False
     client._id = uuid.uuid4().hex
@@ -155,6 +215,7 @@ class RayDataPlane(IndexedClient):
             if name is None:
                 raise DataPlaneError("attach=True needs the store actor's name=")
             self._store_actor = ray.get_actor(name)
+            self._store_key = self._store_actor._actor_id.hex()  # names the store in receipts
             self._owns_store = False
             return
         opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
@@ -162,6 +223,7 @@ class RayDataPlane(IndexedClient):
             opts["name"] = name
         self._store_actor = ray.remote(_StoreActor).options(**opts).remote(owner == "store")
         ray.get(self._store_actor.ping.remote())
+        self._store_key = self._store_actor._actor_id.hex()
         self._owns_store = True
 
     def __reduce__(self):
@@ -188,11 +250,12 @@ class RayDataPlane(IndexedClient):
         self._store_actor.call_nowait.remote("register", *args, task_name, client=self._id)
 
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
-        if wait:
-            return super().clear_samples(sample_ids, partition_id)
-        # The step's final clear: nobody waits on the store's answer (a round trip saved per step).
         self._check_open()
         ids, pid, _ = _resolve(sample_ids, partition_id)
+        _forget(self._store_key, pid, ids)  # (a refused clear loses only the receipts' shortcut)
+        if wait:
+            return self._index_call("clear", pid, ids)
+        # The step's final clear: nobody waits on the store's answer (a round trip saved per step).
         self._store_actor.call_nowait.remote("clear", pid, ids, client=self._id)
         return None
 
@@ -200,11 +263,14 @@ class RayDataPlane(IndexedClient):
         if self._adopt:
             # The store re-puts the data, and must have done so before this put returns (the
             # producer may exit right after), so there is nothing to overlap: commit as before.
-            return super()._commit(pid, ids, columns, *rest)[:3]
+            # No receipt locations: they would point at (and keep alive) the producer's copy.
+            _forget(self._store_key, pid, ids, columns)
+            return super()._commit(pid, ids, columns, *rest)
         answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest,
                                                client=self._id)
         try:
-            payload = ray.put({name: to_wire(col) for name, col in columns.items()})  # while the store answers
+            # Encoding and copying while the store answers.
+            payload = ray.put({name: to_wire(col) for name, col in _encoded(columns).items()})
         except Exception as err:  # e.g. the object store is full: readers must hear why, not wait
             payload = _Failed(f"{type(err).__name__}: {err}")
         lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the object just goes
@@ -212,7 +278,67 @@ class RayDataPlane(IndexedClient):
         if isinstance(payload, _Failed):
             raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} "
                                  f"of keys {fmt_keys(ids)} failed: {payload.reason}")
-        return lens, tags, task
+        _forget(self._store_key, pid, ids, columns)  # receipts of the rows this put replaced
+        return lens, tags, task, (_Receipt(self._store_key, pid, tuple(ids), chunks, payload),)
+
+    def get_samples(self, sample_ids, partition_id, select_fields, pad_values=None, pad_to=None):
+        self._check_open()
+        ids, pid, meta = _resolve(sample_ids, partition_id)
+        fields = [select_fields] if isinstance(select_fields, str) else list(select_fields or [])
+        located = None if meta is None or not ids or not fields else self._from_receipts(meta, ids, fields)
+        if located is None:
+            return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
+        refs, expected, plan = located
+        check = self._store_actor.call.remote("verify", pid, ids, expected, client=self._id)
+        try:
+            objs = dict(zip(refs, ray.get(refs)))  # while the store checks the receipts
+        except ray.exceptions.RayError:  # e.g. its owner died: the index's answer says what is left
+            return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
+        parts = {f: [(from_wire(objs[ref][f]), rows, pos) for ref, rows, pos in fparts] for f, fparts in plan.items()}
+        try:
+            out, err = self._assemble(pid, ids, meta, fields, parts, pad_values, pad_to), None
+        except DataPlaneError as e:  # raised only if the receipts were current (else read again)
+            out, err = None, e
+        if not self._wait(check):  # overwritten since the receipt: read what the index says now
+            return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
+        if err is not None:
+            raise err
+        return out
+
+    def _from_receipts(self, meta, ids: list[str], fields: list[str]):
+        """(refs, expected chunk ids per field, field -> [(ref, rows, positions)]) for reading `ids`
+        from the receipts `meta` carries, or None if they do not hold every (key, field) asked for."""
+        held = [(r, r.ref) for r in meta.locations if isinstance(r, _Receipt)
+                and r.store == self._store_key and r.pid == meta.partition_id]
+        held = [(r, ref) for r, ref in held if ref is not None]  # (a clear in another thread may drop one)
+        if not held:
+            return None
+        receipts = [r for r, _ in held]
+        rows_in = [[r.row_of().get(k) for k in ids] for r in receipts]  # per receipt, per key: row or None
+        refs: dict = {}
+        expected: dict[str, np.ndarray] = {}
+        plan: dict[str, list] = {}
+        for f in fields:
+            # Each key from the last receipt holding it for f (a later put of the key replaced the earlier).
+            holders = [i for i, r in enumerate(receipts) if f in r.chunks]
+            if not holders:
+                return None
+            use = [-1] * len(ids)
+            for i in holders:
+                for p, row in enumerate(rows_in[i]):
+                    if row is not None:
+                        use[p] = i
+            if -1 in use:
+                return None
+            cids = np.empty(len(ids), dtype=np.int64)
+            plan[f] = []
+            for i in dict.fromkeys(use):
+                pos = [p for p, u in enumerate(use) if u == i]
+                cids[pos] = receipts[i].chunks[f]
+                refs[held[i][1]] = None
+                plan[f].append((held[i][1], [rows_in[i][p] for p in pos], pos))
+            expected[f] = cids
+        return list(refs), expected, plan
 
     def _lookup(self, pid, ids, fields):
         deadline = time.monotonic() + _PENDING_TIMEOUT_S
@@ -258,5 +384,6 @@ class RayDataPlane(IndexedClient):
             return
         self._closed = True
         if self._owns_store:
+            _forget(self._store_key, None)
             ray.kill(self._store_actor)  # drops every ref the index held
         self._store_actor = None

@@ -1,5 +1,7 @@
 """KVBatchMeta: every pure metadata operation keeps ids, lengths and tags aligned."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from rlplane.dataplane import (
     KVBatchMeta,
     MissingKeyError,
     concat_metas,
+    shard_meta_for_dp,
 )
 
 
@@ -130,3 +133,34 @@ def test_index_attach_fills_a_pending_chunk_or_frees_a_released_one():
     ix.attach("p", second, {"x": "obj2"})
     assert ix.freed == ["obj2"] and ix.num_chunks("p") == 0
     assert np.all(ix._parts["p"].seq_len == -1)
+
+
+def test_index_verify_says_whether_receipt_chunks_are_still_current():
+    import numpy as np
+
+    from rlplane.dataplane import ClearedKeyError
+    from rlplane.dataplane.index import PlaneIndex
+
+    ix = PlaneIndex()
+    ix.register("p", ["x", "y"], 2, None)
+    ix.commit("p", ["a", "b"], {"x": "o1", "y": "o1"}, {}, None, False, None)
+    chunks = dict(ix.last_chunks)
+    promised = {"x": np.full(2, chunks["x"]), "y": np.full(2, chunks["y"])}
+    assert ix.verify("p", ["a", "b"], promised)
+    assert ix.verify("p", ["b"], {"x": np.full(1, chunks["x"])})  # a subset (one DP rank's keys)
+    ix.commit("p", ["b"], {"x": "o2"}, {}, None, False, None)  # b's x is overwritten: its receipt is stale
+    assert not ix.verify("p", ["a", "b"], promised)
+    assert ix.verify("p", ["a", "b"], {"y": promised["y"]})  # ... but not for y
+    ix.clear("p", ["a"])
+    with pytest.raises(ClearedKeyError, match=r"keys \['a'\] were cleared"):
+        ix.verify("p", ["a"], {"y": np.full(1, chunks["y"])})
+
+
+def test_locations_survive_row_selection_and_concat_but_not_equality():
+    a = make().with_fields(["f"])
+    with_loc = dataclasses.replace(a, locations=("L1",))
+    assert with_loc == a and "L1" not in repr(with_loc)  # a hint: not part of what a meta says
+    assert with_loc.subset([1, 0]).locations == ("L1",)
+    assert shard_meta_for_dp(with_loc, 2)[0][1].locations == ("L1",)
+    b = KVBatchMeta("train", None, ("z",), locations=("L2",))
+    assert concat_metas([with_loc, b]).locations == ("L1", "L2")
