@@ -226,6 +226,11 @@ class AsyncGRPOConfig(StrictModel):
     max_generation_failures: int = Field(
         3, ge=0, description="Consecutive failed generation batches the collector retries before stopping the run."
     )
+    collector_process: bool = Field(
+        True, description="runtime: local: run the collector in a child process of its own (off the trainer's "
+                          "GIL; it writes into the run's data plane through shared memory); false: a thread of "
+                          "the trainer's process. runtime: ray: ignored (the collector is a Ray actor).",
+    )
 
 
 class GRPOConfig(RolloutLoopConfig):

@@ -1,7 +1,7 @@
 """Asynchronous GRPO: generation for future steps runs beside training, staleness bounded.
 
-An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (a thread for ``runtime: local``, a Ray
-actor for ``runtime: ray``) generates and scores whole prompt groups with its own copy of the
+An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (for ``runtime: local`` a child process,
+``grpo.async_grpo.collector_process``, or a thread; a Ray actor for ``runtime: ray``) generates and scores whole prompt groups with its own copy of the
 policy and writes their columns into the run's data plane (``TRAIN_PARTITION``, keys unique per
 group); its replay buffer holds their receipts, tagged with the weight version that generated them
 and the step they are meant for. Each step here (NeMo RL ``async_grpo_train``,
@@ -34,6 +34,7 @@ from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import concat_metas
+from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
 from rlplane.dataplane.columns import (
     ADVANTAGES,
     GENERATION_LOGPROBS,
@@ -64,9 +65,9 @@ TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFE
 
 
 class CollectorHandle:
-    """The collector (a thread here for ``runtime: local``, a Ray actor for ``ray``: the runtime layer
-    decides), writing into the session's data plane, started with the policy's weights and restored
-    from the checkpoint the run resumed from."""
+    """The collector (for ``runtime: local`` a child process or a thread of this one, a Ray actor for
+    ``ray``: the runtime layer decides), writing into the session's data plane, started with the
+    policy's weights and restored from the checkpoint the run resumed from."""
 
     def __init__(self, s: Session, start_step: int):
         cfg = s.cfg
@@ -74,8 +75,10 @@ class CollectorHandle:
         kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
                       data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
                       init_weights=policy.lazy("get_weights"))  # straight from the rank-0 policy, not via the driver
+        # A child process builds its environments from its own registry: this one's entries go along.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
-                                max_concurrency=4)
+                                max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
+                                setup=[(restore_env_registry, (env_registry_snapshot(),))])
         self._policy = policy
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
@@ -95,7 +98,8 @@ class CollectorHandle:
         with timer("idle/refit_bubble"):
             self.call("prepare_for_refit", version)
         with timer("weight_sync"):
-            self.call("update_weights", self._policy.lazy("get_weights"))
+            # In a child process: copied into a shared-memory buffer it maps, not pickled per refit.
+            self.call("update_weights", self.actor.share("weights", self._policy.lazy("get_weights")))
         self.call("set_weight_version", version)
         self.call("resume_after_refit")
 
