@@ -80,6 +80,9 @@ class CollectorHandle:
                                 max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
                                 setup=[(restore_env_registry, (env_registry_snapshot(),))])
         self._policy = policy
+        self._prompts = s.prompts
+        if self.actor.obj is None:  # its own copy of the loader, in its process: checkpoints read its position
+            s.prompts.state_from = lambda: self.call("loader_state")
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
             # A synchronous run's checkpoint: the loader position (restored by the session) is all there is.
@@ -105,7 +108,9 @@ class CollectorHandle:
 
     def stop(self) -> None:
         self.call("stop")
-        if self.actor.obj is None:  # a Ray actor: its process goes too
+        if self.actor.obj is None:  # a Ray actor or a child process: it goes too, its loader position stays
+            self._prompts.load_state_dict(self.call("loader_state"))
+            self._prompts.state_from = None
             self.actor.close()
 
 

@@ -11,6 +11,9 @@ class Prompts:
     def __init__(self, cfg: RunConfig, tokenizer):
         self.loader, self.val_datums, self.stats = build_datasets(cfg, tokenizer)
         self._iter = iter(self.loader)
+        # Where the loader's position is read for a checkpoint when the prompts are drawn in another
+        # process (an async collector's copy of the loader); None: from this loader.
+        self.state_from = None
 
     @property
     def dataset(self):
@@ -25,7 +28,7 @@ class Prompts:
             return next(self._iter)
 
     def state_dict(self) -> dict:
-        return self.loader.state_dict()
+        return self.loader.state_dict() if self.state_from is None else self.state_from()
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)
