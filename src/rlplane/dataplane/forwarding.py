@@ -5,10 +5,11 @@ a child process (the async collector, :mod:`rlplane.runtime.process_actor`) gets
 :class:`ForwardingDataPlane`: encoding, validation and padding run in the child as for any
 `IndexedClient`; each index call is sent over a pipe to a :class:`PlaneServer` thread in the
 plane's process, which runs it on the plane (under the plane's lock, one call at a time, like the
-Ray store actor). A put's packed columns are moved into shared memory in the child (one copy) and
-only their handles cross the pipe (torch's multiprocessing reductions), so the parent stores them
-without a copy and its workers read them in place; a read in the child maps the parent's columns
-the same way. The server stores and answers lookups: it never decodes a column.
+Ray store actor). A put's large packed columns are moved into shared memory in the child (one
+copy) and only their handles cross the pipe (torch's multiprocessing reductions), so the parent
+stores them without a copy and its workers read them in place; a read in the child maps the
+parent's columns the same way. Small ones (a group's rewards) go by value: cheaper than a segment.
+The server stores and answers lookups: it never decodes a column.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.multiprocessing  # noqa: F401 - registers the reductions that send tensors as shared-memory handles
+
+from rlplane.utils.shared_pickle import SMALL_TENSOR_BYTES, dumps
 
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
 from .codec import Column
@@ -35,30 +37,27 @@ INDEX_METHODS = frozenset(
 )
 
 
-def _in_shared_memory(t: torch.Tensor) -> torch.Tensor:
-    """``t`` backed by shared memory: moved there in place when it owns its storage, else copied first
-    (a view must not drag the rest of a larger storage, nor move its owner's, into the plane)."""
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() != 0:
-        t = t.clone()
-    return t.share_memory_()
+def _for_the_pipe(t: torch.Tensor, owned: bool) -> torch.Tensor:
+    """``t`` ready to cross the pipe: a small one as is (it goes by value, :mod:`rlplane.utils.shared_pickle`),
+    a large one in shared memory (only its handle goes). Moved there in place when ``owned`` and it
+    owns its whole storage; else copied first: a view must not drag a larger storage along, and a
+    column this process stores may be in a reader's hands right now (moving it would pull the
+    memory from under it)."""
+    if t.is_shared() or t.numel() * t.element_size() <= SMALL_TENSOR_BYTES:
+        return t
+    whole = t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.storage_offset() == 0
+    return (t if owned and whole else t.clone()).share_memory_()
 
 
-def share_column(col: Column) -> Column:
-    """The column with its tensors in shared memory, so that sending it passes handles only."""
-    return Column(_in_shared_memory(col.values), None if col.offsets is None else _in_shared_memory(col.offsets))
+def share_column(col: Column, owned: bool = True) -> Column:
+    """The column ready to cross the pipe (:func:`_for_the_pipe`)."""
+    return Column(_for_the_pipe(col.values, owned), None if col.offsets is None else _for_the_pipe(col.offsets, owned))
 
 
 def _shareable(plan: LookupPlan) -> LookupPlan:
-    """The plan with every column in shared memory: the client's columns already are; one this
-    process wrote is copied (sending it would otherwise move its storage in place, under a reader
-    of this process that may hold it right now)."""
-    def shared(col: Column) -> Column:
-        if col.values.is_shared() and (col.offsets is None or col.offsets.is_shared()):
-            return col
-        return Column(col.values.clone().share_memory_(),
-                      None if col.offsets is None else col.offsets.clone().share_memory_())
-
-    parts = {f: [(shared(col), rows, pos) for col, rows, pos in field_parts] for f, field_parts in plan.parts.items()}
+    """The plan with its columns ready to cross the pipe (copied, not moved: the plane keeps them)."""
+    parts = {f: [(share_column(col, owned=False), rows, pos) for col, rows, pos in field_parts]
+             for f, field_parts in plan.parts.items()}
     return LookupPlan(parts, plan.seq_lens, plan.tags, plan.task_name)
 
 
@@ -87,7 +86,7 @@ class PlaneServer:
             except Exception as e:  # noqa: BLE001 - the client re-raises it as is
                 reply = (False, e)
             try:
-                self.conn.send(reply)
+                self.conn.send_bytes(dumps(reply))
             except (EOFError, OSError):
                 return
 
@@ -108,7 +107,7 @@ class ForwardingDataPlane(IndexedClient):
     def _index_call(self, method: str, *args: Any) -> Any:
         with self._lock:
             try:
-                self._conn.send((method, args))
+                self._conn.send_bytes(dumps((method, args)))
                 ok, value = self._conn.recv()
             except (EOFError, OSError) as e:
                 raise DataPlaneError(

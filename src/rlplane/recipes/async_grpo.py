@@ -1,9 +1,9 @@
 """Asynchronous GRPO: generation for future steps runs beside training, staleness bounded.
 
 An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (for ``runtime: local`` a child process,
-``grpo.async_grpo.collector_process``, or a thread; a Ray actor for ``runtime: ray``) generates and scores whole prompt groups with its own copy of the
-policy and writes their columns into the run's data plane (``TRAIN_PARTITION``, keys unique per
-group); its replay buffer holds their receipts, tagged with the weight version that generated them
+``grpo.async_grpo.collector_process``, or a thread; a Ray actor for ``runtime: ray``) generates
+and scores whole prompt groups with its own copy of the policy and writes their columns into the
+run's data plane (``TRAIN_PARTITION``, keys unique per group); its replay buffer holds their receipts, tagged with the weight version that generated them
 and the step they are meant for. Each step here (NeMo RL ``async_grpo_train``,
 ``reference/nemo_rl_notes.md`` §6.1):
 
@@ -34,7 +34,6 @@ from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import concat_metas
-from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
 from rlplane.dataplane.columns import (
     ADVANTAGES,
     GENERATION_LOGPROBS,
@@ -43,6 +42,7 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
+from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
 from rlplane.runtime.groups import make_actor
 from rlplane.training import Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages

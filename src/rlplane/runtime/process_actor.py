@@ -8,8 +8,9 @@ and Ray versions: ``call`` returns the result, ``lazy`` is ``call`` (as locally)
 by the method is raised here with its type and message, its ``__cause__`` carrying the child's
 traceback text (as ``concurrent.futures`` does).
 
-What crosses the pipe is pickled with torch's multiprocessing reductions: a tensor travels as a
-shared-memory handle, never as its bytes. Two arguments are translated on the way:
+What crosses the pipe is pickled with torch's multiprocessing reductions: a large tensor travels as
+a shared-memory handle, never as its bytes (a small one by value: :mod:`rlplane.utils.shared_pickle`).
+Two arguments are translated on the way:
 
 - a ``MemoryDataPlane`` becomes a ``ForwardingDataPlane`` served by a thread here
   (:mod:`rlplane.dataplane.forwarding`): the child writes into the plane the driver reads;
@@ -32,17 +33,15 @@ import pickle
 import threading
 import time
 import traceback
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.multiprocessing  # noqa: F401 - tensors through a Pipe travel as shared-memory handles
-from multiprocessing.reduction import ForkingPickler
 
 from rlplane.dataplane import MemoryDataPlane
 from rlplane.dataplane.forwarding import serve_to_other_process
 from rlplane.runtime.groups import WORKER_ENV
+from rlplane.utils.shared_pickle import dumps
 
 __all__ = ["ProcessActor", "RemoteTraceback"]
 
@@ -111,8 +110,7 @@ class ProcessActor:
         finally:
             for end in child_ends:  # the child holds them now
                 end.close()
-        self._finalizer = weakref.finalize(self, _terminate, self.process)
-        atexit.register(self.close)
+        atexit.register(self.close)  # an interpreter that exits without close() still ends the child cleanly
 
     # ---- calls -----------------------------------------------------------------------------------
     def call(self, method: str, *args, **kwargs):
@@ -141,7 +139,7 @@ class ProcessActor:
             if self._closed:
                 raise RuntimeError(f"{self._name} process actor is closed")
             try:
-                self._conn.send(message)
+                self._conn.send_bytes(dumps(message))
                 ok, value, text = self._conn.recv()
             except (EOFError, OSError, BrokenPipeError):
                 self.process.join(timeout=5)
@@ -206,12 +204,12 @@ def _watch_parent(parent_pid: int) -> None:
 def _reply(conn: Any, ok: bool, value: Any, text: str = "") -> None:
     """Send (ok, value, traceback text); a value or error that cannot be pickled goes as a RuntimeError."""
     try:
-        data = ForkingPickler.dumps((ok, value, text))
+        data = dumps((ok, value, text))
         if not ok:
             pickle.loads(data)  # an exception whose class cannot be rebuilt there fails here instead
     except Exception as e:  # noqa: BLE001
         what = f"{type(value).__name__}: {value}" if not ok else f"its result ({type(value).__name__})"
-        data = ForkingPickler.dumps((False, RuntimeError(f"{what} (could not be sent back: {e})"), text))
+        data = dumps((False, RuntimeError(f"{what} (could not be sent back: {e})"), text))
     conn.send_bytes(data)
 
 

@@ -15,7 +15,7 @@ from rlplane.datasets import build_datasets
 from rlplane.runtime.groups import make_actor
 from rlplane.workers.base import load_configured_policy
 
-from .test_collector import P, G, make_cfg
+from .test_collector import G, P, make_cfg
 
 
 def start_collector(plane, start_version=0, state_file=None):

@@ -148,13 +148,16 @@ def test_the_child_writes_into_the_parents_memory_plane():
     plane = make_data_plane("memory")
     actor = ProcessActor(Counter, dict(start=0, data_plane=plane))
     try:
-        rows = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
+        long = 10_000  # 80 kB of int64 tokens: past SMALL_TENSOR_BYTES, so its handle crosses, not its bytes
+        rows = [torch.arange(long), torch.tensor([4, 5])]
         meta = actor.call("write", ["k0", "k1"], rows)
-        assert meta.seq_lens == (3, 2)
+        assert meta.seq_lens == (long, 2)
         got = plane.get_samples(meta, None, ["input_ids", "reward"])
-        assert got["input_ids"].tolist() == [[1, 2, 3], [4, 5, 0]] and got["reward"].tolist() == [0.0, 1.0]
-        stored = plane.index.lookup("train", ["k0"], ["input_ids"]).parts["input_ids"][0][0]
-        assert stored.values.is_shared()  # the child's shared memory, mapped here
+        assert torch.equal(got["input_ids"][0], torch.arange(long)) and got["input_ids"][1, :3].tolist() == [4, 5, 0]
+        assert got["reward"].tolist() == [0.0, 1.0]
+        plan = plane.index.lookup("train", ["k0"], ["input_ids", "reward"]).parts
+        assert plan["input_ids"][0][0].values.is_shared()  # the child's shared memory, mapped here
+        assert not plan["reward"][0][0].values.is_shared()  # 8 bytes: sent by value
         plane.put_samples(["k0", "k1"], "train", {"reward": torch.tensor([7.0, 8.0])})  # written here
         assert actor.call("read", ["k1", "k0"])["reward"].tolist() == [8.0, 7.0]
         with pytest.raises(DataPlaneError, match="nowhere"):  # the index's error, as is
@@ -162,7 +165,7 @@ def test_the_child_writes_into_the_parents_memory_plane():
     finally:
         actor.close()
     # The columns outlive the child that wrote them.
-    assert plane.get_samples(meta, None, ["input_ids"])["input_ids"].tolist() == [[1, 2, 3], [4, 5, 0]]
+    assert torch.equal(plane.get_samples(meta, None, ["input_ids"])["input_ids"][0], torch.arange(long))
 
 
 PARENT = """
