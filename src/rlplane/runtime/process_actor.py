@@ -30,6 +30,7 @@ import itertools
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -96,7 +97,7 @@ class ProcessActor:
         self._conn, child_conn = _CTX.Pipe(duplex=True)
         threads = torch_threads if torch_threads is not None else torch.get_num_threads()
         self.process = _CTX.Process(target=_child_main, args=(child_conn, os.getpid(), list(setup), threads),
-                                    name=f"rlplane-{self._name}", daemon=True)
+                                    name=f"rlplane-{self._name}")  # not daemonic: it may start its own (verifier pools)
         # Set in the child where unset here, as for Ray workers: OpenMP threads idle beside the trainer
         # must not spin (OMP_WAIT_POLICY=PASSIVE, read once when libgomp loads).
         with _environment(WORKER_ENV):
@@ -225,6 +226,7 @@ def _resolve(value: Any, staged: dict[str, tuple[int, dict]]) -> Any:
 
 def _child_main(conn: Any, parent_pid: int, setup: list, threads: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes this process
     torch.set_num_threads(threads)
     obj = None
     staged: dict[str, tuple[int, dict]] = {}

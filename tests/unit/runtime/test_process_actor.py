@@ -33,6 +33,15 @@ class Counter:
     def pid(self) -> int:
         return os.getpid()
 
+    def start_own_process(self) -> int:
+        """A daemonic child of its own, as a verifier pool starts (refused inside a daemonic process)."""
+        import multiprocessing
+
+        p = multiprocessing.get_context("spawn").Process(target=os.getpid, daemon=True)
+        p.start()
+        p.join(timeout=60)
+        return p.exitcode
+
     def fail(self, why: str) -> None:
         raise KeyError(why)
 
@@ -68,6 +77,7 @@ def test_calls_run_in_a_child_process_and_keep_state():
         assert actor.call("add") == 11
         assert actor.call("add", k=5) == 16
         assert actor.lazy("add") == 17  # lazy is call, as for the thread version
+        assert actor.call("start_own_process") == 0
     finally:
         actor.close()
 
