@@ -25,8 +25,9 @@ returns the error for the trainer to raise; a call past its deadline (``env.step
 
 A plain class: ``runtime: local`` runs it in a child process (``grpo.async_grpo.collector_process``:
 its data plane client forwards to the driver's in-process plane, columns in shared memory) or its
-loop in a thread of the driver (sharing the driver's plane), ``runtime: ray`` wraps it as a threaded actor (its loop in a thread of the
-actor, the trainer's calls in others; its client attaches to the run's Ray store).
+loop in a thread of the driver (sharing the driver's plane); ``runtime: ray`` wraps it as a
+threaded actor (its loop in a thread of the actor, the trainer's calls in others; its client
+attaches to the run's Ray store).
 
 Checkpoints: the buffer's groups' columns are read back from the data plane into the checkpoint
 file by :meth:`save_state` (here, not on the driver; checkpoints are rare) and written again under

@@ -4,8 +4,8 @@ An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (for ``runtime: local`` a
 ``grpo.async_grpo.collector_process``, or a thread; a Ray actor for ``runtime: ray``) generates
 and scores whole prompt groups with its own copy of the policy and writes their columns into the
 run's data plane (``TRAIN_PARTITION``, keys unique per group); its replay buffer holds their
-receipts, tagged with the weight version that generated them and the step they are meant for. Each step here (NeMo RL ``async_grpo_train``,
-``reference/nemo_rl_notes.md`` §6.1):
+receipts, tagged with the weight version that generated them and the step they are meant for.
+Each step here (NeMo RL ``async_grpo_train``, ``reference/nemo_rl_notes.md`` §6.1):
 
   take the step's receipts from the replay buffer (waiting if they are not all there)
   → one receipt for the step (:func:`~rlplane.dataplane.concat_metas`) → reward scaling/shaping
