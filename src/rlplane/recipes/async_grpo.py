@@ -107,11 +107,15 @@ class CollectorHandle:
         self.call("resume_after_refit")
 
     def stop(self) -> None:
-        self.call("stop")
-        if self.actor.obj is None:  # a Ray actor or a child process: it goes too, its loader position stays
-            self._prompts.load_state_dict(self.call("loader_state"))
-            self._prompts.state_from = None
-            self.actor.close()
+        remote = self.actor.obj is None  # a Ray actor or a child process: it goes too, its loader position stays
+        try:
+            self.call("stop")
+            if remote:
+                self._prompts.load_state_dict(self.call("loader_state"))
+        finally:
+            if remote:
+                self._prompts.state_from = None
+                self.actor.close()
 
 
 def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer) -> SampleResult:
