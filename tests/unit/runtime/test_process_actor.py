@@ -185,7 +185,7 @@ from test_process_actor_child import Counter
 from rlplane.runtime.process_actor import ProcessActor
 actor = ProcessActor(Counter, dict(start=0))
 print(actor.call("pid"), flush=True)
-time.sleep(600)
+actor.call("sleep", 600)  # the child is busy in a call (not reading its pipe) when this process is killed
 """
 
 
@@ -194,12 +194,14 @@ def test_the_child_does_not_outlive_a_sigkilled_parent(tmp_path):
     # worker class from a module in tmp_path, as a user's script would.
     (tmp_path / "test_process_actor_child.py").write_text("import os\nclass Counter:\n"
                                                            "    def __init__(self, start): pass\n"
-                                                           "    def pid(self): return os.getpid()\n")
+                                                           "    def pid(self): return os.getpid()\n"
+                                                           "    def sleep(self, s): import time; time.sleep(s)\n")
     src = str(Path(__file__).resolve().parents[3] / "src")
     parent = subprocess.Popen([sys.executable, "-c", PARENT.format(path=[str(tmp_path), src])],
                               stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
+        time.sleep(0.5)  # into the sleeping call
         assert _alive(child)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
