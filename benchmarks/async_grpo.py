@@ -10,7 +10,12 @@ Throughput is trained samples (steps × prompts × generations) over the summed 
 (``timing/train/total_step_time``: generation, scoring, logprobs, training and refit; validation
 and checkpointing excluded). Run it under the measurement lock:
 
-    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--save-warm DIR] [KEY=VALUE ...]
+    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--save-warm DIR] \
+        [--collector both] [KEY=VALUE ...]
+
+The async run's collector runs in a thread of the trainer by default (the config's default);
+``--collector process`` runs it in its own process (``grpo.async_grpo.collector_process``), ``both`` one
+async run of each.
 """
 
 from __future__ import annotations
@@ -40,12 +45,11 @@ from rlplane.workers.base import load_configured_policy  # noqa: E402
 
 
 class SlowJudgeEnv(ArithmeticEnv):
-    """Exact match, plus a fixed latency per scoring call (per batch, as a remote judge costs)."""
-
-    delay_s = 0.1
+    """Exact match, plus a fixed latency per scoring call (per batch, as a remote judge costs).
+    The latency is read from the environment: a collector in its own process sees it too."""
 
     def step(self, message_logs, metadata):
-        time.sleep(self.delay_s)
+        time.sleep(float(os.environ.get("RLPLANE_BENCH_JUDGE_MS", "100")) / 1e3)
         return super().step(message_logs, metadata)
 
 
@@ -96,10 +100,13 @@ def main() -> int:
     ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call")
     ap.add_argument("--max-age", type=int, default=1, help="grpo.async_grpo.max_trajectory_age_steps")
     ap.add_argument("--save-warm", type=Path, default=None, help="keep (or reuse) the warm-up model here")
+    ap.add_argument("--collector", choices=["process", "thread", "both"], default="thread",
+                    help="the async collector in its own process (grpo.async_grpo.collector_process=true), in a "
+                         "thread of the trainer's, or one async run of each after the sync run")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE for both runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    SlowJudgeEnv.delay_s = args.judge_ms / 1e3
+    os.environ["RLPLANE_BENCH_JUDGE_MS"] = str(args.judge_ms)
     register_env("arithmetic", SlowJudgeEnv)  # the task's samples now go to the slow judge (runtime: local)
     quiet = ["logger.progress_bar=false", "logger.tensorboard_enabled=false", "checkpointing.enabled=false"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,20 +116,25 @@ def main() -> int:
                   "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=true", "runtime=local",
                   *args.overrides]
         sync = run("sync", grpo.train, common, tmp / "sync")
-        asyn = run("async", async_grpo.train, [
+        modes = ["process", "thread"] if args.collector == "both" else [args.collector]
+        asyncs = {mode: run("async", async_grpo.train, [
             *common, "grpo.async_grpo.enabled=true", f"grpo.async_grpo.max_trajectory_age_steps={args.max_age}",
-            "loss_fn.use_importance_sampling_correction=true"], tmp / "async")
+            "loss_fn.use_importance_sampling_correction=true",
+            f"grpo.async_grpo.collector_process={str(mode == 'process').lower()}"], tmp / f"async-{mode}")
+            for mode in modes}
     cfg = load_config(None, common)
     g = cfg.grpo
     print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, judge "
           f"{args.judge_ms:.0f} ms/call, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
-    for name, r in (("sync", sync), ("async", asyn)):
+    runs = {"sync": sync, **{f"async ({mode} collector)": r for mode, r in asyncs.items()}}
+    for name, r in runs.items():
         age = f", mean trajectory age {r['mean_age']:.2f}" if "mean_age" in r else ""
-        print(f"{name:5s} GRPO: {r['samples_per_s']:7.1f} samples/s (median step {r['median_step_ms']:.0f} ms), "
+        print(f"{name} GRPO: {r['samples_per_s']:7.1f} samples/s (median step {r['median_step_ms']:.0f} ms), "
               f"held-out accuracy {r['accuracy']:.3f}{age}")
-    print(f"async / sync throughput: {asyn['samples_per_s'] / sync['samples_per_s']:.2f}x; accuracy "
-          f"difference (async - sync): {asyn['accuracy'] - sync['accuracy']:+.3f}")
-    for name, r in (("sync", sync), ("async", asyn)):
+    for mode, asyn in asyncs.items():
+        print(f"async / sync throughput ({mode} collector): {asyn['samples_per_s'] / sync['samples_per_s']:.2f}x; "
+              f"accuracy difference (async - sync): {asyn['accuracy'] - sync['accuracy']:+.3f}")
+    for name, r in runs.items():
         print(f"{name} mean ms per step: " + ", ".join(f"{k} {v:.0f}" for k, v in r["phases_ms"].items()))
     return 0
 

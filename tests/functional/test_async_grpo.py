@@ -55,8 +55,10 @@ def trained_prompts(monkeypatch):
     return seen
 
 
-def test_async_grpo_learns_from_one_step_old_trajectories(tmp_path, first_digit_env):
-    async_grpo.train(cfg_for(tmp_path, "grpo.max_num_steps=10", "checkpointing.save_period=5"), quiet=True)
+@pytest.mark.parametrize("process", [True, False], ids=["process", "thread"])
+def test_async_grpo_learns_from_one_step_old_trajectories(tmp_path, first_digit_env, process):
+    async_grpo.train(cfg_for(tmp_path, "grpo.max_num_steps=10", "checkpointing.save_period=5",
+                             f"grpo.async_grpo.collector_process={str(process).lower()}"), quiet=True)
     rows = steps_of(tmp_path)
     assert [r["step"] for r in rows] == list(range(1, 11))
     # Step 0 is served by the starting weights themselves; every later step by the previous version.
@@ -105,6 +107,11 @@ def test_save_and_resume_loses_and_repeats_no_prompt_and_keeps_learning(tmp_path
     assert before + after == expected
     # The checkpoint held the next steps' groups; the resumed run trained them first.
     assert after[: len(in_buffer)] == in_buffer and pending == []
+    # The session's dataloader.pt has the collector's position (its loader lives in the collector's
+    # process), written just before the collector's own state: no later, and past the start.
+    drawn = torch.load(split / "checkpoints" / "step_6" / "dataloader.pt", weights_only=True)
+    position = (drawn["epoch"], drawn["batches_done_in_epoch"])
+    assert (0, 0) < position <= (state["dataloader"]["epoch"], state["dataloader"]["batches_done_in_epoch"])
     # The resumed run continues learning from where it stopped.
     rows = steps_of(split)
     assert [r["step"] for r in rows] == list(range(1, 13))
@@ -113,15 +120,32 @@ def test_save_and_resume_loses_and_repeats_no_prompt_and_keeps_learning(tmp_path
     assert late > early + 0.15, (early, late)
 
 
-def test_generation_failures_stop_the_run_with_the_collectors_reason(tmp_path, monkeypatch):
+def broken_generate(self, *args, **kwargs):
+    raise RuntimeError("inference server unreachable")
+
+
+def break_generation() -> None:
+    """Run in the collector's process (make_actor's ``setup``): every generation fails."""
     from rlplane.generation.hf import HFGenerationBackend
 
-    def broken(self, *args, **kwargs):
-        raise RuntimeError("inference server unreachable")
+    HFGenerationBackend.generate = broken_generate
 
-    monkeypatch.setattr(HFGenerationBackend, "generate", broken)
+
+@pytest.mark.parametrize("process", [True, False], ids=["process", "thread"])
+def test_generation_failures_stop_the_run_with_the_collectors_reason(tmp_path, monkeypatch, process):
+    from rlplane.generation.hf import HFGenerationBackend
+
+    if process:  # the collector's own process gets the broken generator
+        real = async_grpo.make_actor
+
+        def make_actor(*args, setup=(), **kwargs):
+            return real(*args, setup=[*setup, (break_generation, ())], **kwargs)
+
+        monkeypatch.setattr(async_grpo, "make_actor", make_actor)
+    else:
+        monkeypatch.setattr(HFGenerationBackend, "generate", broken_generate)
     cfg = cfg_for(tmp_path, "grpo.max_num_steps=2", "grpo.async_grpo.max_generation_failures=1",
-                  "checkpointing.enabled=false")
+                  "checkpointing.enabled=false", f"grpo.async_grpo.collector_process={str(process).lower()}")
     with pytest.raises(TrainingStopped) as e:
         async_grpo.train(cfg, quiet=True)
     assert str(e.value).startswith("async collector: generation failed 2 times in a row")

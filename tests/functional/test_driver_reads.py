@@ -130,10 +130,16 @@ def tensors_in(obj):
             yield from tensors_in(v)
 
 
-@pytest.mark.parametrize("extra", [[], ["loss_fn.reference_policy_kl_penalty=0.05"]])
+_PROCESS = "grpo.async_grpo.collector_process=true"
+
+
+@pytest.mark.parametrize("extra", [[_PROCESS], [_PROCESS, "loss_fn.reference_policy_kl_penalty=0.05"], []],
+                         ids=["process", "process-kl", "thread"])
 def test_async_grpo_driver_reads_and_receives_no_per_token_column(tmp_path, first_digit_env, extra):
-    """The collector writes its groups into the shared plane; the driver gets receipts and (G,) carries."""
+    """The collector writes its groups into the shared plane (from its own process by default, through
+    the forwarding client and the server thread here); the driver gets receipts and (G,) carries."""
     from rlplane.recipes.async_grpo import CollectorHandle, async_grpo_step
+    from rlplane.runtime.process_actor import ProcessActor
 
     G = 4
     cfg = load_config(None, [*(f"grpo.{x}" for x in SMALL), *COMMON, f"run_dir={tmp_path}",
@@ -144,6 +150,7 @@ def test_async_grpo_driver_reads_and_receives_no_per_token_column(tmp_path, firs
         s.start()
         loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
         handle = CollectorHandle(s, start_step=0)  # the collector gets the real client
+        assert isinstance(handle.actor, ProcessActor) == (_PROCESS in extra)
         s.on_close(handle.stop)
         real_call = handle.call
 

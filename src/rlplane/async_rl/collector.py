@@ -39,8 +39,10 @@ returns the error for the trainer to raise; a call past its deadline (``env.step
 (another is generated in its place); a batch that loses every group counts as a failed batch.
 
 A plain class: ``runtime: local`` runs its loop in a thread of the driver (sharing the driver's
-in-process data plane), ``runtime: ray`` wraps it as a threaded actor (its loop in a thread of the
-actor, the trainer's calls in others; its client attaches to the run's Ray store).
+plane; the default) or in a child process (``grpo.async_grpo.collector_process``: its data plane
+client forwards to the driver's in-process plane, columns in shared memory); ``runtime: ray`` wraps it as a
+threaded actor (its loop in a thread of the actor, the trainer's calls in others; its client
+attaches to the run's Ray store).
 
 Checkpoints: the buffer's groups' columns are read back from the data plane into the checkpoint
 file by :meth:`save_state` (here, not on the driver; checkpoints are rare) and written again under
@@ -220,6 +222,10 @@ class AsyncTrajectoryCollector:
 
     def sample(self, num_groups: int, current_version: int, timeout_s: float | None = 0.0) -> SampleResult | None:
         return self.buffer.sample(num_groups, current_version, self.max_age_steps, timeout_s)
+
+    def loader_state(self) -> dict[str, Any]:
+        """The prompt loader's position (the session's ``dataloader.pt`` when this runs in another process)."""
+        return self.loader.state_dict()
 
     def stats(self) -> dict[str, float]:
         return {**self.counters, "buffer_size": len(self.buffer)}

@@ -75,3 +75,37 @@ def create_envs(task_names, env_kwargs: dict[str, dict[str, Any]] | None = None)
     """One environment per distinct task name: the ``task_to_env`` map a rollout uses."""
     env_kwargs = env_kwargs or {}
     return {name: create_env(name, **env_kwargs.get(name, {})) for name in dict.fromkeys(task_names)}
+
+
+class _Unsendable:
+    """Stands in, in another process, for a factory that could not be pickled: building it says why."""
+
+    def __init__(self, name: str, factory: str, reason: str):
+        self.name, self.factory, self.reason = name, factory, reason
+
+    def __call__(self, **kwargs: Any) -> Environment:
+        raise UnknownEnvironmentError(
+            f"task_name {self.name!r}: its environment factory {self.factory} cannot be sent to a worker process "
+            f"({self.reason}); register a class or function defined at module level, or run the worker in the "
+            "driver's process (grpo.async_grpo.collector_process=false)"
+        )
+
+
+def env_registry_snapshot() -> dict[str, Any]:
+    """This process's registry as it can be sent to a worker process (:func:`restore_env_registry`):
+    environments registered at run time (a script's ``register_env``, user tasks) go along by reference."""
+    import pickle
+
+    out: dict[str, Any] = {}
+    for name, factory in ENV_REGISTRY.items():
+        try:
+            pickle.dumps(factory)
+            out[name] = factory
+        except Exception as e:  # noqa: BLE001 - a lambda, a class defined in a function, ...
+            out[name] = _Unsendable(name, repr(factory), f"{type(e).__name__}: {e}")
+    return out
+
+
+def restore_env_registry(entries: dict[str, Any]) -> None:
+    """Install a registry snapshot taken in another process."""
+    ENV_REGISTRY.update(entries)

@@ -1,11 +1,11 @@
 """Asynchronous GRPO: generation for future steps runs beside training, staleness bounded.
 
-An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (a thread for ``runtime: local``, a Ray
-actor for ``runtime: ray``) generates and scores whole prompt groups with its own copy of the
-policy and writes their columns into the run's data plane (``TRAIN_PARTITION``, keys unique per
-group); its replay buffer holds their receipts, tagged with the weight version that generated them
-and the step they are meant for. Each step here (NeMo RL ``async_grpo_train``,
-``reference/nemo_rl_notes.md`` §6.1):
+An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (for ``runtime: local`` a thread, or a
+child process with ``grpo.async_grpo.collector_process``; a Ray actor for ``runtime: ray``) generates
+and scores whole prompt groups with its own copy of the policy and writes their columns into the
+run's data plane (``TRAIN_PARTITION``, keys unique per group); its replay buffer holds their
+receipts, tagged with the weight version that generated them and the step they are meant for.
+Each step here (NeMo RL ``async_grpo_train``, ``reference/nemo_rl_notes.md`` §6.1):
 
   take the step's receipts from the replay buffer (waiting if they are not all there)
   → one receipt for the step (:func:`~rlplane.dataplane.concat_metas`) → reward scaling/shaping
@@ -44,6 +44,7 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
+from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
 from rlplane.runtime.groups import make_actor
 from rlplane.training import Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
@@ -66,9 +67,9 @@ TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFE
 
 
 class CollectorHandle:
-    """The collector (a thread here for ``runtime: local``, a Ray actor for ``ray``: the runtime layer
-    decides), writing into the session's data plane, started with the policy's weights and restored
-    from the checkpoint the run resumed from."""
+    """The collector (for ``runtime: local`` a child process or a thread of this one, a Ray actor for
+    ``ray``: the runtime layer decides), writing into the session's data plane, started with the
+    policy's weights and restored from the checkpoint the run resumed from."""
 
     def __init__(self, s: Session, start_step: int):
         cfg = s.cfg
@@ -76,9 +77,14 @@ class CollectorHandle:
         kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
                       data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
                       init_weights=policy.lazy("get_weights"))  # straight from the rank-0 policy, not via the driver
+        # A child process builds its environments from its own registry: this one's entries go along.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
-                                max_concurrency=4)
+                                max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
+                                setup=[(restore_env_registry, (env_registry_snapshot(),))])
         self._policy = policy
+        self._prompts = s.prompts
+        if self.actor.obj is None:  # its own copy of the loader, in its process: checkpoints read its position
+            s.prompts.state_from = lambda: self.call("loader_state")
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
             # A synchronous run's checkpoint: the loader position (restored by the session) is all there is.
@@ -100,15 +106,23 @@ class CollectorHandle:
             self.call("prepare_for_refit", version)
         buffered = int(self.call("stats")["buffer_size"])
         with timer("weight_sync"):
-            self.call("update_weights", self._policy.lazy("get_weights"), version)
+            # In a child process: copied into a shared-memory buffer it maps, not pickled per refit.
+            self.call("update_weights", self.actor.share("weights", self._policy.lazy("get_weights")),
+                      version)
         self.call("set_weight_version", version)
         self.call("resume_after_refit")
         return buffered
 
     def stop(self) -> None:
-        self.call("stop")
-        if self.actor.obj is None:  # a Ray actor: its process goes too
-            self.actor.close()
+        remote = self.actor.obj is None  # a Ray actor or a child process: it goes too, its loader position stays
+        try:
+            self.call("stop")
+            if remote:
+                self._prompts.load_state_dict(self.call("loader_state"))
+        finally:
+            if remote:
+                self._prompts.state_from = None
+                self.actor.close()
 
 
 def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer) -> SampleResult:

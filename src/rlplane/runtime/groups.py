@@ -16,6 +16,7 @@ without passing through the driver).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlplane.dataplane import KVBatchMeta, shard_meta_for_dp
@@ -131,6 +132,11 @@ class LocalActor:
 
     lazy = call
 
+    def share(self, name: str, tensors):
+        """An argument for :meth:`call` holding ``tensors`` (here: themselves; a process actor stages
+        them in shared memory)."""
+        return tensors
+
     def close(self) -> None:
         close = getattr(self.obj, "close", None)
         if close is not None:
@@ -160,6 +166,10 @@ class RayActor:
     def lazy(self, method: str, *args, **kwargs):
         return getattr(self.handle, method).remote(*args, **kwargs)
 
+    def share(self, name: str, tensors):
+        """An argument for :meth:`call` holding ``tensors`` (as given: an object reference stays one)."""
+        return tensors
+
     def close(self) -> None:
         import ray
 
@@ -180,8 +190,16 @@ def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *
 
 
 def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
-               max_concurrency: int | None = None, env_vars: dict[str, str] | None = None) -> LocalActor | RayActor:
-    """A single ``cls`` worker under ``runtime`` (local | ray); ``env_vars`` are set in a Ray actor's process."""
+               max_concurrency: int | None = None, env_vars: dict[str, str] | None = None, process: bool = False,
+               setup: Sequence[tuple[Callable, tuple]] = ()):
+    """A single ``cls`` worker under ``runtime`` (local | ray); ``env_vars`` are set in a Ray actor's process.
+
+    ``process`` (local only): in a child process of its own (:class:`~rlplane.runtime.process_actor.ProcessActor`,
+    off the driver's GIL; ``setup`` runs there first) instead of in this one. A Ray actor is a process anyway."""
+    if runtime == "local" and process:
+        from rlplane.runtime.process_actor import ProcessActor
+
+        return ProcessActor(cls, kwargs, setup=setup)
     if runtime == "local":
         return LocalActor(cls, kwargs)
     return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars)

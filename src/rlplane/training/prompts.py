@@ -20,6 +20,9 @@ class Prompts:
         self._iter = iter(self.loader)
         self._drawn: list[list[int]] = []  # this step's draws, [epoch, idx]
         self._trained: list[int] | None = None  # positions in _drawn of the prompts trained on (None: all)
+        # Where the loader's position is read for a checkpoint when the prompts are drawn in another
+        # process (an async collector's copy of the loader); None: from this loader.
+        self.state_from = None
 
     @property
     def dataset(self):
@@ -49,7 +52,7 @@ class Prompts:
         return {"drawn": drawn, "trained": drawn if trained is None else [drawn[i] for i in trained]}
 
     def state_dict(self) -> dict:
-        return self.loader.state_dict()
+        return self.loader.state_dict() if self.state_from is None else self.state_from()
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)

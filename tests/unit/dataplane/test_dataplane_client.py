@@ -1,4 +1,5 @@
-"""One behaviour suite run against every backend: the memory plane and the Ray plane must agree."""
+"""One behaviour suite run against every backend: the memory plane, its forwarding client (what a worker
+in a child process holds) and the Ray plane must agree."""
 
 import itertools
 
@@ -22,8 +23,21 @@ FIELDS = ["input_ids", "generation_logprobs", "token_mask", "reward", "prev_logp
 _pids = itertools.count()
 
 
-@pytest.fixture(scope="module", params=["memory", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.fixture(scope="module", params=["memory", "forwarding", pytest.param("ray", marks=pytest.mark.ray)])
 def client(request):
+    if request.param == "forwarding":  # a memory plane's client for another process, used from this one
+        import multiprocessing
+
+        from rlplane.dataplane.forwarding import serve_to_other_process
+
+        plane = make_data_plane("memory")
+        c, server = serve_to_other_process(plane, multiprocessing.get_context("spawn"))
+        c.index = plane.index  # where its columns are counted: the served plane's index
+        yield c
+        c.close()
+        server.thread.join(timeout=5)
+        assert not server.thread.is_alive()  # the server ends with its client's pipe
+        return
     if request.param == "ray":
         request.getfixturevalue("ray_session")
     c = make_data_plane(request.param)

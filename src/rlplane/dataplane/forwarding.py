@@ -1,0 +1,144 @@
+"""A `memory` plane used from another process: index calls forwarded, columns in shared memory.
+
+The memory plane lives in one process (the driver's, under ``runtime: local``). A worker hosted in
+a child process (the async collector, :mod:`rlplane.runtime.process_actor`) gets a
+:class:`ForwardingDataPlane`: encoding, validation and padding run in the child as for any
+`IndexedClient`; each index call is sent over a pipe to a :class:`PlaneServer` thread in the
+plane's process, which runs it on the plane (under the plane's lock, one call at a time, like the
+Ray store actor). A put's large packed columns are moved into shared memory in the child (one
+copy) and only their handles cross the pipe (torch's multiprocessing reductions), so the parent
+stores them without a copy and its workers read them in place; a read in the child maps the
+parent's columns the same way. Small ones (a group's rewards) go by value: cheaper than a segment.
+The server stores and answers lookups: it never decodes a column.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rlplane.utils.shared_pickle import SMALL_TENSOR_BYTES, dumps
+
+from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
+from .codec import Column
+from .columns import INPUT_IDS
+from .errors import DataPlaneError
+from .index import LookupPlan
+
+__all__ = ["ForwardingDataPlane", "PlaneServer", "share_column"]
+
+# The `PlaneIndex` methods a remote client may call (as the Ray store actor allows).
+INDEX_METHODS = frozenset(
+    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
+     "num_chunks"}
+)
+
+
+def _for_the_pipe(t: torch.Tensor, owned: bool) -> torch.Tensor:
+    """``t`` ready to cross the pipe: a small one as is (it goes by value, :mod:`rlplane.utils.shared_pickle`),
+    a large one in shared memory (only its handle goes). Moved there in place when ``owned`` and it
+    owns its whole storage; else copied first: a view must not drag a larger storage along, and a
+    column this process stores may be in a reader's hands right now (moving it would pull the
+    memory from under it)."""
+    if t.is_shared() or t.numel() * t.element_size() <= SMALL_TENSOR_BYTES:
+        return t
+    whole = t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.storage_offset() == 0
+    return (t if owned and whole else t.clone()).share_memory_()
+
+
+def share_column(col: Column, owned: bool = True) -> Column:
+    """The column ready to cross the pipe (:func:`_for_the_pipe`)."""
+    return Column(_for_the_pipe(col.values, owned), None if col.offsets is None else _for_the_pipe(col.offsets, owned))
+
+
+def _shareable(plan: LookupPlan) -> LookupPlan:
+    """The plan with its columns ready to cross the pipe (copied, not moved: the plane keeps them)."""
+    parts = {f: [(share_column(col, owned=False), rows, pos) for col, rows, pos in field_parts]
+             for f, field_parts in plan.parts.items()}
+    return LookupPlan(parts, plan.seq_lens, plan.tags, plan.task_name)
+
+
+class PlaneServer:
+    """Serves one forwarding client's index calls against ``plane`` (a `MemoryDataPlane`) in a daemon
+    thread of the plane's process, until the connection closes."""
+
+    def __init__(self, plane: Any, conn: Any):
+        self.plane, self.conn = plane, conn
+        self.thread = threading.Thread(target=self._serve, name="data-plane-server", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                method, args = self.conn.recv()
+            except (EOFError, OSError):  # the client's process ended, or close()
+                return
+            try:
+                if method not in INDEX_METHODS:
+                    raise DataPlaneError(f"forwarded data-plane call {method!r} is not an index method")
+                result = self.plane._index_call(method, *args)
+                if method == "lookup":
+                    result = _shareable(result)
+                reply = (True, result)
+            except Exception as e:  # noqa: BLE001 - the client re-raises it as is
+                reply = (False, e)
+            try:
+                self.conn.send_bytes(dumps(reply))
+            except (EOFError, OSError):
+                return
+
+    def close(self) -> None:
+        self.conn.close()  # the thread's recv fails and it ends
+
+
+class ForwardingDataPlane(IndexedClient):
+    """A client of a `memory` plane in another process, over ``conn`` (one end of a pipe whose other
+    end a :class:`PlaneServer` serves). Threads of this process may share it: one request at a time."""
+
+    def __init__(self, conn: Any, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS,
+                 seq_len_field: str = INPUT_IDS) -> None:
+        super().__init__(token_fields, seq_len_field)
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def _index_call(self, method: str, *args: Any) -> Any:
+        with self._lock:
+            try:
+                self._conn.send_bytes(dumps((method, args)))
+                ok, value = self._conn.recv()
+            except (EOFError, OSError) as e:
+                raise DataPlaneError(
+                    f"the data plane's process is gone ({type(e).__name__} on its pipe during {method!r}); "
+                    "this worker cannot write or read the run's samples any more"
+                ) from None
+        if not ok:
+            raise value
+        return value
+
+    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
+        return {name: share_column(col) for name, col in columns.items()}
+
+    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
+        return plan.parts  # the columns came back with the lookup, mapped from shared memory
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._conn.close()
+
+    # Sent to the child once, with its pipe end (the lock is per process).
+    def __getstate__(self) -> dict[str, Any]:
+        return {"conn": self._conn, "token_fields": self.token_fields, "seq_len_field": self.seq_len_field}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["conn"], state["token_fields"], state["seq_len_field"])
+
+
+def serve_to_other_process(plane: Any, ctx: Any) -> tuple[ForwardingDataPlane, PlaneServer]:
+    """A forwarding client of ``plane`` to send to a child process (of multiprocessing context ``ctx``)
+    and the server thread answering it here."""
+    here, there = ctx.Pipe(duplex=True)
+    return ForwardingDataPlane(there, plane.token_fields, plane.seq_len_field), PlaneServer(plane, here)
