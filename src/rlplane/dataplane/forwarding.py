@@ -58,7 +58,7 @@ def _shareable(plan: LookupPlan) -> LookupPlan:
     """The plan with its columns ready to cross the pipe (copied, not moved: the plane keeps them)."""
     parts = {f: [(share_column(col, owned=False), rows, pos) for col, rows, pos in field_parts]
              for f, field_parts in plan.parts.items()}
-    return LookupPlan(parts, plan.seq_lens, plan.tags, plan.task_name)
+    return LookupPlan(parts)
 
 
 class PlaneServer:
