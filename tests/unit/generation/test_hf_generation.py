@@ -208,6 +208,30 @@ def test_preallocated_cache_equals_dynamic_cache(model, tok):
         HFGenerationBackend(model, tok, kv_cache="static")
 
 
+def test_preallocated_cache_under_bf16_autocast_keeps_bf16_and_equals_dynamic_cache(tok):
+    # Under bf16 autocast the buffer stores what attention would cast the keys to (bf16), once per
+    # key: the generated tokens and logprobs must be exactly those of the fp32 DynamicCache that
+    # attention casts at every step.
+    import copy
+
+    from rlplane.generation.kv_cache import PreallocatedLayer
+    from rlplane.models.precision import set_precision
+
+    layer = PreallocatedLayer(capacity=4)
+    keys = torch.randn(2, 1, 3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        k, v = layer.update(keys, keys.bfloat16())
+    assert k.dtype == v.dtype == torch.bfloat16 and torch.equal(k, keys.bfloat16())
+    model = copy.deepcopy(_model(tok))
+    set_precision(model, "bf16")
+    prompts = [p for p in _prompts(4, seed=9, min_len=1, max_len=12) for _ in range(2)]
+    kwargs = dict(max_new_tokens=10, stop_token_ids=[7], seed=5)
+    fast = HFGenerationBackend(model, tok).generate(prompts, **kwargs)
+    slow = HFGenerationBackend(model, tok, kv_cache="dynamic").generate(prompts, **kwargs)
+    assert fast.output_ids == slow.output_ids
+    assert all(torch.equal(a, b) for a, b in zip(fast.logprobs, slow.logprobs))
+
+
 # ---- issue 16 item 13b: every eos of the generation config ends a row ------------------------------
 def test_default_stop_token_ids_union_of_tokenizer_and_generation_config(tok):
     from rlplane.generation.interface import default_stop_token_ids
