@@ -35,7 +35,7 @@ from rlplane.generation.interface import (
 )
 from rlplane.generation.kv_cache import preallocated_cache
 from rlplane.generation.sampling import sample
-from rlplane.models.precision import autocast
+from rlplane.models.precision import FP32OutputLinear, autocast
 
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
@@ -43,6 +43,29 @@ _COMPACT_FRACTION = 0.25
 # The stop-string pre-check caches the text a token adds after the one before it, per (previous, newest)
 # pair; the cache is cleared when it reaches this many pairs.
 _MAX_CACHED_PAIRS = 200_000
+
+
+def _frozen_weights_cast(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``{name: weight in the autocast dtype}`` for the frozen weights and biases of ``model``'s linear layers.
+
+    Autocast keeps its cast of a weight for the rest of the autocast region only if the weight
+    requires grad; a frozen one (a LoRA base layer, a reference copy) is cast again at every use,
+    which for SmolLM2 is every weight of the model at every decode step. Cast once here and passed to
+    the forward (``torch.func.functional_call``), autocast finds them already in its dtype: the same
+    values, cast once per ``generate`` call. The output projection is left out: it runs in fp32
+    (:class:`FP32OutputLinear`). Empty without autocast or when every weight requires grad.
+    """
+    if not torch.is_autocast_enabled(next(model.parameters()).device.type):
+        return {}
+    dtype = torch.get_autocast_dtype(next(model.parameters()).device.type)
+    cast = {}
+    for module_name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or isinstance(module, FP32OutputLinear):
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad and param.is_floating_point():
+                cast[f"{module_name}.{name}" if module_name else name] = param.detach().to(dtype)
+    return cast
 
 
 class HFGenerationBackend(GenerationBackend):
@@ -67,6 +90,7 @@ class HFGenerationBackend(GenerationBackend):
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._added: dict[tuple[int, ...], str | None] = {}  # (previous, newest) -> text newest adds
         self._swap = WeightSwap(self._load_weights)
+        self._cast_weights: dict[str, torch.Tensor] = {}  # during generate: see _frozen_weights_cast
 
     def sleep(self) -> None:
         """Free the model's weights (colocated placement: the trainer needs the memory meanwhile); the
@@ -104,6 +128,8 @@ class HFGenerationBackend(GenerationBackend):
                 "update_weights: state_dict does not match the model: "
                 f"missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
+        if self._cast_weights:  # an in-flight update inside generate: the frozen weights' casts follow it
+            self._cast_weights = _frozen_weights_cast(self.model)
 
     def generate(
         self,
@@ -127,13 +153,21 @@ class HFGenerationBackend(GenerationBackend):
             # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
             # the weights and re-casts every weight at every decode step (~30% of a SmolLM2 step).
             with torch.no_grad(), autocast(self.model), self._swap.generating():
+                self._cast_weights = _frozen_weights_cast(self.model)
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
                     generator=generator, row_seeds=row_seeds,
                 )
         finally:
+            self._cast_weights = {}
             self.model.train(was_training)
+
+    def _forward(self, **kwargs) -> torch.Tensor:
+        """The model's logits for ``kwargs``, with the frozen weights' bf16 copies (if any) in place of theirs."""
+        if self._cast_weights:
+            return torch.func.functional_call(self.model, self._cast_weights, args=(), kwargs=kwargs).logits
+        return self.model(**kwargs).logits
 
     def _generate(
         self,
@@ -187,14 +221,14 @@ class HFGenerationBackend(GenerationBackend):
         else:
             cache = DynamicCache(config=self.model.config)
         version = self._swap.boundary()  # of the weights that compute the logits of the next token
-        logits = self.model(
+        logits = self._forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
-        ).logits[:, -1]  # (U, V)
+        )[:, -1]  # (U, V)
         if len(unique_prompts) < batch_size:
             row_to_unique = row_to_unique.to(device)
             cache.batch_select_indices(row_to_unique)
@@ -241,13 +275,13 @@ class HFGenerationBackend(GenerationBackend):
             if step == max_new_tokens - 1:
                 break
             version = self._swap.boundary()  # a token boundary: an in-flight weight update lands here
-            logits = self.model(
+            logits = self._forward(
                 input_ids=tokens[:, None],
                 attention_mask=attention_mask[:, : max_len + step + 1],
                 position_ids=next_pos[:, None],
                 past_key_values=cache,
                 use_cache=True,
-            ).logits[:, -1]
+            )[:, -1]
             next_pos = next_pos + 1
 
         lengths_list = gen_lengths.tolist()

@@ -192,9 +192,13 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, V); converting inside the cumsum saves a pass
     target = (uniforms.double() * cdf[:, -1])[:, None]  # (B, 1)
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first j with cdf_j > target
-    # u · total can round up to total itself: fall back on the last token with mass, never past it.
-    last_kept = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # (B,)
-    return torch.minimum(tokens, last_kept)
+    # u · total can round up to total itself (tokens == V): fall back on the last token with mass, never
+    # past it. A token below V already has mass (cdf_j > cdf_{j-1}), so only those rare rows are
+    # searched: the search over every row (flip, cast, argmax of (B, V)) cost more than the cumsum.
+    over = tokens >= probs.shape[-1]
+    if bool(over.any()):
+        tokens[over] = probs.shape[-1] - 1 - (probs[over] > 0).flip(-1).int().argmax(dim=-1)
+    return tokens
 
 
 def sample(

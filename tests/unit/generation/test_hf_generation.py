@@ -208,6 +208,66 @@ def test_preallocated_cache_equals_dynamic_cache(model, tok):
         HFGenerationBackend(model, tok, kv_cache="static")
 
 
+def test_preallocated_cache_under_bf16_autocast_keeps_bf16_and_equals_dynamic_cache(tok):
+    # Under bf16 autocast the buffer stores what attention would cast the keys to (bf16), once per
+    # key: the generated tokens and logprobs must be exactly those of the fp32 DynamicCache that
+    # attention casts at every step.
+    import copy
+
+    from rlplane.generation.kv_cache import PreallocatedLayer
+    from rlplane.models.precision import set_precision
+
+    layer = PreallocatedLayer(capacity=4)
+    keys = torch.randn(2, 1, 3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        k, v = layer.update(keys, keys.bfloat16())
+    assert k.dtype == v.dtype == torch.bfloat16 and torch.equal(k, keys.bfloat16())
+    model = copy.deepcopy(_model(tok))
+    set_precision(model, "bf16")
+    prompts = [p for p in _prompts(4, seed=9, min_len=1, max_len=12) for _ in range(2)]
+    kwargs = dict(max_new_tokens=10, stop_token_ids=[7], seed=5)
+    fast = HFGenerationBackend(model, tok).generate(prompts, **kwargs)
+    slow = HFGenerationBackend(model, tok, kv_cache="dynamic").generate(prompts, **kwargs)
+    assert fast.output_ids == slow.output_ids
+    assert all(torch.equal(a, b) for a, b in zip(fast.logprobs, slow.logprobs))
+
+
+def test_frozen_weights_are_cast_once_per_call_under_bf16(tok):
+    # Autocast re-casts a weight that does not require grad at every use (a LoRA base layer, a
+    # reference copy): every weight at every decode step. generate() casts frozen linear weights once
+    # per call, with the same values: identical tokens and logprobs to the trainable model, and no
+    # parameter reaches aten._to_copy more than once. (Before: 2 layers x 7 linears, 9 steps -> each
+    # weight cast 10 times, once per forward.)
+    import copy
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlplane.models.precision import set_precision
+
+    trainable = copy.deepcopy(_model(tok))
+    set_precision(trainable, "bf16")
+    frozen = copy.deepcopy(trainable).requires_grad_(False)
+    prompts = [p for p in _prompts(3, seed=2) for _ in range(2)]
+    kwargs = dict(max_new_tokens=10, stop_token_ids=[], seed=1)
+    expected = HFGenerationBackend(trainable, tok).generate(prompts, **kwargs)
+
+    params = {p.data_ptr() for p in frozen.parameters()}
+    casts = Counter()
+
+    class CountCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in params:
+                casts[args[0].data_ptr()] += 1
+            return func(*args, **(kwargs or {}))
+
+    with CountCasts():
+        out = HFGenerationBackend(frozen, tok).generate(prompts, **kwargs)
+    assert out.output_ids == expected.output_ids
+    assert all(torch.equal(a, b) for a, b in zip(out.logprobs, expected.logprobs))
+    assert casts and max(casts.values()) == 1
+
+
 # ---- issue 16 item 13b: every eos of the generation config ends a row ------------------------------
 def test_default_stop_token_ids_union_of_tokenizer_and_generation_config(tok):
     from rlplane.generation.interface import default_stop_token_ids
