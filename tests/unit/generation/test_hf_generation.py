@@ -268,6 +268,31 @@ def test_frozen_weights_are_cast_once_per_call_under_bf16(tok):
     assert casts and max(casts.values()) == 1
 
 
+
+def test_weights_loaded_inside_generate_refresh_the_frozen_casts(tok):
+    # An in-flight weight update lands at a token boundary inside generate(), where the frozen
+    # weights' bf16 copies are already made: they must follow the new weights, or the tokens after
+    # the swap would be sampled with the old ones.
+    import copy
+
+    from rlplane.generation.hf import _frozen_weights_cast
+    from rlplane.models.precision import autocast, set_precision
+
+    frozen = copy.deepcopy(_model(tok))
+    set_precision(frozen, "bf16")
+    frozen.requires_grad_(False)
+    backend = HFGenerationBackend(frozen, tok)
+    new = {k: v + 0.5 if v.is_floating_point() else v for k, v in frozen.state_dict().items()}
+    with torch.no_grad(), autocast(frozen):
+        backend._cast_weights = _frozen_weights_cast(frozen)  # as generate() does
+        assert backend._cast_weights
+        backend._load_weights(new)
+        for name, w in backend._cast_weights.items():
+            assert torch.equal(w, new[name].to(w.dtype)), name
+    backend._cast_weights = {}
+    backend._load_weights(new)  # outside generate: nothing cast, nothing to refresh
+    assert backend._cast_weights == {}
+
 # ---- issue 16 item 13b: every eos of the generation config ends a row ------------------------------
 def test_default_stop_token_ids_union_of_tokenizer_and_generation_config(tok):
     from rlplane.generation.interface import default_stop_token_ids
