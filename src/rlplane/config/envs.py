@@ -7,7 +7,7 @@ subsection.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -30,6 +30,12 @@ class ReasoningGymEnvConfig(StrictModel):
         True,
         description="Keep the task's partial scores (e.g. 2/3 for '16.' against 16); false: 1 for a fully "
         "correct answer, else 0, so accuracy is the fraction exactly right.",
+    )
+    answer_format: Literal["any", "boxed", "answer_tag"] = Field(
+        "any",
+        description="Where the answer is read: `any` = the last \\boxed{}, else <answer> tag, else 'answer is X', "
+        "else the last line; `boxed` / `answer_tag`: only that format counts (strict: a right answer written "
+        "another way scores 0).",
     )
 class CalculatorEnvConfig(StrictModel):
     """The calculator tool (``rlplane.envs.calculator``)."""

@@ -3,7 +3,8 @@
 Each sample's metadata carries its reasoning-gym entry (``question``, ``answer``, ``metadata``
 with ``source_dataset``); the answer is extracted from the response (the last ``\\boxed{}``, else
 an ``<answer>`` tag, else the last non-empty line) and given to that task's ``score_answer``,
-which may give partial credit (e.g. a close number) unless ``partial_credit`` is false. Scoring
+which may give partial credit (e.g. a close number) unless ``partial_credit`` is false;
+``answer_format`` ``boxed`` / ``answer_tag`` accepts only that format (strict). Scoring
 runs in a verifier process pool with a deadline, as for the math environment. Needs
 ``pip install 'rlplane[reasoning]'``.
 """
@@ -20,10 +21,12 @@ class ReasoningGymEnv(PooledVerifierEnv):
     requires = ("reasoning_gym", "reasoning")
 
     def __init__(
-        self, num_workers: int = 1, timeout_s: float = 5.0, verify_fn: str | None = None, partial_credit: bool = True
+        self, num_workers: int = 1, timeout_s: float = 5.0, verify_fn: str | None = None, partial_credit: bool = True,
+        answer_format: str = "any",
     ):
         super().__init__(num_workers=num_workers, timeout_s=timeout_s, verify_fn=verify_fn)
         self.partial_credit = partial_credit
+        self.answer_format = answer_format
 
     def verifier_args(self, response: str, metadata: dict[str, Any]) -> tuple:
-        return (response, metadata["entry"], self.partial_credit)
+        return (response, metadata["entry"], self.partial_credit, self.answer_format)

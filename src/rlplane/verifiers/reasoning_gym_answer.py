@@ -26,9 +26,23 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the box never closes
 
 
-def extract_answer(response: str) -> str | None:
+# answer_format values: "any" takes the first found of the chain in extract_answer; the others accept
+# only the one format the prompt asked for, so a right number written any other way scores 0.
+ANSWER_FORMATS = ("any", "boxed", "answer_tag")
+
+
+def extract_answer(response: str, answer_format: str = "any") -> str | None:
     """The last ``\\boxed{}``, else the last ``<answer>`` tag, else the last "answer is X" at a line's
-    end, else the last non-empty line."""
+    end, else the last non-empty line. ``answer_format="boxed"`` / ``"answer_tag"``: only that format
+    counts (None when the response has none)."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format {answer_format!r}: use one of {', '.join(ANSWER_FORMATS)}")
+    if answer_format == "boxed":
+        boxed = last_boxed(response)
+        return None if boxed is None else boxed.strip()
+    if answer_format == "answer_tag":
+        found = _ANSWER_TAG.findall(response)
+        return found[-1].strip() if found else None
     boxed = last_boxed(response)
     if boxed is not None:
         return boxed.strip()
@@ -46,14 +60,15 @@ def _scorer(name: str):
 
 
 def score_reasoning_gym_answer(
-    response: str, entry: dict[str, Any], partial_credit: bool = True
+    response: str, entry: dict[str, Any], partial_credit: bool = True, answer_format: str = "any"
 ) -> tuple[float, str | None]:
     """``(score in [0, 1], extracted answer)`` by the task named in ``entry["metadata"]["source_dataset"]``.
 
     Without ``partial_credit`` the score is 1 for a fully correct answer and 0 otherwise: reasoning-gym's
     default ``score_answer`` gives ``len(oracle) / len(answer)`` to any answer containing the oracle
-    (``"16."`` scores 2/3 against ``16``), which would make a mean reward read as more than accuracy."""
-    answer = extract_answer(response)
+    (``"16."`` scores 2/3 against ``16``), which would make a mean reward read as more than accuracy.
+    ``answer_format``: see :func:`extract_answer`."""
+    answer = extract_answer(response, answer_format)
     if answer is None:
         return 0.0, None
     try:

@@ -23,3 +23,25 @@ def test_partial_credit_is_kept_by_default_and_dropped_when_exact():
     score, answer = score_reasoning_gym_answer("16 apples", ENTRY)
     assert answer == "16 apples" and score == pytest.approx(2 / 9)
     assert score_reasoning_gym_answer("16 apples", ENTRY, partial_credit=False) == (0.0, "16 apples")
+
+
+def test_strict_boxed_format_scores_only_a_boxed_answer():
+    # Strict: the right number outside \boxed{} is no answer at all (None, 0); inside it scores 1.
+    assert score_reasoning_gym_answer("The answer is 16.", ENTRY, False, "boxed") == (0.0, None)
+    assert score_reasoning_gym_answer("6 + 10 = 16, so \\boxed{16}", ENTRY, False, "boxed") == (1.0, "16")
+    # The last box counts, as in the default chain: "\boxed{15} ... \boxed{16}" reads 16.
+    assert score_reasoning_gym_answer("\\boxed{15} no, \\boxed{16}", ENTRY, False, "boxed") == (1.0, "16")
+    # Without the strict format the same unboxed reply is read from its "answer is" line.
+    assert score_reasoning_gym_answer("The answer is 16.", ENTRY, False) == (1.0, "16")
+
+
+def test_strict_answer_tag_format_scores_only_a_tagged_answer():
+    assert score_reasoning_gym_answer("16", ENTRY, False, "answer_tag") == (0.0, None)
+    assert score_reasoning_gym_answer("<answer> 16 </answer>", ENTRY, False, "answer_tag") == (1.0, "16")
+    # A box does not stand in for the tag.
+    assert score_reasoning_gym_answer("\\boxed{16}", ENTRY, False, "answer_tag") == (0.0, None)
+
+
+def test_unknown_answer_format_is_refused():
+    with pytest.raises(ValueError, match="answer_format 'xml': use one of any, boxed, answer_tag"):
+        score_reasoning_gym_answer("16", ENTRY, False, "xml")
