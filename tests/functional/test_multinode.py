@@ -79,6 +79,31 @@ def check_split_over_nodes(where: dict, cluster) -> None:
     assert {g["placement_group_id"] for g in where["generators"]}.isdisjoint({where["policy"][0]["placement_group_id"]})
 
 
+RESERVE = """
+import json, sys, ray
+from ray.util import placement_group_table
+from rlplane.runtime import placement
+ray.init(address=sys.argv[1], log_to_driver=False)
+plan = placement.plan_placement(dp_size=2, num_generators=2, colocated=False, rank_cpus={"policy": 0.5},
+                                generator_cpus=0.5, num_nodes=2)
+groups = placement.reserve(plan, num_nodes=2, timeout_s=60)
+print(json.dumps({name: placement_group_table(pg)["bundles_to_node_id"] for name, pg in groups.items()}))
+"""
+
+
+@pytest.mark.ray
+def test_split_bundles_keep_off_the_train_nodes(cluster):
+    """2 policy ranks and 2 generators, split over 2 nodes: the train bundles (0.5 CPU each) are packed
+    on one node, the generation bundles on the other, though either node could hold all four."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", RESERVE, cluster["address"]], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    nodes = json.loads(out.stdout.strip().splitlines()[-1])
+    train, generation = set(nodes["train"].values()), set(nodes["generation"].values())
+    assert len(train) == len(generation) == 1 and train | generation == cluster["workers"], nodes
+
+
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines() if line]
 
