@@ -84,24 +84,40 @@ import json, sys, ray
 from ray.util import placement_group_table
 from rlplane.runtime import placement
 ray.init(address=sys.argv[1], log_to_driver=False)
-plan = placement.plan_placement(dp_size=2, num_generators=2, colocated=False, rank_cpus={"policy": 0.5},
+plan = placement.plan_placement(dp_size=2, num_generators=2, colocated=False, rank_cpus={"policy": float(sys.argv[2])},
                                 generator_cpus=0.5, num_nodes=2)
 groups = placement.reserve(plan, num_nodes=2, timeout_s=60)
 print(json.dumps({name: placement_group_table(pg)["bundles_to_node_id"] for name, pg in groups.items()}))
+placement.release(groups)
 """
+
+
+def reserve_split(cluster, rank_cpus: float) -> subprocess.CompletedProcess:
+    """Reserve 2 policy ranks of ``rank_cpus`` CPUs and 2 generators split over 2 nodes, in a driver of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-c", RESERVE, cluster["address"], str(rank_cpus)], env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.ray
 def test_split_bundles_keep_off_the_train_nodes(cluster):
     """2 policy ranks and 2 generators, split over 2 nodes: the train bundles (0.5 CPU each) are packed
     on one node, the generation bundles on the other, though either node could hold all four."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run([sys.executable, "-c", RESERVE, cluster["address"]], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = reserve_split(cluster, 0.5)
     assert out.returncode == 0, out.stderr[-2000:]
     nodes = json.loads(out.stdout.strip().splitlines()[-1])
     train, generation = set(nodes["train"].values()), set(nodes["generation"].values())
     assert len(train) == len(generation) == 1 and train | generation == cluster["workers"], nodes
+
+
+@pytest.mark.ray
+def test_split_with_no_node_left_for_the_generators_is_a_one_line_error(cluster):
+    # Two train bundles of 1.5 CPUs cannot share a worker node (2 CPUs): they take both, and the
+    # generators' group is refused at once instead of waiting out the reservation timeout.
+    out = reserve_split(cluster, 1.5)
+    assert out.returncode != 0
+    assert ("ConfigError: runtime=ray: the 'train' placement group took every node of the Ray cluster that could "
+            "hold a bundle of the 'generation' group (split from it, cluster.num_nodes > 1); add nodes") in out.stderr
 
 
 def metrics(run_dir: Path) -> list[dict]:

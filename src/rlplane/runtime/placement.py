@@ -124,6 +124,7 @@ def reserve(plan: PlacementPlan, num_nodes: int, timeout_s: float = RESERVE_TIME
     is ``SPREAD`` over the nodes the other's bundles did not land on (a label selector on Ray's
     ``ray.io/node-id`` node label), and that other group is ``PACK``ed so that it leaves nodes free.
     A one-line error if a group is not placed within ``timeout_s`` (the groups made so far are removed)."""
+    import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
     groups: dict = {}
@@ -133,6 +134,14 @@ def reserve(plan: PlacementPlan, num_nodes: int, timeout_s: float = RESERVE_TIME
             strategy = "SPREAD"
         if name in plan.apart:
             taken = sorted(set(placement_group_table(groups[plan.apart[name]])["bundles_to_node_id"].values()))
+            if not any(n["NodeID"] not in taken and fits(bundles[0], n["Resources"])
+                       for n in ray.nodes() if n.get("Alive")):
+                release(groups)
+                raise ConfigError([
+                    f"runtime=ray: the {plan.apart[name]!r} placement group took every node of the Ray cluster that "
+                    f"could hold a bundle of the {name!r} group (split from it, cluster.num_nodes > 1); add nodes, "
+                    "lower policy.dp_size, or set policy.generation.colocated.enabled=true"
+                ])
             selector = [{NODE_ID_LABEL: f"!in({','.join(taken)})"}] * len(bundles)
         groups[name] = pg = placement_group(bundles, strategy=strategy, bundle_label_selector=selector)
         if not pg.wait(timeout_seconds=timeout_s):
@@ -146,6 +155,11 @@ def reserve(plan: PlacementPlan, num_nodes: int, timeout_s: float = RESERVE_TIME
                 "lower policy.dp_size / policy.generation.num_generators, or add nodes"
             ])
     return groups
+
+
+def fits(bundle: dict[str, float], resources: dict[str, float]) -> bool:
+    """Whether a node with ``resources`` in all could hold ``bundle``."""
+    return all(resources.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
 
 
 def release(groups: dict) -> None:
