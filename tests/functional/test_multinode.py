@@ -170,6 +170,8 @@ def test_default_job_learns_across_nodes_through_a_kill(cluster, tmp_path):
     result = run_killed_and_resumed(cluster, run_dir, extra, steps=steps, save_period=steps // 2)
     check_resumed(result, run_dir, cluster, steps=steps, save_period=steps // 2)
     val = {r["step"]: r["validation/accuracy"] for r in metrics(run_dir) if "validation/accuracy" in r}
-    print(f"multi-node default job: nodes {json.dumps(result['second'])}; accuracy {val}; "
-          f"wall {result['wall_s']:.0f} s")
+    nodes = {attempt: {role: [w["node_id"][:8] for w in where] for role, where in result[attempt].items()}
+             for attempt in ("first", "second")}
+    print(f"multi-node default job: worker nodes {sorted(n[:8] for n in cluster['workers'])}, nodes per role {nodes}; "
+          f"accuracy {val}; wall {result['wall_s']:.0f} s")
     assert sorted(val) == [0, steps] and val[steps] > val[0], val
