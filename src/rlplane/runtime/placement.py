@@ -7,7 +7,9 @@ group in them; ``policy.generation.colocated.enabled`` chooses between
   teacher ranks) *and* generator ``i``. Generation and training share the bundle's resources, so
   the generators release their weights while the policy trains (:meth:`Refit.release`).
 - **split**: a ``train`` placement group (one bundle per policy rank) and a ``generation`` one
-  (one bundle per generator): nothing shared, the generators keep their weights.
+  (one bundle per generator): nothing shared, the generators keep their weights. Over several
+  nodes (``cluster.num_nodes > 1``) the generation bundles go on other nodes than the train ones
+  (NeMo RL gives training and inference their own nodes when they are not colocated).
 
 :func:`plan_placement` is pure (the bundles and which bundle each worker group's ranks take);
 :func:`check_bundles_fit` compares a plan with the cluster's nodes before anything is reserved, so
@@ -24,19 +26,28 @@ from rlplane.config.loading import ConfigError
 
 # Seconds to wait for a placement group that passed :func:`check_bundles_fit` (others' actors may hold resources).
 RESERVE_TIMEOUT_S = 120.0
+# The label Ray gives every node: its node id (what a bundle label selector matches to avoid nodes).
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 @dataclass
 class PlacementPlan:
-    """``bundles``: placement-group name → its bundles (``{"CPU": c, "GPU": g}``);
-    ``slots``: worker-group name → ``(placement-group name, bundle index)`` per rank."""
+    """``bundles``: placement-group name → its bundles (``{"CPU": c, "GPU": g}``), reserved in
+    this order; ``slots``: worker-group name → ``(placement-group name, bundle index)`` per rank;
+    ``apart``: placement-group name → the earlier group whose nodes its bundles must avoid."""
 
     bundles: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     slots: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    apart: dict[str, str] = field(default_factory=dict)
+
+    def values_kept_apart(self) -> set[str]:
+        """The groups another group keeps apart from (packed, to leave the other nodes free)."""
+        return set(self.apart.values())
 
 
 def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_cpus: dict[str, float],
-                   generator_cpus: float, rank_gpus: dict[str, float] | None = None) -> PlacementPlan:
+                   generator_cpus: float, rank_gpus: dict[str, float] | None = None, num_nodes: int = 1
+                   ) -> PlacementPlan:
     """The bundles for ``dp_size`` ranks of each trained group in ``rank_cpus`` (name → CPUs of one
     rank: policy, value, teacher; rank ``i`` of every group shares bundle ``i``, as NeMo RL colocates
     the critic with the policy) and ``num_generators`` generators of ``generator_cpus`` each.
@@ -44,7 +55,8 @@ def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_c
     Colocated: ``max(dp_size, num_generators)`` bundles, generator ``j`` in bundle ``j``. Split: a
     ``train`` group of ``dp_size`` bundles and a ``generation`` group of ``num_generators``. The GPUs
     of a rank of each group (``rank_gpus``, name → GPUs) are in its bundle; the generators ask for
-    none (the rollout actor's engine runs on CPU).
+    none (the rollout actor's engine runs on CPU). Split over ``num_nodes > 1`` nodes, the
+    ``generation`` group keeps apart from the ``train`` group's nodes.
     """
     train_cpus = sum(rank_cpus.values())
     gpus_per_rank = sum((rank_gpus or {}).values())
@@ -65,6 +77,8 @@ def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_c
     for name in rank_cpus:
         plan.slots[name] = [("train", i) for i in range(dp_size)]
     plan.slots["generators"] = [("generation", j) for j in range(num_generators)]
+    if num_nodes > 1:
+        plan.apart["generation"] = "train"
     return plan
 
 
@@ -105,23 +119,47 @@ def cluster_nodes() -> list[dict[str, float]]:
 
 
 def reserve(plan: PlacementPlan, num_nodes: int, timeout_s: float = RESERVE_TIMEOUT_S) -> dict:
-    """Create ``plan``'s placement groups (``PACK`` on one node, ``SPREAD`` over several) and wait
-    until they are placed; returns name → placement group. A one-line error if they are not placed
-    within ``timeout_s`` (the groups made so far are removed)."""
-    from ray.util.placement_group import placement_group, remove_placement_group
+    """Create ``plan``'s placement groups and wait until they are placed; returns name → placement
+    group. On one node each is ``PACK``ed; over several, a group kept apart from another (``plan.apart``)
+    is ``SPREAD`` over the nodes the other's bundles did not land on (a label selector on Ray's
+    ``ray.io/node-id`` node label), and that other group is ``PACK``ed so that it leaves nodes free.
+    A one-line error if a group is not placed within ``timeout_s`` (the groups made so far are removed)."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    strategy = "SPREAD" if num_nodes > 1 else "PACK"
-    groups = {name: placement_group(bundles, strategy=strategy) for name, bundles in plan.bundles.items()}
-    for name, pg in groups.items():
+    groups: dict = {}
+    for name, bundles in plan.bundles.items():
+        strategy, selector = "PACK", None
+        if num_nodes > 1 and name not in plan.values_kept_apart():
+            strategy = "SPREAD"
+        if name in plan.apart:
+            taken = sorted(set(placement_group_table(groups[plan.apart[name]])["bundles_to_node_id"].values()))
+            if not any(n["NodeID"] not in taken and fits(bundles[0], n["Resources"])
+                       for n in ray.nodes() if n.get("Alive")):
+                release(groups)
+                raise ConfigError([
+                    f"runtime=ray: the {plan.apart[name]!r} placement group took every node of the Ray cluster that "
+                    f"could hold a bundle of the {name!r} group (split from it, cluster.num_nodes > 1); add nodes, "
+                    "lower policy.dp_size, or set policy.generation.colocated.enabled=true"
+                ])
+            selector = [{NODE_ID_LABEL: f"!in({','.join(taken)})"}] * len(bundles)
+        groups[name] = pg = placement_group(bundles, strategy=strategy, bundle_label_selector=selector)
         if not pg.wait(timeout_seconds=timeout_s):
             for g in groups.values():
                 remove_placement_group(g)
+            apart = (f" on nodes other than the {plan.apart[name]!r} group's ({len(taken)} node(s))"
+                     if name in plan.apart else "")
             raise ConfigError([
-                f"runtime=ray: placement group {name!r} ({len(plan.bundles[name])} bundles) was not placed within "
-                f"{timeout_s:g} s (its resources are held by other actors); free the cluster or lower "
-                "policy.dp_size / policy.generation.num_generators"
+                f"runtime=ray: placement group {name!r} ({len(bundles)} bundles){apart} was not placed within "
+                f"{timeout_s:g} s (its resources are held by other actors, or no node is left); free the cluster, "
+                "lower policy.dp_size / policy.generation.num_generators, or add nodes"
             ])
     return groups
+
+
+def fits(bundle: dict[str, float], resources: dict[str, float]) -> bool:
+    """Whether a node with ``resources`` in all could hold ``bundle``."""
+    return all(resources.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
 
 
 def release(groups: dict) -> None:

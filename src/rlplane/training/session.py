@@ -112,6 +112,16 @@ class Session:
                 self.workers.rollout.call("ping")
         except Exception as e:  # Ray's text of an actor's constructor error: its one line, not the trace
             raise node_path_error_in(e) or user_task_error_in(e) or e from None
+        if self.cfg.runtime != "local":
+            self._write_placement()
+
+    def _write_placement(self) -> None:
+        """``logs/placement.json``: the node, placement group and bundles each actor reports from inside
+        itself (worker group → one entry per rank / generator), rewritten at every start: where this
+        attempt of the run actually ran, e.g. that split generators got nodes of their own."""
+        groups = {**self.workers.trained_groups(), "generators": self.workers.rollout.group}
+        where = {name: g.run("placement") for name, g in groups.items()}
+        (self.paths.log_dir / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
 
     # ---- start: resume, or warm up -----------------------------------------------------------------
     def start(self) -> int:

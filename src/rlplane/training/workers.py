@@ -76,7 +76,8 @@ def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_p
     gen = cfg.policy.generation
     return placement.plan_placement(dp_size=cfg.policy.dp_size, num_generators=gen.num_generators,
                                     colocated=gen.colocated.enabled, rank_cpus=rank_cpus,
-                                    generator_cpus=RAY_CPUS_ROLLOUT, rank_gpus=rank_gpus)
+                                    generator_cpus=RAY_CPUS_ROLLOUT, rank_gpus=rank_gpus,
+                                    num_nodes=cfg.cluster.num_nodes)
 
 
 def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> None:

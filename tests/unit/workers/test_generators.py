@@ -115,6 +115,12 @@ def test_colocated_plan_shares_bundles_split_plan_separates_them():
     split = plan_placement(dp_size=2, num_generators=3, colocated=False, **kw)
     assert split.bundles == {"train": [{"CPU": 0.75, "GPU": 2.0}] * 2, "generation": [{"CPU": 0.5}] * 3}
     assert split.slots["generators"] == [("generation", j) for j in range(3)]
+    # Over several nodes the generation bundles keep off the train bundles' nodes; on one node, or
+    # colocated (sharing bundles is the point), nothing is kept apart.
+    assert split.apart == co.apart == {}
+    assert plan_placement(dp_size=2, num_generators=3, colocated=False, num_nodes=2, **kw).apart == {
+        "generation": "train"}
+    assert plan_placement(dp_size=2, num_generators=3, colocated=True, num_nodes=2, **kw).apart == {}
 
 
 def test_bundles_that_do_not_fit_are_one_line_errors():
