@@ -159,3 +159,21 @@ def test_state_round_trips_through_torch_save(tmp_path):
     assert (g.prompt_idx, g.generation_version, g.target_version) == (7, 0, 1)
     assert g.meta.sample_ids == ("t1/p7_g0", "t1/p7_g1") and g.meta.seq_lens == (10, 4)
     assert torch.equal(g.carry["rewards"], torch.tensor([7.0, 0.0]))
+
+
+def test_evictions_of_a_starved_wait_are_reported_with_their_prompts():
+    # The trainer's first sample at step 2 finds too few groups (it returns None) but evicts the two
+    # stale ones; the sample that then returns reports them, prompts and all, for the step's
+    # prompts.jsonl row (before: lost with the None, the step logged 0 evicted groups).
+    buf = ReplayBuffer(max_size=10)
+    buf.add(group(4, gen=0, target=1, epoch=1))  # its step (1) has passed
+    buf.add(group(6, gen=0, target=2))  # age 2 at step 2: too old for max_age 1
+    assert buf.sample(1, current_version=2, max_age_steps=1, timeout_s=0) is None
+    buf.add(group(7, gen=1, target=2))
+    out = buf.sample(1, current_version=2, max_age_steps=1, timeout_s=0)
+    assert [g.prompt_idx for g in out.groups] == [7]
+    assert out.evicted == 2 and out.evicted_prompts == [[1, 4], [0, 6]]
+    # Reported once: the next step's sample evicts nothing and reports nothing.
+    buf.add(group(8, gen=2, target=3))
+    out = buf.sample(1, current_version=3, max_age_steps=1, timeout_s=0)
+    assert out.evicted == 0 and out.evicted_prompts == []
