@@ -2,7 +2,10 @@
 
 The environment is the exact-match arithmetic one wrapped so that every scoring call sleeps
 ``--judge-ms`` (100 ms by default): a stand-in for a code sandbox or a remote judge, whose latency
-sync GRPO pays on every step and async GRPO hides behind training. Both runs start from the same
+sync GRPO pays on every step and async GRPO hides behind training. ``--verifier long-tail`` makes
+most calls fast (``--fast-ms``, 20) and about 1 in 10 (``--slow-share``) ten times slower
+(``--slow-ms``, 200), as sandboxes are: which calls are slow follows from the seed and the call's
+prompts, so sync and async, which score the same prompt batches, wait the same. Both runs start from the same
 supervised warm-up (made once; ``--save-warm DIR`` keeps it for later invocations), take the same
 number of steps with the same seed, and validate once at the end on the same held-out problems.
 
@@ -10,13 +13,15 @@ Throughput is trained samples (steps × prompts × generations) over the summed 
 (``timing/train/total_step_time``: generation, scoring, logprobs, training and refit; validation
 and checkpointing excluded). Run it under the measurement lock:
 
-    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--save-warm DIR] [KEY=VALUE ...]
+    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--verifier long-tail]
+        [--save-warm DIR] [KEY=VALUE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -45,8 +50,25 @@ class SlowJudgeEnv(ArithmeticEnv):
     delay_s = 0.1
 
     def step(self, message_logs, metadata):
-        time.sleep(self.delay_s)
+        time.sleep(self.delay(message_logs))
         return super().step(message_logs, metadata)
+
+    def delay(self, message_logs) -> float:
+        return self.delay_s
+
+
+class LongTailJudgeEnv(SlowJudgeEnv):
+    """Most scoring calls take ``fast_s``, a ``slow_share`` of them ``slow_s``. Which ones is drawn from
+    ``seed`` and the batch's prompts (not from a call counter: the async collector also scores the
+    groups of steps past the last, and validation interleaves), so sync and async, scoring the same
+    prompt batches, get the same delays."""
+
+    fast_s, slow_s, slow_share, seed = 0.02, 0.2, 0.1, 0
+
+    def delay(self, message_logs) -> float:
+        prompts = "\x1f".join(str(m.get("content", "")) for log in message_logs for m in log if m.get("role") == "user")
+        slow = random.Random(f"{self.seed}\x1e{prompts}").random() < self.slow_share  # str seeds: sha512, stable
+        return self.slow_s if slow else self.fast_s
 
 
 def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
@@ -93,14 +115,25 @@ def run(name: str, train, overrides: list[str], run_dir: Path) -> dict[str, floa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps of each run")
-    ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call")
+    ap.add_argument("--verifier", choices=["fixed", "long-tail"], default="fixed",
+                    help="fixed: every scoring call takes --judge-ms; long-tail: --fast-ms, a --slow-share of calls --slow-ms")
+    ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call (--verifier fixed)")
+    ap.add_argument("--fast-ms", type=float, default=20.0, help="latency of most scoring calls (--verifier long-tail)")
+    ap.add_argument("--slow-ms", type=float, default=200.0, help="latency of the slow calls (--verifier long-tail)")
+    ap.add_argument("--slow-share", type=float, default=0.1, help="share of slow calls (--verifier long-tail)")
+    ap.add_argument("--judge-seed", type=int, default=0, help="which calls are slow (--verifier long-tail)")
     ap.add_argument("--max-age", type=int, default=1, help="grpo.async_grpo.max_trajectory_age_steps")
     ap.add_argument("--save-warm", type=Path, default=None, help="keep (or reuse) the warm-up model here")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE for both runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if not 0.0 <= args.slow_share <= 1.0:
+        ap.error(f"--slow-share {args.slow_share}: a share of calls, between 0 and 1 (e.g. 0.1)")
     SlowJudgeEnv.delay_s = args.judge_ms / 1e3
-    register_env("arithmetic", SlowJudgeEnv)  # the task's samples now go to the slow judge (runtime: local)
+    LongTailJudgeEnv.fast_s, LongTailJudgeEnv.slow_s = args.fast_ms / 1e3, args.slow_ms / 1e3
+    LongTailJudgeEnv.slow_share, LongTailJudgeEnv.seed = args.slow_share, args.judge_seed
+    judge = LongTailJudgeEnv if args.verifier == "long-tail" else SlowJudgeEnv
+    register_env("arithmetic", judge)  # the task's samples now go to the slow judge (runtime: local)
     quiet = ["logger.progress_bar=false", "logger.tensorboard_enabled=false", "checkpointing.enabled=false"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -114,8 +147,13 @@ def main() -> int:
             "loss_fn.use_importance_sampling_correction=true"], tmp / "async")
     cfg = load_config(None, common)
     g = cfg.grpo
-    print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, judge "
-          f"{args.judge_ms:.0f} ms/call, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    if args.verifier == "long-tail":
+        judge_text = (f"long-tail judge {args.fast_ms:.0f} ms/call, {args.slow_share:.0%} of calls {args.slow_ms:.0f} ms "
+                      f"(seed {args.judge_seed})")
+    else:
+        judge_text = f"judge {args.judge_ms:.0f} ms/call"
+    print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, {judge_text}, "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     for name, r in (("sync", sync), ("async", asyn)):
         age = f", mean trajectory age {r['mean_age']:.2f}" if "mean_age" in r else ""
         print(f"{name:5s} GRPO: {r['samples_per_s']:7.1f} samples/s (median step {r['median_step_ms']:.0f} ms), "
