@@ -205,10 +205,11 @@ class ReplayBuffer:
                         restore: Callable[[dict[str, Any]], TrajectoryGroup] = TrajectoryGroup.from_state) -> int:
         """Restore the groups saved at a checkpoint, for a run resuming at step ``current_version``.
 
-        Drops groups whose step has passed or that are too old, then keeps at most ``max_size``
-        (lowest targets first, so the next steps are served); ``restore`` builds each kept group from
-        its saved state (the collector writes its columns back into the data plane first, so a
-        dropped group is never written). Returns how many were dropped.
+        Drops groups whose step has passed or that are too old (``max_age_steps`` lowered since the
+        save), then keeps at most ``max_size`` (lowest targets first, so the next steps are served);
+        ``restore`` builds each kept group from its saved state (the collector writes its columns
+        back into the data plane first, so a dropped group is never written). The next :meth:`sample`
+        that returns reports the dropped groups as evicted. Returns how many were dropped.
         """
         saved = state["groups"]
         keep = [i for i, g in enumerate(saved)
@@ -216,8 +217,13 @@ class ReplayBuffer:
         if len(keep) > self.max_size:
             keep = sorted(sorted(keep, key=lambda i: (saved[i]["target_version"], i))[: self.max_size])
         groups = [restore(saved[i]) for i in keep]
+        # The dropped ones were drawn and will never be trained (their steps get new groups): the first
+        # sample reports them as evicted, so the step's prompts.jsonl row accounts for their prompts.
+        # Their columns were never written back: no keys to release.
+        dropped = [TrajectoryGroup.from_state(g) for i, g in enumerate(saved) if i not in set(keep)]
         with self._cond:
             self._groups = groups
+            self._unreported = dropped
             self.last_target_sampled = current_version - 1
             self._cond.notify_all()
-        return len(saved) - len(keep)
+        return len(dropped)

@@ -140,6 +140,9 @@ def test_save_and_restore_keeps_future_targets_and_drops_the_rest():
     assert fresh.last_target_sampled == 3
     out = fresh.sample(2, current_version=4, max_age_steps=1)
     assert [g.prompt_idx for g in out.groups] == [0, 1]
+    # The dropped group (prompt 2) counts as evicted by the first step after the resume: its prompt
+    # was drawn and is never trained, and the step's prompts.jsonl row says so.
+    assert out.evicted == 1 and out.evicted_prompts == [[0, 2]]
     # The receipt survives the round trip: keys, lengths, tags.
     assert out.groups[0].meta == group(0, gen=3, target=4).meta
     # A smaller buffer on resume keeps the lowest targets.
