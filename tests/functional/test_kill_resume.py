@@ -276,3 +276,34 @@ def test_exactly_once_under_random_kills(straight, recipe):
                                 points=ASYNC_POINTS if recipe in ASYNC else POINTS)
         story = killed_run(base, recipe, f"random-{recipe}-{seed}", kills, want)
         print(f"{recipe} seed {seed}: " + "; ".join(story))
+
+
+def test_async_groups_evicted_on_resume_are_logged_and_replaced_once(tmp_path):
+    """Forcing an eviction: with in-flight updates off an async group is always exactly
+    ``max_trajectory_age_steps`` old, so a run evicts nothing, killed or not. A resume that lowers the
+    age from 2 to 1 does: the checkpoint's groups (steps 5, 6, 7 by versions 2, 3, 4) were generated 2
+    versions before their steps. All 12 are dropped, step 5's row logs their prompts as drawn and not
+    trained, and steps 5 and 6 train groups generated afresh by version 4 from the following prompts;
+    no prompt is trained twice. (Before, the 8 of steps 6 and 7 filled the buffer and the run hung.)"""
+    (tmp_path / "kill_rewards.py").write_text(REWARD_MODULE)
+    preset, extra = RECIPES["async"]
+    run_dir = tmp_path / "lowered"
+    age2 = [*extra, "grpo.max_num_steps=4", "grpo.async_grpo.max_trajectory_age_steps=2"]
+    assert attempt(run_dir, tmp_path, preset, age2, None) == 0
+    assert latest_checkpoint(run_dir) == 4
+    age1 = [*extra, "grpo.max_num_steps=6", "grpo.async_grpo.max_trajectory_age_steps=1"]
+    assert attempt(run_dir, tmp_path, preset, age1, None) == 0
+
+    rows = read_rows(run_dir / "logs" / "prompts.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    train = {r["step"]: r for r in read_rows(run_dir / "logs" / "metrics.jsonl")
+             if "train/evicted_trajectory_groups" in r}
+    for r in rows:
+        evicted = 12 if r["step"] == 5 else 0
+        assert len(r["drawn"]) == 4 + evicted and r["trained"] == r["drawn"][evicted:], r
+        assert train[r["step"]]["train/evicted_trajectory_groups"] == evicted
+    # Steps 5 and 6 (versions 4 and 5): their groups generated again, by version 4.
+    assert train[5]["train/max_trajectory_age"] == 0 and train[6]["train/max_trajectory_age"] == 1
+    trained = [tuple(p) for r in rows for p in r["trained"]]
+    drawn = [tuple(p) for r in rows for p in r["drawn"]]
+    assert len(trained) == len(set(trained)) == 24 and len(drawn) == len(set(drawn)) == 36

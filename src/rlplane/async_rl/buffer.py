@@ -212,8 +212,12 @@ class ReplayBuffer:
         that returns reports the dropped groups as evicted. Returns how many were dropped.
         """
         saved = state["groups"]
+        # Also dropped: groups that will be too old by their own step (generated more than max_age ahead
+        # of it, possible once max_age was lowered). Kept, they would fill the buffer with groups for
+        # later steps that are evicted there anyway, leaving no room for this step's: the run would hang.
         keep = [i for i, g in enumerate(saved)
-                if servable(g["generation_version"], g["target_version"], current_version, max_age_steps)]
+                if servable(g["generation_version"], g["target_version"], current_version, max_age_steps)
+                and g["generation_version"] >= g["target_version"] - max_age_steps]
         if len(keep) > self.max_size:
             keep = sorted(sorted(keep, key=lambda i: (saved[i]["target_version"], i))[: self.max_size])
         groups = [restore(saved[i]) for i in keep]

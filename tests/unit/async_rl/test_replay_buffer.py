@@ -151,6 +151,20 @@ def test_save_and_restore_keeps_future_targets_and_drops_the_rest():
     assert [g.target_version for g in small._groups] == [4, 4]
 
 
+def test_restore_with_a_lowered_age_drops_groups_too_old_for_their_own_step():
+    # Saved at max_age 2: step 4's groups by version 2, step 5's by 4, step 6's by 4. Resumed at 4 with
+    # max_age 1 and a buffer of 4 x 1 x 2 = 8: step 4's are too old now (2 < 4 - 1) and step 6's will
+    # be at step 6 (4 < 6 - 1). Kept, the 8 groups of steps 5 and 6 filled the buffer, the collector
+    # had no room for step 4's new groups, and the run hung; only step 5's stay.
+    buf = ReplayBuffer(max_size=12)
+    for idx in range(12):
+        target = 4 + idx // 4
+        buf.add(group(idx, gen=2 if target == 4 else 4, target=target))
+    fresh = ReplayBuffer(max_size=buffer_capacity(4, 1))
+    assert fresh.load_state_dict(buf.state_dict(), current_version=4, max_age_steps=1) == 8
+    assert [g.prompt_idx for g in fresh._groups] == [4, 5, 6, 7] and not fresh.is_full()
+
+
 def test_state_round_trips_through_torch_save(tmp_path):
     buf = ReplayBuffer(max_size=4)
     buf.add(group(7, gen=0, target=1))
