@@ -116,7 +116,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps of each run")
     ap.add_argument("--verifier", choices=["fixed", "long-tail"], default="fixed",
-                    help="fixed: every scoring call takes --judge-ms; long-tail: --fast-ms, a --slow-share of calls --slow-ms")
+                    help="fixed: every scoring call takes --judge-ms; "
+                         "long-tail: --fast-ms, a --slow-share of calls --slow-ms")
     ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call (--verifier fixed)")
     ap.add_argument("--fast-ms", type=float, default=20.0, help="latency of most scoring calls (--verifier long-tail)")
     ap.add_argument("--slow-ms", type=float, default=200.0, help="latency of the slow calls (--verifier long-tail)")
@@ -148,8 +149,8 @@ def main() -> int:
     cfg = load_config(None, common)
     g = cfg.grpo
     if args.verifier == "long-tail":
-        judge_text = (f"long-tail judge {args.fast_ms:.0f} ms/call, {args.slow_share:.0%} of calls {args.slow_ms:.0f} ms "
-                      f"(seed {args.judge_seed})")
+        judge_text = (f"long-tail judge {args.fast_ms:.0f} ms/call, {args.slow_share:.0%} of calls "
+                      f"{args.slow_ms:.0f} ms (seed {args.judge_seed})")
     else:
         judge_text = f"judge {args.judge_ms:.0f} ms/call"
     print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, {judge_text}, "
