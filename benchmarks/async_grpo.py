@@ -2,7 +2,10 @@
 
 The environment is the exact-match arithmetic one wrapped so that every scoring call sleeps
 ``--judge-ms`` (100 ms by default): a stand-in for a code sandbox or a remote judge, whose latency
-sync GRPO pays on every step and async GRPO hides behind training. Both runs start from the same
+sync GRPO pays on every step and async GRPO hides behind training. ``--verifier long-tail`` makes
+most calls fast (``--fast-ms``, 20) and about 1 in 10 (``--slow-share``) ten times slower
+(``--slow-ms``, 200), as sandboxes are: which calls are slow follows from the seed and the call's
+prompts, so sync and async, which score the same prompt batches, wait the same. Both runs start from the same
 supervised warm-up (made once; ``--save-warm DIR`` keeps it for later invocations), take the same
 number of steps with the same seed, and validate once at the end on the same held-out problems.
 
@@ -10,18 +13,19 @@ Throughput is trained samples (steps × prompts × generations) over the summed 
 (``timing/train/total_step_time``: generation, scoring, logprobs, training and refit; validation
 and checkpointing excluded). Run it under the measurement lock:
 
-    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--save-warm DIR] \
-        [--collector both] [KEY=VALUE ...]
+    flock /tmp/rlplane-measure.lock python benchmarks/async_grpo.py [--steps 100] [--verifier long-tail]
+        [--save-warm DIR] [--collector both] [KEY=VALUE ...]
 
 The async run's collector runs in a thread of the trainer by default (the config's default);
 ``--collector process`` runs it in its own process (``grpo.async_grpo.collector_process``), ``both`` one
-async run of each.
+async run of each. The judge's latencies reach a collector process through environment variables.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -49,8 +53,25 @@ class SlowJudgeEnv(ArithmeticEnv):
     The latency is read from the environment: a collector in its own process sees it too."""
 
     def step(self, message_logs, metadata):
-        time.sleep(float(os.environ.get("RLPLANE_BENCH_JUDGE_MS", "100")) / 1e3)
+        time.sleep(self.delay(message_logs))
         return super().step(message_logs, metadata)
+
+    def delay(self, message_logs) -> float:
+        return float(os.environ.get("RLPLANE_BENCH_JUDGE_MS", "100")) / 1e3
+
+
+class LongTailJudgeEnv(SlowJudgeEnv):
+    """Most scoring calls take ``--fast-ms``, a ``--slow-share`` of them ``--slow-ms`` (read from
+    ``RLPLANE_BENCH_LONG_TAIL``). Which ones is drawn from ``--judge-seed`` and the batch's prompts (not from a call counter: the async collector also scores the
+    groups of steps past the last, and validation interleaves), so sync and async, scoring the same
+    prompt batches, get the same delays."""
+
+    def delay(self, message_logs) -> float:
+        fast_ms, slow_ms, slow_share, seed = os.environ.get("RLPLANE_BENCH_LONG_TAIL", "20,200,0.1,0").split(",")
+        fast_s, slow_s, slow_share, seed = float(fast_ms) / 1e3, float(slow_ms) / 1e3, float(slow_share), int(seed)
+        prompts = "\x1f".join(str(m.get("content", "")) for log in message_logs for m in log if m.get("role") == "user")
+        slow = random.Random(f"{seed}\x1e{prompts}").random() < slow_share  # str seeds: sha512, stable
+        return slow_s if slow else fast_s
 
 
 def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
@@ -97,7 +118,14 @@ def run(name: str, train, overrides: list[str], run_dir: Path) -> dict[str, floa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps of each run")
-    ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call")
+    ap.add_argument("--verifier", choices=["fixed", "long-tail"], default="fixed",
+                    help="fixed: every scoring call takes --judge-ms; "
+                         "long-tail: --fast-ms, a --slow-share of calls --slow-ms")
+    ap.add_argument("--judge-ms", type=float, default=100.0, help="latency of one scoring call (--verifier fixed)")
+    ap.add_argument("--fast-ms", type=float, default=20.0, help="latency of most scoring calls (--verifier long-tail)")
+    ap.add_argument("--slow-ms", type=float, default=200.0, help="latency of the slow calls (--verifier long-tail)")
+    ap.add_argument("--slow-share", type=float, default=0.1, help="share of slow calls (--verifier long-tail)")
+    ap.add_argument("--judge-seed", type=int, default=0, help="which calls are slow (--verifier long-tail)")
     ap.add_argument("--max-age", type=int, default=1, help="grpo.async_grpo.max_trajectory_age_steps")
     ap.add_argument("--save-warm", type=Path, default=None, help="keep (or reuse) the warm-up model here")
     ap.add_argument("--collector", choices=["process", "thread", "both"], default="thread",
@@ -106,8 +134,12 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE for both runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if not 0.0 <= args.slow_share <= 1.0:
+        ap.error(f"--slow-share {args.slow_share}: a share of calls, between 0 and 1 (e.g. 0.1)")
     os.environ["RLPLANE_BENCH_JUDGE_MS"] = str(args.judge_ms)
-    register_env("arithmetic", SlowJudgeEnv)  # the task's samples now go to the slow judge (runtime: local)
+    os.environ["RLPLANE_BENCH_LONG_TAIL"] = f"{args.fast_ms},{args.slow_ms},{args.slow_share},{args.judge_seed}"
+    judge = LongTailJudgeEnv if args.verifier == "long-tail" else SlowJudgeEnv
+    register_env("arithmetic", judge)  # the task's samples now go to the slow judge (runtime: local)
     quiet = ["logger.progress_bar=false", "logger.tensorboard_enabled=false", "checkpointing.enabled=false"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -124,8 +156,13 @@ def main() -> int:
             for mode in modes}
     cfg = load_config(None, common)
     g = cfg.grpo
-    print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, judge "
-          f"{args.judge_ms:.0f} ms/call, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    if args.verifier == "long-tail":
+        judge_text = (f"long-tail judge {args.fast_ms:.0f} ms/call, {args.slow_share:.0%} of calls "
+                      f"{args.slow_ms:.0f} ms (seed {args.judge_seed})")
+    else:
+        judge_text = f"judge {args.judge_ms:.0f} ms/call"
+    print(f"{args.steps} steps of {g.num_prompts_per_step}x{g.num_generations_per_prompt} samples, {judge_text}, "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     runs = {"sync": sync, **{f"async ({mode} collector)": r for mode, r in asyncs.items()}}
     for name, r in runs.items():
         age = f", mean trajectory age {r['mean_age']:.2f}" if "mean_age" in r else ""

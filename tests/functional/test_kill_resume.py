@@ -15,8 +15,12 @@ losses of every later step) must equal the never-killed run's.
 
 The default schedule (CI) is a few fixed kills per recipe. ``RLPLANE_KILL_TRIALS=N`` also runs N
 seeded random schedules per recipe (a few kills each, named points and random delays mixed).
-A recipe is one entry of ``RECIPES``: async GRPO can be added there (its config and prompt log)
-once its collector writes the prompts it drew into the step's record.
+A recipe is one entry of ``RECIPES``. Async GRPO (``in_flight_weight_updates`` off: deterministic,
+so a killed run replays the never-killed one too) logs the groups each step took from the replay
+buffer, in prompt order, and the stale groups the buffer evicted (drawn, never trained); its collector
+runs ahead of the trainer, so a kill also lands mid collector batch or between a refit's pause and
+its weight copy. It has no dynamic sampling (no refill) and, groups being exactly
+``max_trajectory_age_steps`` old there, evicts nothing: the test checks that too.
 """
 
 from __future__ import annotations
@@ -63,7 +67,10 @@ def recipe_args(section: str) -> list[str]:
 RECIPES = {
     "grpo": (None, recipe_args("grpo")),
     "ppo": ("ppo_arithmetic", [*recipe_args("ppo"), "ppo.policy_training_start_step=0", "ppo.ppo_epochs=1"]),
+    # Age 1, in-flight updates off (the preset): the collector generates step t's groups with version t-1.
+    "async": ("grpo_arithmetic_async", [a for a in recipe_args("grpo") if "use_dynamic_sampling" not in a]),
 }
+ASYNC = {"async"}
 
 
 @dataclass(frozen=True)
@@ -85,14 +92,16 @@ class Kill:
 
 POINTS = ["refit", "generation", "refill", "train", "logged", "checkpoint_write", "checkpoint_rename",
           "checkpoint_prune"]
+# Async: no refill; the collector's batch half in the buffer instead ("generation" is in its batch too).
+ASYNC_POINTS = [p for p in POINTS if p != "refill"] + ["collector_generation"]
 
 
-def random_schedule(rng: random.Random, kills: int) -> list[Kill]:
+def random_schedule(rng: random.Random, kills: int, points: list[str] = POINTS) -> list[Kill]:
     out = []
     for _ in range(kills):
         r = rng.random()
         if r < 0.6:
-            out.append(Kill(rng.choice(POINTS), n=rng.randint(1, 4)))
+            out.append(Kill(rng.choice(points), n=rng.randint(1, 4)))
         elif r < 0.85:
             out.append(Kill(delay=rng.uniform(0.0, 1.5)))
         else:
@@ -171,9 +180,13 @@ def straight_run(base: Path, recipe: str) -> dict:
     assert attempt(run_dir, base, preset, extra, None) == 0
     prompts = read_rows(run_dir / "logs" / "prompts.jsonl")
     assert [r["step"] for r in prompts] == list(range(1, STEPS + 1))
-    # The schedule really refills (dynamic sampling draws extra batches) and drops groups.
-    assert any(len(r["drawn"]) > len(r["trained"]) for r in prompts)
-    return {"prompts": prompts, "metrics": timing_free(read_rows(run_dir / "logs" / "metrics.jsonl"))}
+    metrics = timing_free(read_rows(run_dir / "logs" / "metrics.jsonl"))
+    if recipe in ASYNC:  # nothing evicted: every step trains the groups it drew, 4 of them
+        assert all(r["drawn"] == r["trained"] and len(r["trained"]) == 4 for r in prompts), prompts
+        assert all(r.get("train/evicted_trajectory_groups", 0) == 0 for r in metrics)
+    else:  # the schedule really refills (dynamic sampling draws extra batches) and drops groups
+        assert any(len(r["drawn"]) > len(r["trained"]) for r in prompts)
+    return {"prompts": prompts, "metrics": metrics}
 
 
 def killed_run(base: Path, recipe: str, name: str, kills: list[Kill], straight: dict) -> list[str]:
@@ -211,6 +224,9 @@ def killed_run(base: Path, recipe: str, name: str, kills: list[Kill], straight: 
             f"{r['drawn']} / {r['trained']}; {story}")
     trained = [tuple(p) for r in ledger.values() for p in r["trained"]]
     assert len(trained) == len(set(trained)) == STEPS * 4, f"{name}: a prompt trained twice or lost; {story}"
+    # A dropped (sync) or evicted (async) prompt was drawn by one step only, and never trained.
+    drawn = [tuple(p) for r in ledger.values() for p in r["drawn"]]
+    assert len(drawn) == len(set(drawn)), f"{name}: a prompt drawn by two steps; {story}"
     # The run's own log agrees with the ledger, and every step trained as the never-killed run's did.
     assert read_rows(run_dir / "logs" / "prompts.jsonl") == want, f"{name}: prompts.jsonl differs; {story}"
     assert timing_free(read_rows(run_dir / "logs" / "metrics.jsonl")) == straight["metrics"], (
@@ -221,6 +237,9 @@ def killed_run(base: Path, recipe: str, name: str, kills: list[Kill], straight: 
 # The CI schedule: the moments most likely to lose or repeat a step, a few kills per recipe.
 # (A kill mid checkpoint write has its own test in test_grpo.py; the random schedules have it too.)
 FIXED = [Kill("refill", 2), Kill("logged", 3), Kill("checkpoint_prune", 2), Kill(delay=0.7)]
+# Async: mid collector batch (the collector runs ahead: past the step being trained), between the
+# refit's pause and its weight copy, after a step was logged, and at a random moment.
+ASYNC_FIXED = [Kill("collector_generation", 3), Kill("refit", 4), Kill("logged", 3), Kill(delay=0.7)]
 
 
 @pytest.fixture(scope="module")
@@ -240,9 +259,10 @@ def straight(tmp_path_factory):
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_exactly_once_under_fixed_kills(straight, recipe):
     base, want = straight(recipe)
-    story = killed_run(base, recipe, f"fixed-{recipe}", FIXED, want)
+    kills = ASYNC_FIXED if recipe in ASYNC else FIXED
+    story = killed_run(base, recipe, f"fixed-{recipe}", kills, want)
     print(f"{recipe}: " + "; ".join(story))
-    assert sum("rc -9" in s for s in story) == len(FIXED), story  # every kill landed
+    assert sum("rc -9" in s for s in story) == len(kills), story  # every kill landed
 
 
 @pytest.mark.slow
@@ -252,6 +272,38 @@ def test_exactly_once_under_random_kills(straight, recipe):
     base, want = straight(recipe)
     trials = int(os.environ["RLPLANE_KILL_TRIALS"])
     for seed in range(trials):
-        kills = random_schedule(random.Random(f"{recipe}-{seed}"), kills=3)
+        kills = random_schedule(random.Random(f"{recipe}-{seed}"), kills=3,
+                                points=ASYNC_POINTS if recipe in ASYNC else POINTS)
         story = killed_run(base, recipe, f"random-{recipe}-{seed}", kills, want)
         print(f"{recipe} seed {seed}: " + "; ".join(story))
+
+
+def test_async_groups_evicted_on_resume_are_logged_and_replaced_once(tmp_path):
+    """Forcing an eviction: with in-flight updates off an async group is always exactly
+    ``max_trajectory_age_steps`` old, so a run evicts nothing, killed or not. A resume that lowers the
+    age from 2 to 1 does: the checkpoint's groups (steps 5, 6, 7 by versions 2, 3, 4) were generated 2
+    versions before their steps. All 12 are dropped, step 5's row logs their prompts as drawn and not
+    trained, and steps 5 and 6 train groups generated afresh by version 4 from the following prompts;
+    no prompt is trained twice. (Before, the 8 of steps 6 and 7 filled the buffer and the run hung.)"""
+    (tmp_path / "kill_rewards.py").write_text(REWARD_MODULE)
+    preset, extra = RECIPES["async"]
+    run_dir = tmp_path / "lowered"
+    age2 = [*extra, "grpo.max_num_steps=4", "grpo.async_grpo.max_trajectory_age_steps=2"]
+    assert attempt(run_dir, tmp_path, preset, age2, None) == 0
+    assert latest_checkpoint(run_dir) == 4
+    age1 = [*extra, "grpo.max_num_steps=6", "grpo.async_grpo.max_trajectory_age_steps=1"]
+    assert attempt(run_dir, tmp_path, preset, age1, None) == 0
+
+    rows = read_rows(run_dir / "logs" / "prompts.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    train = {r["step"]: r for r in read_rows(run_dir / "logs" / "metrics.jsonl")
+             if "train/evicted_trajectory_groups" in r}
+    for r in rows:
+        evicted = 12 if r["step"] == 5 else 0
+        assert len(r["drawn"]) == 4 + evicted and r["trained"] == r["drawn"][evicted:], r
+        assert train[r["step"]]["train/evicted_trajectory_groups"] == evicted
+    # Steps 5 and 6 (versions 4 and 5): their groups generated again, by version 4.
+    assert train[5]["train/max_trajectory_age"] == 0 and train[6]["train/max_trajectory_age"] == 1
+    trained = [tuple(p) for r in rows for p in r["trained"]]
+    drawn = [tuple(p) for r in rows for p in r["drawn"]]
+    assert len(trained) == len(set(trained)) == 24 and len(drawn) == len(set(drawn)) == 36

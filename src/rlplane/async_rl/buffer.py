@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from rlplane.dataplane import KVBatchMeta
+from rlplane.utils.kill_points import kill_point
 
 
 @dataclass
@@ -93,7 +94,10 @@ class SampleResult:
     groups: list[TrajectoryGroup]
     avg_trajectory_age: float  # current version − mean generation version of the groups
     max_trajectory_age: int
-    evicted: int = 0  # groups dropped by this call (too old, or their step passed)
+    evicted: int = 0  # groups dropped since the last sample that returned (too old, or their step passed)
+    # Their prompt draws [epoch, idx], in the order they were evicted: never trained (the collector
+    # generates the step's groups from new prompts), logged in the step's prompts.jsonl row.
+    evicted_prompts: list[list[int]] = field(default_factory=list)
 
 
 def buffer_capacity(num_prompts_per_step: int, max_trajectory_age_steps: int) -> int:
@@ -113,6 +117,8 @@ class ReplayBuffer:
         self._groups: list[TrajectoryGroup] = []  # insertion order (sample sorts by TrajectoryGroup.order)
         # The highest target the trainer has already sampled: nothing is generated for it or below again.
         self.last_target_sampled = -1
+        # Evicted by calls of sample() that returned None: reported by the next one that returns groups.
+        self._unreported: list[TrajectoryGroup] = []
         self._cond = threading.Condition()
 
     # ---- producer side -------------------------------------------------------------------------
@@ -170,6 +176,7 @@ class ReplayBuffer:
                         break
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
+                        self._unreported += evicted
                         return None
                     self._cond.wait(left)
                 picked.sort(key=lambda i: self._groups[i].order())
@@ -177,12 +184,16 @@ class ReplayBuffer:
                 groups = sorted((self._groups[i] for i in take), key=TrajectoryGroup.order)
                 self._groups = [g for i, g in enumerate(self._groups) if i not in take]
                 self.last_target_sampled = max(self.last_target_sampled, current_version)
+                reported, self._unreported = [*self._unreported, *evicted], []
                 self._cond.notify_all()  # room for the producer
         finally:
-            if evicted and self.release is not None:
-                self.release([g.meta for g in evicted])
+            if evicted:
+                kill_point("evict")  # out of the buffer, keys not yet released, the step not trained
+                if self.release is not None:
+                    self.release([g.meta for g in evicted])
         ages = [current_version - g.generation_version for g in groups]
-        return SampleResult(groups, sum(ages) / len(ages), max(ages), len(evicted))
+        return SampleResult(groups, sum(ages) / len(ages), max(ages), len(reported),
+                            [[g.epoch, g.prompt_idx] for g in reported])
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -194,19 +205,29 @@ class ReplayBuffer:
                         restore: Callable[[dict[str, Any]], TrajectoryGroup] = TrajectoryGroup.from_state) -> int:
         """Restore the groups saved at a checkpoint, for a run resuming at step ``current_version``.
 
-        Drops groups whose step has passed or that are too old, then keeps at most ``max_size``
-        (lowest targets first, so the next steps are served); ``restore`` builds each kept group from
-        its saved state (the collector writes its columns back into the data plane first, so a
-        dropped group is never written). Returns how many were dropped.
+        Drops groups whose step has passed or that are too old (``max_age_steps`` lowered since the
+        save), then keeps at most ``max_size`` (lowest targets first, so the next steps are served);
+        ``restore`` builds each kept group from its saved state (the collector writes its columns
+        back into the data plane first, so a dropped group is never written). The next :meth:`sample`
+        that returns reports the dropped groups as evicted. Returns how many were dropped.
         """
         saved = state["groups"]
+        # Also dropped: groups that will be too old by their own step (generated more than max_age ahead
+        # of it, possible once max_age was lowered). Kept, they would fill the buffer with groups for
+        # later steps that are evicted there anyway, leaving no room for this step's: the run would hang.
         keep = [i for i, g in enumerate(saved)
-                if servable(g["generation_version"], g["target_version"], current_version, max_age_steps)]
+                if servable(g["generation_version"], g["target_version"], current_version, max_age_steps)
+                and g["generation_version"] >= g["target_version"] - max_age_steps]
         if len(keep) > self.max_size:
             keep = sorted(sorted(keep, key=lambda i: (saved[i]["target_version"], i))[: self.max_size])
         groups = [restore(saved[i]) for i in keep]
+        # The dropped ones were drawn and will never be trained (their steps get new groups): the first
+        # sample reports them as evicted, so the step's prompts.jsonl row accounts for their prompts.
+        # Their columns were never written back: no keys to release.
+        dropped = [TrajectoryGroup.from_state(g) for i, g in enumerate(saved) if i not in set(keep)]
         with self._cond:
             self._groups = groups
+            self._unreported = dropped
             self.last_target_sampled = current_version - 1
             self._cond.notify_all()
-        return len(saved) - len(keep)
+        return len(dropped)

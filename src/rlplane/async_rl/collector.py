@@ -68,6 +68,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
+from rlplane.utils.kill_points import kill_point
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
@@ -430,6 +431,8 @@ class AsyncTrajectoryCollector:
                 time.sleep(delay)
                 delay = min(2 * delay, 0.5)
             self.counters["groups_generated"] += 1
+            if i == 0:
+                kill_point("collector_generation")  # the batch half in the buffer
 
 
 # The trainer's step is the critical path (generation only has to stay one step ahead), so under

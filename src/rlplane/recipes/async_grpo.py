@@ -57,6 +57,7 @@ from rlplane.training.rollouts import (
 )
 from rlplane.training.samples import train_samples
 from rlplane.training.workers import RAY_CPUS_COLLECTOR
+from rlplane.utils.kill_points import kill_point
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.policy import ClippedPGLoss
 
@@ -104,6 +105,7 @@ class CollectorHandle:
         next steps, the same in every run unless in-flight updates are on."""
         with timer("idle/refit_bubble"):
             self.call("prepare_for_refit", version)
+        kill_point("refit")  # the collector paused, its weights not yet the trainer's (Refit.if_stale is not used)
         buffered = int(self.call("stats")["buffer_size"])
         with timer("weight_sync"):
             # In a child process: copied into a shared-memory buffer it maps, not pickled per refit.
@@ -177,6 +179,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
+    # The step's prompts.jsonl row (Session.end_step): what it trains, in the order it trains them.
+    s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups], result.evicted_prompts)
     metrics.update(token_age_metrics(*group_token_ages(result.groups, step), g.async_grpo.max_trajectory_age_steps))
     meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
 

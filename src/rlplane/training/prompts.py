@@ -42,6 +42,14 @@ class Prompts:
         """The step trains on the prompts drawn at ``positions`` (in draw order) only."""
         self._trained = sorted(positions)
 
+    def note_served(self, trained: list[list[int]], evicted: list[list[int]]) -> None:
+        """Async GRPO: the step drew no batch here (the collector drew from the loader); it trained the
+        collector's groups ``trained`` ([epoch, idx], prompt order) and the buffer evicted ``evicted``
+        (stale, never trained; the step's groups came from other prompts). Recorded as drawn =
+        evicted then trained, so a row reads as a sync step's that dropped the evicted groups."""
+        self._drawn = [*evicted, *trained]
+        self._trained = list(range(len(evicted), len(self._drawn)))
+
     def take_step_record(self) -> dict | None:
         """The step's ``{"drawn": [[epoch, idx], ...], "trained": [...]}`` (None if it drew none), and
         a fresh record for the next step."""

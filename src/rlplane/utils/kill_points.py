@@ -6,8 +6,13 @@ the code names those stretches with :func:`kill_point`. The points, in the order
 
     refit             Refit.if_stale, before the generator may get the policy's weights (a no-op
                       under runtime: local with hf, whose generator shares the policy's module)
+                      async GRPO: CollectorHandle.refit, the collector paused, not yet updated
     generation        RolloutWorker.rollout, responses generated and scored, not yet in the data plane
     refill            collect_rollouts, before a dynamic-sampling (or drop_group) refill batch is drawn
+    collector_generation  async GRPO: a collector batch's first group in the replay buffer, the rest not
+    evict             async GRPO: ReplayBuffer.sample, stale groups out of the buffer, their keys not
+                      released (never reached with in_flight_weight_updates off: groups are exactly
+                      max_trajectory_age_steps old there, see rlplane.async_rl.collector)
     train             after the policy (and critic) trained, before the step is logged
     logged            Session.end_step, the step's metrics and prompts logged, no checkpoint yet
     checkpoint_write  Checkpoints.save, the weights written into tmp_step_N, the loader's position not yet

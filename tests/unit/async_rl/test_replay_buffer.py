@@ -140,12 +140,29 @@ def test_save_and_restore_keeps_future_targets_and_drops_the_rest():
     assert fresh.last_target_sampled == 3
     out = fresh.sample(2, current_version=4, max_age_steps=1)
     assert [g.prompt_idx for g in out.groups] == [0, 1]
+    # The dropped group (prompt 2) counts as evicted by the first step after the resume: its prompt
+    # was drawn and is never trained, and the step's prompts.jsonl row says so.
+    assert out.evicted == 1 and out.evicted_prompts == [[0, 2]]
     # The receipt survives the round trip: keys, lengths, tags.
     assert out.groups[0].meta == group(0, gen=3, target=4).meta
     # A smaller buffer on resume keeps the lowest targets.
     small = ReplayBuffer(max_size=2)
     assert small.load_state_dict(state, current_version=4, max_age_steps=1) == 2
     assert [g.target_version for g in small._groups] == [4, 4]
+
+
+def test_restore_with_a_lowered_age_drops_groups_too_old_for_their_own_step():
+    # Saved at max_age 2: step 4's groups by version 2, step 5's by 4, step 6's by 4. Resumed at 4 with
+    # max_age 1 and a buffer of 4 x 1 x 2 = 8: step 4's are too old now (2 < 4 - 1) and step 6's will
+    # be at step 6 (4 < 6 - 1). Kept, the 8 groups of steps 5 and 6 filled the buffer, the collector
+    # had no room for step 4's new groups, and the run hung; only step 5's stay.
+    buf = ReplayBuffer(max_size=12)
+    for idx in range(12):
+        target = 4 + idx // 4
+        buf.add(group(idx, gen=2 if target == 4 else 4, target=target))
+    fresh = ReplayBuffer(max_size=buffer_capacity(4, 1))
+    assert fresh.load_state_dict(buf.state_dict(), current_version=4, max_age_steps=1) == 8
+    assert [g.prompt_idx for g in fresh._groups] == [4, 5, 6, 7] and not fresh.is_full()
 
 
 def test_state_round_trips_through_torch_save(tmp_path):
@@ -159,3 +176,21 @@ def test_state_round_trips_through_torch_save(tmp_path):
     assert (g.prompt_idx, g.generation_version, g.target_version) == (7, 0, 1)
     assert g.meta.sample_ids == ("t1/p7_g0", "t1/p7_g1") and g.meta.seq_lens == (10, 4)
     assert torch.equal(g.carry["rewards"], torch.tensor([7.0, 0.0]))
+
+
+def test_evictions_of_a_starved_wait_are_reported_with_their_prompts():
+    # The trainer's first sample at step 2 finds too few groups (it returns None) but evicts the two
+    # stale ones; the sample that then returns reports them, prompts and all, for the step's
+    # prompts.jsonl row (before: lost with the None, the step logged 0 evicted groups).
+    buf = ReplayBuffer(max_size=10)
+    buf.add(group(4, gen=0, target=1, epoch=1))  # its step (1) has passed
+    buf.add(group(6, gen=0, target=2))  # age 2 at step 2: too old for max_age 1
+    assert buf.sample(1, current_version=2, max_age_steps=1, timeout_s=0) is None
+    buf.add(group(7, gen=1, target=2))
+    out = buf.sample(1, current_version=2, max_age_steps=1, timeout_s=0)
+    assert [g.prompt_idx for g in out.groups] == [7]
+    assert out.evicted == 2 and out.evicted_prompts == [[1, 4], [0, 6]]
+    # Reported once: the next step's sample evicts nothing and reports nothing.
+    buf.add(group(8, gen=2, target=3))
+    out = buf.sample(1, current_version=3, max_age_steps=1, timeout_s=0)
+    assert out.evicted == 0 and out.evicted_prompts == []
