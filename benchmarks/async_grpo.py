@@ -62,9 +62,9 @@ class SlowJudgeEnv(ArithmeticEnv):
 
 class LongTailJudgeEnv(SlowJudgeEnv):
     """Most scoring calls take ``--fast-ms``, a ``--slow-share`` of them ``--slow-ms`` (read from
-    ``RLPLANE_BENCH_LONG_TAIL``). Which ones is drawn from ``--judge-seed`` and the batch's prompts (not from a call counter: the async collector also scores the
-    groups of steps past the last, and validation interleaves), so sync and async, scoring the same
-    prompt batches, get the same delays."""
+    ``RLPLANE_BENCH_LONG_TAIL``). Which ones is drawn from ``--judge-seed`` and the batch's prompts
+    (not from a call counter: the async collector also scores the groups of steps past the last, and
+    validation interleaves), so sync and async, scoring the same prompt batches, get the same delays."""
 
     def delay(self, message_logs) -> float:
         fast_ms, slow_ms, slow_share, seed = os.environ.get("RLPLANE_BENCH_LONG_TAIL", "20,200,0.1,0").split(",")
