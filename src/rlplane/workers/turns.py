@@ -344,6 +344,15 @@ def _apply(s: SampleState, ret, j: int, reward: float, terminated: bool) -> None
                       if ret.next_stop_strings is not None and ret.next_stop_strings[j] else None)
 
 
+def _rows(flat: list, lengths: list[int], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Per-sample rows of ``lengths`` from all samples' values (ints, with ``dtype``) or chunks (tensors),
+    in order: one tensor built and split into views, not one (plus a cat) per sample (~3 ms a step at 256)."""
+    if not lengths:
+        return []
+    whole = torch.tensor(flat, dtype=dtype) if dtype is not None else torch.cat(flat)
+    return list(whole.split(lengths))
+
+
 def _result(states: list[SampleState], env_errors: int, env_retries: int, max_turns: int) -> TurnsResult:
     n = max(len(states), 1)
 
@@ -369,10 +378,11 @@ def _result(states: list[SampleState], env_errors: int, env_retries: int, max_tu
     }
     prompt_lengths = torch.tensor([s.prompt_length for s in states])
     names = sorted({name for s in states for name in s.reward_components})
+    lengths = [len(s.input_ids) for s in states]
     return TurnsResult(
-        input_ids=[torch.tensor(s.input_ids, dtype=torch.long) for s in states],
-        token_mask=[torch.cat(s.token_mask) for s in states],
-        generation_logprobs=[torch.cat(s.logprobs) for s in states],
+        input_ids=_rows([t for s in states for t in s.input_ids], lengths, torch.long),
+        token_mask=_rows([c for s in states for c in s.token_mask], lengths),
+        generation_logprobs=_rows([c for s in states for c in s.logprobs], lengths),
         rewards=torch.tensor([s.reward for s in states], dtype=torch.float32),
         reward_components={n: torch.tensor([s.reward_components.get(n, 0.0) for s in states], dtype=torch.float32)
                            for n in names},
