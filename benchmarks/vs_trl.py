@@ -14,8 +14,10 @@ epsilon (TRL's ``scale_rewards="group"``, 1e-4; rlplane with
 and std), which differs from TRL's: a group's lone correct sample gets advantage 1 there against
 (1 - 1/8) / std = 2.47 in TRL's.
 
-Step time: rlplane, each ``grpo_step`` call; TRL, the interval between consecutive ``on_step_end``
-callbacks (dataloader, generation, scoring, forward/backward, clip, optimizer, logging). Held-out
+Step time: rlplane, a step of ``recipes/grpo.train``'s loop (``begin_step``, ``grpo_step``,
+``end_step``: prompts, generation, scoring, logprobs, advantages, training, logging; no validation or
+checkpoint is due); TRL, the interval between consecutive ``on_step_end`` callbacks (dataloader,
+generation, scoring, forward/backward, clip, optimizer, logging). Held-out
 accuracy for both: rlplane's greedy evaluation (``validate``) on the default job's 500 held-out
 problems, run on each final model by the same code; evaluation is outside every timing.
 Runs alternate (rlplane, TRL), (TRL, rlplane), ... so machine noise hits both alike.
@@ -114,6 +116,7 @@ def run_rlplane(warm_dir: str, steps: int, threads: int,
                 t0 = time.perf_counter()
                 s.begin_step(step)  # as recipes/grpo.train does before each step
                 m = grpo_step(s, loss, step)
+                s.end_step(step, m)  # logging (the run's files); no validation or checkpoint is due
                 times.append(time.perf_counter() - t0)
                 phases.append({k.removeprefix("timing/train/"): v for k,
                                v in m.items() if k.startswith("timing/train/")})
