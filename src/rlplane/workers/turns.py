@@ -150,9 +150,12 @@ def run_turns(
         )
         for d in datums
     ]
+    # The prompts' chunks: views of one zero buffer per column (only ever read, by _result's cat).
+    longest = max((s.prompt_length for s in states), default=0)
+    zero_mask, zero_logprobs = torch.zeros(longest, dtype=torch.int8), torch.zeros(longest)
     for s in states:
-        s.token_mask.append(torch.zeros(s.prompt_length, dtype=torch.int8))
-        s.logprobs.append(torch.zeros(s.prompt_length))
+        s.token_mask.append(zero_mask[: s.prompt_length])
+        s.logprobs.append(zero_logprobs[: s.prompt_length])
         if s.prompt_length >= max_total:  # no room to generate anything
             s.done = s.truncated = True
     env_errors = env_retries = 0
