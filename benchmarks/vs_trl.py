@@ -17,7 +17,9 @@ and std), which differs from TRL's: a group's lone correct sample gets advantage
 Step time: rlplane, a step of ``recipes/grpo.train``'s loop (``begin_step``, ``grpo_step``,
 ``end_step``: prompts, generation, scoring, logprobs, advantages, training, logging; no validation or
 checkpoint is due); TRL, the interval between consecutive ``on_step_end`` callbacks (dataloader,
-generation, scoring, forward/backward, clip, optimizer, logging). Held-out
+generation, scoring, forward/backward, clip, optimizer, logging). Both as wall time and as the
+process's CPU time over the same interval (all its threads; both run in this one process): the CPU
+ratio is the steadier one on a shared machine whose load changes from run to run. Held-out
 accuracy for both: rlplane's greedy evaluation (``validate``) on the default job's 500 held-out
 problems, run on each final model by the same code; evaluation is outside every timing.
 Runs alternate (rlplane, TRL), (TRL, rlplane), ... so machine noise hits both alike.
@@ -101,7 +103,7 @@ SAME_ADVANTAGE = ["grpo.adv_estimator.use_leave_one_out_baseline=false"]
 def run_rlplane(warm_dir: str, steps: int, threads: int,
                 loo: bool = False) -> tuple[list[float], dict[str, torch.Tensor], dict]:
     """``steps`` GRPO steps of the default job from the warm-started weights (TRL's advantage unless
-    ``loo``); (step seconds, final weights, median phase times)."""
+    ``loo``); ((step seconds, step CPU seconds), final weights, median phase times)."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = rlplane_config(tmp, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}",
                              f"grpo.max_num_steps={steps}", *([] if loo else SAME_ADVANTAGE))
@@ -111,19 +113,20 @@ def run_rlplane(warm_dir: str, steps: int, threads: int,
             # As recipes/grpo.train builds it.
             loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
                                  prev_from_forward=skips_prev_logprob_forward(cfg))
-            times, phases = [], []
+            times, cpu, phases = [], [], []
             for step in range(steps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 s.begin_step(step)  # as recipes/grpo.train does before each step
                 m = grpo_step(s, loss, step)
                 s.end_step(step, m)  # logging (the run's files); no validation or checkpoint is due
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 phases.append({k.removeprefix("timing/train/"): v for k,
                                v in m.items() if k.startswith("timing/train/")})
             state = {k: v.detach().clone() for k, v in s.workers.policy.workers[0].get_weights().items()}
         finally:
             s.close()
-    return times, state, {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+    return (times, cpu), state, {k: statistics.median(p[k] for p in phases) for k in phases[0]}
 
 
 def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
@@ -160,12 +163,15 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     class StepTimes(TrainerCallback):
         def __init__(self):
             self.ends: list[float] = []
+            self.cpu_ends: list[float] = []
 
         def on_train_begin(self, *a, **k):
             self.ends.append(time.perf_counter())
+            self.cpu_ends.append(time.process_time())
 
         def on_step_end(self, *a, **k):
             self.ends.append(time.perf_counter())
+            self.cpu_ends.append(time.process_time())
 
     args = GRPOConfig(
         output_dir=out_dir, max_steps=steps, per_device_train_batch_size=256, num_generations=8,
@@ -190,7 +196,8 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     trainer.train()
     state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     times = [b - a for a, b in zip(timer.ends, timer.ends[1:])]
-    return times, state
+    cpu = [b - a for a, b in zip(timer.cpu_ends, timer.cpu_ends[1:])]
+    return (times, cpu), state
 
 
 def main() -> int:
@@ -235,20 +242,20 @@ def main() -> int:
             order = ["rlplane", "trl"] if pair % 2 == 0 else ["trl", "rlplane"]
             for who in order:
                 if who == "rlplane":
-                    times, state, phases = run_rlplane(warm_dir, args.steps, args.threads, args.rlplane_loo)
+                    (times, cpu), state, phases = run_rlplane(warm_dir, args.steps, args.threads, args.rlplane_loo)
                 else:
-                    times, state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
+                    (times, cpu), state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
                                            os.path.join(tmp, f"trl{pair}"))
                     torch.set_num_threads(args.threads)
                     phases = {}
                 acc = evaluator.accuracy(state)
-                ms = statistics.median(times) * 1e3
-                results[who].append((ms, acc))
+                ms, cpu_ms = statistics.median(times) * 1e3, statistics.median(cpu) * 1e3
+                results[who].append((ms, acc, cpu_ms))
                 extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k,
                                                              v in phases.items()) if phases else ""
                 print(f"pair {pair + 1} {who:7s}: median {ms:6.1f} ms/step over {len(times)} steps "
                       f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 "
-                      f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
+                      f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}; CPU {cpu_ms:.1f}), "
                       f"held-out accuracy {acc:.3f}; load {os.getloadavg()[0]:.2f}{extra}", flush=True)
         evaluator.close()
     ratios = [r[0] / t[0] for r, t in zip(results["rlplane"], results["trl"])]
@@ -257,6 +264,11 @@ def main() -> int:
           f"TRL {statistics.median(t[0] for t in results['trl']):.1f}; "
           f"held-out accuracy rlplane {', '.join(f'{r[1]:.3f}' for r in results['rlplane'])} | "
           f"TRL {', '.join(f'{t[1]:.3f}' for t in results['trl'])} (from {start_acc:.3f})")
+    # CPU time of the process per step: what each library itself costs, far less moved by other
+    # programs' load than wall time (a pair whose load changed between its two runs skews the wall ratio).
+    cpu_ratios = [r[2] / t[2] for r, t in zip(results["rlplane"], results["trl"])]
+    print("ratio rlplane / TRL in CPU ms per step, per pair: " + ", ".join(f"{x:.3f}" for x in cpu_ratios)
+          + f"; median {statistics.median(cpu_ratios):.3f}")
     print(f"ratio rlplane / TRL: {statistics.median(ratios):.3f} (median of {len(ratios)} pairs)")
     return 0
 
