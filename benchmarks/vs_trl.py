@@ -6,18 +6,26 @@ same prompt stream (the default job's training loader, in its order: TRL gets th
 dataset with ``shuffle_dataset=False``), 32 prompts x 8 samples, AdamW lr 2e-4 constant, weight decay
 0, grad clip 1.0, ratio clip 0.2, no KL (beta 0), temperature 1, no top-k/top-p, 4 new tokens, fp32,
 one optimizer step per rollout, the same reward (rlplane's ``arithmetic`` environment) and the same
-threads. The loss aggregation is the same (token mean over the global batch: TRL's ``dapo``).
-What differs is each library's own advantage estimator: rlplane's default leave-one-out baseline and
-std, TRL's group mean and std + 1e-4 (``scale_rewards="group"``).
+threads. The loss aggregation is the same (token mean over the global batch: TRL's ``dapo``), and so
+is the advantage: the group's mean as baseline, divided by the group's (Bessel) std plus a small
+epsilon (TRL's ``scale_rewards="group"``, 1e-4; rlplane with
+``grpo.adv_estimator.use_leave_one_out_baseline=false``, 1e-6; all-equal groups get 0 in both).
+``--rlplane-loo`` runs rlplane with the default job's own estimator instead (leave-one-out baseline
+and std), which differs from TRL's: a group's lone correct sample gets advantage 1 there against
+(1 - 1/8) / std = 2.47 in TRL's.
 
-Step time: rlplane, each ``grpo_step`` call; TRL, the interval between consecutive ``on_step_end``
-callbacks (dataloader, generation, scoring, forward/backward, clip, optimizer, logging). Held-out
+Step time: rlplane, a step of ``recipes/grpo.train``'s loop (``begin_step``, ``grpo_step``,
+``end_step``: prompts, generation, scoring, logprobs, advantages, training, logging; no validation or
+checkpoint is due); TRL, the interval between consecutive ``on_step_end`` callbacks (dataloader,
+generation, scoring, forward/backward, clip, optimizer, logging). Both as wall time and as the
+process's CPU time over the same interval (all its threads; both run in this one process): the CPU
+ratio is the steadier one on a shared machine whose load changes from run to run. Held-out
 accuracy for both: rlplane's greedy evaluation (``validate``) on the default job's 500 held-out
 problems, run on each final model by the same code; evaluation is outside every timing.
 Runs alternate (rlplane, TRL), (TRL, rlplane), ... so machine noise hits both alike.
 
     pip install 'rlplane[bench]'          # trl
-    python benchmarks/vs_trl.py [--steps 200] [--pairs 3] [--threads N] [--warm-dir DIR]
+    python benchmarks/vs_trl.py [--steps 200] [--pairs 3] [--threads N] [--warm-dir DIR] [--rlplane-loo]
 """
 
 from __future__ import annotations
@@ -37,14 +45,16 @@ import torch  # noqa: E402
 
 from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
+from rlplane.datasets import build_datasets  # noqa: E402
 from rlplane.envs import create_env  # noqa: E402
-from rlplane.recipes.common import validate  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
-from rlplane.recipes.setup import build_datasets, build_session  # noqa: E402
+from rlplane.training import Session  # noqa: E402
 from rlplane.utils.threads import available_cores  # noqa: E402
+from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
+# No validation inside a run (the benchmark evaluates each final model itself, outside every timing).
 QUIET = ["checkpointing.enabled=false", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
-         "logger.jsonl_enabled=false"]
+         "logger.jsonl_enabled=false", "grpo.val_at_start=false", "grpo.val_period=0", "grpo.val_at_end=false"]
 
 
 def rlplane_config(run_dir: str, threads: int, *extra: str):
@@ -55,10 +65,10 @@ def warm_start(out_dir: str, threads: int) -> float:
     """rlplane's supervised warm-up of the default job, saved as an HF model in ``out_dir``; returns
     the warm-up's held-out accuracy."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = build_session(rlplane_config(tmp, threads), quiet=True)
+        s = Session(rlplane_config(tmp, threads), quiet=True)
         try:
-            s.resume_or_warm_up()
-            w = s.policy.workers[0]
+            s.start()
+            w = s.workers.policy.workers[0]
             w.model.save_pretrained(out_dir, safe_serialization=True)
             w.tokenizer.save_pretrained(out_dir)
             return float(s.warmup_result.get("accuracy", float("nan")))
@@ -72,41 +82,51 @@ class Evaluator:
     def __init__(self, warm_dir: str, threads: int):
         self.tmp = tempfile.TemporaryDirectory()
         cfg = rlplane_config(self.tmp.name, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
-        self.s = build_session(cfg, quiet=True)
-        self.s.resume_or_warm_up()
-        self.model = self.s.policy.workers[0].model  # the hf generator samples from this very module
+        self.s = Session(cfg, quiet=True)
+        self.s.start()
+        self.model = self.s.workers.policy.workers[0].model  # the hf generator samples from this very module
 
     def accuracy(self, state: dict[str, torch.Tensor]) -> float:
         self.model.load_state_dict(state)
         self.model.eval()
-        return validate(self.s)["accuracy"]
+        return self.s.validate()["validation/accuracy"]
 
     def close(self):
         self.s.close()
         self.tmp.cleanup()
 
 
-def run_rlplane(warm_dir: str, steps: int, threads: int) -> tuple[list[float], dict[str, torch.Tensor], dict]:
-    """``steps`` GRPO steps of the default job from the warm-started weights; (step seconds, final weights,
-    median phase times)."""
+# TRL's GRPO advantage (group mean baseline, group std): see the module docstring.
+SAME_ADVANTAGE = ["grpo.adv_estimator.use_leave_one_out_baseline=false"]
+
+
+def run_rlplane(warm_dir: str, steps: int, threads: int,
+                loo: bool = False) -> tuple[list[float], dict[str, torch.Tensor], dict]:
+    """``steps`` GRPO steps of the default job from the warm-started weights (TRL's advantage unless
+    ``loo``); ((step seconds, step CPU seconds), final weights, median phase times)."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = rlplane_config(tmp, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}",
-                             f"grpo.max_num_steps={steps}")
-        s = build_session(cfg, quiet=True)
+                             f"grpo.max_num_steps={steps}", *([] if loo else SAME_ADVANTAGE))
+        s = Session(cfg, quiet=True)
         try:
-            s.resume_or_warm_up()
-            times, phases = [], []
+            s.start()
+            # As recipes/grpo.train builds it.
+            loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                                 prev_from_forward=skips_prev_logprob_forward(cfg))
+            times, cpu, phases = [], [], []
             for step in range(steps):
-                t0 = time.perf_counter()
-                s.rollout("set_weight_version", step)  # as run_training does before each step
-                m = grpo_step(s, step)
+                t0, c0 = time.perf_counter(), time.process_time()
+                s.begin_step(step)  # as recipes/grpo.train does before each step
+                m = grpo_step(s, loss, step)
+                s.end_step(step, m)  # logging (the run's files); no validation or checkpoint is due
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 phases.append({k.removeprefix("timing/train/"): v for k,
                                v in m.items() if k.startswith("timing/train/")})
-            state = {k: v.detach().clone() for k, v in s.policy.workers[0].get_weights().items()}
+            state = {k: v.detach().clone() for k, v in s.workers.policy.workers[0].get_weights().items()}
         finally:
             s.close()
-    return times, state, {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+    return (times, cpu), state, {k: statistics.median(p[k] for p in phases) for k in phases[0]}
 
 
 def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
@@ -143,12 +163,15 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     class StepTimes(TrainerCallback):
         def __init__(self):
             self.ends: list[float] = []
+            self.cpu_ends: list[float] = []
 
         def on_train_begin(self, *a, **k):
             self.ends.append(time.perf_counter())
+            self.cpu_ends.append(time.process_time())
 
         def on_step_end(self, *a, **k):
             self.ends.append(time.perf_counter())
+            self.cpu_ends.append(time.process_time())
 
     args = GRPOConfig(
         output_dir=out_dir, max_steps=steps, per_device_train_batch_size=256, num_generations=8,
@@ -173,7 +196,8 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     trainer.train()
     state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     times = [b - a for a, b in zip(timer.ends, timer.ends[1:])]
-    return times, state
+    cpu = [b - a for a, b in zip(timer.cpu_ends, timer.cpu_ends[1:])]
+    return (times, cpu), state
 
 
 def main() -> int:
@@ -183,6 +207,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=available_cores(),
                     help="torch threads for both (default: the cores, as rlplane's default job uses)")
     ap.add_argument("--warm-dir", default=None, help="reuse a warm-started model saved by an earlier run")
+    ap.add_argument("--rlplane-loo", action="store_true",
+                    help="rlplane with the default job's leave-one-out advantage instead of TRL's group mean/std")
     args = ap.parse_args()
     import transformers
 
@@ -207,7 +233,8 @@ def main() -> int:
         start_acc = evaluator.accuracy(start_state)
         print(f"trl {trl.__version__}, torch {torch.__version__}; threads {args.threads} for both; "
               f"{args.steps} steps x {args.pairs} pairs; 32 prompts x 8 samples; load average "
-              f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}")
+              f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}; "
+              f"rlplane's advantage: {'leave-one-out (its own)' if args.rlplane_loo else 'group mean/std (as TRL)'}")
         print("held-out accuracy of the warm-started model "
               f"({cfg.grpo.max_val_samples} problems, greedy): {start_acc:.3f}", flush=True)
         results = {"rlplane": [], "trl": []}
@@ -215,20 +242,20 @@ def main() -> int:
             order = ["rlplane", "trl"] if pair % 2 == 0 else ["trl", "rlplane"]
             for who in order:
                 if who == "rlplane":
-                    times, state, phases = run_rlplane(warm_dir, args.steps, args.threads)
+                    (times, cpu), state, phases = run_rlplane(warm_dir, args.steps, args.threads, args.rlplane_loo)
                 else:
-                    times, state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
+                    (times, cpu), state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
                                            os.path.join(tmp, f"trl{pair}"))
                     torch.set_num_threads(args.threads)
                     phases = {}
                 acc = evaluator.accuracy(state)
-                ms = statistics.median(times) * 1e3
-                results[who].append((ms, acc))
+                ms, cpu_ms = statistics.median(times) * 1e3, statistics.median(cpu) * 1e3
+                results[who].append((ms, acc, cpu_ms))
                 extra = "  phases (median ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k,
                                                              v in phases.items()) if phases else ""
                 print(f"pair {pair + 1} {who:7s}: median {ms:6.1f} ms/step over {len(times)} steps "
                       f"(p10 {1e3 * sorted(times)[len(times) // 10]:.1f}, p90 "
-                      f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}), "
+                      f"{1e3 * sorted(times)[9 * len(times) // 10]:.1f}; CPU {cpu_ms:.1f}), "
                       f"held-out accuracy {acc:.3f}; load {os.getloadavg()[0]:.2f}{extra}", flush=True)
         evaluator.close()
     ratios = [r[0] / t[0] for r, t in zip(results["rlplane"], results["trl"])]
@@ -237,6 +264,11 @@ def main() -> int:
           f"TRL {statistics.median(t[0] for t in results['trl']):.1f}; "
           f"held-out accuracy rlplane {', '.join(f'{r[1]:.3f}' for r in results['rlplane'])} | "
           f"TRL {', '.join(f'{t[1]:.3f}' for t in results['trl'])} (from {start_acc:.3f})")
+    # CPU time of the process per step: what each library itself costs, far less moved by other
+    # programs' load than wall time (a pair whose load changed between its two runs skews the wall ratio).
+    cpu_ratios = [r[2] / t[2] for r, t in zip(results["rlplane"], results["trl"])]
+    print("ratio rlplane / TRL in CPU ms per step, per pair: " + ", ".join(f"{x:.3f}" for x in cpu_ratios)
+          + f"; median {statistics.median(cpu_ratios):.3f}")
     print(f"ratio rlplane / TRL: {statistics.median(ratios):.3f} (median of {len(ratios)} pairs)")
     return 0
 

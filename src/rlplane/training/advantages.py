@@ -76,6 +76,7 @@ def estimator_advantages(
                                   use_leave_one_out_baseline=est.use_leave_one_out_baseline,
                                   minus_baseline=est.minus_baseline)  # (B,)
         adv = stats = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
-        rows = [adv[i].expand(lengths[i]).clone() for i in range(len(adv))]
+        # One value per sample repeated over its length: one tensor split into per-sample views.
+        rows = list(adv.repeat_interleave(torch.tensor(lengths, dtype=torch.long)).split(list(lengths)))
     return rows, {"advantages/mean": float(stats.mean()), "advantages/max": float(stats.max()),
                   "advantages/min": float(stats.min())}

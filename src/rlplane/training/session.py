@@ -15,6 +15,7 @@ supervised warm-up).
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ class Session:
         # anything slow starts (or any log file is written).
         model, self.tokenizer = load_configured_policy(cfg)
         self.workers = self.shared_paths = None
+        self._frozen = False  # gc.freeze() done by start(), undone by close()
         self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)
@@ -165,7 +167,16 @@ class Session:
             self.initial_validation = self.validate()
             self.log.log(self.initial_validation, step=0)
         self.last_validation = dict(self.initial_validation)
+        self._freeze_heap()
         return start
+
+    def _freeze_heap(self) -> None:
+        """Move everything alive now (modules, models, datasets: millions of objects) out of the cyclic
+        garbage collector's reach until :meth:`close`. A full collection otherwise walks all of it
+        every few steps: 6 ms per step on average in the default job, ~3% of its step time (measured)."""
+        gc.collect()
+        gc.freeze()
+        self._frozen = True
 
     def write_config(self) -> None:
         """``run_dir/config.yaml``: written once the run has really started (a run that failed its
@@ -263,6 +274,9 @@ class Session:
             self.data_plane.close()
         remove_probes(self.shared_paths)
         self.shared_paths = None
+        if self._frozen:  # what the session held can be collected again (cycles among its objects too)
+            gc.unfreeze()
+            self._frozen = False
 
     def __enter__(self) -> Session:
         return self

@@ -245,7 +245,7 @@ class RolloutWorker:
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
             # Trained tokens per sample (the token mask's ones): async GRPO weighs token ages by them.
-            "generated_tokens": torch.tensor([int(m.sum()) for m in res.token_mask]),
+            "generated_tokens": torch.tensor([st.gen_tokens for st in res.states]),  # = each token mask's sum
         }
         if version_span is not None:
             carry.update(version_carry(versions, res.token_mask, version, version_span))
