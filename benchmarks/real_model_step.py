@@ -138,6 +138,11 @@ class PlainLoop:
         return t
 
 
+def split(r: dict[str, float]) -> str:
+    """One step's phases, printed with each step: a run cut short by a timeout still shows them."""
+    return ", ".join(f"{k} {r[k]:.2f}" for k in ("generation", "logprobs", "training"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each")
@@ -183,8 +188,8 @@ def main() -> int:
                          "total": total,
                          "token_mult_prob_error": m.get("train/token_mult_prob_error", float("nan"))})
             base.append(tp)
-            print(f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s, plain loop {tp['total']:.2f} s "
-                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            print(f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s ({split(ours[-1])}), plain loop "
+                  f"{tp['total']:.2f} s ({split(tp)}) (load {os.getloadavg()[0]:.2f})", flush=True)
         s.close()
 
     def med(rows, k):
