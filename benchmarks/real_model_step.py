@@ -41,8 +41,10 @@ import torch.nn.functional as F  # noqa: E402
 
 from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
+from rlplane.datasets import build_datasets  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
-from rlplane.recipes.setup import build_datasets, build_session  # noqa: E402
+from rlplane.training import Session  # noqa: E402
+from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
          "policy.generation.max_new_tokens=64"]
@@ -136,6 +138,11 @@ class PlainLoop:
         return t
 
 
+def split(r: dict[str, float]) -> str:
+    """One step's phases, printed with each step: a run cut short by a timeout still shows them."""
+    return ", ".join(f"{k} {r[k]:.2f}" for k in ("generation", "logprobs", "training"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5, help="timed steps of each")
@@ -149,14 +156,16 @@ def main() -> int:
     name, small = preset()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(name, [*small, *QUIET, f"run_dir={tmp}", *args.overrides])
-        s = build_session(cfg, quiet=True)
-        s.resume_or_warm_up()
-        w = s.policy.workers[0]
+        s = Session(cfg, quiet=True)
+        s.start()
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                             prev_from_forward=skips_prev_logprob_forward(cfg))  # as recipes.grpo.train builds it
+        w = s.workers.policy.workers[0]
         dtype = getattr(w.model, "rlplane_autocast_dtype", None)
         model_dir = os.path.join(tmp, "start")
         w.model.save_pretrained(model_dir, safe_serialization=True)  # the exact start weights, plain HF
         w.tokenizer.save_pretrained(model_dir)
-        plain = PlainLoop(cfg, model_dir, dtype, s.rollout_worker.env)
+        plain = PlainLoop(cfg, model_dir, dtype, s.workers.rollout.group.workers[0].env)
         g = cfg.grpo
         print(f"config {name} {' '.join(small + args.overrides)}: {g.num_prompts_per_step} prompts x "
               f"{g.num_generations_per_prompt} samples x {cfg.policy.generation.max_new_tokens} new tokens, "
@@ -166,8 +175,8 @@ def main() -> int:
         ours, base = [], []
         for i in range(args.warmup_steps + args.steps):
             t0 = time.perf_counter()
-            s.rollout("set_weight_version", i)
-            m = grpo_step(s, i)
+            s.begin_step(i)
+            m = grpo_step(s, loss, i)
             total = time.perf_counter() - t0
             tp = plain.step()
             if i < args.warmup_steps:
@@ -179,8 +188,8 @@ def main() -> int:
                          "total": total,
                          "token_mult_prob_error": m.get("train/token_mult_prob_error", float("nan"))})
             base.append(tp)
-            print(f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s, plain loop {tp['total']:.2f} s "
-                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            print(f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s ({split(ours[-1])}), plain loop "
+                  f"{tp['total']:.2f} s ({split(tp)}) (load {os.getloadavg()[0]:.2f})", flush=True)
         s.close()
 
     def med(rows, k):
