@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlplane.config.schema import OptimizerConfig, SchedulerConfig
+from rlplane.config.policy import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision

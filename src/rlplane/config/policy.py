@@ -1,0 +1,207 @@
+"""The ``policy`` section of a run's configuration: the trained model, its optimizer, how batches
+are cut (micro-batches, dynamic batching, sequence packing, FSDP2) and how the generators sample
+(``policy.generation``). Split from :mod:`rlplane.config.schema` along the section's seam; the
+cross-section checks stay on :class:`~rlplane.config.schema.RunConfig`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlplane.config.base import StrictModel
+from rlplane.config.vllm import VllmConfig
+
+
+class ColocatedConfig(StrictModel):
+    """Where the generators run under `runtime: ray` (NeMo RL `policy.generation.colocated.*`)."""
+
+    enabled: bool = Field(
+        True, description="`true`: the generators share the policy ranks' placement-group bundles and release their "
+        "weights (sleep) while the policy trains, woken by the next refit; `false`: the generators get bundles of "
+        "their own (split) and keep their weights between steps."
+    )
+
+
+class GenerationConfig(StrictModel):
+    """How the rollout workers sample responses."""
+
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
+        "its engine is refit after every optimizer step).",
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
+    max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
+    stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    num_generators: int = Field(
+        1, ge=1, description="Rollout workers, each with its own engine; a step's prompt groups are spread across "
+        "them (a group stays on one) and they generate concurrently under `runtime: ray`."
+    )
+    colocated: ColocatedConfig = Field(default_factory=ColocatedConfig, description="Colocated or split placement.")
+    timeout_s: float | None = Field(
+        1800.0, gt=0, description="Seconds one generate call (a turn of a rollout batch) may take before the run "
+        "stops with an error (null = wait forever)."
+    )
+    vllm_cfg: VllmConfig = Field(default_factory=VllmConfig, description="The vLLM engine (backend: vllm only).")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> GenerationConfig:
+        if self.backend == "vllm":
+            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
+
+            if not vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+        return self
+
+
+class OptimizerConfig(StrictModel):
+    """AdamW, as in NeMo RL's exemplar configs."""
+
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas, each in [0, 1).")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimizerConfig":
+        # torch checks this only at the first optimizer step, after the warm-up has run.
+        bad = [f"betas[{i}] = {b:g}" for i, b in enumerate(self.betas) if not 0.0 <= b < 1.0]
+        if bad:
+            raise ValueError(f"betas = {list(self.betas)}: {', '.join(bad)} is outside "
+                             "[0, 1); Adam's betas are decay rates, e.g. [0.9, 0.999]")
+        return self
+
+
+class SchedulerConfig(StrictModel):
+    """Linear warm-up from `warmup_start_factor`·lr to lr over `warmup_steps` optimizer steps, then constant."""
+
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up (0 = constant lr).")
+    warmup_start_factor: float = Field(0.1, gt=0, le=1, description="Fraction of lr at the first step.")
+
+
+class TinyModelConfig(StrictModel):
+    """Shape of the embedded tiny Llama (`policy.model_name: embedded:tiny-llama`)."""
+
+    hidden_size: int = Field(128, ge=8, description="Hidden width.")
+    num_layers: int = Field(2, ge=1, description="Transformer layers.")
+    num_heads: int = Field(4, ge=1, description="Attention heads (must divide hidden_size).")
+    intermediate_size: int = Field(256, ge=8, description="MLP width.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size = {self.hidden_size} is not divisible by num_heads = {self.num_heads}; "
+                "pick num_heads that divides it (e.g. 4)"
+            )
+        return self
+
+
+class LoRAConfig(StrictModel):
+    """Low-rank adapters through `peft` (`policy.lora.*`): only the adapters train; generation uses the
+    merged weights; checkpoints hold the adapter; `rlplane export` writes the merged model."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight.")
+    rank: int = Field(8, ge=1, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / rank) · B·A.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Names of the linear layers that get adapters (Llama names by default).",
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+
+
+class DTensorConfig(StrictModel):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) over the DP ranks (NeMo RL `policy.dtensor_cfg.*`)."""
+
+    enabled: bool = Field(
+        False, description="Shard parameters, gradients and optimizer state of the policy, reference and value "
+        "models across the policy.dp_size ranks (`runtime: ray`); `false` = plain DP, every rank a full copy."
+    )
+
+
+class TokenBudgetConfig(StrictModel):
+    """Micro-batches cut by a token budget instead of a row count (``policy.dynamic_batching`` /
+    ``policy.sequence_packing``, NeMo RL's keys; ``workers/packing.py`` plans them). The loss is unchanged:
+    it stays normalised by the global batch's counts, so only the padding that is computed changes."""
+
+    enabled: bool = Field(False, description="Cut micro-batches by tokens (see the section's description).")
+    train_mb_tokens: int | None = Field(
+        None, ge=1, description="Tokens per training micro-batch (padding included); null = "
+        "max_total_sequence_length × train_micro_batch_size."
+    )
+    logprob_mb_tokens: int | None = Field(
+        None, ge=1, description="Tokens per no-grad logprob micro-batch; null = max_total_sequence_length × "
+        "logprob_batch_size."
+    )
+
+
+def transformers_packs() -> bool:
+    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows)."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SequencePackingConfig(TokenBudgetConfig):
+    """``policy.sequence_packing``: a token budget plus the width of a packed row."""
+
+    row_tokens: int | None = Field(
+        None, ge=2, description="Width of a packed row (several sequences share it); null = the longest sequence "
+        "of the batch, where attention costs no more than in a padded batch. Wider rows fit more short sequences "
+        "but SDPA/eager attention on a CPU costs width² per row (NeMo RL packs one row of train_mb_tokens, for "
+        "flash-attention on GPUs)."
+    )
+
+
+class PolicyConfig(StrictModel):
+    """The trained model, its optimizer and how batches are cut."""
+
+    model_name: str = Field(
+        "embedded:tiny-llama",
+        description="`embedded:tiny-llama`, `packaged:smollm2-135m-instruct`, a local HF directory, or a hub id "
+        "(downloaded only with network and HF_HUB_OFFLINE=0).",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="`bf16`: forwards under bf16 autocast (weights and optimizer stay fp32); `auto`: bf16 where "
+        "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
+    )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu", description="Where the policy/value workers compute: `cpu`, `cuda`, or `auto` (CUDA when the worker "
+        "sees a GPU). Models, batches and autocast follow it; NCCL between CUDA ranks, gloo on CPU."
+    )
+    dtensor_cfg: DTensorConfig = Field(
+        default_factory=DTensorConfig, description="FSDP2 sharding of the trained models (NeMo RL's key)."
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the embedded model.")
+    dynamic_batching: TokenBudgetConfig = Field(
+        default_factory=TokenBudgetConfig, description="Rows sorted by length and cut by token budget, each "
+        "micro-batch padded only to its own longest sequence."
+    )
+    sequence_packing: SequencePackingConfig = Field(
+        default_factory=SequencePackingConfig, description="Several sequences per row (position ids restart, attention "
+        "stays within each), rows as wide as the longest sequence; no padding is computed but row tails."
+    )
+    train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
+    train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
+    logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
+    max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
+    dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
+    threads_per_worker: int | None = Field(
+        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS "
+                                "if set, else the cores the process may use)."
+    )
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
