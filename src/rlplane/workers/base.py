@@ -17,8 +17,10 @@ from rlplane.config.policy import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
-from rlplane.runtime.devices import to_device
+from rlplane.runtime.devices import resolve_device, to_device
+from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.metrics import reduce_microbatch_metrics
+from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.packing import MicroBatch
 
@@ -89,6 +91,15 @@ class DPTrainWorker:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    def _start(self, role: str, cfg, data_plane: DataPlaneClient | None, rank: int, world_size: int,
+               shared_paths: SharedPaths | None) -> None:
+        """The first lines of every rank's constructor: on another node, a run directory or model this
+        worker cannot see is one line naming ``role``, not a traceback; then its rank, threads and device."""
+        check_shared_paths(shared_paths, role, cfg.policy.model_name)
+        self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
+        set_worker_threads(cfg.policy.threads_per_worker)
+        self.device = resolve_device(cfg.policy.device)
 
     # ---- data parallelism ------------------------------------------------------------------------
     def frozen_models(self) -> dict[str, torch.nn.Module]:

@@ -39,9 +39,7 @@ from rlplane.dataplane.columns import (
 from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
-from rlplane.runtime.devices import resolve_device
-from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
-from rlplane.utils.threads import set_worker_threads
+from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner, pad_columns
@@ -154,11 +152,7 @@ class PolicyWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
         shared_paths: SharedPaths | None = None,
     ):
-        # First: on another node, a run directory or model this worker cannot see is one line, not a traceback.
-        check_shared_paths(shared_paths, "policy worker", cfg.policy.model_name)
-        self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        set_worker_threads(cfg.policy.threads_per_worker)
-        self.device = resolve_device(cfg.policy.device)
+        self._start("policy worker", cfg, data_plane, rank, world_size, shared_paths)
         self.model, self.tokenizer = load_configured_policy(cfg, trainable=True, init_state=init_state)
         self.model.to(self.device)
         self.reference = None

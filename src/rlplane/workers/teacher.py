@@ -16,9 +16,7 @@ import torch
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import TEACHER_LOGPROBS
-from rlplane.runtime.devices import resolve_device
-from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
-from rlplane.utils.threads import set_worker_threads
+from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.policy import PolicyWorker
 
@@ -35,11 +33,7 @@ class TeacherWorker(PolicyWorker):
         init_state: dict[str, torch.Tensor] | None = None,
         shared_paths: SharedPaths | None = None,
     ):
-        # First: on another node, a run directory or model this worker cannot see is one line, not a traceback.
-        check_shared_paths(shared_paths, "teacher worker", cfg.policy.model_name)
-        self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        set_worker_threads(cfg.policy.threads_per_worker)
-        self.device = resolve_device(cfg.policy.device)
+        self._start("teacher worker", cfg, data_plane, rank, world_size, shared_paths)
         self.model, self.tokenizer = load_configured_policy(cfg, init_state=init_state)
         self.model.to(self.device).eval().requires_grad_(False)
         self.reference = None

@@ -26,9 +26,7 @@ from rlplane.algorithms.losses import value_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, RETURNS, TOKEN_MASK, VALUES
-from rlplane.runtime.devices import resolve_device
-from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
-from rlplane.utils.threads import set_worker_threads
+from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers import parallel
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner, pad_columns
@@ -93,11 +91,7 @@ class ValueWorker(DPTrainWorker):
         init_state: dict[str, torch.Tensor] | None = None,
         shared_paths: SharedPaths | None = None,
     ):
-        # First: on another node, a run directory or model this worker cannot see is one line, not a traceback.
-        check_shared_paths(shared_paths, "value worker", cfg.policy.model_name)
-        self.cfg, self.dp, self.rank, self.world_size = cfg, data_plane, rank, world_size
-        set_worker_threads(cfg.policy.threads_per_worker)
-        self.device = resolve_device(cfg.policy.device)
+        self._start("value worker", cfg, data_plane, rank, world_size, shared_paths)
         self.model, self.tokenizer = build_value_model(cfg, init_state)
         self.model.to(self.device)
         self.model.train()
