@@ -173,6 +173,12 @@ class PolicyConfig(StrictModel):
         "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
     )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
+    shared_prefix_forward: bool = Field(
+        False, description="Training forward runs each distinct prompt of a micro-batch once and its responses "
+        "against the prompt's keys/values (GRPO's groups share a prompt): the same logprobs and gradients, fewer "
+        "tokens computed. Single-turn samples without sequence packing, activation checkpointing or FSDP; the "
+        "plain forward elsewhere (workers/shared_prefix.py)."
+    )
     activation_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (less memory, ~20% more compute)."
     )

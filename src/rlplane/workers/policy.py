@@ -40,7 +40,7 @@ from rlplane.generation.sampling import filtering_on, sampling_logprobs
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.models.precision import autocast
 from rlplane.runtime.shared_paths import SharedPaths
-from rlplane.workers import parallel
+from rlplane.workers import parallel, shared_prefix
 from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
 from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner, pad_columns
 
@@ -217,10 +217,19 @@ class PolicyWorker(DPTrainWorker):
         # well (the reference's are unfiltered); both come from one forward pass.
         split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)
 
+        # policy.shared_prefix_forward: each distinct prompt once per micro-batch, when the samples allow it.
+        prompts = (shared_prefix.prompt_lengths(data[TOKEN_MASK], lengths)
+                   if TOKEN_MASK in data and shared_prefix.applies(cfg.policy) else None)
+
         def forward(mb: MicroBatch):
             """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``."""
-            lp = microbatch_logprobs(self.model, ids, lengths, mb, cfg.policy.dynamic_batching.enabled,
-                                     gen.temperature, gen.top_k, gen.top_p, split_kl)
+            if prompts is not None and mb.packing is None:
+                lp = shared_prefix.shared_prefix_logprobs(self.model, ids, lengths, prompts, mb.rows,
+                                                          gen.temperature, gen.top_k, gen.top_p, split_kl,
+                                                          self.tokenizer.pad_token_id or 0)
+            else:
+                lp = microbatch_logprobs(self.model, ids, lengths, mb, cfg.policy.dynamic_batching.enabled,
+                                         gen.temperature, gen.top_k, gen.top_p, split_kl)
             return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
         plan = microbatch_planner(cfg.policy, train=True)

@@ -1,0 +1,108 @@
+"""The training forward with each distinct prompt computed once (``policy.shared_prefix_forward``).
+
+GRPO trains on ``num_generations_per_prompt`` responses to each prompt, and the plain forward runs the
+prompt's tokens once per response: in the default job (prompts of 5-7 tokens, responses of 2-4) that
+is 256 rows x ~10 tokens where 32 prompts + 256 responses hold ~1250 distinct tokens. This forward:
+
+1. runs each distinct prompt of the micro-batch once, right-padded, keeping its keys/values (with
+   gradient) and the logits of its last token, which predict the first response token;
+2. copies the keys/values to every row that has that prompt (an index, so the backward sums the
+   rows' gradients into the shared prompt, as the plain forward sums them over its copies);
+3. runs the responses, right-padded, against them, with ``position_ids`` continuing each prompt's.
+
+Every response token attends to the same tokens at the same positions as in the plain forward, so
+the logprobs are the same numbers up to float rounding (different matmul shapes sum in a different
+order), and so are the gradients (``tests/unit/workers/test_shared_prefix.py``). Positions that are not
+generated tokens get logprob 0: the loss masks them (``token_mask``), as it masks the plain
+forward's values there.
+
+It applies to single-turn samples only (each row: a prompt, then generated tokens to its end), the
+fixed and token-budget micro-batch plans (not packing, which already removes the padding another way),
+without activation checkpointing (transformers drops the cache it needs) and without FSDP (two
+forwards per micro-batch whose count could differ between ranks); elsewhere the plain forward runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlplane.generation.sampling import sampling_logprobs
+from rlplane.models.precision import autocast
+
+
+def applies(policy_cfg) -> bool:
+    """Whether the run's settings allow the shared-prefix forward (the batch is checked by :func:`prompt_lengths`)."""
+    p = policy_cfg
+    return (p.shared_prefix_forward and not p.sequence_packing.enabled and not p.activation_checkpointing
+            and not p.dtensor_cfg.enabled)
+
+
+def prompt_lengths(token_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
+    """(B,) the position of each row's first generated token, when every row is a prompt of at least one
+    token followed by generated tokens only, up to its length (``token_mask`` (B, T): 1 on generated
+    tokens); a row without generated tokens counts its whole length as prompt. None otherwise
+    (multi-turn samples, whose observations sit between generated tokens)."""
+    tm = token_mask.bool()
+    pos = torch.arange(tm.shape[1], device=tm.device)
+    first = torch.where(tm.any(1), tm.int().argmax(1), lengths)  # (B,)
+    generated = (pos[None, :] >= first[:, None]) & (pos[None, :] < lengths[:, None])  # (B, T)
+    if not torch.equal(tm, generated) or bool((first < 1).any()):
+        return None
+    return first
+
+
+def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor,
+                           rows: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0,
+                           unfiltered: bool = False, pad_id: int = 0):
+    """Per-token logprobs of ``input_ids[rows]`` (b, T) as :func:`~rlplane.workers.policy.token_logprobs`
+    gives them on the generated tokens, 0 elsewhere (position 0 included); with ``unfiltered`` also
+    the temperature-only ones, as ``(filtered, unfiltered)``. ``prompt_lens`` (B,) from :func:`prompt_lengths`."""
+    ids, n, p = input_ids[rows], lengths[rows], prompt_lens[rows]  # (b, T), (b,), (b,)
+    b, width = ids.shape
+    device = ids.device
+    unique: dict[tuple[int, ...], int] = {}  # prompt -> its index u
+    to_unique, first = [], []  # per row its u; per u the first row holding it
+    for i, (r, k) in enumerate(zip(ids.tolist(), p.tolist())):
+        u = unique.setdefault(tuple(r[:k]), len(unique))
+        if u == len(first):
+            first.append(i)
+        to_unique.append(u)
+    row_to_unique = torch.tensor(to_unique, device=device)  # (b,)
+    first_row = torch.tensor(first, device=device)  # (U,)
+    pu = p[first_row]  # (U,)
+    P = int(pu.max())
+    cols = torch.arange(P, device=device)
+    prefix_mask = (cols[None, :] < pu[:, None]).long()  # (U, P)
+    prefix_ids = ids[first_row, :P].masked_fill(prefix_mask == 0, pad_id)
+    R = int((n - p).max())  # the longest response
+    if R == 0:
+        zeros = torch.zeros((b, width), dtype=torch.float32, device=device)
+        return (zeros, zeros.clone()) if unfiltered else zeros
+    j = torch.arange(R, device=device)
+    where = p[:, None] + j[None, :]  # (b, R) each response token's column
+    valid = j[None, :] < (n - p)[:, None]  # (b, R)
+    resp_ids = F.pad(ids, (0, R)).gather(1, where).masked_fill(~valid, pad_id)  # (b, R)
+    with autocast(model):
+        out = model(input_ids=prefix_ids, attention_mask=prefix_mask,
+                    position_ids=cols[None, :].expand(len(pu), P), use_cache=True)
+        first_logits = out.logits[torch.arange(len(pu), device=device), pu - 1]  # (U, V) predict token p
+        logits = first_logits[row_to_unique][:, None]  # (b, 1, V)
+        if R > 1:
+            cache = out.past_key_values
+            cache.batch_select_indices(row_to_unique)  # (U, ...) -> (b, ...); the backward sums the copies
+            mask = torch.cat([prefix_mask[row_to_unique], valid[:, : R - 1].long()], dim=1)  # (b, P + R - 1)
+            rest = model(input_ids=resp_ids[:, : R - 1], attention_mask=mask, position_ids=where[:, : R - 1],
+                         past_key_values=cache, use_cache=True).logits  # (b, R - 1, V) predict tokens p+1 ..
+            logits = torch.cat([logits, rest], dim=1)  # (b, R, V)
+    logits = logits.float()
+
+    def spread(lp: torch.Tensor) -> torch.Tensor:
+        """(b, R) response logprobs -> (b, T) at their columns, 0 elsewhere."""
+        full = torch.zeros((b, width + R), dtype=lp.dtype, device=device)
+        return full.scatter(1, where, lp.masked_fill(~valid, 0.0))[:, :width]
+
+    lp = spread(sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p, tokens=resp_ids))
+    if not unfiltered:
+        return lp
+    return lp, spread(sampling_logprobs(logits, temperature=temperature, top_k=None, top_p=1.0, tokens=resp_ids))
