@@ -173,6 +173,11 @@ class PolicyConfig(StrictModel):
         "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
     )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
+    attn_implementation: Literal["sdpa", "eager"] | None = Field(
+        None, description="transformers' attention kernel for the policy's forwards (null: transformers' default, "
+        "sdpa). `eager` (plain matmul + softmax) is faster on a CPU for short sequences, where SDPA's flash kernel "
+        "costs more per batch x head than the T x T scores it saves (the default job: 16 tokens)."
+    )
     shared_prefix_forward: bool = Field(
         False, description="Training forward runs each distinct prompt of a micro-batch once and its responses "
         "against the prompt's keys/values (GRPO's groups share a prompt): the same logprobs and gradients, fewer "

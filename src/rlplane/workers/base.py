@@ -31,9 +31,9 @@ MicroBatchLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 def load_configured_policy(cfg, trainable: bool = False, init_state: dict[str, torch.Tensor] | None = None):
     """``(model, tokenizer)`` for ``policy.model_name``: the embedded model takes its shape from
-    ``policy.tiny``; initialisation is seeded by the run's seed. ``policy.precision`` and
-    ``policy.activation_checkpointing`` are applied to the model. ``init_state`` (full weights, HF
-    names) is loaded first; with ``trainable`` and ``policy.lora.enabled`` the model is then wrapped
+    ``policy.tiny``; initialisation is seeded by the run's seed. ``policy.attn_implementation``,
+    ``policy.precision`` and ``policy.activation_checkpointing`` are applied to the model. ``init_state``
+    (full weights, HF names) is loaded first; with ``trainable`` and ``policy.lora.enabled`` the model is then wrapped
     in LoRA adapters (``models/lora.py``): the trainer's copy, never a generator's."""
     p = cfg.policy
     embedded = p.model_name.startswith("embedded:")
@@ -41,6 +41,8 @@ def load_configured_policy(cfg, trainable: bool = False, init_state: dict[str, t
                                    model_kwargs=p.tiny.model_dump() if embedded else None)
     if init_state is not None:
         model.load_state_dict(init_state)
+    if p.attn_implementation is not None:
+        model.set_attn_implementation(p.attn_implementation)
     apply_precision(model, p.precision)
     if trainable and p.lora.enabled:
         from rlplane.models.lora import apply_lora

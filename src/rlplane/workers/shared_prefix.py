@@ -86,11 +86,16 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
     with autocast(model):
         out = model(input_ids=prefix_ids, attention_mask=prefix_mask,
                     position_ids=cols[None, :].expand(len(pu), P), use_cache=True)
-        first_logits = out.logits[torch.arange(len(pu), device=device), pu - 1]  # (U, V) predict token p
-        logits = first_logits[row_to_unique][:, None]  # (b, 1, V)
+        # index_select rather than indexing: the same rows, and its backward (index_add) is ~5x faster on a CPU
+        # than indexing's (index_put with accumulate).
+        last = torch.arange(len(pu), device=device) * P + pu - 1  # (U,) each prompt's last token, flattened
+        first_logits = out.logits.flatten(0, 1).index_select(0, last)  # (U, V) predict token p
+        logits = first_logits.index_select(0, row_to_unique)[:, None]  # (b, 1, V)
         if R > 1:
             cache = out.past_key_values
-            cache.batch_select_indices(row_to_unique)  # (U, ...) -> (b, ...); the backward sums the copies
+            for layer in cache.layers:  # (U, ...) -> (b, ...); the backward sums the copies' gradients
+                layer.keys = layer.keys.index_select(0, row_to_unique)
+                layer.values = layer.values.index_select(0, row_to_unique)
             mask = torch.cat([prefix_mask[row_to_unique], valid[:, : R - 1].long()], dim=1)  # (b, P + R - 1)
             rest = model(input_ids=resp_ids[:, : R - 1], attention_mask=mask, position_ids=where[:, : R - 1],
                          past_key_values=cache, use_cache=True).logits  # (b, R - 1, V) predict tokens p+1 ..

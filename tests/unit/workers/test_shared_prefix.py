@@ -85,6 +85,8 @@ CASES = {
                                    "loss_fn.reference_policy_kl_penalty=0.1"],
     "sequence-mean loss": ["loss_fn.token_level_loss=false"],
     "token budget": ["policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=64"],
+    # The default job runs eager attention; SDPA takes the right-padded prompts' mask as well.
+    "sdpa attention": ["policy.attn_implementation=sdpa"],
 }
 
 
@@ -116,3 +118,9 @@ def test_multi_turn_samples_take_the_plain_forward():
     worker.model.forward = lambda *a, **k: forwards.append(k["input_ids"].shape) or original(*a, **k)
     worker.train(meta, ClippedPGLoss(cfg.loss_fn.options(), reference=False))
     assert forwards == [(N, 16)]  # one plain forward of the padded batch (longest 7 + 9)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_attn_implementation_reaches_the_model(impl):
+    cfg = load_config(None, ["warmup.enabled=false", f"policy.attn_implementation={impl}"])
+    assert PolicyWorker(cfg, make_data_plane("memory")).model.config._attn_implementation == impl
