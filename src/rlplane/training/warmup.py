@@ -22,7 +22,11 @@ from rlplane.workers.rollout import RolloutWorker
 def warm_up(cfg: RunConfig, prompts: Prompts, say: Callable[[str], None]) -> tuple[dict, dict[str, float]]:
     """``(state_dict, result)``: the warmed-up weights of ``cfg``'s model and the warm-up's steps,
     held-out accuracy and seconds (``warmup.*`` settings)."""
-    model, tok = load_configured_policy(cfg)
+    # transformers' default attention, whatever policy.attn_implementation says: eager and SDPA round
+    # differently, which moves the step where the warm-up reaches its target, and with it the start of RL
+    # that the default job's before/after figures are measured from.
+    model, tok = load_configured_policy(cfg.model_copy(update={"policy": cfg.policy.model_copy(
+        update={"attn_implementation": None})}))
     # The warm-up trains `model` in place and evaluates it as it goes: sample from that very module
     # (hf), whatever backend the run uses (a vllm engine here would hold stale weights).
     gen_cfg = cfg.policy.generation.model_copy(update={"backend": "hf"})
