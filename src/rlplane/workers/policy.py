@@ -182,7 +182,12 @@ class PolicyWorker(DPTrainWorker):
         finish_lockstep = self._lockstep(model, len(plan))
         if len(meta) == 0:
             return finish_lockstep()
-        ids = self._fetch(meta, [INPUT_IDS])[INPUT_IDS]  # (B, T)
+        # policy.shared_prefix_forward here too: the training forward's own numbers, so a prev-logprob forward
+        # of the weights being trained gives a ratio of exactly 1, as with the plain forward in both.
+        shared = shared_prefix.applies(self.cfg.policy)
+        data = self._fetch(meta, [INPUT_IDS, TOKEN_MASK] if shared else [INPUT_IDS])
+        ids = data[INPUT_IDS]  # (B, T)
+        prompts = shared_prefix.prompt_lengths(data[TOKEN_MASK], lengths) if shared else None
         gen = self.cfg.policy.generation
         # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
         # use_reference_model), and the loss compares them with the policy's unfiltered ones.
@@ -192,7 +197,12 @@ class PolicyWorker(DPTrainWorker):
         model.eval()
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # (B, T)
         for mb in plan:
-            out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p)
+            if prompts is not None and mb.packing is None:
+                out[mb.rows] = shared_prefix.shared_prefix_logprobs(model, ids, lengths, prompts, mb.rows,
+                                                                    gen.temperature, top_k, top_p,
+                                                                    pad_id=self.tokenizer.pad_token_id or 0)
+            else:
+                out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p)
         out = out.cpu()  # the data plane holds host tensors
         finish_lockstep()
         model.train(was_training)

@@ -12,9 +12,9 @@ is 256 rows x ~10 tokens where 32 prompts + 256 responses hold ~1250 distinct to
 
 Every response token attends to the same tokens at the same positions as in the plain forward, so
 the logprobs are the same numbers up to float rounding (different matmul shapes sum in a different
-order), and so are the gradients (``tests/unit/workers/test_shared_prefix.py``). Positions that are not
-generated tokens get logprob 0: the loss masks them (``token_mask``), as it masks the plain
-forward's values there.
+order), and so are the gradients (``tests/unit/workers/test_shared_prefix.py``); the prompt tokens'
+logprobs come from the prompt's own forward. The no-grad logprob forwards (prev, reference) take the
+same path, so a prev-logprob forward of the weights being trained gives the training forward's numbers.
 
 It applies to single-turn samples only (each row: a prompt, then generated tokens to its end), the
 fixed and token-budget micro-batch plans (not packing, which already removes the padding another way),
@@ -56,8 +56,8 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
                            rows: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0,
                            unfiltered: bool = False, pad_id: int = 0):
     """Per-token logprobs of ``input_ids[rows]`` (b, T) as :func:`~rlplane.workers.policy.token_logprobs`
-    gives them on the generated tokens, 0 elsewhere (position 0 included); with ``unfiltered`` also
-    the temperature-only ones, as ``(filtered, unfiltered)``. ``prompt_lens`` (B,) from :func:`prompt_lengths`."""
+    gives them (position 0 and past each row's length: 0); with ``unfiltered`` also the temperature-only
+    ones, as ``(filtered, unfiltered)``. ``prompt_lens`` (B,) from :func:`prompt_lengths`."""
     ids, n, p = input_ids[rows], lengths[rows], prompt_lens[rows]  # (b, T), (b,), (b,)
     b, width = ids.shape
     device = ids.device
@@ -75,10 +75,7 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
     cols = torch.arange(P, device=device)
     prefix_mask = (cols[None, :] < pu[:, None]).long()  # (U, P)
     prefix_ids = ids[first_row, :P].masked_fill(prefix_mask == 0, pad_id)
-    R = int((n - p).max())  # the longest response
-    if R == 0:
-        zeros = torch.zeros((b, width), dtype=torch.float32, device=device)
-        return (zeros, zeros.clone()) if unfiltered else zeros
+    R = int((n - p).max())  # the longest response (0: no row generated anything)
     j = torch.arange(R, device=device)
     where = p[:, None] + j[None, :]  # (b, R) each response token's column
     valid = j[None, :] < (n - p)[:, None]  # (b, R)
@@ -86,11 +83,12 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
     with autocast(model):
         out = model(input_ids=prefix_ids, attention_mask=prefix_mask,
                     position_ids=cols[None, :].expand(len(pu), P), use_cache=True)
+        prompt_logits = out.logits  # (U, P, V): column c predicts the prompt's token c + 1, its last one token p
         # index_select rather than indexing: the same rows, and its backward (index_add) is ~5x faster on a CPU
         # than indexing's (index_put with accumulate).
         last = torch.arange(len(pu), device=device) * P + pu - 1  # (U,) each prompt's last token, flattened
-        first_logits = out.logits.flatten(0, 1).index_select(0, last)  # (U, V) predict token p
-        logits = first_logits.index_select(0, row_to_unique)[:, None]  # (b, 1, V)
+        first_logits = prompt_logits.flatten(0, 1).index_select(0, last)  # (U, V)
+        logits = first_logits.index_select(0, row_to_unique)[:, None, :][:, :R]  # (b, min(R, 1), V)
         if R > 1:
             cache = out.past_key_values
             for layer in cache.layers:  # (U, ...) -> (b, ...); the backward sums the copies' gradients
@@ -100,14 +98,18 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
             rest = model(input_ids=resp_ids[:, : R - 1], attention_mask=mask, position_ids=where[:, : R - 1],
                          past_key_values=cache, use_cache=True).logits  # (b, R - 1, V) predict tokens p+1 ..
             logits = torch.cat([logits, rest], dim=1)  # (b, R, V)
-    logits = logits.float()
+    logits, prompt_logits = logits.float(), prompt_logits[:, :-1].float()  # (b, R, V), (U, P - 1, V)
+    in_prompt = cols[None, 1:] < pu[:, None]  # (U, P - 1) prompt tokens 1 .. p - 1
 
-    def spread(lp: torch.Tensor) -> torch.Tensor:
-        """(b, R) response logprobs -> (b, T) at their columns, 0 elsewhere."""
-        full = torch.zeros((b, width + R), dtype=lp.dtype, device=device)
-        return full.scatter(1, where, lp.masked_fill(~valid, 0.0))[:, :width]
+    def logprobs(top_k, top_p) -> torch.Tensor:
+        """(b, T): the prompt tokens' logprobs (from the prompt's own row) and the response tokens', 0 elsewhere."""
+        pre = sampling_logprobs(prompt_logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                tokens=prefix_ids[:, 1:]).masked_fill(~in_prompt, 0.0)  # (U, P - 1)
+        pre = F.pad(pre.index_select(0, row_to_unique), (1, width - P))  # (b, T) columns 1 .. p - 1
+        resp = sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p, tokens=resp_ids)
+        full = torch.zeros((b, width + R), dtype=pre.dtype, device=device)
+        # Disjoint columns (prompt < p <= response): the sum places each value as it is.
+        return pre + full.scatter(1, where, resp.masked_fill(~valid, 0.0))[:, :width]
 
-    lp = spread(sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p, tokens=resp_ids))
-    if not unfiltered:
-        return lp
-    return lp, spread(sampling_logprobs(logits, temperature=temperature, top_k=None, top_p=1.0, tokens=resp_ids))
+    lp = logprobs(top_k, top_p)
+    return (lp, logprobs(None, 1.0)) if unfiltered else lp

@@ -124,3 +124,19 @@ def test_multi_turn_samples_take_the_plain_forward():
 def test_attn_implementation_reaches_the_model(impl):
     cfg = load_config(None, ["warmup.enabled=false", f"policy.attn_implementation={impl}"])
     assert PolicyWorker(cfg, make_data_plane("memory")).model.config._attn_implementation == impl
+
+
+@pytest.mark.parametrize("extra", [[], ["policy.generation.top_p=0.8"]], ids=["plain sampling", "top-p"])
+def test_logprob_forward_matches_the_plain_one_on_every_token(extra):
+    """The no-grad prev-logprob forward takes the same path: prompt and response tokens as the plain forward."""
+    out = {}
+    for shared in (False, True):
+        worker = PolicyWorker(_cfg(shared, *extra), make_data_plane("memory"))
+        meta = _batch(worker.dp)
+        worker.compute_logprobs(meta, out_field="prev_logprobs")
+        out[shared] = worker.dp.get_samples(meta, "train", ["prev_logprobs"])["prev_logprobs"]
+    lengths = torch.tensor(meta.seq_lens)
+    valid = torch.arange(out[False].shape[1])[None, :] < lengths[:, None]
+    assert bool((out[False][valid] != 0).sum() == valid.sum() - N)  # every token but each row's first has one
+    torch.testing.assert_close(out[True][valid], out[False][valid], atol=1e-5, rtol=0)
+    assert bool((out[True][~valid] == 0).all())
