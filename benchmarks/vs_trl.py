@@ -10,6 +10,10 @@ threads. The loss aggregation is the same (token mean over the global batch: TRL
 is the advantage: the group's mean as baseline, divided by the group's (Bessel) std plus a small
 epsilon (TRL's ``scale_rewards="group"``, 1e-4; rlplane with
 ``grpo.adv_estimator.use_leave_one_out_baseline=false``, 1e-6; all-equal groups get 0 in both).
+Each library computes that work its own way: rlplane as its default job does (the training forward
+runs each group's prompt once, ``policy.shared_prefix_forward``, with eager attention,
+``policy.attn_implementation``: the same logprobs and gradients up to float rounding), TRL with its
+defaults (SDPA attention, every row's prompt recomputed).
 ``--rlplane-loo`` runs rlplane with the default job's own estimator instead (leave-one-out baseline
 and std), which differs from TRL's: a group's lone correct sample gets advantage 1 there against
 (1 - 1/8) / std = 2.47 in TRL's.
