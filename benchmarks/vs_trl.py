@@ -13,7 +13,8 @@ epsilon (TRL's ``scale_rewards="group"``, 1e-4; rlplane with
 Each library computes that work its own way: rlplane as its default job does (the training forward
 runs each group's prompt once, ``policy.shared_prefix_forward``, with eager attention,
 ``policy.attn_implementation``: the same logprobs and gradients up to float rounding), TRL with its
-defaults (SDPA attention, every row's prompt recomputed).
+defaults (every row's prompt recomputed) and, unless ``--trl-attn sdpa``, the same eager attention,
+so the attention kernel is not what the ratio measures.
 ``--rlplane-loo`` runs rlplane with the default job's own estimator instead (leave-one-out baseline
 and std), which differs from TRL's: a group's lone correct sample gets advantage 1 there against
 (1 - 1/8) / std = 2.47 in TRL's.
@@ -149,7 +150,7 @@ def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
     return rows
 
 
-def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float, out_dir: str):
+def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float, out_dir: str, attn: str):
     """TRL's GRPOTrainer on the same rows from the same weights; (step seconds, final weights)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -191,7 +192,7 @@ def run_trl(warm_dir: str, rows: list[dict], steps: int, threads: int, lr: float
     got = tok(rows[0]["prompt"], add_special_tokens=True)["input_ids"]
     if got != rows[0]["prompt_ids"]:
         raise RuntimeError(f"TRL would tokenize {rows[0]['prompt']!r} as {got}, rlplane as {rows[0]['prompt_ids']}")
-    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32, attn_implementation=attn)
     timer = StepTimes()
     data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows])
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
@@ -211,6 +212,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=available_cores(),
                     help="torch threads for both (default: the cores, as rlplane's default job uses)")
     ap.add_argument("--warm-dir", default=None, help="reuse a warm-started model saved by an earlier run")
+    ap.add_argument("--trl-attn", default="eager", choices=["eager", "sdpa"],
+                    help="TRL's attention (default eager, as rlplane's default job; sdpa is transformers' default)")
     ap.add_argument("--rlplane-loo", action="store_true",
                     help="rlplane with the default job's leave-one-out advantage instead of TRL's group mean/std")
     args = ap.parse_args()
@@ -236,7 +239,8 @@ def main() -> int:
         start_state = {k: v.clone() for k, v in evaluator.model.state_dict().items()}
         start_acc = evaluator.accuracy(start_state)
         print(f"trl {trl.__version__}, torch {torch.__version__}; threads {args.threads} for both; "
-              f"{args.steps} steps x {args.pairs} pairs; 32 prompts x 8 samples; load average "
+              f"{args.steps} steps x {args.pairs} pairs; TRL attention {args.trl_attn}; "
+              f"32 prompts x 8 samples; load average "
               f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}; "
               f"rlplane's advantage: {'leave-one-out (its own)' if args.rlplane_loo else 'group mean/std (as TRL)'}")
         print("held-out accuracy of the warm-started model "
@@ -249,7 +253,7 @@ def main() -> int:
                     (times, cpu), state, phases = run_rlplane(warm_dir, args.steps, args.threads, args.rlplane_loo)
                 else:
                     (times, cpu), state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
-                                           os.path.join(tmp, f"trl{pair}"))
+                                           os.path.join(tmp, f"trl{pair}"), args.trl_attn)
                     torch.set_num_threads(args.threads)
                     phases = {}
                 acc = evaluator.accuracy(state)
