@@ -149,3 +149,34 @@ def test_inverse_cdf_sample_matches_the_distribution_and_skips_zero_mass():
     # The same uniforms give the same tokens.
     again = inverse_cdf_sample(probs.repeat_interleave(n, dim=0), uniforms(0)).view(2, n)
     assert torch.equal(draws, again)
+
+
+def test_two_level_inverse_cdf_equals_the_flat_cdf():
+    # The block search (inverse_cdf_sample, vocabularies > 2 blocks) against the one-cdf reference on
+    # the cases where they could part: a vocabulary not a multiple of the block (padding), blocks of no
+    # mass (top-k / top-p zeros, some at the end), one token holding nearly all the mass, uniforms at 0
+    # and just below 1, and targets falling exactly on block boundaries.
+    from rlplane.generation.sampling import _CDF_BLOCK, _inverse_cdf_flat
+
+    gen = torch.Generator().manual_seed(0)
+    v = 7 * _CDF_BLOCK + 13
+    dense = (torch.randn(64, v, generator=gen) * 3).softmax(-1)
+    sparse = dense.clone()
+    sparse[:, _CDF_BLOCK : 3 * _CDF_BLOCK] = 0  # two empty blocks in the middle
+    sparse[:, 6 * _CDF_BLOCK :] = 0  # and the end
+    peaked = dense.clone()
+    peaked[:, 5 * _CDF_BLOCK + 7] = 1e6
+    for probs in (dense, sparse, peaked):
+        u = torch.rand(64, generator=gen, dtype=torch.float64)
+        u[:4] = torch.tensor([0.0, 1 - 2**-53, 0.5, 1e-12], dtype=torch.float64)
+        assert torch.equal(inverse_cdf_sample(probs, u), _inverse_cdf_flat(probs, u))
+    # Each block holds mass 1 (one token of mass 1 at its start): u = k / 8 lands exactly on block k's start.
+    probs = torch.zeros(1, 8 * _CDF_BLOCK)
+    probs[0, ::_CDF_BLOCK] = 1.0
+    u = torch.arange(8, dtype=torch.float64) / 8
+    expected = (torch.arange(8) * _CDF_BLOCK).tolist()  # cdf_j > k at token k·block (right-closed search)
+    assert inverse_cdf_sample(probs.expand(8, -1), u).tolist() == expected == _inverse_cdf_flat(probs.expand(8, -1), u).tolist()
+    # A row whose mass ends mid-vocabulary, u · total rounding up to the total: the last token with mass.
+    probs = torch.zeros(1, 4 * _CDF_BLOCK)
+    probs[0, [3, _CDF_BLOCK + 5]] = torch.tensor([0.25, 0.75])
+    assert inverse_cdf_sample(probs, torch.tensor([1.0], dtype=torch.float64)).tolist() == [_CDF_BLOCK + 5]
