@@ -1,5 +1,5 @@
-"""The training forward skips the vocabulary projection on columns the loss masks (issue 19, training
-near the limit): logprobs, loss and gradients are the full path's, and the lm_head really sees fewer columns.
+"""The training forward runs the vocabulary projection only on the tokens the loss reads (issue 19, training
+near the limit): logprobs, loss and gradients are the full path's, and the lm_head really sees those rows alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rlplane.recipes.grpo import TRAIN_COLUMNS
 from rlplane.workers import policy
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.packing import MicroBatch
-from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, first_logit_needed, microbatch_logprobs
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, microbatch_logprobs
 
 PROMPTS = [4, 6, 3, 5]
 RESPONSES = [3, 5, 6, 2]
@@ -38,16 +38,6 @@ def _batch(seed=0):
     return ids, lengths, mask
 
 
-def test_first_logit_needed_by_hand():
-    # Earliest masked token over the rows: column 3 (row 2); its logprob comes from the logits at column 2.
-    _, _, mask = _batch()
-    assert first_logit_needed(mask) == 2
-    assert first_logit_needed(mask[[1, 3]]) == 4  # prompts 6 and 5: first masked column 5, logits from 4
-    assert first_logit_needed(torch.zeros(2, 5, dtype=torch.bool)) == 0  # nothing trained: the full path
-    assert first_logit_needed(torch.tensor([[0, 1, 1]])) == 0  # token 1 needs column 0's logits
-    assert first_logit_needed(torch.tensor([[1, 1, 0]])) == 0  # column 0 (never a target) does not go below 0
-
-
 @pytest.mark.parametrize("trim", [False, True], ids=["fixed", "trimmed"])
 @pytest.mark.parametrize("sampling", [(1.0, None, 1.0), (0.7, 5, 0.9)], ids=["plain", "top-k-top-p"])
 def test_skipped_logits_give_the_full_paths_logprobs_and_gradients(trim, sampling):
@@ -58,34 +48,34 @@ def test_skipped_logits_give_the_full_paths_logprobs_and_gradients(trim, samplin
     m = mask[mb.rows, 1:].float()  # (b, T-1): the loss's view, aligned with logprobs[:, 1:]
     weights = torch.randn(m.shape, generator=torch.Generator().manual_seed(1))
     seen = []
-    hook = model.get_output_embeddings().register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[1]))
+    hook = model.get_output_embeddings().register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
 
-    def run(logits_from):
+    def run(only):
         model.zero_grad(set_to_none=True)
         seen.clear()
         lp, plain = microbatch_logprobs(model, ids, lengths, mb, trim, temperature, top_k, top_p, unfiltered=True,
-                                        logits_from=logits_from)  # (b, T) each
+                                        only=only)  # (b, T) each
         ((lp[:, 1:] * weights * m).sum() + (plain[:, 1:] * m).sum()).backward()
         return lp, plain, {n: p.grad.clone() for n, p in model.named_parameters()}, seen[0]
 
-    lp0, plain0, grads0, cols0 = run(0)
-    k = first_logit_needed(mask[mb.rows])
-    lp, plain, grads, cols = run(k)
+    lp0, plain0, grads0, shape0 = run(None)
+    lp, plain, grads, shape = run(mask[mb.rows])
     hook.remove()
     width = 9 if trim else 11  # the micro-batch's longest (rows 2, 0, 3: 9, 7, 7) or the batch's width
-    assert (cols0, cols) == (width, width - 2)  # the lm_head saw 2 columns fewer per row
-    keep = mask[mb.rows]  # the tokens the loss reads, all at columns > k
+    assert shape0[:2] == (3, width)  # every column of every row
+    assert shape[0] == 6 + 3 + 2  # the responses' tokens alone (rows 2, 0, 3), one logits row each
+    keep = mask[mb.rows]  # the tokens the loss reads
     for full, skipped in ((lp0, lp), (plain0, plain)):
         assert full.shape == skipped.shape == (3, 11)
         torch.testing.assert_close(skipped[keep], full[keep], atol=1e-6, rtol=0)
-        assert bool((skipped[:, : k + 1] == 0).all())  # not computed: 0, like column 0
+        assert bool((skipped[~keep] == 0).all())  # not computed: 0, like column 0
     for name, g in grads0.items():
         torch.testing.assert_close(grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def _train(monkeypatch, full: bool, extra=()):
-    if full:
-        monkeypatch.setattr(policy, "first_logit_needed", lambda token_mask: 0)
+    if full:  # the path before: every column's logits
+        monkeypatch.setattr(policy, "microbatch_logprobs", lambda *a, only=None, **k: microbatch_logprobs(*a, **k))
     cfg = _cfg(*extra)
     worker = PolicyWorker(cfg, make_data_plane("memory"))
     ids, lengths, mask = _batch()
