@@ -11,7 +11,8 @@ advantages → a no-grad forward for the old-policy logprobs → forward+backwar
 (token mean over the batch, micro-batches of ``policy.train_micro_batch_size``) → grad clip → one AdamW
 step. Same precision choice as rlplane's ``policy.precision`` resolved on this machine: fp32 master
 weights, and with bf16 one ``torch.autocast`` region around ``generate`` and around each forward (the
-plain loop keeps transformers' own lm_head in that dtype; rlplane computes its lm_head in fp32).
+plain loop keeps transformers' own lm_head in that dtype over every position; rlplane computes its lm_head
+in fp32, in training only at the tokens the loss reads).
 Same ``policy.activation_checkpointing``.
 
 Phases (median seconds): generation (sampling + scoring), logprobs (the old-policy forward; rlplane

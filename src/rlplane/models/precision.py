@@ -49,7 +49,8 @@ class FP32OutputLinear(torch.nn.Linear):
     (16 sequences x 48 sampled tokens, KV-cached generation vs the trainer's full forward) the
     token_mult_prob_error mean(exp|gen - train|) was 1.030 (max |difference| 0.30) with a bf16 lm_head,
     1.014 (max 0.12) with this one, 1.000003 in fp32 throughout. The lm_head is ~20% of the model's
-    matmul FLOPs, so this costs ~10-20% of a bf16 forward.
+    matmul FLOPs, so this costs ~10-20% of a bf16 forward; the trainer runs it only at the tokens the loss
+    reads (``workers/policy.py``: microbatch_logprobs), which on a chat prompt is a small part of each row.
     Installed by :func:`set_precision` as a class swap, so parameter names, tied weights and
     ``state_dict`` stay those of the plain ``nn.Linear``.
     """

@@ -23,6 +23,7 @@ which is why any partition of a global batch into micro-batches gives the same s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -156,10 +157,26 @@ def unpack_rows(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     return values.reshape(-1, *values.shape[2:])[where]
 
 
-def forward_microbatch(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, trim: bool):
+@contextlib.contextmanager
+def output_rows(model, keep: torch.Tensor):
+    """Within: ``model``'s output projection (lm_head) runs on ``hidden[keep]`` (N, H) only, ``keep`` (b, L)
+    bool, so the model returns (N, V) logits. A pre-hook on the projection rather than transformers'
+    ``logits_to_keep``, whose per-row (2-D boolean) form only recent transformers versions accept."""
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: (args[0][keep], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def forward_microbatch(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, trim: bool,
+                       logits_at: torch.Tensor | None = None):
     """``(logits, ids)``: the model's output (b, L, ...) for the samples of ``mb`` as right-padded rows, and
     their ids (b, L). L is the micro-batch's longest sequence with ``trim`` or packing, else the shard's
-    width (the fixed path, unchanged). Positions past a sample's length hold values the loss masks."""
+    width (the fixed path, unchanged). Positions past a sample's length hold values the loss masks.
+
+    ``logits_at`` (b, T) bool, unpacked rows only: the columns whose logits are wanted; the logits come
+    back as (N, V) for those N positions alone (row-major), the projection never runs on the others."""
     if mb.packing is not None:
         packed_ids, positions, where = pack_inputs(input_ids, lengths, mb)
         out = model(input_ids=packed_ids, position_ids=positions, attention_mask=None, use_cache=False).logits
@@ -167,7 +184,9 @@ def forward_microbatch(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb
     width = int(lengths[mb.rows].max()) if trim else input_ids.shape[1]
     ids = input_ids[mb.rows, :width]  # (b, L)
     attn = (torch.arange(width, device=ids.device)[None, :] < lengths[mb.rows, None]).long()  # (b, L)
-    return model(input_ids=ids, attention_mask=attn, use_cache=False).logits, ids
+    rows = output_rows(model, logits_at[:, :width]) if logits_at is not None else contextlib.nullcontext()
+    with rows:
+        return model(input_ids=ids, attention_mask=attn, use_cache=False).logits, ids
 
 
 def pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
