@@ -119,6 +119,7 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
 
     from rlplane.dataplane.codec import pack_rows, to_wire
     from rlplane.dataplane.index import PENDING
+    from rlplane.dataplane.ray_backend import _Stored
 
     ray = ray_session
     client = make_data_plane("ray")
@@ -128,7 +129,7 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
         *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()},
                                         None, False, None)
         ref = ray.put({"input_ids": to_wire(pack_rows([torch.arange(2), torch.arange(3)]))})
-        late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, [ref]))
+        late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, _Stored((ref,), (0,))))
         late.start()
         t0 = time.monotonic()
         out = client.get_samples(["a", "b"], "p", ["input_ids"])["input_ids"]
@@ -147,7 +148,7 @@ def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_sessi
     try:
         client.register_partition("p", ["reward"], 1)
         *_, chunks = client._index_call("commit", "p", ["a"], {"reward": PENDING}, {}, None, False, None)
-        ray.get(client._store_actor.attach.remote("p", chunks, [_Failed("ObjectStoreFullError: full")]))
+        ray.get(client._store_actor.attach.remote("p", chunks, _Failed("ObjectStoreFullError: full")))
         with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] "
                                                  r"was never stored \(ObjectStoreFullError"):
             client.get_samples(["a"], "p", ["reward"])
@@ -162,7 +163,7 @@ def test_a_reader_given_a_receipt_skips_the_lookup_and_still_sees_later_overwrit
         client.register_partition("r", ["input_ids", "reward"], 2)
         meta = client.put_samples(["a", "b"], "r", {"input_ids": [torch.arange(3), torch.arange(4)],
                                                     "reward": torch.tensor([1.0, 2.0])})
-        assert len(meta.locations) == 1 and meta.locations[0].ref is not None
+        assert len(meta.locations) == 1 and meta.locations[0].stored is not None
         lookups = []
         lookup = client._lookup
         client._lookup = lambda *args: (lookups.append(args), lookup(*args))[1]
@@ -203,7 +204,7 @@ def test_receipts_after_a_clear_refuse_to_read_and_free_the_store(ray_session, c
         after_one_put = wait_for_usage(plasma_usage())
         old_meta = meta
         meta = client.put_samples(["x", "y"], "c", {"input_ids": [torch.arange(300_000), torch.arange(5)]})
-        assert wait_for_usage(after_one_put) == after_one_put and old_meta.locations[0].ref is None
+        assert wait_for_usage(after_one_put) == after_one_put and old_meta.locations[0].stored is None
         del old_meta
         # Cleared by another process: this process's receipt still holds its ref, yet the read refuses.
         ray.get(consumers[0].clear.remote(client, meta))
