@@ -7,7 +7,14 @@ import time
 import pytest
 import torch
 
-from rlplane.dataplane import GLOBAL_PAD_KEY, ClearedKeyError, DataPlaneError, make_data_plane, shard_meta_for_dp
+from rlplane.dataplane import (
+    GLOBAL_PAD_KEY,
+    ClearedKeyError,
+    DataPlaneError,
+    dp_shard_rows,
+    make_data_plane,
+    shard_meta_for_dp,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -94,6 +101,49 @@ def test_two_actor_consumers_fetch_shards_and_write_back(ray_session, consumers)
         assert client.clear_samples(None, "train") == n
         assert client.num_objects() == 0
         assert wait_for_usage(before) == before  # every column object freed
+    finally:
+        client.close()
+
+
+def test_a_put_split_by_dp_shards_makes_each_rank_fetch_only_its_object(ray_session, consumers):
+    """put_samples(shards=dp_shard_rows(...)): one object per rank, and a rank's read fetches only its
+    own (on a cluster of machines, only its bytes cross the network); the write-back still works."""
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        lens = [5, 300, 40, 7, 120, 3]
+        keys = [f"k{i}" for i in range(6)]
+        client.register_partition("split", ["input_ids", "generation_logprobs", "prev_logprobs"], 6)
+        before = wait_for_usage(plasma_usage())
+        gen_lp = [-torch.rand(L) for L in lens]
+        meta = client.put_samples(keys, "split", {"input_ids": [torch.arange(L) for L in lens],
+                                                  "generation_logprobs": gen_lp},
+                                  shards=dp_shard_rows(lens, 2))
+        stored = meta.locations[0].stored
+        assert len(stored.refs) == 2 and plasma_usage()[1] == before[1] + 2  # one object per shard
+        metas, inverse = shard_meta_for_dp(meta, 2)
+        fetched = []
+        real_get = ray.get
+        try:  # which objects does a rank's read fetch? (the read here, in the driver, as a rank's would)
+            def get(refs, *a, **k):
+                if isinstance(refs, list):  # (the store's answers come one ref at a time)
+                    fetched.append(refs)
+                return real_get(refs, *a, **k)
+
+            ray.get = get
+            for r, m in enumerate(metas):
+                out = client.get_samples(m, None, ["input_ids"])["input_ids"]
+                assert fetched[-1] == [stored.refs[r]]  # only its own object
+                assert [out[i, :3].tolist() for i in range(len(m))] == [[0, 1, 2]] * len(m)
+        finally:
+            ray.get = real_get
+        ray.get([c.step.remote(client, m) for c, m in zip(consumers, metas)])
+        out = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]
+        for i, L in enumerate(lens):
+            torch.testing.assert_close(out[i, :L], 2 * gen_lp[i])
+        client.clear_samples(meta, None)
+        del meta, metas, stored, fetched  # (fetched holds refs too)
+        assert wait_for_usage(before) == before  # both parts and the write-backs freed
     finally:
         client.close()
 
