@@ -1,8 +1,10 @@
 """`ray` backend: packed columns in Ray's object store, the key index in one long-lived actor.
 
 Each put stores one object holding its packed columns (numpy arrays, so reads are zero-copy
-views of shared memory) and sends the refs, never the data, to the `_StoreActor`, which keeps
-them in its `PlaneIndex`. A get asks the actor where the rows live (one small call), fetches the
+views of shared memory), or one per part when the writer names its readers' shards
+(`put_samples(shards=dp_shard_rows(...))`: across nodes each DP rank then pulls only its own
+rows), and sends the refs, never the data, to the `_StoreActor`, which keeps them in its
+`PlaneIndex`. A get asks the actor where the rows live (one small call), fetches the
 objects and gathers the rows locally. Clearing drops the actor's refs; when the last one goes,
 Ray frees the object. Never one object per sample: that measured ~30x slower here.
 
@@ -18,7 +20,7 @@ worker actors that write are the owners, and the index outlives them all. `owner
 the store actor re-put every column it is sent, so data outlives its producer (a rollout worker
 that is restarted, say) at the cost of one more copy per put.
 
-Receipts carry locations. A put's receipt (`KVBatchMeta.locations`) holds the ref of the object it
+Receipts carry locations. A put's receipt (`KVBatchMeta.locations`) holds the refs of the objects it
 stored and the chunk id of each field, so a reader handed that meta (a DP rank, say) fetches and
 decodes at once while one small `verify` call checks, in parallel, that those chunks are still
 the current ones; only if a key was overwritten since does it look up and read again (a cleared
