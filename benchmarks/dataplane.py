@@ -14,8 +14,10 @@ One step (what a sync GRPO step asks of the data plane):
   original order -> clear (without waiting for the store's answer, as the trainer's step-end clear).
 
 Variants:
-  ray        rlplane's `ray` backend (index in a store actor, one object per put; a rank handed the
-             put's receipt reads from it while the store verifies it is current).
+  ray        rlplane's `ray` backend (index in a store actor; a rank handed the put's receipt reads
+             from it while the store verifies it is current, and hands back its write-back's receipt,
+             which the driver reads from the same way). With --multi-node the driver's put is split
+             by the ranks' DP shards (`put_samples(shards=dp_shard_rows(...))`), one object each.
   ray/store  the same with owner="store" (data outlives its producer; one extra copy per put).
   raw        what one would write by hand: the driver packs each column jagged (numpy values +
              offsets) per DP shard, one ray.put per shard; actors get and pad it, return their
@@ -42,7 +44,7 @@ import numpy as np
 import ray
 import torch
 
-from rlplane.dataplane import make_data_plane, shard_meta_for_dp
+from rlplane.dataplane import concat_metas, dp_shard_rows, make_data_plane, shard_meta_for_dp
 
 torch.set_num_threads(1)
 FIELDS = ["input_ids", "generation_logprobs", "token_mask", "reward", "prev_logprobs"]
@@ -112,8 +114,7 @@ class Rank:
         client = self.clients[variant]
         cols = client.get_samples(meta, None, ["input_ids", "generation_logprobs", "token_mask"])
         prev = cols["generation_logprobs"] * cols["token_mask"]  # (B, T) stand-in for a forward pass
-        client.put_samples(meta, None, {"prev_logprobs": prev})
-        return len(meta)
+        return client.put_samples(meta, None, {"prev_logprobs": prev})  # its receipt, as the driver's
 
     def node(self):
         return ray.get_runtime_context().get_node_id()
@@ -162,16 +163,20 @@ def raw_step(ranks, batch, lens, timings):
     return full
 
 
-def plane_step(variant, client, ranks, batch, ids, step, timings):
+def plane_step(variant, client, ranks, batch, lens, ids, step, timings, split):
     pid = f"train{step}"
     t0 = time.perf_counter()
     client.register_partition(pid, FIELDS, len(ids))
-    meta = client.put_samples(ids, pid, batch)
+    # Across nodes, stored by the DP shards the ranks will read (as the raw baseline packs its
+    # shards), so each rank pulls only its own; on one node a rank maps the whole object for free,
+    # and two puts cost more than one (4.1 ms for one 13 MB put, 7.4 ms for two halves, measured).
+    meta = client.put_samples(ids, pid, batch, shards=dp_shard_rows(lens, len(ranks)) if split else None)
     t1 = time.perf_counter()
-    metas, _ = shard_meta_for_dp(meta, len(ranks))
-    ray.get([r.plane_step.remote(variant, m) for r, m in zip(ranks, metas)])
+    metas, inverse = shard_meta_for_dp(meta, len(ranks))
+    written = ray.get([r.plane_step.remote(variant, m) for r, m in zip(ranks, metas)])
     t2 = time.perf_counter()
-    full = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]
+    # The ranks' receipts, in the original order: read from their objects while the store verifies.
+    full = client.get_samples(concat_metas(written).subset(inverse), None, ["prev_logprobs"])["prev_logprobs"]
     t3 = time.perf_counter()
     client.clear_samples(meta, None, wait=False)  # as the trainer's step-end clear
     t4 = time.perf_counter()
@@ -222,8 +227,8 @@ def main() -> None:
         for name, client in variants.items():
             ids = [f"s{step}_{i}" for i in range(args.samples)]
             t: list = []
-            out = raw_step(ranks, batch, lens, t) if client is None else plane_step(name, client, ranks, batch, ids,
-                                                                                    step, t)
+            out = raw_step(ranks, batch, lens, t) if client is None else plane_step(name, client, ranks, batch, lens,
+                                                                                    ids, step, t, args.multi_node)
             if expected is None:
                 expected = out
             assert torch.equal(out, expected), name  # every variant computes the same column

@@ -7,7 +7,14 @@ import time
 import pytest
 import torch
 
-from rlplane.dataplane import GLOBAL_PAD_KEY, ClearedKeyError, DataPlaneError, make_data_plane, shard_meta_for_dp
+from rlplane.dataplane import (
+    GLOBAL_PAD_KEY,
+    ClearedKeyError,
+    DataPlaneError,
+    dp_shard_rows,
+    make_data_plane,
+    shard_meta_for_dp,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -98,6 +105,49 @@ def test_two_actor_consumers_fetch_shards_and_write_back(ray_session, consumers)
         client.close()
 
 
+def test_a_put_split_by_dp_shards_makes_each_rank_fetch_only_its_object(ray_session, consumers):
+    """put_samples(shards=dp_shard_rows(...)): one object per rank, and a rank's read fetches only its
+    own (on a cluster of machines, only its bytes cross the network); the write-back still works."""
+    ray = ray_session
+    client = make_data_plane("ray")
+    try:
+        lens = [5, 300, 40, 7, 120, 3]
+        keys = [f"k{i}" for i in range(6)]
+        client.register_partition("split", ["input_ids", "generation_logprobs", "prev_logprobs"], 6)
+        before = wait_for_usage(plasma_usage())
+        gen_lp = [-torch.rand(L) for L in lens]
+        meta = client.put_samples(keys, "split", {"input_ids": [torch.arange(L) for L in lens],
+                                                  "generation_logprobs": gen_lp},
+                                  shards=dp_shard_rows(lens, 2))
+        stored = meta.locations[0].stored
+        assert len(stored.refs) == 2 and plasma_usage()[1] == before[1] + 2  # one object per shard
+        metas, inverse = shard_meta_for_dp(meta, 2)
+        fetched = []
+        real_get = ray.get
+        try:  # which objects does a rank's read fetch? (the read here, in the driver, as a rank's would)
+            def get(refs, *a, **k):
+                if isinstance(refs, list):  # (the store's answers come one ref at a time)
+                    fetched.append(refs)
+                return real_get(refs, *a, **k)
+
+            ray.get = get
+            for r, m in enumerate(metas):
+                out = client.get_samples(m, None, ["input_ids"])["input_ids"]
+                assert fetched[-1] == [stored.refs[r]]  # only its own object
+                assert [out[i, :3].tolist() for i in range(len(m))] == [[0, 1, 2]] * len(m)
+        finally:
+            ray.get = real_get
+        ray.get([c.step.remote(client, m) for c, m in zip(consumers, metas)])
+        out = client.get_samples(meta, None, ["prev_logprobs"])["prev_logprobs"]
+        for i, L in enumerate(lens):
+            torch.testing.assert_close(out[i, :L], 2 * gen_lp[i])
+        client.clear_samples(meta, None)
+        del meta, metas, stored, fetched  # (fetched holds refs too)
+        assert wait_for_usage(before) == before  # both parts and the write-backs freed
+    finally:
+        client.close()
+
+
 def test_store_owned_data_outlives_its_producer(ray_session, consumers):
     ray = ray_session
     client = make_data_plane("ray", owner="store")
@@ -119,6 +169,7 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
 
     from rlplane.dataplane.codec import pack_rows, to_wire
     from rlplane.dataplane.index import PENDING
+    from rlplane.dataplane.ray_backend import _Stored
 
     ray = ray_session
     client = make_data_plane("ray")
@@ -128,7 +179,7 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
         *_, chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING}, {"input_ids": lens.numpy()},
                                         None, False, None)
         ref = ray.put({"input_ids": to_wire(pack_rows([torch.arange(2), torch.arange(3)]))})
-        late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, [ref]))
+        late = threading.Timer(0.3, lambda: client._store_actor.attach.remote("p", chunks, _Stored((ref,), (0,))))
         late.start()
         t0 = time.monotonic()
         out = client.get_samples(["a", "b"], "p", ["input_ids"])["input_ids"]
@@ -147,7 +198,7 @@ def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_sessi
     try:
         client.register_partition("p", ["reward"], 1)
         *_, chunks = client._index_call("commit", "p", ["a"], {"reward": PENDING}, {}, None, False, None)
-        ray.get(client._store_actor.attach.remote("p", chunks, [_Failed("ObjectStoreFullError: full")]))
+        ray.get(client._store_actor.attach.remote("p", chunks, _Failed("ObjectStoreFullError: full")))
         with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] "
                                                  r"was never stored \(ObjectStoreFullError"):
             client.get_samples(["a"], "p", ["reward"])
@@ -162,7 +213,7 @@ def test_a_reader_given_a_receipt_skips_the_lookup_and_still_sees_later_overwrit
         client.register_partition("r", ["input_ids", "reward"], 2)
         meta = client.put_samples(["a", "b"], "r", {"input_ids": [torch.arange(3), torch.arange(4)],
                                                     "reward": torch.tensor([1.0, 2.0])})
-        assert len(meta.locations) == 1 and meta.locations[0].ref is not None
+        assert len(meta.locations) == 1 and meta.locations[0].stored is not None
         lookups = []
         lookup = client._lookup
         client._lookup = lambda *args: (lookups.append(args), lookup(*args))[1]
@@ -203,7 +254,7 @@ def test_receipts_after_a_clear_refuse_to_read_and_free_the_store(ray_session, c
         after_one_put = wait_for_usage(plasma_usage())
         old_meta = meta
         meta = client.put_samples(["x", "y"], "c", {"input_ids": [torch.arange(300_000), torch.arange(5)]})
-        assert wait_for_usage(after_one_put) == after_one_put and old_meta.locations[0].ref is None
+        assert wait_for_usage(after_one_put) == after_one_put and old_meta.locations[0].stored is None
         del old_meta
         # Cleared by another process: this process's receipt still holds its ref, yet the read refuses.
         ray.get(consumers[0].clear.remote(client, meta))

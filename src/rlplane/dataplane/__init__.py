@@ -28,7 +28,7 @@ from .errors import (
 )
 from .memory import MemoryDataPlane
 from .meta import GLOBAL_PAD_KEY, PAD_MULTIPLE_KEY, KVBatchMeta, concat_metas
-from .sharding import balance_rows, global_pad_len, shard_meta_for_dp
+from .sharding import balance_rows, dp_shard_rows, global_pad_len, shard_meta_for_dp
 
 __all__ = [
     "DEFAULT_TOKEN_FIELDS",

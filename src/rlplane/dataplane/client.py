@@ -60,11 +60,15 @@ class DataPlaneClient(abc.ABC):
         tags: Sequence[Mapping[str, Any]] | None = None,
         *,
         seq_lens: Sequence[int] | torch.Tensor | None = None,
+        shards: Sequence[Sequence[int]] | None = None,
     ) -> KVBatchMeta:
         """Write `fields` for `sample_ids` (a list of keys, or a meta whose keys, lengths, tags and
         extra_info are carried into the result). Each field is a (B, ...) tensor or a list of B
         tensors of different first-dim lengths (jagged). Rewriting a field of a key replaces it.
-        Returns the receipt: fields = the meta's fields (if a meta was given) + the fields written."""
+        `shards`: row indices of each part the readers will fetch (`dp_shard_rows` for DP ranks),
+        every row once; a backend across processes stores each part apart, so a reader fetches
+        only its own. Returns the receipt: fields = the meta's fields (if a meta was given) + the
+        fields written."""
 
     @abc.abstractmethod
     def get_samples(
@@ -149,6 +153,33 @@ def _encoded(columns: Mapping[str, Column | Callable[[], Column]]) -> dict[str, 
     return {name: col() if callable(col) else col for name, col in columns.items()}
 
 
+def _shard_layout(pid: str, shards: Sequence[Sequence[int]], n: int) -> tuple[list[int], list[int]]:
+    """(the rows in shard order, the row where each non-empty shard starts in it, then n)."""
+    try:
+        parts = [[int(i) for i in rows] for rows in shards]
+    except (TypeError, ValueError):
+        raise DataPlaneError(f"partition {pid!r}: shards= must be a list of lists of row indices") from None
+    order = [i for rows in parts for i in rows]
+    if sorted(order) != list(range(n)):
+        raise DataPlaneError(
+            f"partition {pid!r}: shards= lists {len(order)} row indices for {n} keys; each row 0..{n - 1} "
+            "must appear in exactly one shard (use dp_shard_rows(seq_lens, dp_world))"
+        )
+    bounds = [0]
+    for rows in parts:
+        if rows:
+            bounds.append(bounds[-1] + len(rows))
+    return order, bounds
+
+
+def _rows_at(value: Any, order: list[int]) -> Any:
+    """A field's rows in `order` (a value of the wrong size goes as is: put_samples names the error)."""
+    if isinstance(value, torch.Tensor):
+        return value[torch.as_tensor(order)] if value.dim() and len(value) == len(order) else value
+    rows = list(value)
+    return [rows[i] for i in order] if len(rows) == len(order) else rows
+
+
 def _check_register(partition_id: str, fields: Sequence[str], num_samples: int) -> tuple[str, list[str], int]:
     if isinstance(fields, str):
         raise DataPlaneError(f"partition {partition_id!r}: fields is the string {fields!r}; pass a list of names")
@@ -182,10 +213,16 @@ class IndexedClient(DataPlaneClient):
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         """Turn the plan's payloads back into columns (same structure as plan.parts)."""
 
-    def _commit(self, pid: str, ids: list[str], columns: dict[str, Column], *rest: Any) -> tuple:
+    #: Whether `_commit` stores the parts of a put (`put_samples(shards=...)`) apart; if not, a put's
+    #: shards are only checked.
+    _splits_puts = False
+
+    def _commit(self, pid: str, ids: list[str], columns: dict[str, Column], *rest: Any,
+                bounds: list[int] | None = None) -> tuple:
         """Store `columns` and record them in the index; returns the index's `commit` answer
         (seq_lens, tags, task_name) and the locations for the receipt (see `KVBatchMeta.locations`).
-        `rest` = (token_lens, seq_lens, seq_lens_explicit, tags) as `PlaneIndex.commit` takes them."""
+        `rest` = (token_lens, seq_lens, seq_lens_explicit, tags) as `PlaneIndex.commit` takes them;
+        `bounds`: where each part of the put starts (rows bounds[k]:bounds[k + 1]), then n."""
         return (*self._index_call("commit", pid, ids, self._store(_encoded(columns)), *rest)[:3], ())
 
     def _lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
@@ -201,11 +238,29 @@ class IndexedClient(DataPlaneClient):
         self._check_open()
         self._index_call("register", *_check_register(partition_id, fields, num_samples), task_name)
 
-    def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None):
+    def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None, shards=None):
         self._check_open()
         ids, pid, meta = _resolve(sample_ids, partition_id)
         assert ids is not None
         n = len(ids)
+        bounds = None
+        if shards is not None:
+            order, bounds = _shard_layout(pid, shards, n)
+            if not self._splits_puts:
+                bounds = None
+            elif order != list(range(n)):
+                # Stored in shard order, so each part is a run of rows; the receipt in the caller's.
+                inverse = np.empty(n, dtype=np.int64)
+                inverse[order] = np.arange(n)
+                explicit = None if seq_lens is None else torch.as_tensor(seq_lens).reshape(-1)
+                receipt = self.put_samples(
+                    [ids[i] for i in order] if meta is None else meta.subset(order), pid,
+                    {name: _rows_at(value, order) for name, value in fields.items()},
+                    None if tags is None else _rows_at(tags, order),
+                    seq_lens=None if explicit is None else _rows_at(explicit, order),
+                    shards=[range(a, b) for a, b in zip(bounds, bounds[1:])],
+                )
+                return receipt.subset(inverse.tolist())
         if not fields:
             raise DataPlaneError(f"partition {pid!r}: put_samples with no fields (keys {fmt_keys(ids)})")
         if len(set(ids)) != n:
@@ -295,7 +350,7 @@ class IndexedClient(DataPlaneClient):
                 token_lens[name] = trimmed
 
         final_lens, final_tags, task_name, located = self._commit(pid, ids, columns, token_lens, lens, not derived,
-                                                                  tags)
+                                                                  tags, bounds=bounds)
         out_lens = None if any(x is None for x in final_lens) else tuple(final_lens)
         if final_tags is None:  # no key carries tags: the store spares sending n empty dicts
             final_tags = [{} for _ in ids]

@@ -53,6 +53,13 @@ class Column:
             return self.values[i]
         return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
+    def rows(self, start: int, stop: int) -> Column:
+        """Rows start..stop-1 as a column of their own (views, no copy)."""
+        if self.offsets is None:
+            return Column(self.values[start:stop])
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        return Column(self.values[lo:hi], self.offsets[start : stop + 1] - lo)
+
     @property
     def nbytes(self) -> int:
         n = self.values.numel() * self.values.element_size()
@@ -79,9 +86,15 @@ def jagged_from_padded(padded: torch.Tensor, lengths: torch.Tensor) -> Column:
     lens = lengths.to(torch.int64).clamp(max=padded.shape[1])
     offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=offsets[1:])
-    # A cat of row views beats a (B, T) boolean mask ~4x at B=500, T=1750 (measured, 1 thread).
-    values = torch.cat([padded[i, :n] for i, n in enumerate(lens.tolist())]) if len(lens) else padded[:0, 0]
-    return Column(values.contiguous(), offsets)
+    if not len(lens) or padded.shape[1] == 0:
+        return Column(padded.reshape(len(lens) * padded.shape[1], *padded.shape[2:])[:0].contiguous(), offsets)
+    # The flattened rows cut into (row, padding) pieces by one C++ split, then a cat of the rows:
+    # 0.55 ms at B=500, T=1750 against 1.3 ms for a Python loop of row slices and 4.0 ms for a
+    # (B, T) boolean mask (measured, 1 thread).
+    T = padded.shape[1]
+    flat = padded.reshape(len(lens) * T, *padded.shape[2:])
+    sizes = torch.stack([lens, T - lens], dim=1).reshape(-1).tolist()
+    return Column(torch.cat(torch.split(flat, sizes)[::2]), offsets)
 
 
 def gather_jagged(
@@ -110,6 +123,14 @@ def gather_jagged(
     # repeat_interleave gather (slow on one CPU thread).
     # One extra row of length pad_len makes pad_sequence emit the full width in its single pass
     # (a separate F.pad afterwards copied the whole batch again: ~2 ms at 500 x 1.7k); dropped after.
+    if len(parts) == 1 and _in_order(parts[0], batch):
+        # The whole chunk in its own order (a DP rank reading the shard stored for it): every row
+        # view from one C++ split instead of a Python slice per row.
+        col = parts[0][0]
+        assert col.offsets is not None
+        views = list(torch.split(col.values, col.row_lengths().tolist()))
+        views.append(ref.new_empty((pad_len, *ref.shape[1:])))
+        return torch.nn.utils.rnn.pad_sequence(views, batch_first=True, padding_value=pad_value)[:batch]
     views: list = [None] * (batch + 1)
     for col, rows, pos in parts:
         assert col.offsets is not None
@@ -119,6 +140,15 @@ def gather_jagged(
             views[p] = values[offsets[r] : offsets[r + 1]]
     views[batch] = ref.new_empty((pad_len, *ref.shape[1:]))
     return torch.nn.utils.rnn.pad_sequence(views, batch_first=True, padding_value=pad_value)[:batch]
+
+
+def _in_order(part: tuple[Column, Sequence[int], Sequence[int]], batch: int) -> bool:
+    """True if `part` maps every row of its column, in order, to output positions 0..batch-1."""
+    col, rows, pos = part
+    if col.num_rows != batch or len(rows) != batch:
+        return False
+    expect = np.arange(batch)
+    return bool(np.array_equal(np.asarray(rows), expect) and np.array_equal(np.asarray(pos), expect))
 
 
 def gather_dense(parts: Sequence[tuple[Column, Sequence[int], Sequence[int]]], batch: int) -> torch.Tensor:

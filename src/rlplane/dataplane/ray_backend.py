@@ -1,8 +1,10 @@
 """`ray` backend: packed columns in Ray's object store, the key index in one long-lived actor.
 
 Each put stores one object holding its packed columns (numpy arrays, so reads are zero-copy
-views of shared memory) and sends the refs, never the data, to the `_StoreActor`, which keeps
-them in its `PlaneIndex`. A get asks the actor where the rows live (one small call), fetches the
+views of shared memory), or one per part when the writer names its readers' shards
+(`put_samples(shards=dp_shard_rows(...))`: across nodes each DP rank then pulls only its own
+rows), and sends the refs, never the data, to the `_StoreActor`, which keeps them in its
+`PlaneIndex`. A get asks the actor where the rows live (one small call), fetches the
 objects and gathers the rows locally. Clearing drops the actor's refs; when the last one goes,
 Ray frees the object. Never one object per sample: that measured ~30x slower here.
 
@@ -18,7 +20,7 @@ worker actors that write are the owners, and the index outlives them all. `owner
 the store actor re-put every column it is sent, so data outlives its producer (a rollout worker
 that is restarted, say) at the cost of one more copy per put.
 
-Receipts carry locations. A put's receipt (`KVBatchMeta.locations`) holds the ref of the object it
+Receipts carry locations. A put's receipt (`KVBatchMeta.locations`) holds the refs of the objects it
 stored and the chunk id of each field, so a reader handed that meta (a DP rank, say) fetches and
 decodes at once while one small `verify` call checks, in parallel, that those chunks are still
 the current ones; only if a key was overwritten since does it look up and read again (a cleared
@@ -67,21 +69,67 @@ _INDEX_METHODS = frozenset(
 )
 
 
+class _Stored:
+    """The objects one put stored: `refs[k]` (a dict field -> wire column) holds the put's rows
+    `starts[k]:starts[k + 1]`. One object, unless the put was split (`put_samples(shards=...)`) so
+    that each reader (a DP rank) fetches only the part it reads: across nodes, only its bytes move."""
+
+    __slots__ = ("refs", "starts")
+
+    def __init__(self, refs: tuple, starts: tuple[int, ...]) -> None:
+        self.refs, self.starts = refs, starts
+
+    def __reduce__(self):
+        return _Stored, (self.refs, self.starts)
+
+    def locate(self, rows: list[int], pos: list[int]) -> list[tuple[Any, list[int], list[int]]]:
+        """[(ref, rows in that object, output positions)] for the put's `rows` (read to `pos`)."""
+        if len(self.refs) == 1:
+            return [(self.refs[0], rows, pos)]
+        r, p = np.asarray(rows, dtype=np.int64), np.asarray(pos, dtype=np.int64)
+        part = np.searchsorted(self.starts, r, side="right") - 1
+        out = []
+        for k in np.unique(part).tolist():
+            sel = part == k
+            out.append((self.refs[k], (r[sel] - self.starts[k]).tolist(), p[sel].tolist()))
+        return out
+
+
+def _put_parts(columns: dict[str, Column], bounds: list[int] | None) -> _Stored:
+    """The columns in the object store: one object per part of `bounds` (all rows if None)."""
+    if bounds is None or len(bounds) <= 2:
+        return _Stored((ray.put({name: to_wire(col) for name, col in columns.items()}),), (0,))
+    refs = tuple(ray.put({name: to_wire(col.rows(a, b)) for name, col in columns.items()})
+                 for a, b in zip(bounds, bounds[1:]))
+    return _Stored(refs, tuple(bounds[:-1]))
+
+
+def _read(wanted: dict[str, list[tuple[_Stored, str, list[int], list[int]]]]) -> dict[str, list]:
+    """field -> [(column, rows, positions)] for `wanted` field -> [(stored, name in it, rows, positions)]:
+    one batched fetch of only the objects holding those rows (numpy arrays: zero-copy views)."""
+    located = {f: [(ref, name, rows, pos) for stored, name, rows_, pos_ in parts
+                   for ref, rows, pos in stored.locate(rows_, pos_)] for f, parts in wanted.items()}
+    refs = list(dict.fromkeys(ref for parts in located.values() for ref, _, _, _ in parts))
+    objs = dict(zip(refs, ray.get(refs)))
+    return {f: [(from_wire(objs[ref][name]), rows, pos) for ref, name, rows, pos in parts]
+            for f, parts in located.items()}
+
+
 class _Receipt:
-    """Where one put stored its rows: `ref` (one object, a dict field -> wire column), the index's
-    chunk id of each field, and the put's keys in row order. Travels inside `KVBatchMeta.locations`;
-    every copy, in any process, is listed in `_RECEIPTS` so that a clear there can drop its ref."""
+    """Where one put stored its rows: `stored` (its objects), the index's chunk id of each field,
+    and the put's keys in row order. Travels inside `KVBatchMeta.locations`; every copy, in any
+    process, is listed in `_RECEIPTS` so that a clear there can drop its refs."""
 
-    __slots__ = ("store", "pid", "ids", "chunks", "ref", "_rows", "__weakref__")
+    __slots__ = ("store", "pid", "ids", "chunks", "stored", "_rows", "__weakref__")
 
-    def __init__(self, store: str, pid: str, ids: tuple, chunks: dict[str, int], ref: Any) -> None:
-        self.store, self.pid, self.ids, self.chunks, self.ref = store, pid, ids, chunks, ref
+    def __init__(self, store: str, pid: str, ids: tuple, chunks: dict[str, int], stored: _Stored | None) -> None:
+        self.store, self.pid, self.ids, self.chunks, self.stored = store, pid, ids, chunks, stored
         self._rows: dict[str, int] | None = None
         with _RECEIPTS_LOCK:
             _RECEIPTS.setdefault((store, pid), weakref.WeakSet()).add(self)
 
     def __reduce__(self):
-        return _Receipt, (self.store, self.pid, self.ids, self.chunks, self.ref)
+        return _Receipt, (self.store, self.pid, self.ids, self.chunks, self.stored)
 
     def row_of(self) -> dict[str, int]:
         if self._rows is None:
@@ -106,13 +154,13 @@ def _forget(store: str, pid: str | None, ids: Iterable[str] | None = None, field
     keys = None if ids is None else set(ids)
     for receipts in groups:
         for r in receipts:
-            if r.ref is None:
+            if r.stored is None:
                 continue
             if fields is None:
                 if keys is None or not keys.isdisjoint(r.ids):
-                    r.ref = None
+                    r.stored = None
             elif r.chunks.keys() <= set(fields) and keys.issuperset(r.ids):
-                r.ref = None
+                r.stored = None
 
 
 class _StoreActor:
@@ -138,8 +186,9 @@ class _StoreActor:
         if method == "commit" and self.adopt:
             pid, ids, payloads, *rest = args
             # Re-put so this actor owns the objects (they then outlive the producer's process).
-            mine = {ref: ray.put(ray.get(ref)) for ref in {ref for ref, _ in payloads.values()}}
-            payloads = {f: (mine[ref], name) for f, (ref, name) in payloads.items()}
+            mine = {stored.refs: _Stored(tuple(ray.put(ray.get(ref)) for ref in stored.refs), stored.starts)
+                    for stored, _ in payloads.values()}
+            payloads = {f: (mine[stored.refs], name) for f, (stored, name) in payloads.items()}
             args = (pid, ids, payloads, *rest)
         try:
             out = getattr(self.index, method)(*args)
@@ -152,9 +201,8 @@ class _StoreActor:
             self._graveyard.put(self.index.freed)
             self.index.freed = []
 
-    def attach(self, pid: str, chunks: dict[str, int], boxed: list) -> None:
-        """The data of a commit answered earlier: `boxed` = [one ref for all of `chunks`' fields]."""
-        payload = boxed[0]
+    def attach(self, pid: str, chunks: dict[str, int], payload: _Stored | _Failed) -> None:
+        """The data of a commit answered earlier (one `_Stored` for all of `chunks`' fields)."""
         self.index.attach(pid, chunks, {f: payload if isinstance(payload, _Failed) else (payload, f) for f in chunks})
         self._bury_freed()
 
@@ -259,22 +307,24 @@ class RayDataPlane(IndexedClient):
         self._store_actor.call_nowait.remote("clear", pid, ids, client=self._id)
         return None
 
-    def _commit(self, pid, ids, columns, *rest):
+    _splits_puts = True
+
+    def _commit(self, pid, ids, columns, *rest, bounds=None):
         if self._adopt:
             # The store re-puts the data, and must have done so before this put returns (the
             # producer may exit right after), so there is nothing to overlap: commit as before.
             # No receipt locations: they would point at (and keep alive) the producer's copy.
             _forget(self._store_key, pid, ids, columns)
-            return super()._commit(pid, ids, columns, *rest)
+            stored = _put_parts(_encoded(columns), bounds)
+            return (*self._index_call("commit", pid, ids, {f: (stored, f) for f in columns}, *rest)[:3], ())
         answer = self._store_actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, *rest,
                                                client=self._id)
         try:
-            # Encoding and copying while the store answers.
-            payload = ray.put({name: to_wire(col) for name, col in _encoded(columns).items()})
+            payload = _put_parts(_encoded(columns), bounds)  # encoding and copying while the store answers
         except Exception as err:  # e.g. the object store is full: readers must hear why, not wait
             payload = _Failed(f"{type(err).__name__}: {err}")
-        lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the object just goes
-        self._store_actor.attach.remote(pid, chunks, [payload])  # in a list: a bare ref would be fetched
+        lens, tags, task, chunks = self._wait(answer)  # a refusal raises here; the objects just go
+        self._store_actor.attach.remote(pid, chunks, payload)  # (refs inside an argument are not fetched)
         if isinstance(payload, _Failed):
             raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} "
                                  f"of keys {fmt_keys(ids)} failed: {payload.reason}")
@@ -288,13 +338,12 @@ class RayDataPlane(IndexedClient):
         located = None if meta is None or not ids or not fields else self._from_receipts(meta, ids, fields)
         if located is None:
             return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
-        refs, expected, plan = located
+        expected, plan = located
         check = self._store_actor.call.remote("verify", pid, ids, expected, client=self._id)
         try:
-            objs = dict(zip(refs, ray.get(refs)))  # while the store checks the receipts
+            parts = _read(plan)  # while the store checks the receipts
         except ray.exceptions.RayError:  # e.g. its owner died: the index's answer says what is left
             return super().get_samples(sample_ids, partition_id, select_fields, pad_values, pad_to)
-        parts = {f: [(from_wire(objs[ref][f]), rows, pos) for ref, rows, pos in fparts] for f, fparts in plan.items()}
         try:
             out, err = self._assemble(pid, ids, meta, fields, parts, pad_values, pad_to), None
         except DataPlaneError as e:  # raised only if the receipts were current (else read again)
@@ -306,16 +355,15 @@ class RayDataPlane(IndexedClient):
         return out
 
     def _from_receipts(self, meta, ids: list[str], fields: list[str]):
-        """(refs, expected chunk ids per field, field -> [(ref, rows, positions)]) for reading `ids`
-        from the receipts `meta` carries, or None if they do not hold every (key, field) asked for."""
-        held = [(r, r.ref) for r in meta.locations if isinstance(r, _Receipt)
+        """(expected chunk ids per field, field -> [(stored, field, rows, positions)]) for reading
+        `ids` from the receipts `meta` carries, or None if they do not hold every (key, field) asked for."""
+        held = [(r, r.stored) for r in meta.locations if isinstance(r, _Receipt)
                 and r.store == self._store_key and r.pid == meta.partition_id]
-        held = [(r, ref) for r, ref in held if ref is not None]  # (a clear in another thread may drop one)
+        held = [(r, st) for r, st in held if st is not None]  # (a clear in another thread may drop one)
         if not held:
             return None
         receipts = [r for r, _ in held]
         rows_in = [[r.row_of().get(k) for k in ids] for r in receipts]  # per receipt, per key: row or None
-        refs: dict = {}
         expected: dict[str, np.ndarray] = {}
         plan: dict[str, list] = {}
         for f in fields:
@@ -335,10 +383,9 @@ class RayDataPlane(IndexedClient):
             for i in dict.fromkeys(use):
                 pos = [p for p, u in enumerate(use) if u == i]
                 cids[pos] = receipts[i].chunks[f]
-                refs[held[i][1]] = None
-                plan[f].append((held[i][1], [rows_in[i][p] for p in pos], pos))
+                plan[f].append((held[i][1], f, [rows_in[i][p] for p in pos], pos))
             expected[f] = cids
-        return list(refs), expected, plan
+        return expected, plan
 
     def _lookup(self, pid, ids, fields):
         deadline = time.monotonic() + _PENDING_TIMEOUT_S
@@ -362,18 +409,15 @@ class RayDataPlane(IndexedClient):
             time.sleep(0.001)  # the writer's attach is on its way (a race between two callers)
 
     def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        # One object per put holding every column: one ray.put, one ref to track and free. A field's
-        # payload is (ref, field); the object goes when the last field pointing into it is released.
-        ref = ray.put({name: to_wire(col) for name, col in columns.items()})
-        return {name: (ref, name) for name in columns}
+        # One object per put (per part of a split put) holding every column: one ray.put, one ref
+        # to track and free. A field's payload is (stored, field); the objects go when the last
+        # field pointing into them is released.
+        stored = _put_parts(columns, None)
+        return {name: (stored, name) for name in columns}
 
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
-        refs = list(dict.fromkeys(ref for parts in plan.parts.values() for (ref, _), _, _ in parts))
-        objs = dict(zip(refs, ray.get(refs)))  # one batched fetch; numpy arrays are zero-copy views
-        return {
-            f: [(from_wire(objs[ref][name]), rows, pos) for (ref, name), rows, pos in parts]
-            for f, parts in plan.parts.items()
-        }
+        return _read({f: [(stored, name, rows, pos) for (stored, name), rows, pos in parts]
+                      for f, parts in plan.parts.items()})
 
     def num_objects(self, partition_id: str | None = None) -> int:
         """How many (put, field) chunks the index holds (all partitions if None); 0 once all is cleared."""

@@ -13,6 +13,7 @@ per-token fields to one sequence length (what context parallelism and MoE all-to
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 
@@ -21,7 +22,7 @@ import torch
 from .errors import DataPlaneError
 from .meta import GLOBAL_PAD_KEY, PAD_MULTIPLE_KEY, KVBatchMeta
 
-__all__ = ["balance_rows", "global_pad_len", "shard_meta_for_dp"]
+__all__ = ["balance_rows", "dp_shard_rows", "global_pad_len", "shard_meta_for_dp"]
 
 
 def global_pad_len(seq_lens: Sequence[int], pad_to_multiple: int = 1) -> int:
@@ -78,39 +79,13 @@ def shard_meta_for_dp(
         inverse_permutation: (n,) int64 such that `torch.cat(per_rank_outputs)[inverse]` restores
             the original row order.
     """
-    n = len(meta)
-    if dp_world < 1:
-        raise DataPlaneError(f"partition {meta.partition_id!r}: dp_world = {dp_world}; it must be >= 1")
     if meta.seq_lens is None:
         raise DataPlaneError(
             f"partition {meta.partition_id!r}: shard_meta_for_dp needs the meta's seq_lens (write a "
             "per-token field such as input_ids first, or pass seq_lens= to put_samples)"
         )
-    if batch_size is None:
-        gbs = n
-        sizes = [n // dp_world + (1 if r < n % dp_world else 0) for r in range(dp_world)]
-    else:
-        if batch_size <= 0 or n % batch_size or batch_size % dp_world:
-            raise DataPlaneError(
-                f"partition {meta.partition_id!r}: {n} rows, batch_size = {batch_size}, dp_world = "
-                f"{dp_world}: the rows must split into whole global batches and each global batch "
-                "evenly across ranks (n % batch_size == 0 and batch_size % dp_world == 0)"
-            )
-        gbs = batch_size
-        sizes = [batch_size // dp_world] * dp_world
-    num_gb = n // gbs if gbs else 0
-
-    per_rank: list[list[int]] = [[] for _ in range(dp_world)]
-    for g in range(num_gb):
-        base = g * gbs
-        lens = meta.seq_lens[base : base + gbs]
-        if balance:
-            bins = balance_rows(lens, dp_world, sizes)
-        else:
-            starts = [sum(sizes[:r]) for r in range(dp_world)]
-            bins = [list(range(starts[r], starts[r] + sizes[r])) for r in range(dp_world)]
-        for r in range(dp_world):
-            per_rank[r].extend(base + i for i in bins[r])
+    n = len(meta)
+    per_rank, sizes, num_gb = _split(meta.seq_lens, dp_world, batch_size, balance, f"partition {meta.partition_id!r}")
 
     multiple = pad_to_multiple if pad_to_multiple is not None else meta.extra_info.get(PAD_MULTIPLE_KEY, 1)
     info = {
@@ -126,3 +101,60 @@ def shard_meta_for_dp(
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(n)
     return metas, inverse
+
+
+def dp_shard_rows(
+    seq_lens: Sequence[int], dp_world: int, batch_size: int | None = None, *, balance: bool = True
+) -> list[list[int]]:
+    """The row indices of each DP rank, as `shard_meta_for_dp` will split a batch of these lengths
+    (same arguments). A writer that knows its readers passes them to `put_samples(shards=...)`, so
+    each rank's rows are stored together and a rank fetches only its own part."""
+    return _split(seq_lens, dp_world, batch_size, balance, "dp_shard_rows")[0]
+
+
+def _split(
+    seq_lens: Sequence[int], dp_world: int, batch_size: int | None, balance: bool, where: str
+) -> tuple[list[list[int]], list[int], int]:
+    """(rows of each rank, rows per rank per global batch, number of global batches)."""
+    try:
+        per_rank, sizes, num_gb = _split_once(tuple(int(x) for x in seq_lens), dp_world, batch_size, balance)
+    except DataPlaneError as err:
+        raise DataPlaneError(f"{where}: {err}") from None
+    return [list(rows) for rows in per_rank], list(sizes), num_gb
+
+
+@functools.lru_cache(maxsize=16)
+def _split_once(
+    seq_lens: tuple[int, ...], dp_world: int, batch_size: int | None, balance: bool
+) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]:
+    # Cached: a writer that splits its put by `dp_shard_rows` and the `shard_meta_for_dp` after it
+    # ask for the same split (balancing 1000 rows costs ~1 ms of the step).
+    n = len(seq_lens)
+    if dp_world < 1:
+        raise DataPlaneError(f"dp_world = {dp_world}; it must be >= 1")
+    if batch_size is None:
+        gbs = n
+        sizes = [n // dp_world + (1 if r < n % dp_world else 0) for r in range(dp_world)]
+    else:
+        if batch_size <= 0 or n % batch_size or batch_size % dp_world:
+            raise DataPlaneError(
+                f"{n} rows, batch_size = {batch_size}, dp_world = "
+                f"{dp_world}: the rows must split into whole global batches and each global batch "
+                "evenly across ranks (n % batch_size == 0 and batch_size % dp_world == 0)"
+            )
+        gbs = batch_size
+        sizes = [batch_size // dp_world] * dp_world
+    num_gb = n // gbs if gbs else 0
+
+    per_rank: list[list[int]] = [[] for _ in range(dp_world)]
+    for g in range(num_gb):
+        base = g * gbs
+        lens = seq_lens[base : base + gbs]
+        if balance:
+            bins = balance_rows(lens, dp_world, sizes)
+        else:
+            starts = [sum(sizes[:r]) for r in range(dp_world)]
+            bins = [list(range(starts[r], starts[r] + sizes[r])) for r in range(dp_world)]
+        for r in range(dp_world):
+            per_rank[r].extend(base + i for i in bins[r])
+    return tuple(tuple(rows) for rows in per_rank), tuple(sizes), num_gb

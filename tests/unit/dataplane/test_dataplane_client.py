@@ -15,6 +15,7 @@ from rlplane.dataplane import (
     MissingKeyError,
     ShapeError,
     UnknownPartitionError,
+    dp_shard_rows,
     make_data_plane,
     shard_meta_for_dp,
 )
@@ -270,3 +271,40 @@ def test_reregister_empty_partition_starts_afresh(client, pid):
     client.register_partition(pid, FIELDS, 3)
     client.put_samples(KEYS, pid, batch())  # tombstones gone with the new step
     assert client.list_samples(pid) == KEYS
+
+
+def test_a_put_split_by_shards_reads_back_in_the_callers_order(client, pid):
+    """`shards=` stores each part apart (Ray) or only checks it (memory); either way the receipt and
+    every read keep the caller's order, whole or shard by shard."""
+    data = batch()
+    meta = client.put_samples(KEYS, pid, data, tags=[{"t": 0}, {"t": 1}, {"t": 2}], shards=[[2, 0], [1]])
+    assert meta.sample_ids == tuple(KEYS) and meta.seq_lens == (3, 5, 2) and [t["t"] for t in meta.tags] == [0, 1, 2]
+    whole = client.get_samples(meta, None, ["input_ids", "reward"])
+    assert whole["input_ids"][1].tolist() == data["input_ids"][1].tolist()
+    assert whole["input_ids"][2, :2].tolist() == data["input_ids"][2].tolist()
+    assert whole["reward"].tolist() == data["reward"].tolist()
+    for rows in ([2, 0], [1], [1, 2]):  # a shard's own rows, and rows across both parts
+        part = client.get_samples(meta.subset(rows), None, ["input_ids", "reward"])
+        torch.testing.assert_close(part["reward"], data["reward"][rows])
+        for i, r in enumerate(rows):
+            L = len(data["input_ids"][r])
+            assert part["input_ids"][i, :L].tolist() == data["input_ids"][r].tolist()
+
+
+def test_shards_must_cover_every_row_once(client, pid):
+    with pytest.raises(DataPlaneError, match=r"shards= lists 2 row indices for 3 keys; each row 0..2 must appear"):
+        client.put_samples(KEYS, pid, batch(), shards=[[0], [2]])
+    with pytest.raises(DataPlaneError, match=r"shards= lists 3 row indices for 3 keys"):
+        client.put_samples(KEYS, pid, batch(), shards=[[0, 1], [1]])
+    assert client.list_samples(pid) == []  # nothing was written
+
+
+def test_dp_shard_rows_is_the_split_shard_meta_for_dp_makes(client, pid):
+    lens = [7, 1, 4, 4, 2, 9]
+    keys = [f"k{i}" for i in range(6)]
+    meta = client.put_samples(keys, pid, {"input_ids": [torch.zeros(L, dtype=torch.long) for L in lens]})
+    for dp, bs in [(2, None), (3, None), (2, 6)]:
+        metas, _ = shard_meta_for_dp(meta, dp, bs)
+        assert [list(m.sample_ids) for m in metas] == [[keys[i] for i in rows] for rows in dp_shard_rows(lens, dp, bs)]
+    with pytest.raises(DataPlaneError, match="dp_shard_rows: dp_world = 0"):
+        dp_shard_rows(lens, 0)

@@ -67,6 +67,30 @@ def test_jagged_from_padded_trims_to_lengths():
     assert jagged_from_padded(padded, torch.tensor([9, 1, 1])).row_lengths().tolist() == [4, 1, 1]
 
 
+def test_jagged_from_padded_keeps_trailing_dims_and_empty_widths():
+    padded = torch.arange(24).reshape(2, 3, 4)  # (B=2, T=3, trail=4)
+    col = jagged_from_padded(padded, torch.tensor([1, 3]))
+    # row 0: position 0 -> values 0..3; row 1: positions 0..2 of the second row -> values 12..23
+    assert col.values.shape == (4, 4) and col.values[0].tolist() == [0, 1, 2, 3]
+    assert col.values[1:].flatten().tolist() == list(range(12, 24))
+    empty = jagged_from_padded(torch.zeros(2, 0), torch.tensor([0, 0]))
+    assert empty.values.shape == (0,) and empty.offsets.tolist() == [0, 0, 0]
+
+
+def test_a_whole_chunk_in_order_gathers_as_row_by_row():
+    col = pack_rows([torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])])
+    fast = gather_jagged([(col, [0, 1, 2], [0, 1, 2])], 3, 4, -1)  # the one-split path
+    slow = gather_jagged([(col, [0, 1], [0, 1]), (col, [2], [2])], 3, 4, -1)  # a slice per row
+    assert fast.tolist() == slow.tolist() == [[1, 2, 3, -1], [4, -1, -1, -1], [5, 6, -1, -1]]
+
+
+def test_column_rows_is_a_self_contained_slice():
+    col = pack_rows([torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])])
+    part = col.rows(1, 3)
+    assert part.offsets.tolist() == [0, 1, 3] and part.row(1).tolist() == [5, 6]
+    assert Column(torch.arange(6).reshape(3, 2)).rows(2, 3).values.tolist() == [[4, 5]]
+
+
 def test_read_only_wire_views_are_never_returned():
     col = pack_rows([torch.tensor([1.0, 2.0])])
     values, offsets, dtype = to_wire(col)
