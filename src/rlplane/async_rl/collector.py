@@ -134,7 +134,14 @@ class AsyncTrajectoryCollector:
         self._cond = threading.Condition()
         self._paused = True  # until start()
         self._refitting = False
-        self._busy = False  # a generation batch is in flight
+        self._busy = False  # a batch is generating (the weights are in use)
+        self._scoring = 0  # batches started whose groups are not all in the buffer yet (generating or scoring)
+        # Groups per target in those batches: counted as covered, so no target is generated twice.
+        self._reserved: dict[int, int] = {}
+        # Held by the batch that scores: batches score and fill the buffer in the order they started, and
+        # no environment is stepped by two batches at once (an environment need not be thread-safe).
+        self._score_lock = threading.Lock()
+        self._batch_threads: list[threading.Thread] = []
         self._stop = False
         self._error: str | None = None
         self._failures = 0
@@ -142,8 +149,15 @@ class AsyncTrajectoryCollector:
         self._traceback = ""
         self._thread: threading.Thread | None = None
         self._batches = 0  # generation batches started: part of every key (group_sample_keys)
-        self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "failures": 0, "dropped_groups": 0}
+        # generation_seconds: batches generating; scoring_seconds: scoring; score_wait_seconds: a generated batch
+        # waiting for the one before it to finish scoring (with overlapped scoring).
+        self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "scoring_seconds": 0.0,
+                         "score_wait_seconds": 0.0, "failures": 0, "dropped_groups": 0}
         self.drop_failed_groups = g.rollout_failure_policy == "drop_group"
+        # The next batch generates while this one is scored (the judge is latency, not CPU), and a refit
+        # waits for the generation only. Not with drop_group: a dropped group is regenerated, and by the
+        # weights that generated its batch only if the refit waits for the scoring too.
+        self.overlap_scoring = not self.drop_failed_groups
 
     # ---- control (called by the trainer) ----------------------------------------------------------
     def start(self) -> None:
@@ -156,10 +170,10 @@ class AsyncTrajectoryCollector:
             self._thread.start()
 
     def pause(self) -> None:
-        """No new generation starts; returns once the batch in flight (if any) is in the buffer."""
+        """No new generation starts; returns once the batches in flight (if any) are in the buffer."""
         with self._cond:
             self._paused = True
-            self._wait_idle()
+            self._wait_settled()
 
     def resume(self) -> None:
         with self._cond:
@@ -169,7 +183,8 @@ class AsyncTrajectoryCollector:
     def prepare_for_refit(self, next_version: int | None = None) -> None:
         """Stop new generation starts; the weights are about to change.
 
-        Without in-flight updates: wait for the batch in flight, and before that, with ``next_version``
+        Without in-flight updates: wait for the generation in flight (its scoring goes on: it needs
+        no weights), and before that, with ``next_version``
         (the step the trainer takes after the refit), until the outgoing weights have served every
         target they serve, ``next_version .. v + max_age`` (:meth:`_still_short`): otherwise whether
         a step is served by the old or the new weights would depend on thread timing, and a run
@@ -184,9 +199,16 @@ class AsyncTrajectoryCollector:
                 self._wait_idle()
 
     def _still_short(self, first: int) -> bool:
-        """Whether a target the current weights serve, from ``first`` on, still lacks groups."""
-        return any(t > self.buffer.last_target_sampled and self.buffer.count_for_target(t) < self.num_prompts_per_step
+        """Whether a target the current weights serve, from ``first`` on, still lacks groups (generated
+        ones being scored count: scoring cannot change them; it can drop them only under drop_group,
+        where they count once buffered)."""
+        return any(t > self.buffer.last_target_sampled
+                   and self._covered(t, scoring=self.overlap_scoring) < self.num_prompts_per_step
                    for t in range(first, self.weight_version + self.max_age_steps + 1))
+
+    def _covered(self, target: int, scoring: bool = True) -> int:
+        """Groups for ``target`` in the buffer, plus (``scoring``) those of batches still in flight."""
+        return self.buffer.count_for_target(target) + (self._reserved.get(target, 0) if scoring else 0)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Load the trainer's weights (version ``version``); with in-flight updates also during a
@@ -212,6 +234,8 @@ class AsyncTrajectoryCollector:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        for thread in list(self._batch_threads):  # a generation cannot be cut short: let it end
+            thread.join(timeout=60)
 
     def health(self) -> str | None:
         """None while healthy; the one-line reason once the collector has given up."""
@@ -229,7 +253,9 @@ class AsyncTrajectoryCollector:
         return self.loader.state_dict()
 
     def stats(self) -> dict[str, float]:
-        return {**self.counters, "buffer_size": len(self.buffer)}
+        """Counters; ``buffer_size``: groups buffered or being scored (which of the two depends on timing)."""
+        with self._cond:
+            return {**self.counters, "buffer_size": len(self.buffer) + sum(self._reserved.values())}
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -239,7 +265,7 @@ class AsyncTrajectoryCollector:
         with self._cond:
             self._hold += 1
             try:
-                self._wait_idle()
+                self._wait_settled()
                 buffer = self.buffer.state_dict()
                 metas = [TrajectoryGroup.from_state(g).meta for g in buffer["groups"]]
                 if metas:
@@ -305,8 +331,18 @@ class AsyncTrajectoryCollector:
         self.dp.clear_samples(concat_metas(metas), None, wait=False)
 
     # ---- the loop ----------------------------------------------------------------------------------
+    # The loop thread picks each batch (target, prompts, version, keys: all in start order, so a run
+    # replays) and hands it to a batch thread; it starts the next batch once this one's generation is
+    # over, while this one is scored: a collector's cycle is then about max(generation, judge) rather
+    # than their sum, and a refit waits for the generation only.
     def _wait_idle(self) -> None:
+        """Until no batch generates (the weights are free)."""
         while self._busy:
+            self._cond.wait()
+
+    def _wait_settled(self) -> None:
+        """Until every started batch is in the buffer (or failed): all drawn prompts are accounted for."""
+        while self._busy or self._scoring:
             self._cond.wait()
 
     def _next_target(self) -> tuple[int, int] | None:
@@ -314,22 +350,27 @@ class AsyncTrajectoryCollector:
         for t in target_versions(self.weight_version, self.max_age_steps):
             if t <= self.buffer.last_target_sampled:
                 continue  # already trained on
-            needed = self.num_prompts_per_step - self.buffer.count_for_target(t)
+            needed = self.num_prompts_per_step - self._covered(t)
             if needed > 0:
                 return t, needed
         return None
 
+    def _is_full(self) -> bool:
+        return len(self.buffer) + sum(self._reserved.values()) >= self.buffer.max_size
+
     def _loop(self) -> None:
         try:
-            _lower_thread_priority(NICE_INCREMENT)
+            _lower_thread_priority(NICE_INCREMENT)  # batch threads, started from this one, inherit it
             self._collect()
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
-            self._traceback = traceback.format_exc()
-            self._error = f"async collector stopped: {type(e).__name__}: {e}"
-            with self._cond:
-                self._stop = True
-                self._busy = False
-                self._cond.notify_all()
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        self._traceback = traceback.format_exc()
+        self._error = f"async collector stopped: {type(e).__name__}: {e}"
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
 
     def _collect(self) -> None:
         while True:
@@ -338,76 +379,137 @@ class AsyncTrajectoryCollector:
                     if self._stop:
                         return
                     job = None
-                    if not (self._paused or self._refitting or self._hold) and not self.buffer.is_full():
+                    if not (self._busy or self._paused or self._refitting or self._hold or self._is_full()):
                         job = self._next_target()
                     if job is not None:
                         break
-                    # Woken by refits and pauses; the buffer draining (trainer's sample) is polled.
+                    # Woken by refits, pauses and generations ending; the buffer draining (trainer's sample) is polled.
                     self._cond.wait(0.02)
-                self._busy = True
-                version = self.weight_version
-            try:
-                self._generate(*job, version)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+                batch = self._start_batch(*job)
+            self._batch_threads = [t for t in self._batch_threads if t.is_alive()]
+            thread = threading.Thread(target=self._run_batch, args=(batch,), name=f"collector-batch-{batch.number}",
+                                      daemon=True)
+            self._batch_threads.append(thread)
+            thread.start()
+
+    def _start_batch(self, target: int, needed: int) -> _Batch:
+        """A new batch (the lock held): its prompts drawn, its groups reserved, generation busy."""
+        self._busy = True
+        self._scoring += 1
+        self._reserved[target] = self._reserved.get(target, 0) + needed
+        self._batches += 1
+        return _Batch(target, self._take_prompts(needed), self.weight_version, self._batches)
 
     def _take_prompts(self, n: int) -> list[DatumSpec]:
         while len(self._pending) < n:
             self._pending.extend(next(self.loader))
         return [self._pending.popleft() for _ in range(n)]
 
-    def _generate(self, target: int, needed: int, version: int) -> None:
-        datums = self._take_prompts(needed)
+    def _put_back(self, datums: list[DatumSpec]) -> None:
+        with self._cond:
+            self._pending.extendleft(reversed(datums))  # not lost: the next batch takes them first
+
+    def _run_batch(self, batch: _Batch) -> None:
+        generating, scoring = True, False
+
+        def generated() -> None:  # generation over: the loop may start the next batch, a refit swap weights
+            nonlocal generating, scoring
+            batch.generated_at = time.perf_counter()
+            with self._cond:
+                self._busy, generating = False, False
+                self._cond.notify_all()
+            self._score_lock.acquire()  # after the batches started before this one
+            scoring = True
+            batch.scoring_at = time.perf_counter()
+
+        try:
+            self._generate(batch, generated if self.overlap_scoring else None)
+        except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
+            self._fail(e)
+        finally:
+            if scoring:
+                self._score_lock.release()
+            with self._cond:
+                if generating:
+                    self._busy = False
+                self._scoring -= 1
+                self._reserved[batch.target] -= batch.unbuffered  # the groups that never reached the buffer
+                if not self._reserved[batch.target]:
+                    del self._reserved[batch.target]
+                self._cond.notify_all()
+
+    def _buffer(self, batch: _Batch, group: TrajectoryGroup) -> bool:
+        """Add ``group``; False while the buffer is full. Buffered and reserved move together (``stats``)."""
+        with self._cond:
+            if not self.buffer.add(group):
+                return False
+            self._reserved[batch.target] -= 1
+            batch.unbuffered -= 1
+            return True
+
+    def _generate(self, batch: _Batch, on_generated) -> None:
+        target, datums, version = batch.target, batch.datums, batch.version
         G = self.group_size
         t0 = time.perf_counter()
-        self._batches += 1
         try:
             meta, carry, rollout_metrics = self.worker.rollout(
                 datums, group_size=G, partition_id=self.partition_id, weight_version=version,
-                keys=group_sample_keys(target, self._batches, datums, G), version_span=self.max_age_steps)
+                keys=group_sample_keys(target, batch.number, datums, G), version_span=self.max_age_steps,
+                on_generated=on_generated)
         except DeadlineExceeded as e:  # a hung generator or environment: no retry, the run stops
-            self._pending.extendleft(reversed(datums))
+            self._put_back(datums)
             self._error = f"async collector: {e}"
-            self._stop = True
+            with self._cond:
+                self._stop = True
             return
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
-            self._pending.extendleft(reversed(datums))  # not lost: the retry takes them first
-            self._failures += 1
-            self.counters["failures"] += 1
-            if self._failures > self.max_generation_failures:
+            self._put_back(datums)
+            with self._cond:
+                self._failures += 1
+                self.counters["failures"] += 1
+                failures = self._failures
+            if failures > self.max_generation_failures:
                 self._traceback = traceback.format_exc()  # before the error: health() readers may then read it
                 self._error = (
-                    f"async collector: generation failed {self._failures} times in a row "
+                    f"async collector: generation failed {failures} times in a row "
                     "(grpo.async_grpo.max_generation_failures = "
                     f"{self.max_generation_failures}); last error: {type(e).__name__}: {e}"
                 )
-                self._stop = True
+                with self._cond:
+                    self._stop = True
             else:
-                time.sleep(min(0.1 * self._failures, 1.0))
+                time.sleep(min(0.1 * failures, 1.0))
             return
+        done = time.perf_counter()
+        generated_at = batch.generated_at or done  # without overlap: the scoring is not timed apart
         # rollout_failure_policy: drop_group: a group holding a failed sample is not buffered (its keys
         # are cleared); the loop generates another for its target from the next prompts.
         failed = carry["env_failed"].view(len(datums), G).any(dim=1).tolist() if self.drop_failed_groups \
             else [False] * len(datums)
         rollout_metrics = {**rollout_metrics, "dropped_groups": float(sum(failed))}
-        self.counters["dropped_groups"] += sum(failed)
+        with self._cond:
+            self.counters["dropped_groups"] += sum(failed)
+            self.counters["generation_seconds"] += generated_at - t0
+            self.counters["score_wait_seconds"] += (batch.scoring_at or generated_at) - generated_at
+            self.counters["scoring_seconds"] += done - (batch.scoring_at or generated_at)
         if any(failed):
             self._clear([meta.slice(i * G, (i + 1) * G) for i, f in enumerate(failed) if f])
         if all(failed):  # nothing came of the batch: a failure toward the limit, like a generation error
-            self._failures += 1
-            if self._failures > self.max_generation_failures:
+            with self._cond:
+                self._failures += 1
+                failures = self._failures
+            if failures > self.max_generation_failures:
                 self._error = (
-                    f"async collector: every prompt group of {self._failures} generation batches in a row had a "
+                    f"async collector: every prompt group of {failures} generation batches in a row had a "
                     f"sample whose environment failed (grpo.rollout_failure_policy = drop_group, "
                     f"grpo.async_grpo.max_generation_failures = {self.max_generation_failures}); fix the environment "
                     "(see the warnings) or set grpo.rollout_failure_policy=retry or zero_reward"
                 )
-                self._stop = True
+                with self._cond:
+                    self._stop = True
             return
-        self._failures = 0
-        self.counters["generation_seconds"] += time.perf_counter() - t0
+        with self._cond:
+            self._failures = 0
         for i, d in enumerate(datums):
             if failed[i]:
                 continue
@@ -425,14 +527,31 @@ class AsyncTrajectoryCollector:
                 rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
             )
             delay = 0.01
-            while not self.buffer.add(group):  # full: the trainer frees room as it samples
+            while not self._buffer(batch, group):  # full: the trainer frees room as it samples
                 if self._stop:
                     return
                 time.sleep(delay)
                 delay = min(2 * delay, 0.5)
-            self.counters["groups_generated"] += 1
+            with self._cond:
+                self.counters["groups_generated"] += 1
             if i == 0:
                 kill_point("collector_generation")  # the batch half in the buffer
+
+
+@dataclasses.dataclass
+class _Batch:
+    """One generation batch: its target step, prompts, weight version and number (in its keys)."""
+
+    target: int
+    datums: list[DatumSpec]
+    version: int
+    number: int
+    unbuffered: int = -1  # groups not in the buffer yet (set from the prompts)
+    generated_at: float = 0.0  # perf_counter when its generation ended (with overlapped scoring)
+    scoring_at: float = 0.0  # ... and when its scoring began (after the batches before it)
+
+    def __post_init__(self) -> None:
+        self.unbuffered = len(self.datums)
 
 
 # The trainer's step is the critical path (generation only has to stay one step ahead), so under

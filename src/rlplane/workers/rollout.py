@@ -29,7 +29,7 @@ else the rollout's ``weight_version``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -186,6 +186,7 @@ class RolloutWorker:
         keys: Sequence[str] | None = None,
         heldout: bool = False,
         version_span: int | None = None,
+        on_generated: Callable[[], None] | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
@@ -200,6 +201,8 @@ class RolloutWorker:
         to the carry each sample's
         ``oldest_version`` (of its oldest generated token) and ``version_tokens/<k>`` (B,), k = 0 .. span: its
         generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
+
+        ``on_generated()``: called once generation is over and only scoring is left (:func:`run_turns`).
         """
         gen = self.cfg.policy.generation
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
@@ -231,6 +234,7 @@ class RolloutWorker:
             max_env_retries=self.cfg.loop.rollout_max_retries if self.cfg.loop.rollout_failure_policy == "retry" else 0,
             env_step_timeout_s=self.cfg.env.step_timeout_s,
             generation_timeout_s=gen.timeout_s,
+            on_generated=on_generated,
         )
         kill_point("generation")
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout

@@ -118,7 +118,9 @@ def test_refit_waits_for_the_batch_in_flight_and_blocks_new_starts():
         assert not done.is_set()  # the batch in flight is not cut short
         release.set()
         assert done.wait(20)
-        assert c.counters["groups_generated"] == P  # it landed in the buffer before the refit went ahead
+        # Its groups count from the refit on (being scored or buffered), and land in the buffer.
+        assert c.stats()["buffer_size"] == P
+        wait_until(lambda: c.counters["groups_generated"] == P)
         started.clear()
         time.sleep(0.3)
         assert not started.is_set() and c.counters["groups_generated"] == P  # no new start while refitting
@@ -267,7 +269,9 @@ def test_refit_lets_the_outgoing_weights_serve_the_next_step_first():
         assert not done.is_set()
         release.set()
         assert done.wait(20)
-        # Step 1 was served by version 0 (age 1), whatever the threads' timing.
+        # Step 1 was served by version 0 (age 1), whatever the threads' timing (generated before the
+        # refit returned; its scoring may end after).
+        wait_until(lambda: len(c.buffer) == P)
         assert counts(c) == {(0, 1): P}
     finally:
         release.set()
