@@ -106,9 +106,11 @@ def run(name: str, train, overrides: list[str], run_dir: Path) -> dict[str, floa
         "accuracy": summary["accuracy_after"],
         "wall_s": wall,
     }
-    phases = sorted({k for r in rows for k in r if k.startswith("timing/train/")})
-    out["phases_ms"] = {k.removeprefix("timing/train/"): 1e3 * sum(r.get(k, 0.0) for r in rows) / len(rows)
-                        for k in phases}
+    # The trainer's phases, then (async) the collector's seconds per step: generation, scoring, score_wait.
+    phases = sorted({k for r in rows for k in r if k.startswith("timing/train/")}) + \
+        sorted({k for r in rows for k in r if k.startswith("timing/collector/")})
+    out["phases_ms"] = {k.removeprefix("timing/train/").removeprefix("timing/"):
+                        1e3 * sum(r.get(k, 0.0) for r in rows) / len(rows) for k in phases}
     ages = [r["train/avg_trajectory_age"] for r in rows if "train/avg_trajectory_age" in r]
     if ages:
         out["mean_age"] = sum(ages) / len(ages)

@@ -142,7 +142,8 @@ def test_a_put_split_by_dp_shards_makes_each_rank_fetch_only_its_object(ray_sess
         for i, L in enumerate(lens):
             torch.testing.assert_close(out[i, :L], 2 * gen_lp[i])
         client.clear_samples(meta, None)
-        del meta, metas, stored, fetched  # (fetched holds refs too)
+        fetched.clear()  # (it holds refs too)
+        del meta, metas, stored
         assert wait_for_usage(before) == before  # both parts and the write-backs freed
     finally:
         client.close()

@@ -47,6 +47,7 @@ __all__ = [
     "UnknownPartitionError",
     "balance_rows",
     "concat_metas",
+    "dp_shard_rows",
     "global_pad_len",
     "make_data_plane",
     "shard_meta_for_dp",

@@ -12,7 +12,8 @@ Each step here (NeMo RL ``async_grpo_train``, ``reference/nemo_rl_notes.md`` §6
   → prev logprobs recomputed with the current weights, reference logprobs, advantages, train
     (as sync GRPO; the loss's IS weight π_old/π_gen corrects the staleness)
   → clear the step's keys (the next steps' groups stay) → refit the collector (it first serves
-    every step the outgoing weights are due to serve, then finishes the batch in flight; with
+    every step the outgoing weights are due to serve, then finishes the generation in flight, whose
+    scoring goes on beside the next generation; with
     ``in_flight_weight_updates`` it waits for neither: the weights land at the next token)
     → weight version + 1.
 
@@ -20,8 +21,10 @@ The driver holds receipts and (B,) tensors only, as in sync GRPO.
 
 Timings: ``exposed_generation`` (the trainer waiting for its batch, sampling included),
 ``idle/buffer_starvation`` (the part of it spent waiting because the batch was incomplete),
-``idle/refit_bubble`` (waiting for the collector's batch in flight before a refit) and
-``weight_sync`` (copying the weights into the collector). The collector's state (replay buffer,
+``idle/refit_bubble`` (waiting for the collector's generation in flight before a refit) and
+``weight_sync`` (copying the weights into the collector); ``timing/collector/*`` the collector's own
+seconds since the last refit: ``generation``, ``scoring`` (the environment) and ``score_wait`` (a
+generated batch waiting for the one before it to be scored). The collector's state (replay buffer,
 loader position, prompts drawn but not generated, sampler RNG) is ``replay_buffer.pt`` in each
 checkpoint (the collector writes it, its groups' columns read back from the data plane) and is
 restored on resume (the columns written back under the same keys).
@@ -84,6 +87,7 @@ class CollectorHandle:
                                 setup=[(restore_env_registry, (env_registry_snapshot(),))])
         self._policy = policy
         self._prompts = s.prompts
+        self._seconds: dict[str, float] = {}  # the collector's time counters at the last refit
         if self.actor.obj is None:  # its own copy of the loader, in its process: checkpoints read its position
             s.prompts.state_from = lambda: self.call("loader_state")
         resumed = s.checkpoints.resumed_from
@@ -98,22 +102,27 @@ class CollectorHandle:
     def call(self, method: str, *args, **kwargs):
         return self.actor.call(method, *args, **kwargs)
 
-    def refit(self, version: int, timer: Timer) -> int:
+    def refit(self, version: int, timer: Timer) -> tuple[int, dict[str, float]]:
         """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
-        have served the steps due to them and for the batch in flight (neither with in-flight
-        updates), copy, bump the version. Returns the buffer's size at the swap: the groups for the
-        next steps, the same in every run unless in-flight updates are on."""
+        have served the steps due to them and for the generation in flight (neither with in-flight
+        updates), copy, bump the version. Returns the groups buffered or being scored at the swap (the
+        groups for the next steps, the same in every run unless in-flight updates are on) and the
+        collector's seconds since the last refit (``generation``, ``scoring``, ``score_wait``)."""
         with timer("idle/refit_bubble"):
             self.call("prepare_for_refit", version)
         kill_point("refit")  # the collector paused, its weights not yet the trainer's (Refit.if_stale is not used)
-        buffered = int(self.call("stats")["buffer_size"])
+        stats = self.call("stats")
+        buffered = int(stats["buffer_size"])
+        seconds = {k.removesuffix("_seconds"): v - self._seconds.get(k, 0.0)
+                   for k, v in stats.items() if k.endswith("_seconds")}
+        self._seconds = {k: v for k, v in stats.items() if k.endswith("_seconds")}
         with timer("weight_sync"):
             # In a child process: copied into a shared-memory buffer it maps, not pickled per refit.
             self.call("update_weights", self.actor.share("weights", self._policy.lazy("get_weights")),
                       version)
         self.call("set_weight_version", version)
         self.call("resume_after_refit")
-        return buffered
+        return buffered, seconds
 
     def stop(self) -> None:
         remote = self.actor.obj is None  # a Ray actor or a child process: it goes too, its loader position stays
@@ -203,12 +212,13 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     s.refit.mark_stale()
     # This step's keys only: the next steps' groups wait in the same partition. Nobody needs the answer.
     s.data_plane.clear_samples(meta, None, wait=False)
-    buffered = handle.refit(step + 1, timer)
+    buffered, collector_seconds = handle.refit(step + 1, timer)
 
     metrics.update(merge_rank_metrics(results))
     metrics.update(rollout_metrics(carry, meta.seq_lens))
     metrics["buffer_size"] = float(buffered)
-    return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
+    return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics(),
+            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}}
 
 
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:

@@ -29,7 +29,7 @@ else the rollout's ``weight_version``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -70,12 +70,18 @@ def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.T
     ``version_tokens/<k>`` (B,) for k = 0 .. span, its generated tokens sampled with version ``oldest + k``
     (k = span takes any newer): (B,) carries, like every other one; ``versions``/``token_mask`` jagged
     (L_i,) rows."""
-    oldest = torch.tensor([int(v[m > 0].min()) if bool((m > 0).any()) else default
-                           for v, m in zip(versions, token_mask)], dtype=torch.long)
-    counts = torch.zeros((len(versions), span + 1), dtype=torch.long)
-    for i, (v, m) in enumerate(zip(versions, token_mask)):
-        k = (v[m > 0] - oldest[i]).clamp(max=span)
-        counts[i].scatter_add_(0, k, torch.ones_like(k))
+    # On the rows laid end to end: a few ops per batch, not a few per sample (B = 256 in the
+    # benchmark: ~12 ms of per-row ops, on the path from the judge to the trainer's next step).
+    B = len(versions)
+    lengths = torch.tensor([len(m) for m in token_mask], dtype=torch.long)
+    on = torch.cat(list(token_mask)) > 0 if B else torch.zeros(0, dtype=torch.bool)
+    row = torch.repeat_interleave(torch.arange(B), lengths)[on]  # each generated token's sample
+    v = torch.cat(list(versions))[on].long() if B else torch.zeros(0, dtype=torch.long)
+    none = torch.iinfo(torch.long).max  # the min of a sample without generated tokens
+    oldest = torch.full((B,), none, dtype=torch.long).scatter_reduce(0, row, v, reduce="amin")
+    oldest = torch.where(oldest == none, default, oldest)
+    age = (v - oldest[row]).clamp(max=span)  # each token's age within its sample, >= 0
+    counts = torch.bincount(row * (span + 1) + age, minlength=B * (span + 1)).view(B, span + 1)
     return {"oldest_version": oldest, **{f"version_tokens/{k}": counts[:, k] for k in range(span + 1)}}
 
 
@@ -186,6 +192,7 @@ class RolloutWorker:
         keys: Sequence[str] | None = None,
         heldout: bool = False,
         version_span: int | None = None,
+        on_generated: Callable[[], None] | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
@@ -200,6 +207,8 @@ class RolloutWorker:
         to the carry each sample's
         ``oldest_version`` (of its oldest generated token) and ``version_tokens/<k>`` (B,), k = 0 .. span: its
         generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
+
+        ``on_generated()``: called once generation is over and only scoring is left (:func:`run_turns`).
         """
         gen = self.cfg.policy.generation
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
@@ -231,13 +240,20 @@ class RolloutWorker:
             max_env_retries=self.cfg.loop.rollout_max_retries if self.cfg.loop.rollout_failure_policy == "retry" else 0,
             env_step_timeout_s=self.cfg.env.step_timeout_s,
             generation_timeout_s=gen.timeout_s,
+            on_generated=on_generated,
         )
         kill_point("generation")
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
         # Tokens the backend did not stamp (it was never given a version) were sampled with `version`. Only
-        # async GRPO (version_span) reads them: four small ops per sample, ~3 ms a step at 256, skipped otherwise.
-        versions = None if version_span is None else [
-            torch.where((v < 0) & (m > 0), version, v) for v, m in zip(res.generation_versions, res.token_mask)]
+        # async GRPO (version_span) reads them, so sync rollouts skip the column. (On the rows laid end to
+        # end, then split back into views: one op per batch, not per sample.)
+        versions = None
+        if version_span is not None and rows:
+            lengths = [len(m) for m in res.token_mask]
+            flat_v, flat_m = torch.cat(res.generation_versions), torch.cat(res.token_mask)
+            versions = list(torch.where((flat_v < 0) & (flat_m > 0), version, flat_v).split(lengths))
+        elif version_span is not None:
+            versions = []
         carry = {
             "rewards": res.rewards,
             "group": torch.arange(len(datums)).repeat_interleave(group_size),

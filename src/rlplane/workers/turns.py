@@ -129,6 +129,7 @@ def run_turns(
     max_env_retries: int = 0,
     env_step_timeout_s: float | None = None,
     generation_timeout_s: float | None = None,
+    on_generated: Callable[[], None] | None = None,
     **sampling: Any,
 ) -> TurnsResult:
     """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
@@ -140,6 +141,11 @@ def run_turns(
     failed environment step (``rollout_failure_policy: retry``). A ``generate`` call or an
     environment step that runs past its timeout raises :class:`DeadlineExceeded`
     (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
+
+    ``on_generated()`` is called once the backend will not be asked for more tokens (after the last
+    turn's ``generate``, or when every sample is done): what is left is scoring, so the caller (the
+    async collector) may change the weights or start the next batch's generation while the
+    environment works. It may block (it returns before the scoring starts).
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -183,6 +189,9 @@ def run_turns(
             generation_timeout_s, f"rollout worker: generation of {len(active)} samples (turn {turn + 1})",
             "policy.generation.timeout_s",
         )
+        if turn == max_turns - 1 and on_generated is not None:  # the last generate call: scoring is left
+            on_generated()
+            on_generated = None
         versions = out.versions or [None] * len(active)
         for i, room, ids, lps, vs, reason in zip(active, rooms, out.output_ids, out.logprobs, versions,
                                                  out.finish_reasons):
@@ -212,6 +221,8 @@ def run_turns(
                 obs_ids = obs_ids[:room]
                 s.done = s.truncated = True
             s.append(obs_ids, None)
+    if on_generated is not None:  # every sample ended before the last turn (or none could generate)
+        on_generated()
     return _result(states, env_errors, env_retries, max_turns)
 
 

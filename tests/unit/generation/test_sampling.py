@@ -175,7 +175,8 @@ def test_two_level_inverse_cdf_equals_the_flat_cdf():
     probs[0, ::_CDF_BLOCK] = 1.0
     u = torch.arange(8, dtype=torch.float64) / 8
     expected = (torch.arange(8) * _CDF_BLOCK).tolist()  # cdf_j > k at token k·block (right-closed search)
-    assert inverse_cdf_sample(probs.expand(8, -1), u).tolist() == expected == _inverse_cdf_flat(probs.expand(8, -1), u).tolist()
+    rows = probs.expand(8, -1)
+    assert inverse_cdf_sample(rows, u).tolist() == expected == _inverse_cdf_flat(rows, u).tolist()
     # A row whose mass ends mid-vocabulary, u · total rounding up to the total: the last token with mass.
     probs = torch.zeros(1, 4 * _CDF_BLOCK)
     probs[0, [3, _CDF_BLOCK + 5]] = torch.tensor([0.25, 0.75])

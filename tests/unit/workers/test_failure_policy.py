@@ -108,6 +108,13 @@ def test_retry_only_reruns_the_failed_samples(flaky):
     assert metrics["rollout_failures"] == 2 and metrics["rollout_retries"] == 2
 
 
+def generate_batch(collector, target: int, needed: int) -> None:
+    """One generation batch of the collector's, in this thread, as its loop starts it."""
+    with collector._cond:
+        batch = collector._start_batch(target, needed)
+    collector._run_batch(batch)
+
+
 def test_async_collector_drops_groups_with_a_failed_sample(flaky):
     from rlplane.async_rl import AsyncTrajectoryCollector
 
@@ -123,12 +130,12 @@ def test_async_collector_drops_groups_with_a_failed_sample(flaky):
     c = AsyncTrajectoryCollector(cfg, loader, 0, seed=0, data_plane=make_data_plane("memory"), partition_id="train")
     first = next(build_datasets(cfg, tok)[0])  # the collector's first batch of prompts
     flaky.always_fail = {first[0].ground_truth, first[2].ground_truth}
-    c._generate(target=0, needed=4, version=0)
+    generate_batch(c, target=0, needed=4)
     kept = [g.prompt_idx for g in c.buffer._groups]
     assert kept == [first[1].idx, first[3].idx] and c.counters["dropped_groups"] == 2
     # The dropped groups' keys are cleared from the data plane; the kept groups' stay.
     assert set(c.dp.list_samples("train")) == {k for g in c.buffer._groups for k in g.meta.sample_ids}
     assert c.buffer._groups[0].rollout_metrics["dropped_groups"] == 2
     # The collector's loop asks for the 2 groups still needed: they come from the next prompts.
-    c._generate(target=0, needed=2, version=0)
+    generate_batch(c, target=0, needed=2)
     assert len(c.buffer._groups) == 4 and c.buffer.count_for_target(0) == 4
