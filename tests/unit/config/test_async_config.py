@@ -42,6 +42,7 @@ def test_age_must_be_at_least_one():
 
 def test_concurrent_scoring_defaults_to_one_and_must_be_at_least_one():
     assert load_config(None, []).grpo.async_grpo.max_concurrent_scoring == 1
-    assert load_config(None, [*ASYNC, "grpo.async_grpo.max_concurrent_scoring=2"]).grpo.async_grpo.max_concurrent_scoring == 2
+    two = load_config(None, [*ASYNC, "grpo.async_grpo.max_concurrent_scoring=2"])
+    assert two.grpo.async_grpo.max_concurrent_scoring == 2
     (line,) = problems([*ASYNC, "grpo.async_grpo.max_concurrent_scoring=0"])
     assert line.startswith("grpo.async_grpo.max_concurrent_scoring:") and "\n" not in line
