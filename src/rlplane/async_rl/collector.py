@@ -454,7 +454,8 @@ class AsyncTrajectoryCollector:
 
     def _await_turn(self, batch: _Batch) -> None:
         """Until the batches started before ``batch`` have ended: its results (groups, or prompts put
-        back) land in start order. Not for a failed generation (not scored: nothing waits on it)."""
+        back) land in start order. Not after a failed generation: that batch was never scored and, as
+        before, is handled at once (the loop waits for it to start the next batch)."""
         if not batch.generated_at:
             return
         with self._cond:
