@@ -18,8 +18,10 @@ Each batch runs in a thread of its own; the loop starts the next one as soon as 
 generation is over (:func:`~rlplane.workers.turns.run_turns`' ``on_generated``), while this one is
 scored: the judge is latency, not CPU, so the collector's cycle is about max(generation, judge)
 instead of their sum, and a refit waits for the generation only (the weights are free once the
-tokens are sampled). Batches take the score lock in start order, so they score and fill the
-buffer in the order they started, and no environment is stepped by two batches at once.
+tokens are sampled). Up to ``grpo.async_grpo.max_concurrent_scoring`` batches (the oldest ones
+unfinished) are scored at once, 1 by default: no environment is stepped by two batches at once.
+Whatever that number, batches fill the buffer in the order they started (a batch scored first waits
+for its turn), so a run replays.
 
 The trainer brackets each refit with :meth:`prepare_for_refit` and :meth:`resume_after_refit`.
 
@@ -148,9 +150,11 @@ class AsyncTrajectoryCollector:
         self._scoring = 0  # batches started whose groups are not all in the buffer yet (generating or scoring)
         # Groups per target in those batches: counted as covered, so no target is generated twice.
         self._reserved: dict[int, int] = {}
-        # Held by the batch that scores: batches score and fill the buffer in the order they started, and
-        # no environment is stepped by two batches at once (an environment need not be thread-safe).
-        self._score_lock = threading.Lock()
+        # Numbers of the batches started and not finished, in start order: the first max_concurrent_scoring
+        # of them may score (1: no environment is stepped by two batches at once, as it need not be
+        # thread-safe), only the first may fill the buffer (so a run replays). A batch leaves when it ends.
+        self._turns: deque[int] = deque()
+        self.max_concurrent_scoring = g.async_grpo.max_concurrent_scoring
         self._batch_threads: list[threading.Thread] = []
         self._stop = False
         self._error: str | None = None
@@ -408,6 +412,7 @@ class AsyncTrajectoryCollector:
         self._scoring += 1
         self._reserved[target] = self._reserved.get(target, 0) + needed
         self._batches += 1
+        self._turns.append(self._batches)
         return _Batch(target, self._take_prompts(needed), self.weight_version, self._batches)
 
     def _take_prompts(self, n: int) -> list[DatumSpec]:
@@ -420,16 +425,16 @@ class AsyncTrajectoryCollector:
             self._pending.extendleft(reversed(datums))  # not lost: the next batch takes them first
 
     def _run_batch(self, batch: _Batch) -> None:
-        generating, scoring = True, False
+        generating = True
 
         def generated() -> None:  # generation over: the loop may start the next batch, a refit swap weights
-            nonlocal generating, scoring
+            nonlocal generating
             batch.generated_at = time.perf_counter()
             with self._cond:
                 self._busy, generating = False, False
                 self._cond.notify_all()
-            self._score_lock.acquire()  # after the batches started before this one
-            scoring = True
+                while self._turns.index(batch.number) >= self.max_concurrent_scoring:
+                    self._cond.wait()  # a batch started before this one ends
             batch.scoring_at = time.perf_counter()
 
         try:
@@ -437,9 +442,8 @@ class AsyncTrajectoryCollector:
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._fail(e)
         finally:
-            if scoring:
-                self._score_lock.release()
             with self._cond:
+                self._turns.remove(batch.number)  # failed, dropped or buffered: the later batches go on
                 if generating:
                     self._busy = False
                 self._scoring -= 1
@@ -447,6 +451,16 @@ class AsyncTrajectoryCollector:
                 if not self._reserved[batch.target]:
                     del self._reserved[batch.target]
                 self._cond.notify_all()
+
+    def _await_turn(self, batch: _Batch) -> None:
+        """Until the batches started before ``batch`` have ended: its results (groups, or prompts put
+        back) land in start order. Not after a failed generation: that batch was never scored and, as
+        before, is handled at once (the loop waits for it to start the next batch)."""
+        if not batch.generated_at:
+            return
+        with self._cond:
+            while self._turns[0] != batch.number:
+                self._cond.wait()
 
     def _buffer(self, batch: _Batch, group: TrajectoryGroup) -> bool:
         """Add ``group``; False while the buffer is full. Buffered and reserved move together (``stats``)."""
@@ -466,13 +480,15 @@ class AsyncTrajectoryCollector:
                 datums, group_size=G, partition_id=self.partition_id, weight_version=version,
                 keys=group_sample_keys(target, batch.number, datums, G), version_span=self.max_age_steps,
                 on_generated=on_generated)
-        except DeadlineExceeded as e:  # a hung generator or environment: no retry, the run stops
+        except DeadlineExceeded as e:
+            self._await_turn(batch)  # a hung generator or environment: no retry, the run stops
             self._put_back(datums)
             self._error = f"async collector: {e}"
             with self._cond:
                 self._stop = True
             return
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
+            self._await_turn(batch)
             self._put_back(datums)
             with self._cond:
                 self._failures += 1
@@ -491,6 +507,7 @@ class AsyncTrajectoryCollector:
                 time.sleep(min(0.1 * failures, 1.0))
             return
         done = time.perf_counter()
+        self._await_turn(batch)
         generated_at = batch.generated_at or done  # without overlap: the scoring is not timed apart
         # rollout_failure_policy: drop_group: a group holding a failed sample is not buffered (its keys
         # are cleared); the loop generates another for its target from the next prompts.

@@ -100,6 +100,12 @@ class AsyncGRPOConfig(StrictModel):
         "for the generation in flight (hf; vllm swaps between requests); each token records its weight version, "
         "a trajectory's age is its oldest token's. Not deterministic: results depend on timing.",
     )
+    # Opt-in: batches then step the environment from up to N threads at once.
+    max_concurrent_scoring: int = Field(
+        1, ge=1, description="Generation batches the collector may score at once (each batch still fills the "
+        "buffer in the order it started, so a run replays). 1 (default): one at a time. Above 1 the environment "
+        "(verifier, judge) must be safe to call from that many threads at once: set it only for such environments.",
+    )
     collector_process: bool = Field(
         False, description="runtime: local: run the collector in a child process of its own (off the trainer's "
                           "GIL; it writes into the run's data plane through shared memory); false (default): a "

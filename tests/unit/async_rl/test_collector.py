@@ -423,3 +423,102 @@ def test_drop_group_refit_waits_for_the_scoring():
     finally:
         judge.release.set()
         c.stop()
+
+
+class TrackingJudge:
+    """The collector's environment, recording how many of its step calls run at once (``peak``) and the
+    order they end in; the first call is held until ``release`` is set (a slow judge on batch 1)."""
+
+    def __init__(self, collector):
+        self.real_env, self.release = collector.worker.env, threading.Event()
+        self.lock, self.active, self.peak, self.calls, self.ended = threading.Lock(), 0, 0, 0, []
+        self.cache = {}
+        collector.worker.env = self.env
+
+    def env(self, task_name):
+        if task_name not in self.cache:
+            real, judge = self.real_env(task_name), self
+
+            class Tracked:
+                reward_component_names = getattr(real, "reward_component_names", ())
+
+                def step(self, message_logs, metadata):
+                    with judge.lock:
+                        judge.calls += 1
+                        call, judge.active = judge.calls, judge.active + 1
+                        judge.peak = max(judge.peak, judge.active)
+                    try:
+                        if call == 1:
+                            assert judge.release.wait(20)
+                        return real.step(message_logs, metadata)
+                    finally:
+                        with judge.lock:
+                            judge.active -= 1
+                            judge.ended.append(call)
+
+            self.cache[task_name] = Tracked()
+        return self.cache[task_name]
+
+
+def test_one_batch_is_scored_at_a_time_by_default():
+    c, _ = make_collector()
+    judge, calls = TrackingJudge(c), count_generate_calls(c)
+    try:
+        c.start()
+        wait_until(lambda: calls["n"] == 2)  # batch 2 generated while batch 1 is scored (held)
+        time.sleep(0.3)
+        assert judge.peak == 1 and judge.calls == 1  # batch 2 waits: the environment need not be thread-safe
+        judge.release.set()
+        wait_until(lambda: len(c.buffer) == 2 * P)
+        assert judge.peak == 1
+    finally:
+        judge.release.set()
+        c.stop()
+
+
+def test_two_batches_are_scored_at_once_and_still_buffered_in_start_order():
+    c, _ = make_collector("grpo.async_grpo.max_concurrent_scoring=2")
+    judge, loader2 = TrackingJudge(c), make_collector()[1]
+    try:
+        c.start()
+        # Batch 2 (step 1) is scored while batch 1 (step 0) is held in its judge, and finishes first ...
+        wait_until(lambda: judge.ended == [2])
+        assert judge.peak == 2
+        time.sleep(0.2)
+        assert len(c.buffer) == 0 and c.stats()["buffer_size"] == 2 * P  # ... but waits for its turn
+        judge.release.set()
+        wait_until(lambda: len(c.buffer) == 2 * P)
+        # Start order: step 0's groups (the loader's first prompts) before step 1's.
+        assert [g.target_version for g in c.buffer._groups] == [0] * P + [1] * P
+        assert [g.prompt_idx for g in c.buffer._groups] == [d.idx for _ in range(2) for d in next(loader2)]
+    finally:
+        judge.release.set()
+        c.stop()
+
+
+def test_a_batch_failing_after_its_scoring_does_not_hold_up_the_next():
+    c, loader2 = make_collector("grpo.async_grpo.max_concurrent_scoring=2")[0], make_collector()[1]
+    judge, real, n = TrackingJudge(c), c.worker.rollout, {"calls": 0}
+
+    def first_fails(*args, **kwargs):
+        n["calls"] += 1
+        call = n["calls"]
+        out = real(*args, **kwargs)
+        if call == 1:
+            raise RuntimeError("lost after scoring")
+        return out
+
+    c.worker.rollout = first_fails
+    try:
+        c.start()
+        wait_until(lambda: judge.ended == [2])  # batch 2 scored, waiting for batch 1's turn
+        judge.release.set()  # batch 1 then fails: it passes its turn, its prompts go back
+        wait_until(lambda: len(c.buffer) == 2 * P)
+        assert c.health() is None and c.counters["failures"] == 1
+        # Step 1's groups (batch 2) first; step 0 regenerated from batch 1's prompts, put back.
+        first, second = next(loader2), next(loader2)
+        assert [(g.target_version, g.prompt_idx) for g in c.buffer._groups] == \
+            [(1, d.idx) for d in second] + [(0, d.idx) for d in first]
+    finally:
+        judge.release.set()
+        c.stop()

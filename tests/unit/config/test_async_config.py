@@ -38,3 +38,11 @@ def test_async_rejects_dynamic_sampling_and_forced_on_policy_ratio_all_at_once()
 def test_age_must_be_at_least_one():
     (line,) = problems([*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=0"])
     assert line.startswith("grpo.async_grpo.max_trajectory_age_steps:")
+
+
+def test_concurrent_scoring_defaults_to_one_and_must_be_at_least_one():
+    assert load_config(None, []).grpo.async_grpo.max_concurrent_scoring == 1
+    two = load_config(None, [*ASYNC, "grpo.async_grpo.max_concurrent_scoring=2"])
+    assert two.grpo.async_grpo.max_concurrent_scoring == 2
+    (line,) = problems([*ASYNC, "grpo.async_grpo.max_concurrent_scoring=0"])
+    assert line.startswith("grpo.async_grpo.max_concurrent_scoring:") and "\n" not in line
