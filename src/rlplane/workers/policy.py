@@ -130,7 +130,8 @@ def logprobs_from_logits(logits, input_ids, temperature, top_k=None, top_p=1.0, 
 
 
 def microbatch_logprobs(model, input_ids, lengths, mb: MicroBatch, trim: bool, temperature, top_k=None, top_p=1.0,
-                        unfiltered=False, only: torch.Tensor | None = None):
+                        unfiltered=False, only: torch.Tensor | None = None, prompt_lens: torch.Tensor | None = None,
+                        pad_id: int = 0):
     """:func:`token_logprobs` of the micro-batch ``mb`` (fixed, token-budget or packed,
     ``workers/packing.py``) as (b, T) rows in ``mb.rows`` order, T = ``input_ids``' width.
 
@@ -139,8 +140,14 @@ def microbatch_logprobs(model, input_ids, lengths, mb: MicroBatch, trim: bool, t
     GRPO batch prompts and padding are most of each row (SmolLM2 preset: ~9 generated tokens of ~80
     columns), and the fp32 vocabulary projection (49152 wide) and its log-softmax cost a fifth of a
     forward+backward at every column they run on.
+
+    ``prompt_lens`` (B,) from :func:`shared_prefix.prompt_lengths` (``policy.shared_prefix_forward``): on
+    unpacked rows each distinct prompt runs once (:func:`shared_prefix.shared_prefix_logprobs`).
     """
     packed = mb.packing is not None
+    if prompt_lens is not None and not packed:
+        return shared_prefix.shared_prefix_logprobs(model, input_ids, lengths, prompt_lens, mb.rows, temperature,
+                                                    top_k, top_p, unfiltered, pad_id)
     # Logits at column t predict token t + 1: the wanted logits sit one column left of the wanted tokens.
     at = F.pad(only[:, 1:].bool(), (0, 1)) if only is not None and not packed else None  # (b, T)
     with autocast(model):
@@ -217,12 +224,8 @@ class PolicyWorker(DPTrainWorker):
         model.eval()
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # (B, T)
         for mb in plan:
-            if prompts is not None and mb.packing is None:
-                out[mb.rows] = shared_prefix.shared_prefix_logprobs(model, ids, lengths, prompts, mb.rows,
-                                                                    gen.temperature, top_k, top_p,
-                                                                    pad_id=self.tokenizer.pad_token_id or 0)
-            else:
-                out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p)
+            out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p,
+                                               prompt_lens=prompts, pad_id=self.tokenizer.pad_token_id or 0)
         out = out.cpu()  # the data plane holds host tensors
         finish_lockstep()
         model.train(was_training)
@@ -254,14 +257,10 @@ class PolicyWorker(DPTrainWorker):
         def forward(mb: MicroBatch):
             """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``;
             on the plain path 0 at the tokens the loss masks (not computed)."""
-            if prompts is not None and mb.packing is None:
-                lp = shared_prefix.shared_prefix_logprobs(self.model, ids, lengths, prompts, mb.rows,
-                                                          gen.temperature, gen.top_k, gen.top_p, split_kl,
-                                                          self.tokenizer.pad_token_id or 0)
-            else:
-                lp = microbatch_logprobs(self.model, ids, lengths, mb, cfg.policy.dynamic_batching.enabled,
-                                         gen.temperature, gen.top_k, gen.top_p, split_kl,
-                                         only=data[TOKEN_MASK][mb.rows] if TOKEN_MASK in data else None)
+            lp = microbatch_logprobs(self.model, ids, lengths, mb, cfg.policy.dynamic_batching.enabled,
+                                     gen.temperature, gen.top_k, gen.top_p, split_kl,
+                                     only=data[TOKEN_MASK][mb.rows] if TOKEN_MASK in data else None,
+                                     prompt_lens=prompts, pad_id=self.tokenizer.pad_token_id or 0)
             return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
         plan = microbatch_planner(cfg.policy, train=True)
