@@ -34,6 +34,7 @@ from rlplane.generation.interface import (
     normalize_stop_strings,
 )
 from rlplane.generation.kv_cache import preallocated_cache
+from rlplane.generation.llama_decode import LlamaDecoder, unsupported_reason
 from rlplane.generation.sampling import sample
 from rlplane.models.precision import FP32OutputLinear, autocast
 
@@ -68,20 +69,58 @@ def _frozen_weights_cast(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return cast
 
 
+class _HFStepper:
+    """The decode loop's steps through the model's own forward (any causal LM); the twin of
+    :class:`~rlplane.generation.llama_decode.LlamaDecoder`, with the same four methods."""
+
+    def __init__(self, backend: HFGenerationBackend, capacity: int):
+        self.forward = backend._forward
+        if backend.kv_cache == "preallocated":
+            self.cache = preallocated_cache(backend.model.config, capacity)
+        else:
+            self.cache = DynamicCache(config=backend.model.config)
+
+    def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        return self.forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=1)[:, -1]  # (U, V)
+
+    def expand(self, index: torch.Tensor) -> None:
+        self.cache.batch_select_indices(index)
+
+    select = expand
+
+    def decode(self, tokens, positions, attention_mask) -> torch.Tensor:
+        return self.forward(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=positions[:, None],
+                            past_key_values=self.cache, use_cache=True)[:, -1]  # (b, V)
+
+
 class HFGenerationBackend(GenerationBackend):
     """Batched sampling from ``model`` (any transformers causal LM with a KV cache).
 
     The backend uses ``model`` as given: pass the trainer's own module when colocated (no refit
     needed), or a copy and call ``update_weights`` after each optimizer step.
+
+    ``decode``: ``"auto"`` runs Llama-family models (llama, mistral, qwen2) through the fused
+    forward of :mod:`~rlplane.generation.llama_decode` and other models through their own forward;
+    ``"hf"`` forces the model's own forward (to compare), ``"fused"`` requires the fused one.
+    After each call ``last_decode`` says which ran (``"fused"`` or ``"hf"``).
     """
 
     shares_weights = True
     supports_row_seeds = True
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kv_cache: str = "preallocated"):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kv_cache: str = "preallocated",
+                 decode: str = "auto"):
         if kv_cache not in ("preallocated", "dynamic"):
             raise ValueError(f"kv_cache = {kv_cache!r}: use 'preallocated' or 'dynamic' (transformers' DynamicCache)")
+        if decode not in ("auto", "hf", "fused"):
+            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward) or 'fused' (Llama family)")
+        if decode == "fused" and kv_cache == "dynamic":
+            raise ValueError("decode = 'fused' has its own preallocated cache; use kv_cache='preallocated' or decode='hf'")
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
+        self.decode = decode
+        self.last_decode: str | None = None
+        self._active: LlamaDecoder | _HFStepper | None = None  # the running generation's stepper
         self.model = model
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -130,6 +169,8 @@ class HFGenerationBackend(GenerationBackend):
             )
         if self._cast_weights:  # an in-flight update inside generate: the frozen weights' casts follow it
             self._cast_weights = _frozen_weights_cast(self.model)
+        if isinstance(self._active, LlamaDecoder):  # and the fused decoder's matrices
+            self._active.load_weights()
 
     def generate(
         self,
@@ -153,7 +194,6 @@ class HFGenerationBackend(GenerationBackend):
             # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
             # the weights and re-casts every weight at every decode step (~30% of a SmolLM2 step).
             with torch.no_grad(), autocast(self.model), self._swap.generating():
-                self._cast_weights = _frozen_weights_cast(self.model)
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
@@ -161,7 +201,22 @@ class HFGenerationBackend(GenerationBackend):
                 )
         finally:
             self._cast_weights = {}
+            self._active = None  # frees the cache and the fused matrices
             self.model.train(was_training)
+
+    def _stepper(self, capacity: int) -> LlamaDecoder | _HFStepper:
+        """The fused decoder where ``decode`` and the model allow it, else the model's own forward."""
+        reason = "decode = 'hf'" if self.decode == "hf" else unsupported_reason(self.model, capacity)
+        if self.kv_cache == "dynamic":
+            reason = "kv_cache = 'dynamic'"
+        if reason is None:
+            self.last_decode = "fused"
+            return LlamaDecoder(self.model, capacity)
+        if self.decode == "fused":
+            raise ValueError(f"decode = 'fused': {reason}; use decode='auto' or 'hf' for this model")
+        self.last_decode = "hf"
+        self._cast_weights = _frozen_weights_cast(self.model)
+        return _HFStepper(self, capacity)
 
     def _forward(self, **kwargs) -> torch.Tensor:
         """The model's logits for ``kwargs``, with the frozen weights' bf16 copies (if any) in place of theirs."""
@@ -215,23 +270,13 @@ class HFGenerationBackend(GenerationBackend):
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)  # (U, P)
         input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
 
-        # Keys/values of prompt + output fit in a buffer allocated once (no per-step torch.cat).
-        if self.kv_cache == "preallocated":
-            cache = preallocated_cache(self.model.config, max_len + max_new_tokens)
-        else:
-            cache = DynamicCache(config=self.model.config)
+        stepper = self._stepper(max_len + max_new_tokens)
+        self._active = stepper  # an in-flight weight swap refreshes its weights (_load_weights)
         version = self._swap.boundary()  # of the weights that compute the logits of the next token
-        logits = self._forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )[:, -1]  # (U, V)
+        logits = stepper.prefill(input_ids, attention_mask, position_ids)  # (U, V)
         if len(unique_prompts) < batch_size:
             row_to_unique = row_to_unique.to(device)
-            cache.batch_select_indices(row_to_unique)
+            stepper.expand(row_to_unique)
             logits, attention_mask, position_ids = (t[row_to_unique] for t in (logits, attention_mask, position_ids))
 
         out_tokens = torch.full((batch_size, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
@@ -269,19 +314,13 @@ class HFGenerationBackend(GenerationBackend):
                 # Drop finished rows from the batch and the cache once enough of them are idle.
                 if n_done >= _COMPACT_FRACTION * len(rows) and step < max_new_tokens - 1:
                     keep = (~done).nonzero().squeeze(-1)
-                    cache.batch_select_indices(keep)
+                    stepper.select(keep)
                     rows, tokens, attention_mask, next_pos = (t[keep] for t in (rows, tokens, attention_mask, next_pos))
                     done = done[keep]
             if step == max_new_tokens - 1:
                 break
             version = self._swap.boundary()  # a token boundary: an in-flight weight update lands here
-            logits = self._forward(
-                input_ids=tokens[:, None],
-                attention_mask=attention_mask[:, : max_len + step + 1],
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )[:, -1]
+            logits = stepper.decode(tokens, next_pos, attention_mask[:, : max_len + step + 1])
             next_pos = next_pos + 1
 
         lengths_list = gen_lengths.tolist()

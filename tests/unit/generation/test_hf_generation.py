@@ -198,7 +198,7 @@ def test_preallocated_cache_equals_dynamic_cache(model, tok):
     # that ends rows at different steps) and the shared-prefill expansion (repeated prompts).
     prompts = [p for p in _prompts(6, seed=9, min_len=1, max_len=12) for _ in range(3)]
     kwargs = dict(max_new_tokens=10, stop_token_ids=[7], seed=5)
-    fast = HFGenerationBackend(model, tok).generate(prompts, **kwargs)
+    fast = HFGenerationBackend(model, tok, decode="hf").generate(prompts, **kwargs)
     slow = HFGenerationBackend(model, tok, kv_cache="dynamic").generate(prompts, **kwargs)
     assert fast.output_ids == slow.output_ids and fast.finish_reasons == slow.finish_reasons
     assert len({len(o) for o in fast.output_ids}) > 1
@@ -226,7 +226,7 @@ def test_preallocated_cache_under_bf16_autocast_keeps_bf16_and_equals_dynamic_ca
     set_precision(model, "bf16")
     prompts = [p for p in _prompts(4, seed=9, min_len=1, max_len=12) for _ in range(2)]
     kwargs = dict(max_new_tokens=10, stop_token_ids=[7], seed=5)
-    fast = HFGenerationBackend(model, tok).generate(prompts, **kwargs)
+    fast = HFGenerationBackend(model, tok, decode="hf").generate(prompts, **kwargs)
     slow = HFGenerationBackend(model, tok, kv_cache="dynamic").generate(prompts, **kwargs)
     assert fast.output_ids == slow.output_ids
     assert all(torch.equal(a, b) for a, b in zip(fast.logprobs, slow.logprobs))
@@ -250,7 +250,7 @@ def test_frozen_weights_are_cast_once_per_call_under_bf16(tok):
     frozen = copy.deepcopy(trainable).requires_grad_(False)
     prompts = [p for p in _prompts(3, seed=2) for _ in range(2)]
     kwargs = dict(max_new_tokens=10, stop_token_ids=[], seed=1)
-    expected = HFGenerationBackend(trainable, tok).generate(prompts, **kwargs)
+    expected = HFGenerationBackend(trainable, tok, decode="hf").generate(prompts, **kwargs)
 
     params = {p.data_ptr() for p in frozen.parameters()}
     casts = Counter()
@@ -262,7 +262,7 @@ def test_frozen_weights_are_cast_once_per_call_under_bf16(tok):
             return func(*args, **(kwargs or {}))
 
     with CountCasts():
-        out = HFGenerationBackend(frozen, tok).generate(prompts, **kwargs)
+        out = HFGenerationBackend(frozen, tok, decode="hf").generate(prompts, **kwargs)
     assert out.output_ids == expected.output_ids
     assert all(torch.equal(a, b) for a, b in zip(out.logprobs, expected.logprobs))
     assert casts and max(casts.values()) == 1

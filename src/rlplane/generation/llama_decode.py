@@ -1,0 +1,236 @@
+"""A fused decode forward for Llama-family models (``llama``, ``mistral``, ``qwen2``) in the ``hf`` backend.
+
+Why: a 64-row SmolLM2-135M decode step through transformers' forward under bf16 autocast spent only
+~30% of its time in the layers' matmuls. The rest was autocast's casts around every op, ~1500 small
+elementwise ops (the rotary embedding per layer, the RMSNorm as five ops), and
+``scaled_dot_product_attention``, whose bf16 CPU kernel took ~3 ms per layer for one query token
+against 80 keys at 64 rows (0.35 ms as two matmuls and a softmax). This forward reads the module's
+own weights and runs the same computation with explicit dtypes and no autocast:
+
+- per ``generate`` call (and again after an in-flight weight swap: :meth:`LlamaDecoder.load_weights`)
+  the q/k/v projections are concatenated into one matrix and gate/up into another, in the compute
+  dtype (bf16 under ``policy.precision: bf16``): two matmuls where there were five;
+- the residual stream and the RMSNorms stay fp32 as under autocast (``F.rms_norm``: one op); the
+  rotary cos/sin are computed once per step for every layer, by the model's own ``rotary_emb``;
+- keys/values go in place into one ``(layers, 2, B, kv_heads, capacity, head_dim)`` buffer, so
+  dropping finished rows is one ``index_select``; all rows are at the same cache index (prompts are
+  left-padded), and the left padding is masked by one additive bias per step;
+- decode attention is two batched matmuls over the ``kv_heads`` groups (no copy of the keys for
+  grouped-query attention), softmax in fp32;
+- the output projection is fp32 when the model's is (:class:`~rlplane.models.precision.FP32OutputLinear`,
+  or an fp32 model): logprobs as accurate as the HF path's, so ``token_mult_prob_error`` is unchanged.
+
+Numerics: in fp32 the logits equal the HF forward's to ~1e-5 (sums in another order). In bf16 both
+round the same bf16 matmuls, but this one rounds attention scores to bf16 before the fp32 softmax
+where the fused SDPA kernel keeps them in fp32; the tests bound the difference (same greedy tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlplane.models.precision import FP32OutputLinear
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def unsupported_reason(model: torch.nn.Module, capacity: int | None = None) -> str | None:
+    """Why :class:`LlamaDecoder` cannot run ``model`` (for ``capacity`` positions), or None when it can."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (needs silu)"
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    window = getattr(config, "sliding_window", None) if model_type == "mistral" else None
+    if window is not None and (capacity is None or capacity > window):
+        return f"sliding_window {window} shorter than the {capacity} positions of this generation"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "not a transformers *ForCausalLM with .model.layers and .model.rotary_emb"
+    head = model.get_output_embeddings()
+    if type(head) not in (torch.nn.Linear, FP32OutputLinear):
+        return f"output projection is {type(head).__name__}, not a plain Linear"
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, mod in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj), ("v_proj", attn.v_proj),
+                          ("o_proj", attn.o_proj), ("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj),
+                          ("down_proj", mlp.down_proj)):
+            if type(mod) is not torch.nn.Linear:  # a LoRA/quantized wrapper: the HF path runs it as it is
+                return f"layer {i} {name} is {type(mod).__name__}, not a plain Linear"
+    return None
+
+
+def _cat_bias(mods: list[torch.nn.Linear], dtype: torch.dtype) -> torch.Tensor | None:
+    """The concatenated biases of ``mods`` (zeros for those without one), or None when none has one."""
+    if all(m.bias is None for m in mods):
+        return None
+    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods]).to(dtype)
+
+
+class LlamaDecoder:
+    """Prefill and one-token decode steps of a Llama-family ``model`` over a preallocated KV cache.
+
+    The interface the ``hf`` loop drives (the HF-forward twin is ``hf._HFStepper``): :meth:`prefill`
+    the distinct prompts, :meth:`expand` them to the batch's rows, then :meth:`decode` one token per
+    row per step, :meth:`select` to drop finished rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int):
+        self.model = model
+        config = model.config
+        self.capacity = capacity
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.scaling = model.model.layers[0].self_attn.scaling
+        param_dtype = model.model.embed_tokens.weight.dtype
+        # The dtype of the layers' matmuls: autocast's when rlplane set one (policy.precision), else the weights'.
+        self.dtype = getattr(model, "rlplane_autocast_dtype", None) or param_dtype
+        self.keys: torch.Tensor | None = None  # (layers, B, kv_heads, capacity, head_dim) fp32
+        self.values: torch.Tensor | None = None  # the same shape, compute dtype
+        self.length = 0  # positions written
+        self.load_weights()
+
+    def load_weights(self) -> None:
+        """(Re)build the fused matrices from the model's current parameters (after every weight change)."""
+        dt = self.dtype
+        self.layers = []
+        for layer in self.model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+            self.layers.append(dict(
+                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+                qkv=torch.cat([m.weight for m in qkv]).to(dt), qkv_bias=_cat_bias(qkv, dt),
+                o=attn.o_proj.weight.to(dt), o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.to(dt),
+                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dt),
+                gate_up_bias=_cat_bias([mlp.gate_proj, mlp.up_proj], dt),
+                down=mlp.down_proj.weight.to(dt), down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.to(dt),
+            ))
+        head = self.model.get_output_embeddings()
+        # fp32 logits when the model computes them in fp32 (FP32OutputLinear under bf16, or an fp32 model).
+        self.head_dtype = head.weight.dtype if isinstance(head, FP32OutputLinear) else self.dtype
+        self.head_weight = head.weight.to(self.head_dtype)
+        self.head_bias = None if head.bias is None else head.bias.to(self.head_dtype)
+        self.final_norm = self.model.model.norm.weight
+
+    # ---- the loop's interface ------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the last position of each left-padded prompt: (U, P) ids, mask, positions -> (U, V).
+
+        Fills cache positions ``[0, P)``. Pad positions attend to themselves only (finite values in
+        the cache, never read: every later query masks them).
+        """
+        u, p = input_ids.shape
+        shape = (len(self.layers), u, self.num_kv_heads, self.capacity, self.head_dim)
+        # Keys in fp32 holding compute-dtype values: decode's q @ k^T then sums exact bf16 products in
+        # fp32 as SDPA's kernel does (a bf16 matmul would round the scores to bf16: 8 bits).
+        self.keys = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+        self.values = torch.zeros(shape, dtype=self.dtype, device=input_ids.device)
+        self.pad = attention_mask == 0  # (U, P): True at left padding
+        causal = torch.ones(p, p, dtype=torch.bool, device=input_ids.device).tril()
+        mask = (causal[None] & ~self.pad[:, None, :]) | torch.eye(p, dtype=torch.bool, device=input_ids.device)
+        self.length = 0
+        with torch.autocast(input_ids.device.type, enabled=False):  # explicit dtypes: no casts added
+            hidden = self._forward(input_ids, position_ids, attn_mask=mask[:, None])  # (U, P, H)
+            return self._logits(hidden[:, -1])
+
+    def expand(self, index: torch.Tensor) -> None:
+        """Rows of the batch from the distinct prompts' rows: ``index`` (B,) into the prefilled ones."""
+        self.select(index)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep (and reorder) the cache's rows by ``index`` (B',) long: one copy of the whole cache."""
+        self.keys, self.values = self.keys.index_select(1, index), self.values.index_select(1, index)
+        self.pad = self.pad.index_select(0, index)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """Logits of the next token after ``tokens`` (b,) at ``positions`` (b,): (b, V).
+
+        ``attention_mask`` is the HF twin's argument, not needed here: the padding is known since prefill.
+        """
+        with torch.autocast(tokens.device.type, enabled=False):
+            hidden = self._forward(tokens[:, None], positions[:, None], attn_mask=None)
+            return self._logits(hidden[:, -1])
+
+    # ---- the model ------------------------------------------------------------------------------------
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(b, H) fp32 residual -> (b, V) logits, in the head's dtype (fp32 with FP32OutputLinear)."""
+        x = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
+        return F.linear(x.to(self.head_dtype), self.head_weight, self.head_bias)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder stack on ``ids`` (B, T) at ``positions`` (B, T); writes the cache at ``[length, length + T)``.
+
+        ``attn_mask`` (B, 1, T, length + T) bool for a prefill; None for one decode token, whose mask
+        is the left padding (``self.pad``) alone.
+        """
+        b = ids.shape[0]
+        start, end = self.length, self.length + ids.shape[1]
+        residual = self.model.model.embed_tokens(ids).float()  # (B, T, H) fp32 as under autocast
+        # cos/sin (B, T, D) for every layer at once, by the model's own rotary module (its rope scaling).
+        cos, sin = self.model.model.rotary_emb(residual, positions)
+        cos, sin = cos.float()[:, None], sin.float()[:, None]  # (B, 1, T, D)
+        bias = None
+        if attn_mask is None:
+            # Additive fp32 bias (B, 1, 1, end): -inf at the left padding, 0 at prompt and generated positions.
+            bias = torch.zeros((b, 1, 1, end), dtype=torch.float32, device=ids.device)
+            bias[..., : self.pad.shape[1]].masked_fill_(self.pad[:, None, None], float("-inf"))
+        threads = torch.get_num_threads()
+        # One decode token: the elementwise ops work on (B, H)-sized tensors, where waking a second
+        # thread costs more than it saves (measured at 64 rows: ~15 us for an add on 2 threads
+        # against ~6 us on one, ~750 of them per step); the matmuls keep every thread.
+        narrow = 1 if ids.shape[1] == 1 else threads
+        torch.set_num_threads(narrow)
+        try:
+            return self._layers(residual, cos, sin, start, end, attn_mask, bias, threads, narrow)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _layers(self, residual, cos, sin, start: int, end: int, attn_mask, bias, threads: int, narrow: int):
+        """The decoder layers (see :meth:`_forward`): matmuls on ``threads`` threads, other ops on ``narrow``."""
+
+        def wide(op, *args):
+            if narrow == threads:
+                return op(*args)
+            torch.set_num_threads(threads)
+            out = op(*args)
+            torch.set_num_threads(narrow)
+            return out
+
+        def linear(x, weight, bias):
+            return wide(F.linear, x, weight, bias)
+
+        b, t = residual.shape[:2]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for i, w in enumerate(self.layers):
+            x = F.rms_norm(residual, (residual.shape[-1],), w["ln1"], self.eps).to(self.dtype)
+            qkv = linear(x, w["qkv"], w["qkv_bias"]).view(b, t, hq + 2 * hkv, d).transpose(1, 2)  # (B, hq+2hkv, T, D)
+            # Rotary on q and k together (fp32, as HF's q * cos with fp32 cos/sin under autocast).
+            qk = qkv[:, : hq + hkv].float()
+            half = d // 2
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk * cos + rotated * sin).to(self.dtype)
+            self.keys[i, :, :, start:end] = qk[:, hq:]
+            self.values[i, :, :, start:end] = qkv[:, hq + hkv:]
+            keys, values = self.keys[i, :, :, :end], self.values[i, :, :, :end]  # (B, hkv, end, D)
+            if attn_mask is None:
+                # (B, hkv, g, D) @ (B, hkv, D, end): grouped heads share their key head without a copy.
+                q = qk[:, :hq].reshape(b, hkv, hq // hkv, d)  # compute dtype, then fp32 for the exact sums
+                scores = wide(torch.matmul, q.float(), keys.transpose(-1, -2)) * self.scaling + bias  # (B, hkv, g, end)
+                attn = wide(torch.matmul, scores.softmax(-1).to(self.dtype), values)  # (B, hkv, g, D)
+                attn = attn.reshape(b, 1, hq * d)
+            else:
+                attn = F.scaled_dot_product_attention(qk[:, :hq], keys.to(self.dtype), values, attn_mask=attn_mask,
+                                                      scale=self.scaling, enable_gqa=hq != hkv)  # (B, hq, T, D)
+                attn = attn.transpose(1, 2).reshape(b, t, hq * d)
+            residual = residual + linear(attn, w["o"], w["o_bias"])
+            x = F.rms_norm(residual, (residual.shape[-1],), w["ln2"], self.eps).to(self.dtype)
+            gate, up = linear(x, w["gate_up"], w["gate_up_bias"]).chunk(2, dim=-1)
+            residual = residual + linear(F.silu(gate) * up, w["down"], w["down_bias"])
+        self.length = end
+        return residual
