@@ -31,10 +31,10 @@ def tok():
     return build_char_tokenizer()
 
 
-def _generate_with_swap(tok, old, new, swap_at):
+def _generate_with_swap(tok, old, new, swap_at, decode="auto"):
     """Generate NEW tokens from ``old`` weights; a second thread refits to ``new`` (version 1) while
     the loop runs, handed over just before the forward that computes token ``swap_at``'s logits."""
-    backend = HFGenerationBackend(_model(tok, 0), tok)
+    backend = HFGenerationBackend(_model(tok, 0), tok, decode=decode)
     backend.update_weights(old.state_dict(), version=0)
     real_boundary = backend._swap.boundary
     calls = {"n": 0}
@@ -59,9 +59,11 @@ def _generate_with_swap(tok, old, new, swap_at):
     return backend, out
 
 
-def test_versions_flip_at_the_swap_and_logprobs_are_the_sampling_weights(tok):
+@pytest.mark.parametrize("decode", ["fused", "hf"])  # the fused Llama forward rebuilds its matrices at the swap
+def test_versions_flip_at_the_swap_and_logprobs_are_the_sampling_weights(tok, decode):
     old, new = _model(tok, 0), _model(tok, 1)
-    backend, out = _generate_with_swap(tok, old, new, SWAP_AT)
+    backend, out = _generate_with_swap(tok, old, new, SWAP_AT, decode)
+    assert backend.last_decode == decode
     ids, lps, versions = out.output_ids[0], out.logprobs[0], out.versions[0]
     assert len(ids) == NEW
     assert versions.tolist() == [0] * SWAP_AT + [1] * (NEW - SWAP_AT)
