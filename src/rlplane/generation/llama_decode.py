@@ -91,8 +91,9 @@ class LlamaDecoder:
         param_dtype = model.model.embed_tokens.weight.dtype
         # The dtype of the layers' matmuls: autocast's when rlplane set one (policy.precision), else the weights'.
         self.dtype = getattr(model, "rlplane_autocast_dtype", None) or param_dtype
-        self.keys: torch.Tensor | None = None  # (layers, B, kv_heads, capacity, head_dim) fp32
-        self.values: torch.Tensor | None = None  # the same shape, compute dtype
+        # The prompt cache (layers, U, kv_heads, P, head_dim) and the generated tokens' (layers, B,
+        # kv_heads, max_new_tokens, head_dim), fp32 holding compute-dtype values (see prefill).
+        self.prompt_keys = self.prompt_values = self.keys = self.values = None
         self.length = 0  # positions written
         self.load_weights()
 
@@ -122,29 +123,56 @@ class LlamaDecoder:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the last position of each left-padded prompt: (U, P) ids, mask, positions -> (U, V).
 
-        Fills cache positions ``[0, P)``. Pad positions attend to themselves only (finite values in
-        the cache, never read: every later query masks them).
+        Fills the prompt cache. Pad positions attend to themselves only (finite values in the cache,
+        never read: every later query masks them).
         """
         u, p = input_ids.shape
-        shape = (len(self.layers), u, self.num_kv_heads, self.capacity, self.head_dim)
-        # Keys in fp32 holding compute-dtype values: decode's q @ k^T then sums exact bf16 products in
-        # fp32 as SDPA's kernel does (a bf16 matmul would round the scores to bf16: 8 bits).
-        self.keys = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
-        self.values = torch.zeros(shape, dtype=self.dtype, device=input_ids.device)
+        layers, hkv, d, device = len(self.layers), self.num_kv_heads, self.head_dim, input_ids.device
+        # Keys and values in fp32 holding compute-dtype values: decode attention then sums exact bf16
+        # products in fp32 as SDPA's kernel does (a bf16 matmul would round scores and outputs to bf16,
+        # 8 bits; the prompt and generated parts' outputs would be rounded apart, then added).
+        self.prompt_keys = torch.empty((layers, u, hkv, p, d), dtype=torch.float32, device=device)
+        self.prompt_values = torch.empty((layers, u, hkv, p, d), dtype=torch.float32, device=device)
+        self._new_rows(u)
+        self.group_size = 1  # rows per prompt-cache row (see expand)
         self.pad = attention_mask == 0  # (U, P): True at left padding
-        causal = torch.ones(p, p, dtype=torch.bool, device=input_ids.device).tril()
-        mask = (causal[None] & ~self.pad[:, None, :]) | torch.eye(p, dtype=torch.bool, device=input_ids.device)
+        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+        mask = (causal[None] & ~self.pad[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)
         self.length = 0
-        with torch.autocast(input_ids.device.type, enabled=False):  # explicit dtypes: no casts added
+        with torch.autocast(device.type, enabled=False):  # explicit dtypes: no casts added
             hidden = self._forward(input_ids, position_ids, attn_mask=mask[:, None])  # (U, P, H)
             return self._logits(hidden[:, -1])
 
+    def _new_rows(self, rows: int) -> None:
+        """Allocate the generated tokens' cache for ``rows`` rows (before the first decode step)."""
+        layers, hkv, d = len(self.layers), self.num_kv_heads, self.head_dim
+        shape = (layers, rows, hkv, self.capacity - self.prompt_keys.shape[3], d)
+        self.keys = torch.empty(shape, dtype=torch.float32, device=self.prompt_keys.device)
+        self.values = torch.empty(shape, dtype=torch.float32, device=self.prompt_keys.device)
+
     def expand(self, index: torch.Tensor) -> None:
-        """Rows of the batch from the distinct prompts' rows: ``index`` (B,) into the prefilled ones."""
-        self.select(index)
+        """Rows of the batch from the distinct prompts' rows: ``index`` (B,) into the prefilled ones.
+
+        GRPO's batch is each prompt repeated ``G`` times in a row (index ``[0]*G + [1]*G + ...``):
+        then the prompt cache is not copied to every row; decode attention reads each prompt's keys
+        once for its ``G`` rows (:meth:`_attend`). Any other index copies the prompt cache per row.
+        """
+        u, b = self.prompt_keys.shape[1], index.shape[0]
+        grouped = torch.arange(u, device=index.device).repeat_interleave(b // u)
+        if b % u == 0 and torch.equal(index, grouped):
+            self.group_size = b // u
+        else:
+            self.prompt_keys = self.prompt_keys.index_select(1, index)
+            self.prompt_values = self.prompt_values.index_select(1, index)
+        self.pad = self.pad.index_select(0, index)
+        self._new_rows(b)
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep (and reorder) the cache's rows by ``index`` (B',) long: one copy of the whole cache."""
+        """Keep (and reorder) the rows by ``index`` (B',) long: one copy of the cache (per row from then on)."""
+        prompt_rows = torch.div(index, self.group_size, rounding_mode="floor")
+        self.prompt_keys = self.prompt_keys.index_select(1, prompt_rows)
+        self.prompt_values = self.prompt_values.index_select(1, prompt_rows)
+        self.group_size = 1
         self.keys, self.values = self.keys.index_select(1, index), self.values.index_select(1, index)
         self.pad = self.pad.index_select(0, index)
 
@@ -158,6 +186,30 @@ class LlamaDecoder:
             return self._logits(hidden[:, -1])
 
     # ---- the model ------------------------------------------------------------------------------------
+    def _attend(self, i: int, q: torch.Tensor, n: int, bias: torch.Tensor, wide) -> torch.Tensor:
+        """Layer ``i``'s attention of one query token per row: q (B, kv_heads, g, D) -> (B, kv_heads, g, D).
+
+        Over the prompt's P positions and the ``n`` generated ones; softmax in fp32 with ``bias``
+        (B, 1, 1, P + n) masking the left padding. Prompt-cache row ``r`` serves batch rows
+        ``[r * G, (r + 1) * G)`` (G = ``group_size``), so the prompt part is one matmul per prompt
+        with its G rows' queries stacked: (U, kv, G * g, D) @ (U, kv, D, P).
+        """
+        b, hkv, g, d = q.shape
+        u, p, gs = self.prompt_keys.shape[1], self.prompt_keys.shape[3], self.group_size
+
+        def by_prompt(x):  # (B, kv, g, X) -> (U, kv, G * g, X)
+            return x.reshape(u, gs, hkv, g, x.shape[-1]).transpose(1, 2).reshape(u, hkv, gs * g, x.shape[-1])
+
+        def by_row(x):  # (U, kv, G * g, X) -> (B, kv, g, X)
+            return x.reshape(u, hkv, gs, g, x.shape[-1]).transpose(1, 2).reshape(b, hkv, g, x.shape[-1])
+
+        q = q.float()
+        prompt_scores = by_row(wide(torch.matmul, by_prompt(q), self.prompt_keys[i].transpose(-1, -2)))  # (B, kv, g, P)
+        new_scores = wide(torch.matmul, q, self.keys[i, :, :, :n].transpose(-1, -2))  # (B, kv, g, n)
+        probs = (torch.cat([prompt_scores, new_scores], dim=-1) * self.scaling + bias).softmax(-1)  # fp32
+        out = by_row(wide(torch.matmul, by_prompt(probs[..., :p]), self.prompt_values[i]))
+        return (out + wide(torch.matmul, probs[..., p:], self.values[i, :, :, :n])).to(self.dtype)  # (B, kv, g, D)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, H) fp32 residual -> (b, V) logits, in the head's dtype (fp32 with FP32OutputLinear)."""
         x = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
@@ -215,17 +267,17 @@ class LlamaDecoder:
             half = d // 2
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = (qk * cos + rotated * sin).to(self.dtype)
-            self.keys[i, :, :, start:end] = qk[:, hq:]
-            self.values[i, :, :, start:end] = qkv[:, hq + hkv:]
-            keys, values = self.keys[i, :, :, :end], self.values[i, :, :, :end]  # (B, hkv, end, D)
             if attn_mask is None:
-                # (B, hkv, g, D) @ (B, hkv, D, end): grouped heads share their key head without a copy.
-                q = qk[:, :hq].reshape(b, hkv, hq // hkv, d)  # compute dtype, then fp32 for the exact sums
-                scores = wide(torch.matmul, q.float(), keys.transpose(-1, -2)) * self.scaling + bias  # (B, hkv, g, end)
-                attn = wide(torch.matmul, scores.softmax(-1).to(self.dtype), values)  # (B, hkv, g, D)
-                attn = attn.reshape(b, 1, hq * d)
-            else:
-                attn = F.scaled_dot_product_attention(qk[:, :hq], keys.to(self.dtype), values, attn_mask=attn_mask,
+                # Write this token's key/value after the prompt's, then attend over prompt + generated.
+                n = end - self.prompt_keys.shape[3]  # generated positions, this one included
+                self.keys[i, :, :, n - 1] = qk[:, hq:, 0]
+                self.values[i, :, :, n - 1] = qkv[:, hq + hkv :, 0]  # compute-dtype values, stored in fp32
+                q = qk[:, :hq, 0].reshape(b, hkv, hq // hkv, d)  # heads grouped by their key head
+                attn = self._attend(i, q, n, bias, wide).reshape(b, 1, hq * d)
+            else:  # prefill: the prompt's keys/values are the whole cache
+                self.prompt_keys[i] = qk[:, hq:]
+                self.prompt_values[i] = qkv[:, hq + hkv :]
+                attn = F.scaled_dot_product_attention(qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :], attn_mask=attn_mask,
                                                       scale=self.scaling, enable_gqa=hq != hkv)  # (B, hq, T, D)
                 attn = attn.transpose(1, 2).reshape(b, t, hq * d)
             residual = residual + linear(attn, w["o"], w["o_bias"])
