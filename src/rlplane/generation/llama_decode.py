@@ -212,8 +212,13 @@ class LlamaDecoder:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, H) fp32 residual -> (b, V) logits, in the head's dtype (fp32 with FP32OutputLinear)."""
-        x = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
-        return F.linear(x.to(self.head_dtype), self.head_weight, self.head_bias)
+        x = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps).to(self.head_dtype)
+        if self.head_dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available():
+            # oneDNN's fp32 matmul, as inductor calls it: the same sums to ~1e-5 relative, and on the
+            # 2-core EPYC 36 -> 21 ms for SmolLM2's (64, 576) @ (576, 49152), 118 -> 88 ms at 256 rows,
+            # where F.linear goes to MKL's sgemm.
+            return torch.ops.mkldnn._linear_pointwise(x, self.head_weight, self.head_bias, "none", [], "")
+        return F.linear(x, self.head_weight, self.head_bias)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """The decoder stack on ``ids`` (B, T) at ``positions`` (B, T); writes the cache at ``[length, length + T)``.
