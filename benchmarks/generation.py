@@ -6,7 +6,8 @@ group_size`` distinct prompts (chat-formatted arithmetic questions for SmolLM2),
 exactly ``batch × max_new_tokens`` tokens (equal work). Contenders:
 
 - ``rlplane``: :class:`rlplane.generation.HFGenerationBackend` on the policy as rlplane loads it
-  (fp32 master weights, ``policy.precision`` resolved as in training, ``auto`` by default);
+  (fp32 master weights, ``policy.precision`` resolved as in training, ``auto`` by default), with the
+  fused Llama decode forward where it applies (``--decode hf``: the model's own forward);
 - ``model.generate``: transformers' own sampler on the same weights cast to the same compute dtype
   (``from_pretrained(dtype=bfloat16)`` is what a user would run), ``min_new_tokens`` = ``max_new_tokens``;
 - ``vllm`` (``--vllm``, where installed): :class:`VLLMGenerationBackend`;
@@ -125,7 +126,7 @@ def run(name: str, args) -> list[dict]:
     torch.set_num_threads(args.threads)
     model, tok, prompts, precision = load(name, args.precision)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    rl = HFGenerationBackend(model, tok)
+    rl = HFGenerationBackend(model, tok, decode=args.decode)
     contenders = {"rlplane": lambda p, seed: rl.generate(p, max_new_tokens=args.max_new_tokens, temperature=1.0,
                                                           stop_token_ids=[], seed=seed).output_ids}
     if not args.skip_generate:
@@ -155,7 +156,8 @@ def run(name: str, args) -> list[dict]:
                 if rep:  # the first call warms up (allocations, kernel selection)
                     times[key].append(elapsed)
         gflops = measured_gflops(len(batch_prompts), model.config.hidden_size, dtype)
-        row = {"model": name, "precision": precision, "batch": len(batch_prompts), "tokens": tokens,
+        row = {"model": name, "precision": precision, "decode": rl.last_decode, "batch": len(batch_prompts),
+               "tokens": tokens,
                "prompt_len": statistics.mean(len(p) for p in batch_prompts), "gflops": gflops,
                "limit_tok_s": gflops * 1e9 / flops_per_token}
         for key, ts in times.items():
@@ -176,6 +178,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads "
                                                                                       "(default: all cores)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per contender (after one warm-up call)")
+    ap.add_argument("--decode", default="auto", choices=["auto", "hf", "fused"],
+                    help="rlplane's forward: the fused Llama one where it applies (auto), or the model's own (hf)")
     ap.add_argument("--skip-generate", action="store_true", help="time rlplane only (no model.generate)")
     ap.add_argument("--vllm", action="store_true", help="also time the vllm backend (its venv: docs/vllm.md)")
     args = ap.parse_args()
@@ -188,7 +192,7 @@ def main() -> None:
     for name in args.models.split(","):
         for row in run(name, args):
             line = (f"{row['model']} {row['precision']} batch {row['batch']} (prompt {row['prompt_len']:.0f} tokens): "
-                    f"rlplane {row['rlplane']:.0f} tok/s")
+                    f"rlplane ({row['decode']} decode) {row['rlplane']:.0f} tok/s")
             if "model.generate" in row:
                 line += f", model.generate {row['model.generate']:.0f} tok/s"
                 ratios.append(row["rlplane"] / row["model.generate"])

@@ -114,9 +114,11 @@ class HFGenerationBackend(GenerationBackend):
         if kv_cache not in ("preallocated", "dynamic"):
             raise ValueError(f"kv_cache = {kv_cache!r}: use 'preallocated' or 'dynamic' (transformers' DynamicCache)")
         if decode not in ("auto", "hf", "fused"):
-            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward) or 'fused' (Llama family)")
+            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward) "
+                             "or 'fused' (Llama family)")
         if decode == "fused" and kv_cache == "dynamic":
-            raise ValueError("decode = 'fused' has its own preallocated cache; use kv_cache='preallocated' or decode='hf'")
+            raise ValueError("decode = 'fused' has its own preallocated cache; "
+                             "use kv_cache='preallocated' or decode='hf'")
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.decode = decode
         self.last_decode: str | None = None

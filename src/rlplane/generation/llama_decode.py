@@ -110,7 +110,8 @@ class LlamaDecoder:
                 o=attn.o_proj.weight.to(dt), o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.to(dt),
                 gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dt),
                 gate_up_bias=_cat_bias([mlp.gate_proj, mlp.up_proj], dt),
-                down=mlp.down_proj.weight.to(dt), down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.to(dt),
+                down=mlp.down_proj.weight.to(dt),
+                down_bias=None if mlp.down_proj.bias is None else mlp.down_proj.bias.to(dt),
             ))
         head = self.model.get_output_embeddings()
         # fp32 logits when the model computes them in fp32 (FP32OutputLinear under bf16, or an fp32 model).
@@ -120,7 +121,7 @@ class LlamaDecoder:
         self.final_norm = self.model.model.norm.weight
 
     # ---- the loop's interface ------------------------------------------------------------------------
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
         """Logits of the last position of each left-padded prompt: (U, P) ids, mask, positions -> (U, V).
 
         Fills the prompt cache. Pad positions attend to themselves only (finite values in the cache,
