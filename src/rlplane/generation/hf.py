@@ -8,6 +8,11 @@ rows. This loop does: left-pad once, one prefill forward into a preallocated KV 
 per new token for the rows still running; rows that stop are dropped from the batch (and from the
 KV cache) once enough of them have stopped, and the loop exits when none run.
 
+The forward itself: Llama-family models (llama, mistral, qwen2) run through the fused decode forward
+of ``llama_decode.py`` (fused matrices, no autocast casts, each prompt's cache shared by its rows);
+other models, or ``decode="hf"``, through their own forward (``_HFStepper``). Both give the loop
+the same four steps: prefill, expand to the rows, decode one token, select the running rows.
+
 In-flight weight updates: ``update_weights`` from another thread during a generation hands the
 weights to the loop (:class:`~rlplane.generation.interface.WeightSwap`), which loads them before
 its next forward pass; the tokens sampled from that forward on are stamped with the new version

@@ -10,19 +10,24 @@ own weights and runs the same computation with explicit dtypes and no autocast:
 - per ``generate`` call (and again after an in-flight weight swap: :meth:`LlamaDecoder.load_weights`)
   the q/k/v projections are concatenated into one matrix and gate/up into another, in the compute
   dtype (bf16 under ``policy.precision: bf16``): two matmuls where there were five;
-- the residual stream and the RMSNorms stay fp32 as under autocast (``F.rms_norm``: one op); the
-  rotary cos/sin are computed once per step for every layer, by the model's own ``rotary_emb``;
-- keys/values go in place into one ``(layers, 2, B, kv_heads, capacity, head_dim)`` buffer, so
-  dropping finished rows is one ``index_select``; all rows are at the same cache index (prompts are
-  left-padded), and the left padding is masked by one additive bias per step;
-- decode attention is two batched matmuls over the ``kv_heads`` groups (no copy of the keys for
-  grouped-query attention), softmax in fp32;
+- the residual stream and the RMSNorms stay fp32 as under autocast; the rotary cos/sin are computed
+  once per step for every layer, by the model's own ``rotary_emb`` (so its rope scaling);
+- the prompts' keys/values are kept once per distinct prompt, the generated tokens' per row, written
+  in place (all rows are at the same position: prompts are left-padded, the padding masked by one
+  additive bias per step). GRPO's G rows of one prompt read its keys in one matmul (:meth:`_attend`);
+  dropping finished rows copies the prompt part out per row, once;
+- decode attention is batched matmuls over the ``kv_heads`` groups (no copy of the keys for
+  grouped-query attention), in fp32 on bf16-valued keys/values as SDPA's kernel sums them;
+- the small elementwise ops of a decode step run on one thread, the matmuls on all (waking the
+  second thread cost more than it saved on (64, 576)-sized tensors);
 - the output projection is fp32 when the model's is (:class:`~rlplane.models.precision.FP32OutputLinear`,
-  or an fp32 model): logprobs as accurate as the HF path's, so ``token_mult_prob_error`` is unchanged.
+  or an fp32 model), through oneDNN on a CPU: logprobs as accurate as the HF path's.
 
 Numerics: in fp32 the logits equal the HF forward's to ~1e-5 (sums in another order). In bf16 both
-round the same bf16 matmuls, but this one rounds attention scores to bf16 before the fp32 softmax
-where the fused SDPA kernel keeps them in fp32; the tests bound the difference (same greedy tokens).
+round the same bf16 matmuls, in other orders (fused matrices, attention by matmuls), so logprobs
+differ by bf16 noise (~0.02-0.03 at most on the tests' SmolLM2-shaped model). On SmolLM2-135M-Instruct
+(32 rows x 64 sampled tokens, two seeds) ``token_mult_prob_error`` against the trainer's forward was
+1.0158 / 1.0143 with this forward, 1.0143 / 1.0145 with the model's own.
 """
 
 from __future__ import annotations
