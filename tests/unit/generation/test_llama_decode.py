@@ -65,10 +65,13 @@ def _both(model, tok, prompts, **kwargs):
     dict(seed=5, temperature=0.8, top_k=9, top_p=0.9),
     dict(row_seeds=list(range(100, 118))),
 ])
-def test_fp32_fused_equals_hf_forward(tok, sampling):
-    # Distinct prompts of 1..12 tokens (left padding), each three times (shared prefill, then
-    # expanded), a stop token that ends rows at different steps (compaction drops them).
-    prompts = [p for p in _prompts(6, seed=9) for _ in range(3)]
+@pytest.mark.parametrize("layout", ["grouped", "interleaved"])
+def test_fp32_fused_equals_hf_forward(tok, sampling, layout):
+    # Distinct prompts of 1..12 tokens (left padding), each three times (shared prefill), a stop token
+    # that ends rows at different steps (compaction drops them). "grouped": each prompt's rows in a
+    # row, which share one prompt cache; "interleaved": a, b, c, a, b, c, ..., copied out per row.
+    distinct = _prompts(6, seed=9)
+    prompts = [p for p in distinct for _ in range(3)] if layout == "grouped" else distinct * 3
     out, expected = _both(_tiny(tok), tok, prompts, max_new_tokens=10, stop_token_ids=[7], **sampling)
     assert out.output_ids == expected.output_ids and out.finish_reasons == expected.finish_reasons
     assert len({len(o) for o in out.output_ids}) > 1  # rows did stop at different steps
@@ -149,3 +152,24 @@ def test_other_models_keep_their_own_forward(tok):
     assert unsupported_reason(wrapped) == "layer 1 up_proj is Sequential, not a plain Linear"
     with pytest.raises(ValueError, match="decode = 'bogus'"):
         HFGenerationBackend(gpt2, tok, decode="bogus")
+
+
+def test_grouped_rows_share_one_prompt_cache(tok):
+    # GRPO's layout (each prompt's G rows in a row) keeps one prompt cache row per prompt; any other
+    # expansion, and any compaction, copies it out per row.
+    from rlplane.generation.llama_decode import LlamaDecoder
+
+    model = _tiny(tok)
+    ids = torch.tensor([[0, 1, 5], [1, 6, 7]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        decoder = LlamaDecoder(model, capacity=8)
+        decoder.prefill(ids, mask, positions)
+        decoder.expand(torch.tensor([0, 0, 0, 1, 1, 1]))
+        assert decoder.group_size == 3 and decoder.prompt_keys.shape[1] == 2 and decoder.keys.shape[1] == 6
+        decoder.select(torch.tensor([1, 4, 5]))
+        assert decoder.group_size == 1 and decoder.prompt_keys.shape[1] == 3
+        decoder.prefill(ids, mask, positions)
+        decoder.expand(torch.tensor([0, 1, 0, 1]))
+        assert decoder.group_size == 1 and decoder.prompt_keys.shape[1] == 4
