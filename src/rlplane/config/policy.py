@@ -31,6 +31,12 @@ class GenerationConfig(StrictModel):
         description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
         "its engine is refit after every optimizer step).",
     )
+    hf_decode: Literal["auto", "hf", "fused"] = Field(
+        "auto",
+        description="The `hf` backend's forward: `auto` runs Llama-family models (llama, mistral, qwen2) through "
+        "rlplane's fused decode forward (generation/llama_decode.py) and others through their own; `hf` forces "
+        "the model's own forward, `fused` requires the fused one.",
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")

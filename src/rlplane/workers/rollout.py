@@ -96,8 +96,8 @@ class RolloutWorker:
             model, tokenizer = load_configured_policy(cfg)
         self.tokenizer = tokenizer
         g = cfg.policy.generation
-        # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf has no engine to configure.
-        options = g.vllm_cfg.model_dump() if g.backend == "vllm" else {}
+        # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.
+        options = g.vllm_cfg.model_dump() if g.backend == "vllm" else {"decode": g.hf_decode}
         self.backend = create_backend(g.backend, model, tokenizer, **options)
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run

@@ -147,3 +147,15 @@ def test_generators_count_in_the_ray_cpu_demand_and_async_grpo_takes_one():
     with pytest.raises(ConfigError, match="num_generators = 2 with grpo.async_grpo.enabled"):
         load_config(None, ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
                            "policy.generation.num_generators=2"])
+
+
+def test_hf_decode_config_key_reaches_the_backend():
+    from rlplane.workers.base import load_configured_policy
+    from rlplane.workers.rollout import RolloutWorker
+
+    for value in ("auto", "hf", "fused"):
+        cfg = load_config(None, [f"policy.generation.hf_decode={value}"])
+        model, tok = load_configured_policy(cfg)
+        assert RolloutWorker(cfg, None, model=model, tokenizer=tok).backend.decode == value
+    with pytest.raises(ConfigError, match="hf_decode"):
+        load_config(None, ["policy.generation.hf_decode=fast"])
