@@ -116,6 +116,11 @@ class DataPlaneClient(abc.ABC):
     def is_complete(self, partition_id: str, fields: Sequence[str]) -> bool:
         """True once at least `num_samples` (as registered) keys have every one of `fields`."""
 
+    def prefetch(self, meta: KVBatchMeta) -> None:
+        """Start moving the data `meta`'s receipts locate to this process's node and return at once:
+        a hint that a `get_samples` of it follows (a driver handed a DP rank's write-back receipt
+        while the other ranks still work). Backends whose data is already here do nothing."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release the backend (idempotent)."""

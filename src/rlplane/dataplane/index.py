@@ -315,6 +315,38 @@ class PlaneIndex:
                 return False
         return True
 
+    def locate(self, pid: str, ids: Sequence[str]) -> tuple[dict[str, tuple[list, np.ndarray, np.ndarray]],
+                                                             DataPlaneError | None]:
+        """Where every written field of `ids` is now, for a reader that cannot ask the index later:
+        field -> (payloads, (n,) index into payloads or -1 where not written, (n,) row in that payload),
+        and the error a read of the keys that are not live would raise (None if all are live)."""
+        part = self._parts.get(pid)
+        if part is None:
+            try:
+                self.partition(pid)
+            except DataPlaneError as err:
+                return {}, err
+        assert part is not None
+        slots = self._slots(part, ids)
+        live = slots >= 0
+        err = None
+        if not live.all():
+            try:
+                self._live_slots(pid, ids, "read them")
+            except DataPlaneError as e:
+                err = e
+        safe = np.maximum(slots, 0)
+        where = {}
+        for field, arr in part.loc.items():
+            cids = np.where(live, arr[0, safe], -1)
+            uniq, which = np.unique(cids, return_inverse=True)
+            if uniq[-1] < 0:
+                continue  # not written for any of these keys
+            first = 1 if uniq[0] < 0 else 0  # -1 sorts first: "not written" takes no payload
+            payloads = [part.chunks[int(c)][0] for c in uniq[first:]]
+            where[field] = (payloads, which.astype(np.int64) - first, np.where(cids >= 0, arr[1, safe], -1))
+        return where, err
+
     def list(self, pid: str) -> list[str]:
         return list(self.partition(pid).slot_of)
 
