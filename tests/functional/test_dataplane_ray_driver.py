@@ -213,3 +213,24 @@ def test_clear_of_a_partition_frees_the_objects_its_worker_receipts_held(ray_ses
         assert client.num_objects() == 0
     finally:
         client.close()
+
+
+def test_a_meta_leaves_the_driver_with_one_snapshot_of_its_own_keys(ray_session, ranks):
+    """Each rank's meta carries where its own rows are (not the whole put's keys, not once per
+    receipt), and a meta rebuilt by `meta_for` reads in a worker too."""
+    import pickle
+
+    ray = ray_session
+    client = make_data_plane("ray", index="driver")
+    try:
+        client.register_partition("o", ["input_ids", "reward"], 4)
+        meta = client.put_samples(["a", "b", "c", "d"], "o", {"input_ids": [torch.arange(i + 1) for i in range(4)]})
+        meta = client.put_samples(meta, None, {"reward": torch.tensor([1.0, 2.0, 3.0, 4.0])})
+        assert len(meta.locations) == 2  # two receipts in the driver ...
+        sent = pickle.loads(pickle.dumps(meta.slice(2)))  # (unpickled here, in the driver: emptied)
+        assert [type(loc).__name__ for loc in sent.locations] == ["_Snapshot"] and sent.locations[0].ids == ("c", "d")
+        rebuilt = client.meta_for("o", ["d", "a"])
+        assert ray.get(ranks[0].read.remote(client, rebuilt, ["input_ids", "reward"])) == (
+            "ok", {"input_ids": [[0, 1, 2, 3], [0, 0, 0, 0]], "reward": [4.0, 1.0]})
+    finally:
+        client.close()

@@ -145,8 +145,8 @@ class PlaneIndex:
     # ---- writes --------------------------------------------------------------------------------
 
     def _slots(self, part: _Partition, ids: Sequence[str]) -> np.ndarray:
-        get = part.slot_of.get
-        return np.fromiter((get(s, -1) for s in ids), dtype=np.int64, count=len(ids))
+        # map over dict.get: no Python frame per key (half the time of a generator, measured)
+        return np.fromiter(map(part.slot_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
 
     def seq_lens(self, pid: str, ids: Sequence[str]) -> list[int | None]:
         """Stored sequence length of each key (None for keys not yet stored or without one)."""
@@ -218,8 +218,8 @@ class PlaneIndex:
         if len(fresh):
             part.grow(part.num_slots + len(fresh))
             new_slots = np.arange(part.num_slots, part.num_slots + len(fresh))
-            for i, slot in zip(fresh.tolist(), new_slots.tolist()):
-                part.slot_of[ids[i]] = slot
+            fresh_ids = ids if len(fresh) == n else [ids[i] for i in fresh.tolist()]
+            part.slot_of.update(zip(fresh_ids, range(part.num_slots, part.num_slots + len(fresh))))
             part.tags.extend(None for _ in range(len(fresh)))
             slots[fresh] = new_slots
             part.num_slots += len(fresh)

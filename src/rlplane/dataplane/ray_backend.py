@@ -170,6 +170,13 @@ class _Receipt:
             return driver._snapshot(self.pid, self.ids)  # leaving the driver: where its keys are now
         return _Receipt, (self.store, self.pid, self.ids, self.chunks, self.stored, self.pending)
 
+    def _outbound(self, meta: Any, memo: dict) -> Any:
+        """What a meta carrying this receipt sends when pickled (`KVBatchMeta.__reduce__`)."""
+        driver = _DRIVERS.get(self.store)
+        if driver is None or self.pending is not None:
+            return self
+        return driver._outbound(meta, memo)
+
     def row_of(self) -> dict[str, int]:
         if self._rows is None:
             self._rows = {key: row for row, key in enumerate(self.ids)}

@@ -8,11 +8,11 @@ workers for them (the benchmark's ranks measured ~28 ms with two store calls eac
 
 How a worker does without the index:
 
-- reads: a meta that leaves the driver (pickled to a worker) carries, for the keys of each of its
-  receipts, where each written field of those keys is at that moment (a `_Snapshot`: the index's
-  current answer, so a key overwritten since the put is read as it is now, a cleared one raises).
-  The worker fetches those objects and gathers its rows: no call. A read of a key or field the
-  meta's snapshots lack raises, saying why.
+- reads: a meta that leaves the driver (pickled to a worker) carries, in place of its receipts,
+  where each written field of its keys is at that moment (one `_Snapshot`: the index's current
+  answer, so a key overwritten since the put is read as it is now, a cleared one raises). The
+  worker fetches those objects and gathers its rows: no call. A read of a key or field the
+  snapshot lacks raises, saying why. (`meta_for` metas carry an empty one, filled as they leave.)
 - writes: the worker stores its objects and returns a receipt carrying the commit (`pending`);
   when that receipt is unpickled in the driver (the worker's return value, fetched by `ray.get`),
   the driver's index takes it, with every check a commit makes. A write the index refuses (a key
@@ -55,21 +55,27 @@ class _Snapshot:
     `where[field] = (payloads, payload index per key or -1, row per key)`, and `gone`, the error
     a read of the keys that were not live then raises (None if all were)."""
 
-    __slots__ = ("store", "pid", "ids", "where", "gone", "_rows")
+    __slots__ = ("store", "pid", "ids", "where", "gone", "outbound", "_rows")
 
-    def __init__(self, store: str, pid: str, ids: tuple, where: dict, gone: DataPlaneError | None) -> None:
-        if store in _DRIVERS:
+    def __init__(self, store: str, pid: str, ids: tuple, where: dict, gone: DataPlaneError | None,
+                 outbound: bool = False) -> None:
+        if store in _DRIVERS and not outbound:
             # Back in the driver (inside a worker's write-back meta): the index knows better, and
             # refs held here would keep objects alive after the index clears them.
             where, gone = {}, None
         self.store, self.pid, self.ids, self.where, self.gone = store, pid, ids, where, gone
+        self.outbound = outbound  # made by the driver for a meta being pickled: sent as it is
         self._rows: dict[str, int] | None = None
 
     def __reduce__(self):
         driver = _DRIVERS.get(self.store)
-        if driver is not None:
-            return driver._snapshot(self.pid, self.ids)  # never ship a stale one from the driver
+        if driver is not None and not self.outbound:
+            return driver._snapshot(self.pid, self.ids)  # never send a stale one from the driver
         return _Snapshot, (self.store, self.pid, self.ids, self.where, self.gone)
+
+    def _outbound(self, meta, memo: dict):
+        driver = _DRIVERS.get(self.store)
+        return self if driver is None else driver._outbound(meta, memo)
 
     def row_of(self) -> dict[str, int]:
         if self._rows is None:
@@ -150,6 +156,16 @@ class RayDriverPlane(IndexedClient):
                 _forget(self._store_key, receipt.pid, receipt.ids, chunks)  # receipts it replaced whole
         receipt.chunks = dict(chunks)
 
+    def _outbound(self, meta, memo: dict) -> _Snapshot | None:
+        """The one location a meta leaving the driver carries for this plane: where each of its
+        keys' fields is now (its receipts, current or stale, and older snapshots all go into it)."""
+        if self._store_key in memo:
+            return None
+        memo[self._store_key] = True
+        with self._lock:
+            where, gone = self._index.locate(meta.partition_id, meta.sample_ids)
+        return _Snapshot(self._store_key, meta.partition_id, meta.sample_ids, where, gone, outbound=True)
+
     def _snapshot(self, pid: str, ids: tuple) -> tuple:
         """A pickled `_Snapshot` of where `ids`' fields are now (`__reduce__`'s answer)."""
         with self._lock:
@@ -172,6 +188,11 @@ class RayDriverPlane(IndexedClient):
             chunks = dict(self._index.last_chunks)
         _forget(self._store_key, pid, ids, columns)  # receipts of the rows this put replaced
         return (*out, (_Receipt(self._store_key, pid, tuple(ids), chunks, stored),))
+
+    def meta_for(self, partition_id, sample_ids=None):
+        meta = super().meta_for(partition_id, sample_ids)
+        # No receipt says where these keys are: an empty snapshot, so that the meta sends one.
+        return meta._derive(locations=(_Snapshot(self._store_key, partition_id, meta.sample_ids, {}, None),))
 
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
         self._check_open()
