@@ -187,7 +187,8 @@ def plane_step(variant, client, ranks, batch, lens, ids, step, timings, split):
         written[rank_of[done[0]]] = receipt = ray.get(done[0])
         client.prefetch(receipt)
     t2 = time.perf_counter()
-    # The ranks' receipts, in the original order: read from their objects while the store verifies.
+    # The ranks' receipts, in the original order: read from their objects (the store actor verifies
+    # them meanwhile; a driver-held index checks them in-process).
     full = client.get_samples(concat_metas(written).subset(inverse), None, ["prev_logprobs"])["prev_logprobs"]
     t3 = time.perf_counter()
     client.clear_samples(meta, None, wait=False)  # as the trainer's step-end clear

@@ -31,6 +31,9 @@ goes, as before; a copy of a receipt kept in another process holds its object un
 
 The client pickles to a handle on the same store actor, so it can be passed to Ray workers as an
 argument; `make_data_plane("ray", name=...)` in a worker attaches to a named store instead.
+
+`make_data_plane("ray", index="driver")` (`ray_driver.py`) keeps the same objects and receipts
+but the index in the driver's client: no store actor, no round trips, for runs with one driver.
 """
 
 from __future__ import annotations
