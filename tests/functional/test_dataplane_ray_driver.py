@@ -44,6 +44,12 @@ def ranks(ray_session):
             return sorted({ref.hex() for parts in plan.values() for stored, _, rows, pos in parts
                            for ref, _, _ in stored.locate(rows, pos)})
 
+        def read_passed_on(self, client, meta, fields):
+            """`read` of the meta as this worker would pass it on (pickled here)."""
+            import pickle
+
+            return self.read(client, pickle.loads(pickle.dumps(meta)), fields)
+
         def write(self, client, meta, fields):
             return client.put_samples(meta, None, fields)
 
@@ -232,5 +238,25 @@ def test_a_meta_leaves_the_driver_with_one_snapshot_of_its_own_keys(ray_session,
         rebuilt = client.meta_for("o", ["d", "a"])
         assert ray.get(ranks[0].read.remote(client, rebuilt, ["input_ids", "reward"])) == (
             "ok", {"input_ids": [[0, 1, 2, 3], [0, 0, 0, 0]], "reward": [4.0, 1.0]})
+    finally:
+        client.close()
+
+
+def test_a_snapshot_is_good_for_one_hop(ray_session, ranks):
+    """A meta a worker passes on carries its snapshot empty (back in the driver it is not needed,
+    and its refs would cost a borrow round trip): a second worker must be sent the meta by the driver."""
+    ray = ray_session
+    client = make_data_plane("ray", index="driver")
+    try:
+        client.register_partition("h", ["input_ids", "generation_logprobs", "prev_logprobs"], 2)
+        _, cols = _batch(2, seed=2)
+        meta = client.put_samples(["a", "b"], "h", cols)
+        assert ray.get(ranks[1].read.remote(client, meta, ["generation_logprobs"]))[0] == "ok"  # from the driver
+        name, msg = ray.get(ranks[1].read_passed_on.remote(client, meta, ["generation_logprobs"]))
+        assert name == "MissingFieldError" and "send the meta after the write" in msg  # passed on: empty
+        # A worker's own receipts travel in full: the driver's index takes them, and sends them on.
+        written = ray.get(ranks[0].step.remote(client, meta))
+        name, cols_back = ray.get(ranks[1].read.remote(client, written, ["prev_logprobs", "generation_logprobs"]))
+        assert name == "ok" and len(cols_back["prev_logprobs"]) == 2
     finally:
         client.close()

@@ -13,6 +13,8 @@ How a worker does without the index:
   answer, so a key overwritten since the put is read as it is now, a cleared one raises). The
   worker fetches those objects and gathers its rows: no call. A read of a key or field the
   snapshot lacks raises, saying why. (`meta_for` metas carry an empty one, filled as they leave.)
+  A snapshot is good for one hop: a meta a worker passes on (to the driver, or to another worker)
+  carries it empty, and the worker's own receipts in full.
 - writes: the worker stores its objects and returns a receipt carrying the commit (`pending`);
   when that receipt is unpickled in the driver (the worker's return value, fetched by `ray.get`),
   the driver's index takes it, with every check a commit makes. A write the index refuses (a key
@@ -71,6 +73,11 @@ class _Snapshot:
         driver = _DRIVERS.get(self.store)
         if driver is not None and not self.outbound:
             return driver._snapshot(self.pid, self.ids)  # never send a stale one from the driver
+        if driver is None:
+            # Good for one hop: from a worker it goes on empty. Its usual way is back to the driver
+            # (in a write-back's meta), which has no use for it, and its refs would cost a borrow
+            # round trip with their owner per step; a worker reads the metas the driver sends it.
+            return _Snapshot, (self.store, self.pid, (), {}, None)
         return _Snapshot, (self.store, self.pid, self.ids, self.where, self.gone)
 
     def _outbound(self, meta, memo: dict):
