@@ -2,6 +2,8 @@
 actor DP ranks read what the meta they are sent locates, with no index to ask, and hand their
 write-backs back in receipts that the driver's index takes when they arrive."""
 
+import time
+
 import pytest
 import torch
 
@@ -17,6 +19,22 @@ from rlplane.dataplane import (
 from .test_dataplane_ray import plasma_usage, wait_for_usage
 
 pytestmark = pytest.mark.ray
+
+
+def settled_usage(timeout_s=15.0):
+    """Object-store usage once what earlier tests left behind is gone (objects a killed store actor
+    borrowed go when Ray notices its death, seconds later): unchanged for a second."""
+    import gc
+
+    gc.collect()
+    deadline = time.monotonic() + timeout_s
+    last, since = plasma_usage(), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < 1.0:
+        time.sleep(0.1)
+        now = plasma_usage()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +98,7 @@ def test_ranks_read_and_write_back_through_the_drivers_index(ray_session, ranks)
         n = 64
         lens, cols = _batch(n)
         client.register_partition("train", ["input_ids", "generation_logprobs", "prev_logprobs"], n)
-        before = wait_for_usage(plasma_usage())
+        before = settled_usage()
         meta = client.put_samples([f"k{i}" for i in range(n)], "train", cols)
         assert plasma_usage()[1] == before[1] + 1  # one object per put
         metas, inverse = shard_meta_for_dp(meta, 2)

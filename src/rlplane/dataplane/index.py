@@ -393,6 +393,16 @@ class PlaneIndex:
         part = self.partition(pid)
         ids = list(part.slot_of) if ids is None else list(dict.fromkeys(ids))
         _, slots = self._live_slots(pid, ids, "clear them")
+        if len(ids) == len(part.slot_of):  # every live key (a step's final clear): no per-key release
+            self.freed.extend(payload for payload, _ in part.chunks.values())
+            part.chunks.clear()
+            for arr in part.loc.values():
+                arr[:, : part.num_slots] = -1
+            part.seq_len[: part.num_slots] = -1
+            part.tags = [None] * len(part.tags)
+            part.cleared.update(ids)
+            part.slot_of.clear()
+            return len(ids)
         for arr in part.loc.values():
             self._release(part, arr[0, slots])
             arr[:, slots] = -1

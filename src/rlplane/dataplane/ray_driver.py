@@ -31,6 +31,7 @@ several drivers, for workers that read by key, and for `owner="store"`.
 
 from __future__ import annotations
 
+import queue
 import threading
 import uuid
 from collections import OrderedDict
@@ -90,6 +91,24 @@ class _Snapshot:
         return self._rows
 
 
+_GRAVEYARD: queue.SimpleQueue = queue.SimpleQueue()
+_GRAVEDIGGER: list = []
+
+
+def _bury(payloads: list) -> None:
+    """Drop `payloads` (and the last refs of their objects) in a helper thread: a release costs
+    owner/borrower messages (~0.5 ms for a step's objects, measured) the caller need not wait on."""
+    if not _GRAVEDIGGER:
+        _GRAVEDIGGER.append(threading.Thread(target=_dig, daemon=True))
+        _GRAVEDIGGER[0].start()
+    _GRAVEYARD.put(payloads)
+
+
+def _dig() -> None:
+    while True:
+        _GRAVEYARD.get()  # the list is dropped right here
+
+
 def _worker_copy(store: str, token_fields: frozenset, seq_len_field: str) -> RayDriverPlane:
     """The client a pickled `RayDriverPlane` becomes: the driver's own in its process, else a worker's."""
     driver = _DRIVERS.get(store)
@@ -140,7 +159,8 @@ class RayDriverPlane(IndexedClient):
         with self._lock:
             out = getattr(self._index, method)(*args)
             freed, self._index.freed = self._index.freed, []
-        del freed  # the objects' last refs go here, outside the lock
+        if freed:
+            _bury(freed)
         return out
 
     def _absorb(self, receipt: _Receipt) -> None:
