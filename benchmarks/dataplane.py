@@ -14,11 +14,17 @@ One step (what a sync GRPO step asks of the data plane):
   original order -> clear (without waiting for the store's answer, as the trainer's step-end clear).
 
 Variants:
-  ray        rlplane's `ray` backend (index in a store actor; a rank handed the put's receipt reads
-             from it while the store verifies it is current, and hands back its write-back's receipt,
-             which the driver reads from the same way). With --multi-node the driver's put is split
-             by the ranks' DP shards (`put_samples(shards=dp_shard_rows(...))`), one object each.
-  ray/store  the same with owner="store" (data outlives its producer; one extra copy per put).
+  ray        rlplane's `ray` backend with the index in the driver (`index="driver"`): a rank reads
+             from where the meta it was sent says its rows are (no call), writes back, and returns
+             its receipt, which the driver's index takes when it arrives; the driver prefetches
+             each rank's column as its receipt comes (as raw's ray.wait pulls each rank's result),
+             then reads from it.
+             With --multi-node the driver's put is split by the ranks' DP shards
+             (`put_samples(shards=dp_shard_rows(...))`), one object each.
+  ray/actor  the same with the index in a store actor (`index="store"`, the default): a rank handed
+             the put's receipt reads from it while the store verifies it is current, and commits
+             its write-back there; the driver reads the ranks' receipts the same way.
+  ray/store  the store actor with owner="store" (data outlives its producer; one extra copy per put).
   raw        what one would write by hand: the driver packs each column jagged (numpy values +
              offsets) per DP shard, one ray.put per shard; actors get and pad it, return their
              packed new column as an object; the driver pads the results back in order; refs dropped.
@@ -173,9 +179,16 @@ def plane_step(variant, client, ranks, batch, lens, ids, step, timings, split):
     meta = client.put_samples(ids, pid, batch, shards=dp_shard_rows(lens, len(ranks)) if split else None)
     t1 = time.perf_counter()
     metas, inverse = shard_meta_for_dp(meta, len(ranks))
-    written = ray.get([r.plane_step.remote(variant, m) for r, m in zip(ranks, metas)])
+    calls = [r.plane_step.remote(variant, m) for r, m in zip(ranks, metas)]
+    rank_of = {ref: i for i, ref in enumerate(calls)}
+    written: list = [None] * len(calls)
+    while calls:  # each rank's receipt as it comes: its column starts moving here while the other works
+        done, calls = ray.wait(calls, num_returns=1)
+        written[rank_of[done[0]]] = receipt = ray.get(done[0])
+        client.prefetch(receipt)
     t2 = time.perf_counter()
-    # The ranks' receipts, in the original order: read from their objects while the store verifies.
+    # The ranks' receipts, in the original order: read from their objects (the store actor verifies
+    # them meanwhile; a driver-held index checks them in-process).
     full = client.get_samples(concat_metas(written).subset(inverse), None, ["prev_logprobs"])["prev_logprobs"]
     t3 = time.perf_counter()
     client.clear_samples(meta, None, wait=False)  # as the trainer's step-end clear
@@ -210,9 +223,9 @@ def main() -> None:
           f"{ntok / args.samples:.0f}), payload {payload / 1e6:.1f} MB; "
           f"load average {os.getloadavg()[0]:.2f}")
 
-    plane = make_data_plane("ray")
-    plane_store = make_data_plane("ray", owner="store")
-    variants = {"ray": plane, "ray/store": plane_store, "raw": None}
+    planes = {"ray": make_data_plane("ray", index="driver"), "ray/actor": make_data_plane("ray"),
+              "ray/store": make_data_plane("ray", owner="store")}
+    variants = {**planes, "raw": None}
     ranks = [Rank.options(**opts).remote({k: v for k, v in variants.items() if v is not None}) for opts in placements]
     ray.get([r.__ray_ready__.remote() for r in ranks])
     if cluster is not None:
@@ -244,9 +257,10 @@ def main() -> None:
         print(f"{name:<10} {cols[-1]:8.1f} {args.samples / s:10.0f} {payload / s / 1e6:7.0f}   "
               + " / ".join(f"{c:.1f}" for c in cols[:4]))
     print(f"ratio ray/raw = {med['ray'] / med['raw']:.2f}x (target <= 1.0x); "
-          f"ray/store / raw = {med['ray/store'] / med['raw']:.2f}x; load average {os.getloadavg()[0]:.2f}")
-    plane.close()
-    plane_store.close()
+          + "; ".join(f"{k} / raw = {med[k] / med['raw']:.2f}x" for k in ("ray/actor", "ray/store"))
+          + f"; load average {os.getloadavg()[0]:.2f}")
+    for plane in planes.values():
+        plane.close()
     ray.shutdown()
     if cluster is not None:
         cluster.shutdown()

@@ -156,6 +156,19 @@ def test_grpo_ray_runtime_two_policy_workers(tmp_path, ray_session):
     assert summary["accuracy_after"] is not None
 
 
+@pytest.mark.ray
+def test_grpo_ray_runtime_with_the_data_plane_index_in_the_driver(tmp_path, ray_session):
+    """data_plane.index=driver: the policy ranks read from the metas they are sent and return their
+    logprob write-backs, which the driver's index takes; a 2-step run matches the store actor's."""
+    args = ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=2", "grpo.max_num_steps=2",
+            "loss_fn.reference_policy_kl_penalty=0.01"]  # (reference logprobs: a second write-back per step)
+    a = train(small_cfg(tmp_path / "store", *args), quiet=True)
+    b = train(small_cfg(tmp_path / "driver", *args, "data_plane.index=driver"), quiet=True)
+    rows = _timings_free(read_metrics(tmp_path / "driver" / "logs"))
+    assert rows == _timings_free(read_metrics(tmp_path / "store" / "logs"))
+    assert len([r for r in rows if r["step"] > 0]) == 2 and a["accuracy_after"] == b["accuracy_after"]
+
+
 def test_grpo_with_dapo_options_kl_and_masks(tmp_path, first_digit_env):
     """Dynamic sampling (refill from one-step batches, overflow slice), overlong filter, shaping, seq
     masking and a KL term together."""

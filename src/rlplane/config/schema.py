@@ -214,6 +214,10 @@ class DataPlaneConfig(StrictModel):
     """Where per-sample columns live during a step (NeMo RL `data_plane.*`)."""
 
     backend: Literal["memory", "ray"] = Field("memory", description="`memory` (in-process) or `ray` (object store).")
+    index: Literal["store", "driver"] = Field(
+        "store", description="`ray` only: where the key index lives. `store`: a store actor every process asks; "
+        "`driver`: the driver's client, so workers read the metas it sends and return their writes' receipts with "
+        "no store round trips (one driver; not with grpo.async_grpo, whose collector clears keys itself).")
 
 
 class ClusterConfig(StrictModel):
@@ -334,6 +338,12 @@ class RunConfig(StrictModel):
         if p.lora.enabled and self.warmup.enabled:
             errors.append("policy.lora.enabled with warmup.enabled: the warm-up trains every weight, which an adapter "
                           "checkpoint does not hold; set warmup.enabled=false (or policy.lora.enabled=false)")
+        if self.data_plane.index == "driver" and self.data_plane.backend != "ray":
+            errors.append("data_plane.index = driver needs data_plane.backend = ray (the memory plane's index is in "
+                          "the driver already); set data_plane.backend=ray or data_plane.index=store")
+        if self.data_plane.index == "driver" and self.grpo is not None and self.grpo.async_grpo.enabled:
+            errors.append("data_plane.index = driver with grpo.async_grpo.enabled: the async collector reads and "
+                          "clears keys in its own process, which needs the store actor; set data_plane.index=store")
         if self.runtime == "ray" and self.data_plane.backend == "memory":
             errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
                           "in-process memory); set data_plane.backend=ray")

@@ -59,11 +59,25 @@ BACKENDS = ("memory", "ray")
 def make_data_plane(backend: str = "memory", **options: Any) -> DataPlaneClient:
     """A data-plane client. backend "memory" (in-process) or "ray" (object store; needs ray.init).
 
-    Options (both): token_fields, seq_len_field. Ray only: name, owner ("producer" | "store"), attach.
+    Options (both): token_fields, seq_len_field. Ray only: index ("store": the key index in a store
+    actor, the default; "driver": in the driver's client, for one driver whose workers read the metas
+    it sends and return their writes' receipts, see `ray_driver`), and with index="store": name,
+    owner ("producer" | "store"), attach.
     """
     if backend == "memory":
         return MemoryDataPlane(**options)
     if backend == "ray":
+        index = options.pop("index", "store")
+        if index == "driver":
+            extra = sorted(set(options) - {"token_fields", "seq_len_field"})
+            if extra:
+                raise DataPlaneError(f"data_plane index = 'driver' takes no {extra}: the store actor's options "
+                                     "(name, owner, attach) need index='store'")
+            from .ray_driver import RayDriverPlane
+
+            return RayDriverPlane(**options)
+        if index != "store":
+            raise DataPlaneError(f"data_plane index = {index!r}: choose 'store' or 'driver'")
         from .ray_backend import RayDataPlane
 
         return RayDataPlane(**options)

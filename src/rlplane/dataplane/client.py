@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack
 from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
 from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
 from .index import LookupPlan
-from .meta import GLOBAL_PAD_KEY, KVBatchMeta
+from .meta import GLOBAL_PAD_KEY, KVBatchMeta, _rebuilt
 
 __all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "IndexedClient"]
 
@@ -37,6 +38,7 @@ __all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "IndexedClie
 DEFAULT_TOKEN_FIELDS = TOKEN_COLUMNS
 
 FieldValue = torch.Tensor | Sequence[torch.Tensor]
+_DTYPE = operator.attrgetter("dtype")
 SampleIds = Sequence[str] | KVBatchMeta
 
 
@@ -115,6 +117,11 @@ class DataPlaneClient(abc.ABC):
     @abc.abstractmethod
     def is_complete(self, partition_id: str, fields: Sequence[str]) -> bool:
         """True once at least `num_samples` (as registered) keys have every one of `fields`."""
+
+    def prefetch(self, meta: KVBatchMeta) -> None:
+        """Start moving the data `meta`'s receipts locate to this process's node and return at once:
+        a hint that a `get_samples` of it follows (a driver handed a DP rank's write-back receipt
+        while the other ranks still work). Backends whose data is already here do nothing."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -306,11 +313,12 @@ class IndexedClient(DataPlaneClient):
                     raise ShapeError(
                         f"partition {pid!r}: field {name!r} has {len(rows)} rows for {n} keys {fmt_keys(ids)}"
                     )
-                rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
+                if set(map(type, rows)) != {torch.Tensor}:  # (a C-level pass; the usual case)
+                    rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
                 # One dtype (cat would silently promote); shapes are checked by the cat itself, and
                 # only a failed put pays for listing them (the common path stays one C call).
                 try:
-                    if len({r.dtype for r in rows}) > 1:
+                    if len(set(map(_DTYPE, rows))) > 1:
                         raise TypeError
                     col = pack_rows(rows)
                 except (RuntimeError, TypeError):
@@ -352,13 +360,16 @@ class IndexedClient(DataPlaneClient):
         final_lens, final_tags, task_name, located = self._commit(pid, ids, columns, token_lens, lens, not derived,
                                                                   tags, bounds=bounds)
         out_lens = None if any(x is None for x in final_lens) else tuple(final_lens)
+        # The receipt is built from checked values (keys: strings, unique; lengths: ints from the
+        # index) without re-normalising every row (0.7 ms per 1000 keys), tags copied from the index.
         if final_tags is None:  # no key carries tags: the store spares sending n empty dicts
             final_tags = [{} for _ in ids]
+        else:
+            final_tags = [dict(t) for t in final_tags]
         if meta is None:
-            return KVBatchMeta(pid, task_name, tuple(ids), tuple(fields), out_lens, tuple(final_tags),
-                               locations=located)
+            return _rebuilt(pid, task_name, tuple(ids), tuple(fields), out_lens, tuple(final_tags), {}, tuple(located))
         merged_tags = tuple({**old, **new} for old, new in zip(meta.tags, final_tags))
-        return KVBatchMeta(
+        return _rebuilt(
             pid,
             meta.task_name if meta.task_name is not None else task_name,
             tuple(ids),

@@ -72,7 +72,8 @@ def pack_rows(rows: Sequence[torch.Tensor]) -> Column:
         return Column(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
     if rows[0].dim() == 0:  # rows agree in rank (checked by the caller): scalars become length 1
         rows = [r.reshape(1) for r in rows]
-    lens = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)  # not len(): its Python wrapper costs 4x
+    # not len(): its Python wrapper costs 4x; and via numpy: torch.tensor(list) costs 4x np.array
+    lens = torch.from_numpy(np.array([r.shape[0] for r in rows], dtype=np.int64))
     offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=offsets[1:])
     return Column(torch.cat(rows).detach().cpu().contiguous(), offsets)
@@ -134,6 +135,13 @@ def gather_jagged(
     views: list = [None] * (batch + 1)
     for col, rows, pos in parts:
         assert col.offsets is not None
+        if 4 * len(rows) >= col.num_rows:
+            # A good share of the chunk: every row's view from one C++ split, then picked (500 of
+            # 1000 rows: 0.53 ms against 0.78 ms for a Python slice per row, measured).
+            row_views = torch.split(col.values, col.row_lengths().tolist())
+            for r, p in zip(rows, pos):
+                views[p] = row_views[r]
+            continue
         offsets = col.offsets.tolist()
         values = col.values
         for r, p in zip(rows, pos):

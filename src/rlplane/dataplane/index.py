@@ -145,8 +145,8 @@ class PlaneIndex:
     # ---- writes --------------------------------------------------------------------------------
 
     def _slots(self, part: _Partition, ids: Sequence[str]) -> np.ndarray:
-        get = part.slot_of.get
-        return np.fromiter((get(s, -1) for s in ids), dtype=np.int64, count=len(ids))
+        # map over dict.get: no Python frame per key (half the time of a generator, measured)
+        return np.fromiter(map(part.slot_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
 
     def seq_lens(self, pid: str, ids: Sequence[str]) -> list[int | None]:
         """Stored sequence length of each key (None for keys not yet stored or without one)."""
@@ -218,8 +218,8 @@ class PlaneIndex:
         if len(fresh):
             part.grow(part.num_slots + len(fresh))
             new_slots = np.arange(part.num_slots, part.num_slots + len(fresh))
-            for i, slot in zip(fresh.tolist(), new_slots.tolist()):
-                part.slot_of[ids[i]] = slot
+            fresh_ids = ids if len(fresh) == n else [ids[i] for i in fresh.tolist()]
+            part.slot_of.update(zip(fresh_ids, range(part.num_slots, part.num_slots + len(fresh))))
             part.tags.extend(None for _ in range(len(fresh)))
             slots[fresh] = new_slots
             part.num_slots += len(fresh)
@@ -315,6 +315,38 @@ class PlaneIndex:
                 return False
         return True
 
+    def locate(self, pid: str, ids: Sequence[str]) -> tuple[dict[str, tuple[list, np.ndarray, np.ndarray]],
+                                                             DataPlaneError | None]:
+        """Where every written field of `ids` is now, for a reader that cannot ask the index later:
+        field -> (payloads, (n,) index into payloads or -1 where not written, (n,) row in that payload),
+        and the error a read of the keys that are not live would raise (None if all are live)."""
+        part = self._parts.get(pid)
+        if part is None:
+            try:
+                self.partition(pid)
+            except DataPlaneError as err:
+                return {}, err
+        assert part is not None
+        slots = self._slots(part, ids)
+        live = slots >= 0
+        err = None
+        if not live.all():
+            try:
+                self._live_slots(pid, ids, "read them")
+            except DataPlaneError as e:
+                err = e
+        safe = np.maximum(slots, 0)
+        where = {}
+        for field, arr in part.loc.items():
+            cids = np.where(live, arr[0, safe], -1)
+            uniq, which = np.unique(cids, return_inverse=True)
+            if uniq[-1] < 0:
+                continue  # not written for any of these keys
+            first = 1 if uniq[0] < 0 else 0  # -1 sorts first: "not written" takes no payload
+            payloads = [part.chunks[int(c)][0] for c in uniq[first:]]
+            where[field] = (payloads, which.astype(np.int64) - first, np.where(cids >= 0, arr[1, safe], -1))
+        return where, err
+
     def list(self, pid: str) -> list[str]:
         return list(self.partition(pid).slot_of)
 
@@ -361,6 +393,16 @@ class PlaneIndex:
         part = self.partition(pid)
         ids = list(part.slot_of) if ids is None else list(dict.fromkeys(ids))
         _, slots = self._live_slots(pid, ids, "clear them")
+        if len(ids) == len(part.slot_of):  # every live key (a step's final clear): no per-key release
+            self.freed.extend(payload for payload, _ in part.chunks.values())
+            part.chunks.clear()
+            for arr in part.loc.values():
+                arr[:, : part.num_slots] = -1
+            part.seq_len[: part.num_slots] = -1
+            part.tags = [None] * len(part.tags)
+            part.cleared.update(ids)
+            part.slot_of.clear()
+            return len(ids)
         for arr in part.loc.values():
             self._release(part, arr[0, slots])
             arr[:, slots] = -1

@@ -31,6 +31,9 @@ goes, as before; a copy of a receipt kept in another process holds its object un
 
 The client pickles to a handle on the same store actor, so it can be passed to Ray workers as an
 argument; `make_data_plane("ray", name=...)` in a worker attaches to a named store instead.
+
+`make_data_plane("ray", index="driver")` (`ray_driver.py`) keeps the same objects and receipts
+but the index in the driver's client: no store actor, no round trips, for runs with one driver.
 """
 
 from __future__ import annotations
@@ -115,21 +118,67 @@ def _read(wanted: dict[str, list[tuple[_Stored, str, list[int], list[int]]]]) ->
             for f, parts in located.items()}
 
 
+_PREFETCHES: queue.SimpleQueue = queue.SimpleQueue()  # lists of refs for the prefetch thread
+_PREFETCH_THREAD: list = []
+
+
+def _prefetch(store: str, meta: Any) -> None:
+    """Have a helper thread wait, with `fetch_local`, for the objects `meta`'s receipts of `store`
+    locate: Ray pulls them to this node meanwhile, and the read that follows finds them here."""
+    refs = [ref for loc in meta.locations if isinstance(loc, _Receipt) and loc.store == store
+            for ref in (() if loc.stored is None else loc.stored.refs)]
+    if not refs:
+        return
+    if not _PREFETCH_THREAD:
+        _PREFETCH_THREAD.append(threading.Thread(target=_prefetch_loop, daemon=True))
+        _PREFETCH_THREAD[0].start()
+    _PREFETCHES.put(refs)
+
+
+def _prefetch_loop() -> None:
+    while True:
+        refs = _PREFETCHES.get()
+        try:
+            ray.wait(refs, num_returns=len(refs), fetch_local=True)
+        except Exception:  # a hint only: the read itself reports what went wrong
+            pass
+        del refs
+
+
 class _Receipt:
     """Where one put stored its rows: `stored` (its objects), the index's chunk id of each field,
     and the put's keys in row order. Travels inside `KVBatchMeta.locations`; every copy, in any
-    process, is listed in `_RECEIPTS` so that a clear there can drop its refs."""
+    process, is listed in `_RECEIPTS` so that a clear there can drop its refs.
 
-    __slots__ = ("store", "pid", "ids", "chunks", "stored", "_rows", "__weakref__")
+    With the index in the driver (`ray_driver`): `pending` is the commit of a write made in a worker
+    (uid, then `PlaneIndex.commit`'s last four arguments), taken into the driver's index when the
+    receipt is unpickled there; and a receipt pickled in the driver leaves as a `_Snapshot`."""
 
-    def __init__(self, store: str, pid: str, ids: tuple, chunks: dict[str, int], stored: _Stored | None) -> None:
+    __slots__ = ("store", "pid", "ids", "chunks", "stored", "pending", "_rows", "__weakref__")
+
+    def __init__(self, store: str, pid: str, ids: tuple, chunks: dict[str, int], stored: _Stored | None,
+                 pending: tuple | None = None) -> None:
         self.store, self.pid, self.ids, self.chunks, self.stored = store, pid, ids, chunks, stored
+        self.pending = pending
         self._rows: dict[str, int] | None = None
+        driver = _DRIVERS.get(store)
+        if pending is not None and driver is not None:
+            driver._absorb(self)  # before it is listed below: the overwrite it makes must not drop it
         with _RECEIPTS_LOCK:
             _RECEIPTS.setdefault((store, pid), weakref.WeakSet()).add(self)
 
     def __reduce__(self):
-        return _Receipt, (self.store, self.pid, self.ids, self.chunks, self.stored)
+        driver = _DRIVERS.get(self.store)
+        if driver is not None and self.pending is None:
+            return driver._snapshot(self.pid, self.ids)  # leaving the driver: where its keys are now
+        return _Receipt, (self.store, self.pid, self.ids, self.chunks, self.stored, self.pending)
+
+    def _outbound(self, meta: Any, memo: dict) -> Any:
+        """What a meta carrying this receipt sends when pickled (`KVBatchMeta.__reduce__`)."""
+        driver = _DRIVERS.get(self.store)
+        if driver is None or self.pending is not None:
+            return self
+        return driver._outbound(meta, memo)
 
     def row_of(self) -> dict[str, int]:
         if self._rows is None:
@@ -139,6 +188,8 @@ class _Receipt:
 
 _RECEIPTS: dict[tuple[str, str], weakref.WeakSet] = {}  # (store, partition) -> this process's live receipts
 _RECEIPTS_LOCK = threading.Lock()
+# store key -> the client holding that store's index in this process (`ray_driver.RayDriverPlane`).
+_DRIVERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _forget(store: str, pid: str | None, ids: Iterable[str] | None = None, fields: Iterable[str] | None = None) -> None:
@@ -418,6 +469,9 @@ class RayDataPlane(IndexedClient):
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         return _read({f: [(stored, name, rows, pos) for (stored, name), rows, pos in parts]
                       for f, parts in plan.parts.items()})
+
+    def prefetch(self, meta):
+        _prefetch(self._store_key, meta)
 
     def num_objects(self, partition_id: str | None = None) -> int:
         """How many (put, field) chunks the index holds (all partitions if None); 0 once all is cleared."""

@@ -84,7 +84,8 @@ class Session:
             self.shared_paths = write_probes(self._probed_dirs())
             worker_cfg = with_driver_model_path(cfg)
             teacher_cfg = teacher_cfg and with_driver_model_path(teacher_cfg)
-        self.data_plane = make_data_plane(cfg.data_plane.backend)
+        dp = cfg.data_plane
+        self.data_plane = make_data_plane(dp.backend, **({"index": dp.index} if dp.backend == "ray" else {}))
         self.workers = Workers(worker_cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg,
                                shared_paths=self.shared_paths)
         self.refit = Refit(self.workers)

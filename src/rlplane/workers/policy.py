@@ -201,7 +201,9 @@ class PolicyWorker(DPTrainWorker):
 
     # ---- logprobs --------------------------------------------------------------------------------
     @torch.no_grad()
-    def compute_logprobs(self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False) -> None:
+    def compute_logprobs(
+        self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False
+    ) -> KVBatchMeta | None:
         """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
         model = self.reference if reference else self.model
         lengths = torch.tensor(meta.seq_lens or (), dtype=torch.long, device=self.device)
@@ -229,10 +231,11 @@ class PolicyWorker(DPTrainWorker):
         out = out.cpu()  # the data plane holds host tensors
         finish_lockstep()
         model.train(was_training)
-        self.dp.put_samples(
+        # The write-back's receipt goes back to the driver: a driver-held index (data_plane.index:
+        # driver) takes the write when it arrives, and the store actor's ignores it.
+        return self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
         )
-        return None
 
     # ---- training ------------------------------------------------------------------------------
     def train(self, meta: KVBatchMeta, loss: PolicyLoss) -> dict[str, float]:

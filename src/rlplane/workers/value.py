@@ -99,7 +99,7 @@ class ValueWorker(DPTrainWorker):
         self.group = None
 
     @torch.no_grad()
-    def compute_values(self, meta: KVBatchMeta, out_field: str = VALUES) -> None:
+    def compute_values(self, meta: KVBatchMeta, out_field: str = VALUES) -> KVBatchMeta | None:
         """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
         lengths = torch.tensor(meta.seq_lens or (), dtype=torch.long, device=self.device)
         plan = microbatch_planner(self.cfg.policy, train=False)(torch.arange(len(meta), device=self.device), lengths)
@@ -115,10 +115,11 @@ class ValueWorker(DPTrainWorker):
         out = out.cpu()  # the data plane holds host tensors
         finish_lockstep()
         self.model.train()
-        self.dp.put_samples(
+        # The write-back's receipt goes back to the driver: a driver-held index (data_plane.index:
+        # driver) takes the write when it arrives, and the store actor's ignores it.
+        return self.dp.put_samples(
             list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
         )
-        return None
 
     def train(self, meta: KVBatchMeta, **_: Any) -> dict[str, float]:
         """Every global batch of this rank's shard with the clipped value loss (``value.loss_fn``):

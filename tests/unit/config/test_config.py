@@ -48,6 +48,14 @@ def test_dp_size_needs_ray_runtime():
     assert any("policy.dp_size = 2 needs runtime: ray" in line for line in lines)
 
 
+def test_a_driver_held_data_plane_index_needs_the_ray_backend_and_no_async_collector():
+    (line,) = problems(overrides=["data_plane.index=driver"])
+    assert line.startswith("data_plane.index = driver needs data_plane.backend = ray")
+    lines = problems(overrides=["data_plane.backend=ray", "data_plane.index=driver", "grpo.async_grpo.enabled=true"])
+    assert any(line.startswith("data_plane.index = driver with grpo.async_grpo.enabled") for line in lines)
+    assert load_config(None, ["data_plane.backend=ray", "data_plane.index=driver"]).data_plane.index == "driver"
+
+
 def test_loss_rule_is_reported_with_its_section():
     lines = problems(overrides=["loss_fn.ratio_clip_c=0.5"])
     assert len(lines) == 1 and "ratio_clip_c" in lines[0]

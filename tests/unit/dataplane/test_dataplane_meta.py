@@ -156,6 +156,32 @@ def test_index_verify_says_whether_receipt_chunks_are_still_current():
         ix.verify("p", ["a"], {"y": np.full(1, chunks["y"])})
 
 
+
+def test_index_locate_says_where_every_field_of_the_keys_is_now():
+    """What a driver-held index ships with a meta: per field, the payloads and, per key, which
+    payload (-1: none) and which row in it; and the error for keys that are not live."""
+    from rlplane.dataplane import ClearedKeyError, UnknownPartitionError
+    from rlplane.dataplane.index import PlaneIndex
+
+    ix = PlaneIndex()
+    ix.register("p", ["x", "y"], 3, None)
+    ix.commit("p", ["a", "b", "c"], {"x": "o1"}, {}, None, False, None)  # x of a, b, c: rows 0, 1, 2 of o1
+    ix.commit("p", ["c", "b"], {"x": "o2", "y": "o2"}, {}, None, False, None)  # c, b: rows 0, 1 of o2
+    ix.clear("p", ["a"])
+    where, gone = ix.locate("p", ["b", "a", "c"])
+    payloads, which, rows = where["x"]
+    assert payloads == ["o2"] and which.tolist() == [0, -1, 0] and rows.tolist() == [1, -1, 0]  # o1 went with a
+    payloads, which, rows = where["y"]
+    assert payloads == ["o2"] and which.tolist() == [0, -1, 0] and rows.tolist() == [1, -1, 0]
+    assert isinstance(gone, ClearedKeyError) and "keys ['a'] were cleared" in str(gone)
+    ix.commit("p", ["d"], {"x": "o3"}, {}, None, False, None)
+    where, gone = ix.locate("p", ["d", "b"])
+    payloads, which, rows = where["x"]
+    assert payloads == ["o2", "o3"] and which.tolist() == [1, 0] and rows.tolist() == [0, 1]
+    assert where["y"][1].tolist() == [-1, 0] and gone is None  # d has no y: -1, and it is live
+    where, gone = ix.locate("q", ["a"])
+    assert where == {} and isinstance(gone, UnknownPartitionError)
+
 def test_locations_survive_row_selection_and_concat_but_not_equality():
     a = make().with_fields(["f"])
     with_loc = dataclasses.replace(a, locations=("L1",))
