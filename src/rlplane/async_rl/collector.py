@@ -80,7 +80,7 @@ from typing import Any
 
 import torch
 
-from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
+from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, batch_groups, buffer_capacity
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
@@ -88,11 +88,6 @@ from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
-
-# What a group carries per sample besides the environment's reward/<name> components.
-# With version_tokens/<k> (tokens per weight version, async only) and reward/<name> (the env's components).
-CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths", "generated_tokens",
-         "oldest_version"]
 
 
 def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
@@ -547,8 +542,7 @@ class AsyncTrajectoryCollector:
         rollout_metrics = {k: float(v) for k, v in {**rollout_metrics, "dropped_groups": sum(failed)}.items()}
         # Made before the turn (while the batches before this one are still scored or buffered): only
         # adding them to the buffer needs start order.
-        groups = [self._group(batch, d, meta, carry, slice(i * G, (i + 1) * G), rollout_metrics)
-                  for i, d in enumerate(datums) if not failed[i]]
+        groups = batch_groups(datums, target, meta, carry, rollout_metrics, keep=[not f for f in failed])
         self._await_turn(batch)
         with self._cond:
             self.counters["dropped_groups"] += sum(failed)
@@ -585,23 +579,6 @@ class AsyncTrajectoryCollector:
                 self.counters["groups_generated"] += 1
             if i == 0:
                 kill_point("collector_generation")  # the batch half in the buffer
-
-    @staticmethod
-    def _group(batch: _Batch, datum: DatumSpec, meta: KVBatchMeta, carry: Mapping[str, torch.Tensor], rows: slice,
-               rollout_metrics: dict[str, float]) -> TrajectoryGroup:
-        """The group of ``datum``: the batch's samples ``rows``."""
-        return TrajectoryGroup(
-            prompt_idx=datum.idx,
-            epoch=datum.epoch,
-            # Its oldest token's version (= the batch's unless a swap landed before its first token).
-            generation_version=int(carry["oldest_version"][rows].min()),
-            target_version=batch.target,
-            meta=meta.slice(rows.start, rows.stop),  # its columns stay in the data plane
-            # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
-            carry={k: carry[k][rows].clone() for k in carry
-                   if k in CARRY or k.startswith(("reward/", "version_tokens/"))},
-            rollout_metrics=dict(rollout_metrics),  # its own: a group may be checkpointed or merged apart
-        )
 
 
 @dataclasses.dataclass
