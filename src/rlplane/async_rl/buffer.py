@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import KVBatchMeta
 from rlplane.utils.kill_points import kill_point
 
@@ -79,6 +80,39 @@ class TrajectoryGroup:
                                tags=state["tags"])
         return cls(int(state["prompt_idx"]), int(state["generation_version"]), int(state["target_version"]),
                    meta, dict(state["carry"]), dict(state.get("rollout_metrics", {})), int(state.get("epoch", 0)))
+
+
+# What a group carries per sample besides the environment's reward/<name> components and (async GRPO)
+# version_tokens/<k> (its tokens per weight version).
+CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths", "generated_tokens",
+         "oldest_version"]
+
+
+def batch_groups(datums: Sequence[DatumSpec], target_version: int, meta: KVBatchMeta,
+                 carry: Mapping[str, torch.Tensor], rollout_metrics: Mapping[str, float],
+                 keep: Sequence[bool] | None = None) -> list[TrajectoryGroup]:
+    """A generation batch's groups for ``target_version``: datum ``i``'s are the rows ``i*G .. i*G+G-1``
+    of its receipt and (B,) carry (group-major, G = B / len(datums)); those with ``keep[i]`` false are
+    left out. Each carries its (G,) rows (copies) and its own copy of the batch's ``rollout_metrics``."""
+    G = len(meta) // max(len(datums), 1)
+    groups = []
+    for i, d in enumerate(datums):
+        if keep is not None and not keep[i]:
+            continue
+        rows = slice(i * G, (i + 1) * G)
+        groups.append(TrajectoryGroup(
+            prompt_idx=d.idx,
+            epoch=d.epoch,
+            # Its oldest token's version (= the batch's unless a swap landed before its first token).
+            generation_version=int(carry["oldest_version"][rows].min()),
+            target_version=target_version,
+            meta=meta.slice(rows.start, rows.stop),  # its columns stay in the data plane
+            # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
+            carry={k: carry[k][rows].clone() for k in carry
+                   if k in CARRY or k.startswith(("reward/", "version_tokens/"))},
+            rollout_metrics=dict(rollout_metrics),
+        ))
+    return groups
 
 
 def servable(generation_version: int, target_version: int, current_version: int, max_age_steps: int) -> bool:

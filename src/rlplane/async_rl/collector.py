@@ -19,9 +19,12 @@ generation is over (:func:`~rlplane.workers.turns.run_turns`' ``on_generated``),
 scored: the judge is latency, not CPU, so the collector's cycle is about max(generation, judge)
 instead of their sum, and a refit waits for the generation only (the weights are free once the
 tokens are sampled). Up to ``grpo.async_grpo.max_concurrent_scoring`` batches (the oldest ones
-unfinished) are scored at once, 1 by default: no environment is stepped by two batches at once.
-Whatever that number, batches fill the buffer in the order they started (a batch scored first waits
-for its turn), so a run replays.
+unscored) are scored at once, 1 by default: no environment is stepped by two batches at once. The
+scoring turn holds the environment step and nothing else (``run_turns``' ``scoring``): a batch
+decodes its responses before it and lays out its columns and groups after it, while the next batch
+is scored, so with a slow judge a batch is ready about every judge call, not every judge call plus
+that work. Whatever that number, batches fill the buffer in the order they started (a batch scored
+first waits for its turn), so a run replays.
 
 The trainer brackets each refit with :meth:`prepare_for_refit` and :meth:`resume_after_refit`.
 
@@ -63,7 +66,9 @@ the same keys by :meth:`load_state`, so a resumed run trains exactly the samples
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -75,7 +80,7 @@ from typing import Any
 
 import torch
 
-from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
+from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, batch_groups, buffer_capacity
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
@@ -83,11 +88,6 @@ from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
-
-# What a group carries per sample besides the environment's reward/<name> components.
-# With version_tokens/<k> (tokens per weight version, async only) and reward/<name> (the env's components).
-CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_lengths", "generated_tokens",
-         "oldest_version"]
 
 
 def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
@@ -150,10 +150,13 @@ class AsyncTrajectoryCollector:
         self._scoring = 0  # batches started whose groups are not all in the buffer yet (generating or scoring)
         # Groups per target in those batches: counted as covered, so no target is generated twice.
         self._reserved: dict[int, int] = {}
-        # Numbers of the batches started and not finished, in start order: the first max_concurrent_scoring
-        # of them may score (1: no environment is stepped by two batches at once, as it need not be
-        # thread-safe), only the first may fill the buffer (so a run replays). A batch leaves when it ends.
+        # Numbers of the batches started and not finished, in start order: only the first may fill the
+        # buffer (so a run replays). A batch leaves when it ends.
         self._turns: deque[int] = deque()
+        # Those of them not scored yet, in start order: the first max_concurrent_scoring of them may score
+        # (1: no environment is stepped by two batches at once, as it need not be thread-safe). A batch leaves
+        # as its environment step returns: the next one scores while it assembles its groups.
+        self._unscored: deque[int] = deque()
         self.max_concurrent_scoring = g.async_grpo.max_concurrent_scoring
         self._batch_threads: list[threading.Thread] = []
         self._stop = False
@@ -163,8 +166,8 @@ class AsyncTrajectoryCollector:
         self._traceback = ""
         self._thread: threading.Thread | None = None
         self._batches = 0  # generation batches started: part of every key (group_sample_keys)
-        # generation_seconds: batches generating; scoring_seconds: scoring; score_wait_seconds: a generated batch
-        # waiting for the one before it to finish scoring (with overlapped scoring).
+        # generation_seconds: batches generating; scoring_seconds: scoring (the environment step); score_wait_seconds:
+        # a generated batch waiting for the one before it to finish scoring (with overlapped scoring).
         self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "scoring_seconds": 0.0,
                          "score_wait_seconds": 0.0, "failures": 0, "dropped_groups": 0}
         self.drop_failed_groups = g.rollout_failure_policy == "drop_group"
@@ -413,6 +416,7 @@ class AsyncTrajectoryCollector:
         self._reserved[target] = self._reserved.get(target, 0) + needed
         self._batches += 1
         self._turns.append(self._batches)
+        self._unscored.append(self._batches)
         return _Batch(target, self._take_prompts(needed), self.weight_version, self._batches)
 
     def _take_prompts(self, n: int) -> list[DatumSpec]:
@@ -433,9 +437,6 @@ class AsyncTrajectoryCollector:
             with self._cond:
                 self._busy, generating = False, False
                 self._cond.notify_all()
-                while self._turns.index(batch.number) >= self.max_concurrent_scoring:
-                    self._cond.wait()  # a batch started before this one ends
-            batch.scoring_at = time.perf_counter()
 
         try:
             self._generate(batch, generated if self.overlap_scoring else None)
@@ -443,6 +444,7 @@ class AsyncTrajectoryCollector:
             self._fail(e)
         finally:
             with self._cond:
+                self._scored(batch)  # if it never got to score (a failed generation)
                 self._turns.remove(batch.number)  # failed, dropped or buffered: the later batches go on
                 if generating:
                     self._busy = False
@@ -451,6 +453,29 @@ class AsyncTrajectoryCollector:
                 if not self._reserved[batch.target]:
                     del self._reserved[batch.target]
                 self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _scoring_turn(self, batch: _Batch) -> Iterator[None]:
+        """Around ``batch``'s scoring (its environment step, ``run_turns``' ``scoring``): enters once fewer
+        than ``max_concurrent_scoring`` batches started before it are unscored, leaves as the step returns."""
+        waiting = time.perf_counter()
+        with self._cond:
+            while self._unscored.index(batch.number) >= self.max_concurrent_scoring:
+                self._cond.wait()  # a batch started before this one is scored
+        batch.scoring_at = time.perf_counter()
+        batch.score_wait = batch.scoring_at - waiting
+        try:
+            yield
+        finally:
+            batch.scored_at = time.perf_counter()
+            with self._cond:
+                self._scored(batch)
+
+    def _scored(self, batch: _Batch) -> None:
+        """``batch`` leaves the scoring queue (the lock held; once only)."""
+        if batch.number in self._unscored:
+            self._unscored.remove(batch.number)
+            self._cond.notify_all()
 
     def _await_turn(self, batch: _Batch) -> None:
         """Until the batches started before ``batch`` have ended: its results (groups, or prompts put
@@ -479,7 +504,8 @@ class AsyncTrajectoryCollector:
             meta, carry, rollout_metrics = self.worker.rollout(
                 datums, group_size=G, partition_id=self.partition_id, weight_version=version,
                 keys=group_sample_keys(target, batch.number, datums, G), version_span=self.max_age_steps,
-                on_generated=on_generated)
+                on_generated=on_generated,
+                scoring=functools.partial(self._scoring_turn, batch) if on_generated is not None else None)
         except DeadlineExceeded as e:
             self._await_turn(batch)  # a hung generator or environment: no retry, the run stops
             self._put_back(datums)
@@ -507,18 +533,23 @@ class AsyncTrajectoryCollector:
                 time.sleep(min(0.1 * failures, 1.0))
             return
         done = time.perf_counter()
-        self._await_turn(batch)
-        generated_at = batch.generated_at or done  # without overlap: the scoring is not timed apart
+        with self._cond:
+            self._scored(batch)  # if it never scored in its turn (every sample ended before the last turn)
         # rollout_failure_policy: drop_group: a group holding a failed sample is not buffered (its keys
         # are cleared); the loop generates another for its target from the next prompts.
         failed = carry["env_failed"].view(len(datums), G).any(dim=1).tolist() if self.drop_failed_groups \
             else [False] * len(datums)
-        rollout_metrics = {**rollout_metrics, "dropped_groups": float(sum(failed))}
+        rollout_metrics = {k: float(v) for k, v in {**rollout_metrics, "dropped_groups": sum(failed)}.items()}
+        # Made before the turn (while the batches before this one are still scored or buffered): only
+        # adding them to the buffer needs start order.
+        groups = batch_groups(datums, target, meta, carry, rollout_metrics, keep=[not f for f in failed])
+        self._await_turn(batch)
         with self._cond:
             self.counters["dropped_groups"] += sum(failed)
-            self.counters["generation_seconds"] += generated_at - t0
-            self.counters["score_wait_seconds"] += (batch.scoring_at or generated_at) - generated_at
-            self.counters["scoring_seconds"] += done - (batch.scoring_at or generated_at)
+            # Without overlap (no generated_at) the scoring is not timed apart.
+            self.counters["generation_seconds"] += (batch.generated_at or done) - t0
+            self.counters["score_wait_seconds"] += batch.score_wait
+            self.counters["scoring_seconds"] += batch.scored_at - batch.scoring_at
         if any(failed):
             self._clear([meta.slice(i * G, (i + 1) * G) for i, f in enumerate(failed) if f])
         if all(failed):  # nothing came of the batch: a failure toward the limit, like a generation error
@@ -537,22 +568,7 @@ class AsyncTrajectoryCollector:
             return
         with self._cond:
             self._failures = 0
-        for i, d in enumerate(datums):
-            if failed[i]:
-                continue
-            rows = slice(i * G, (i + 1) * G)
-            group = TrajectoryGroup(
-                prompt_idx=d.idx,
-                epoch=d.epoch,
-                # Its oldest token's version (= `version` unless a swap landed before its first token).
-                generation_version=int(carry["oldest_version"][rows].min()),
-                target_version=target,
-                meta=meta.slice(rows.start, rows.stop),  # its columns stay in the data plane
-                # The fixed carry plus the environment's reward components (reward/<name>, for GDPO).
-                carry={k: carry[k][rows].clone() for k in carry
-                       if k in CARRY or k.startswith(("reward/", "version_tokens/"))},
-                rollout_metrics={k: float(v) for k, v in rollout_metrics.items()},
-            )
+        for i, group in enumerate(groups):
             delay = 0.01
             while not self._buffer(batch, group):  # full: the trainer frees room as it samples
                 if self._stop:
@@ -575,7 +591,9 @@ class _Batch:
     number: int
     unbuffered: int = -1  # groups not in the buffer yet (set from the prompts)
     generated_at: float = 0.0  # perf_counter when its generation ended (with overlapped scoring)
-    scoring_at: float = 0.0  # ... and when its scoring began (after the batches before it)
+    scoring_at: float = 0.0  # ... when its scoring (environment step) began, after the batches before it
+    scored_at: float = 0.0  # ... and ended
+    score_wait: float = 0.0  # seconds it waited for the batches before it to be scored
 
     def __post_init__(self) -> None:
         self.unbuffered = len(self.datums)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -193,6 +194,7 @@ class RolloutWorker:
         heldout: bool = False,
         version_span: int | None = None,
         on_generated: Callable[[], None] | None = None,
+        scoring: Callable[[], AbstractContextManager] | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
@@ -208,7 +210,8 @@ class RolloutWorker:
         ``oldest_version`` (of its oldest generated token) and ``version_tokens/<k>`` (B,), k = 0 .. span: its
         generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
 
-        ``on_generated()``: called once generation is over and only scoring is left (:func:`run_turns`).
+        ``on_generated()``: called once generation is over and only scoring is left; ``scoring()``: a context
+        manager around the environment step that scores (:func:`run_turns`).
         """
         gen = self.cfg.policy.generation
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
@@ -241,6 +244,7 @@ class RolloutWorker:
             env_step_timeout_s=self.cfg.env.step_timeout_s,
             generation_timeout_s=gen.timeout_s,
             on_generated=on_generated,
+            scoring=scoring,
         )
         kill_point("generation")
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +131,7 @@ def run_turns(
     env_step_timeout_s: float | None = None,
     generation_timeout_s: float | None = None,
     on_generated: Callable[[], None] | None = None,
+    scoring: Callable[[], AbstractContextManager] | None = None,
     **sampling: Any,
 ) -> TurnsResult:
     """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
@@ -146,6 +148,11 @@ def run_turns(
     turn's ``generate``, or when every sample is done): what is left is scoring, so the caller (the
     async collector) may change the weights or start the next batch's generation while the
     environment works. It may block (it returns before the scoring starts).
+
+    ``scoring()``: a context manager around the last turn's environment step (the scoring), and
+    around nothing else: the async collector's scoring turn (one batch's environment at a time, in
+    start order) then holds no decoding before it and no column assembly after it, which it would
+    serialize for nothing.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -204,7 +211,8 @@ def run_turns(
             s.finish_reason = reason
             s.message_log.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True),
                                   "token_ids": list(ids), "generation_logprobs": lps})
-        failed, retried = _step_envs(states, active, env_for, renew_env, max_env_retries, env_step_timeout_s)
+        with (scoring() if scoring is not None and turn == max_turns - 1 else nullcontext()):
+            failed, retried = _step_envs(states, active, env_for, renew_env, max_env_retries, env_step_timeout_s)
         env_errors, env_retries = env_errors + failed, env_retries + retried
         last_turn = turn == max_turns - 1
         for i in active:

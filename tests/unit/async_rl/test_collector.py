@@ -522,3 +522,54 @@ def test_a_batch_failing_after_its_scoring_does_not_hold_up_the_next():
     finally:
         judge.release.set()
         c.stop()
+
+
+def test_a_batch_decodes_its_responses_while_the_one_before_it_is_scored():
+    # The scoring turn holds the environment step only: batch 2 decodes its responses (and builds its
+    # message logs) beside batch 1's scoring, so that work is not added to the judge's latency.
+    c, _ = make_collector()
+    judge, decoded, real = TrackingJudge(c), {"n": 0}, c.worker.tokenizer.decode
+
+    def counted(*args, **kwargs):
+        decoded["n"] += 1
+        return real(*args, **kwargs)
+
+    c.worker.tokenizer.decode = counted
+    try:
+        c.start()
+        wait_until(lambda: decoded["n"] == 2 * P * G, timeout=10)  # both batches' responses, batch 1 held
+        assert judge.calls == 1 and judge.peak == 1  # batch 2 is still waiting to score
+        judge.release.set()
+        wait_until(lambda: len(c.buffer) == 2 * P)
+    finally:
+        judge.release.set()
+        c.stop()
+
+
+def test_the_next_batch_scores_while_one_writes_its_columns_and_they_still_buffer_in_start_order():
+    # Writing the columns to the data plane (and making the groups) happens after the scoring turn:
+    # batch 2 is scored while batch 1 is held in its write, and batch 1's groups still go in first.
+    c, loader2 = make_collector()[0], make_collector()[1]
+    judge, real, held, release = TrackingJudge(c), c.worker.dp.put_samples, threading.Event(), threading.Event()
+    judge.release.set()  # no judge held: the first write is
+
+    def first_held(*args, **kwargs):
+        if not held.is_set():
+            held.set()
+            assert release.wait(20)
+        return real(*args, **kwargs)
+
+    c.worker.dp.put_samples = first_held
+    try:
+        c.start()
+        assert held.wait(20)  # batch 1 scored, its columns not yet written
+        wait_until(lambda: judge.calls == 2, timeout=10)  # batch 2 scored meanwhile
+        time.sleep(0.2)
+        assert len(c.buffer) == 0  # batch 2 waits for batch 1 to fill the buffer first
+        release.set()
+        wait_until(lambda: len(c.buffer) == 2 * P)
+        assert [g.target_version for g in c.buffer._groups] == [0] * P + [1] * P
+        assert [g.prompt_idx for g in c.buffer._groups] == [d.idx for _ in range(2) for d in next(loader2)]
+    finally:
+        release.set()
+        c.stop()
