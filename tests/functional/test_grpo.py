@@ -166,7 +166,7 @@ def test_the_default_ray_grpo_session_keeps_the_data_plane_index_in_the_driver(t
 
     with Session(small_cfg(tmp_path / "auto", "runtime=ray", "data_plane.backend=ray")) as s:
         assert type(s.data_plane) is RayDriverPlane
-    assert "data_plane.index: auto -> driver (recipe grpo: the driver owns every key" in capsys.readouterr().err
+    assert "data_plane.index: auto -> driver (recipe grpo: the driver owns every key" in capsys.readouterr().out
     with Session(small_cfg(tmp_path / "store", "runtime=ray", "data_plane.backend=ray", "data_plane.index=store"),
                  quiet=True) as s:
         assert type(s.data_plane) is RayDataPlane

@@ -87,8 +87,8 @@ class Session:
             teacher_cfg = teacher_cfg and with_driver_model_path(teacher_cfg)
         dp = cfg.data_plane
         index, why = data_plane_index(cfg)
-        if dp.backend == "ray":
-            self.say(f"data_plane.index: {dp.index} -> {index} ({why})")
+        if dp.backend == "ray" and not quiet:  # on stdout, as policy.precision's choice: stderr is for errors
+            print(f"data_plane.index: {dp.index} -> {index} ({why})", flush=True)
         self.data_plane = make_data_plane(dp.backend, **({"index": index} if dp.backend == "ray" else {}))
         self.workers = Workers(worker_cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg,
                                shared_paths=self.shared_paths)
