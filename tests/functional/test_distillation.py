@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from rlplane.config.loading import load_config
@@ -65,3 +66,21 @@ def test_distillation_resume_equals_straight_run(tmp_path):
     a, b = rows(tmp_path / "straight"), rows(tmp_path / "split")
     assert len(a) == 3 and a == b
     torch.testing.assert_close(torch.tensor(a[-1]["train/reverse_kl"]), torch.tensor(b[-1]["train/reverse_kl"]))
+
+
+@pytest.mark.ray
+def test_distillation_on_the_ray_runtime_with_the_driver_index_matches_the_store_actor(tmp_path, ray_session):
+    """data_plane.index: auto gives distillation the driver-held index (its driver owns every key): the
+    teacher's and the student's write-backs reach the driver's index, and 2 steps log the store actor's metrics."""
+    extra = ["runtime=ray", "data_plane.backend=ray", "warmup.num_steps=10", "warmup.target_accuracy=null",
+             "teacher.warmup.num_steps=10", "teacher.warmup.target_accuracy=null", "teacher.warmup.eval_every=10",
+             "checkpointing.enabled=false"]
+    a = train(small_cfg(tmp_path / "store", *extra, "data_plane.index=store"), quiet=True)
+    b = train(small_cfg(tmp_path / "auto", *extra), quiet=True)
+
+    def rows(d):
+        return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_metrics(d / "logs")]
+
+    assert rows(tmp_path / "auto") == rows(tmp_path / "store")
+    assert len([r for r in rows(tmp_path / "auto") if r["step"] > 0]) == 2
+    assert a["accuracy_after"] == b["accuracy_after"] is not None

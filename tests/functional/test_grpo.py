@@ -157,13 +157,29 @@ def test_grpo_ray_runtime_two_policy_workers(tmp_path, ray_session):
 
 
 @pytest.mark.ray
+def test_the_default_ray_grpo_session_keeps_the_data_plane_index_in_the_driver(tmp_path, ray_session, capsys):
+    """data_plane.index: auto (the default) gives sync GRPO on the ray runtime the driver-held index
+    (no store actor), and says so at start-up; `store` still gives the store actor."""
+    from rlplane.dataplane.ray_backend import RayDataPlane
+    from rlplane.dataplane.ray_driver import RayDriverPlane
+    from rlplane.training import Session
+
+    with Session(small_cfg(tmp_path / "auto", "runtime=ray", "data_plane.backend=ray")) as s:
+        assert type(s.data_plane) is RayDriverPlane
+    assert "data_plane.index: auto -> driver (recipe grpo: the driver owns every key" in capsys.readouterr().out
+    with Session(small_cfg(tmp_path / "store", "runtime=ray", "data_plane.backend=ray", "data_plane.index=store"),
+                 quiet=True) as s:
+        assert type(s.data_plane) is RayDataPlane
+
+
+@pytest.mark.ray
 def test_grpo_ray_runtime_with_the_data_plane_index_in_the_driver(tmp_path, ray_session):
-    """data_plane.index=driver: the policy ranks read from the metas they are sent and return their
-    logprob write-backs, which the driver's index takes; a 2-step run matches the store actor's."""
+    """data_plane.index: auto (here the driver's): the policy ranks read from the metas they are sent and
+    return their logprob write-backs, which the driver's index takes; a 2-step run matches the store actor's."""
     args = ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=2", "grpo.max_num_steps=2",
             "loss_fn.reference_policy_kl_penalty=0.01"]  # (reference logprobs: a second write-back per step)
-    a = train(small_cfg(tmp_path / "store", *args), quiet=True)
-    b = train(small_cfg(tmp_path / "driver", *args, "data_plane.index=driver"), quiet=True)
+    a = train(small_cfg(tmp_path / "store", *args, "data_plane.index=store"), quiet=True)
+    b = train(small_cfg(tmp_path / "driver", *args), quiet=True)
     rows = _timings_free(read_metrics(tmp_path / "driver" / "logs"))
     assert rows == _timings_free(read_metrics(tmp_path / "store" / "logs"))
     assert len([r for r in rows if r["step"] > 0]) == 2 and a["accuracy_after"] == b["accuracy_after"]

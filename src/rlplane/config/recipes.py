@@ -16,16 +16,24 @@ class Recipe:
     sections: tuple[str, ...]  # other sections only this recipe reads (filled with defaults when chosen)
     train: str  # "module:function" of its entry point, train(cfg, quiet=False) -> summary
     summary: str
+    # Only the driver registers, lists, clears and reads by key; workers read the metas it sends them
+    # and return their writes' receipts. Then `data_plane.index: auto` keeps the index in the driver.
+    driver_owns_keys: bool
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("grpo", "grpo", (), "rlplane.recipes.grpo:train", "GRPO: group-baseline advantages, clipped PG loss"),
-    Recipe("ppo", "ppo", ("value",), "rlplane.recipes.ppo:train", "PPO: value model, GAE, several epochs per rollout"),
+    Recipe("grpo", "grpo", (), "rlplane.recipes.grpo:train", "GRPO: group-baseline advantages, clipped PG loss",
+           driver_owns_keys=True),
+    Recipe("ppo", "ppo", ("value",), "rlplane.recipes.ppo:train", "PPO: value model, GAE, several epochs per rollout",
+           driver_owns_keys=True),
     Recipe("distillation", "distillation", ("teacher",), "rlplane.recipes.distillation:train",
-           "on-policy distillation: a frozen teacher scores the student's tokens, per-token reverse KL"),
+           "on-policy distillation: a frozen teacher scores the student's tokens, per-token reverse KL",
+           driver_owns_keys=True),
 )}
-#: GRPO with `grpo.async_grpo.enabled`: generation beside training (the same `grpo` sections).
-ASYNC_GRPO = Recipe("grpo", "grpo", (), "rlplane.recipes.async_grpo:train", "asynchronous GRPO")
+#: GRPO with `grpo.async_grpo.enabled`: generation beside training (the same `grpo` sections). Its
+#: collector reads its groups' columns and clears their keys in its own process: the keys are not the driver's.
+ASYNC_GRPO = Recipe("grpo", "grpo", (), "rlplane.recipes.async_grpo:train", "asynchronous GRPO",
+                    driver_owns_keys=False)
 
 
 def recipe_for(cfg) -> Recipe:

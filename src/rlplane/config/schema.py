@@ -214,10 +214,12 @@ class DataPlaneConfig(StrictModel):
     """Where per-sample columns live during a step (NeMo RL `data_plane.*`)."""
 
     backend: Literal["memory", "ray"] = Field("memory", description="`memory` (in-process) or `ray` (object store).")
-    index: Literal["store", "driver"] = Field(
-        "store", description="`ray` only: where the key index lives. `store`: a store actor every process asks; "
+    index: Literal["auto", "store", "driver"] = Field(
+        "auto", description="`ray` only: where the key index lives. `store`: a store actor every process asks; "
         "`driver`: the driver's client, so workers read the metas it sends and return their writes' receipts with "
-        "no store round trips (one driver; not with grpo.async_grpo, whose collector clears keys itself).")
+        "no store round trips (one driver; not with grpo.async_grpo, whose collector clears keys itself); `auto`: "
+        "`driver` where the recipe's driver owns every key (sync GRPO, PPO, distillation), else `store` "
+        "(`config/plan.py: data_plane_index`; the choice is printed at start-up).")
 
 
 class ClusterConfig(StrictModel):

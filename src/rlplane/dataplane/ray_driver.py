@@ -25,8 +25,9 @@ How a worker does without the index:
 
 A meta a worker holds is a snapshot: if the driver overwrites or clears its keys after sending it,
 the worker does not hear of it (the store actor's `verify` would catch that; with one driver that
-sends each step's metas after its writes, nothing does it). Use `index="store"` (the default) for
-several drivers, for workers that read by key, and for `owner="store"`.
+sends each step's metas after its writes, nothing does it). Use `index="store"` (`make_data_plane`'s
+default) for several drivers, for workers that read by key, and for `owner="store"`. A run's
+`data_plane.index: auto` picks this one when the recipe's driver owns every key (`config/plan.py`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlplane.config.loading import dump_config
+from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
 from rlplane.envs.user import check_user_tasks, user_task_error_in
@@ -85,7 +86,10 @@ class Session:
             worker_cfg = with_driver_model_path(cfg)
             teacher_cfg = teacher_cfg and with_driver_model_path(teacher_cfg)
         dp = cfg.data_plane
-        self.data_plane = make_data_plane(dp.backend, **({"index": dp.index} if dp.backend == "ray" else {}))
+        index, why = data_plane_index(cfg)
+        if dp.backend == "ray" and not quiet:  # on stdout, as policy.precision's choice: stderr is for errors
+            print(f"data_plane.index: {dp.index} -> {index} ({why})", flush=True)
+        self.data_plane = make_data_plane(dp.backend, **({"index": index} if dp.backend == "ray" else {}))
         self.workers = Workers(worker_cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg,
                                shared_paths=self.shared_paths)
         self.refit = Refit(self.workers)
