@@ -98,3 +98,20 @@ def test_hf_backend_applies_it(monkeypatch):
                                          num_attention_heads=2, num_key_value_heads=1))
     hf.HFGenerationBackend(model, Tok())
     assert calls == [1]
+
+
+@glibc
+def test_glibc_that_caps_the_mmap_threshold_gets_its_cap(monkeypatch):
+    # glibc before 2.35 (?) refuses an mmap threshold above HEAP_MAX_SIZE / 2 = 32 MiB on 64-bit:
+    # then the cap is set, which still covers a 64-row SmolLM2 logits tensor (64 x 49152 x 4 B = 12.6 MB).
+    calls = []
+
+    class CappedLibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return int(param != allocator._M_MMAP_THRESHOLD or value <= 32 << 20)
+
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: CappedLibc())
+    assert allocator._mallopt_keep()
+    assert calls == [(allocator._M_MMAP_THRESHOLD, allocator.KEEP_BYTES), (allocator._M_MMAP_THRESHOLD, 32 << 20),
+                     (allocator._M_TRIM_THRESHOLD, allocator.KEEP_BYTES)]
