@@ -42,6 +42,7 @@ from rlplane.generation.kv_cache import preallocated_cache
 from rlplane.generation.llama_decode import LlamaDecoder, unsupported_reason
 from rlplane.generation.sampling import sample
 from rlplane.models.precision import FP32OutputLinear, autocast
+from rlplane.utils.allocator import keep_freed_memory
 
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
@@ -124,6 +125,9 @@ class HFGenerationBackend(GenerationBackend):
         if decode == "fused" and kv_cache == "dynamic":
             raise ValueError("decode = 'fused' has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
+        # Every process that generates builds a backend: from here on freed decode-step tensors stay in
+        # the heap instead of being unmapped and faulted in again each step (rlplane/utils/allocator.py).
+        keep_freed_memory()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.decode = decode
         self.last_decode: str | None = None
