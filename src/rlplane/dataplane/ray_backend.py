@@ -282,7 +282,30 @@ def _attach(store: Any, token_fields: frozenset, seq_len_field: str, adopt: bool
     return client
 
 
-class RayDataPlane(IndexedClient):
+class _RayObjects:
+    """How both ray planes (store-actor index and driver-held index) keep columns: one object per put
+    (per part of a split put) holding every column, read back by (object, field) parts."""
+
+    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
+        # One object per put (per part of a split put) holding every column: one ray.put, one ref
+        # to track and free. A field's payload is (stored, field); the objects go when the last
+        # field pointing into them is released.
+        stored = _put_parts(columns, None)
+        return {name: (stored, name) for name in columns}
+
+    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
+        return _read({f: [(stored, name, rows, pos) for (stored, name), rows, pos in parts]
+                      for f, parts in plan.parts.items()})
+
+    def prefetch(self, meta):
+        _prefetch(self._store_key, meta)
+
+    def num_objects(self, partition_id: str | None = None) -> int:
+        """How many (put, field) chunks the index holds (all partitions if None); 0 once all is cleared."""
+        return self._index_call("num_chunks", partition_id)
+
+
+class RayDataPlane(_RayObjects, IndexedClient):
     """Data plane on Ray's object store. Create it in the driver (after `ray.init`)."""
 
     def __init__(
@@ -458,24 +481,6 @@ class RayDataPlane(IndexedClient):
                     "s (did the writer die mid-put?); write them again"
                 )
             time.sleep(0.001)  # the writer's attach is on its way (a race between two callers)
-
-    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        # One object per put (per part of a split put) holding every column: one ray.put, one ref
-        # to track and free. A field's payload is (stored, field); the objects go when the last
-        # field pointing into them is released.
-        stored = _put_parts(columns, None)
-        return {name: (stored, name) for name in columns}
-
-    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
-        return _read({f: [(stored, name, rows, pos) for (stored, name), rows, pos in parts]
-                      for f, parts in plan.parts.items()})
-
-    def prefetch(self, meta):
-        _prefetch(self._store_key, meta)
-
-    def num_objects(self, partition_id: str | None = None) -> int:
-        """How many (put, field) chunks the index holds (all partitions if None); 0 once all is cleared."""
-        return self._index_call("num_chunks", partition_id)
 
     def close(self) -> None:
         if self._closed:

@@ -43,11 +43,10 @@ import numpy as np
 import ray
 
 from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, _encoded, _resolve
-from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError, MissingFieldError, fmt_keys
-from .index import LookupPlan, PlaneIndex
-from .ray_backend import _DRIVERS, RayDataPlane, _forget, _prefetch, _put_parts, _read, _Receipt
+from .index import PlaneIndex
+from .ray_backend import _DRIVERS, RayDataPlane, _forget, _put_parts, _RayObjects, _read, _Receipt
 
 __all__ = ["RayDriverPlane"]
 
@@ -121,7 +120,7 @@ def _worker_copy(store: str, token_fields: frozenset, seq_len_field: str) -> Ray
     return client
 
 
-class RayDriverPlane(IndexedClient):
+class RayDriverPlane(_RayObjects, IndexedClient):
     """Data plane on Ray's object store with the index in this (the driver's) process."""
 
     _splits_puts = True
@@ -303,21 +302,6 @@ class RayDriverPlane(IndexedClient):
             "this meta carries; with data_plane index = 'driver' a worker reads only what was written before "
             "the driver sent it the meta (or its own writes): send the meta after the write"
         )
-
-    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        stored = _put_parts(columns, None)
-        return {name: (stored, name) for name in columns}
-
-    def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
-        return _read({f: [(stored, name, rows, pos) for (stored, name), rows, pos in parts]
-                      for f, parts in plan.parts.items()})
-
-    def prefetch(self, meta):
-        _prefetch(self._store_key, meta)
-
-    def num_objects(self, partition_id: str | None = None) -> int:
-        """How many (put, field) chunks the index holds (all partitions if None); 0 once all is cleared."""
-        return self._index_call("num_chunks", partition_id)
 
     def close(self) -> None:
         if self._closed:
