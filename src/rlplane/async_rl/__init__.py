@@ -2,7 +2,8 @@
 policy trains, and a versioned replay buffer with bounded staleness (``recipes/async_grpo.py``)."""
 
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
-from rlplane.async_rl.collector import AsyncTrajectoryCollector, target_versions
+from rlplane.async_rl.collector import AsyncTrajectoryCollector
+from rlplane.async_rl.staleness import target_versions
 
 __all__ = ["AsyncTrajectoryCollector", "target_versions", "ReplayBuffer", "SampleResult", "TrajectoryGroup",
            "buffer_capacity"]

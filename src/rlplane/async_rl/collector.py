@@ -81,6 +81,7 @@ from typing import Any
 import torch
 
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, batch_groups, buffer_capacity
+from rlplane.async_rl.staleness import target_versions
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
@@ -96,18 +97,6 @@ def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec]
     generated once per batch, and the collector's batch counter never repeats (it is checkpointed);
     so a stale group's cleared keys or a resume's rewritten ones never meet a new sample's."""
     return [f"t{target}/b{batch}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
-
-
-def target_versions(generation_version: int, max_age_steps: int) -> list[int]:
-    """Training steps a generator at ``generation_version`` may produce for, lowest first:
-    ``[v, v+max_age]`` (trained at step ``t`` a group is ``t − v <= max_age`` versions old).
-
-    Step ``v`` itself is normally sampled by the trainer before the generator reaches version ``v``
-    and is then skipped; it is served only when still short (the first step of a run or of a
-    resume, or a refit that came before the collector got to it). The seeds leave it out after the
-    first version and need a start-up barrier instead; serving it cannot deadlock.
-    """
-    return list(range(generation_version, generation_version + max_age_steps + 1))
 
 
 class AsyncTrajectoryCollector:

@@ -66,3 +66,15 @@ def version_token_counts(carry: dict[str, torch.Tensor]) -> torch.Tensor:
     """The ``version_tokens/<k>`` (G,) carries side by side: (G, K) long, column k = version ``oldest + k``."""
     K = sum(k.startswith("version_tokens/") for k in carry)
     return torch.stack([carry[f"version_tokens/{k}"] for k in range(K)], dim=1).long()
+
+
+def target_versions(generation_version: int, max_age_steps: int) -> list[int]:
+    """Training steps a generator at ``generation_version`` may produce for, lowest first:
+    ``[v, v+max_age]`` (trained at step ``t`` a group is ``t − v <= max_age`` versions old).
+
+    Step ``v`` itself is normally sampled by the trainer before the generator reaches version ``v``
+    and is then skipped; it is served only when still short (the first step of a run or of a
+    resume, or a refit that came before the collector got to it). The seeds leave it out after the
+    first version and need a start-up barrier instead; serving it cannot deadlock.
+    """
+    return list(range(generation_version, generation_version + max_age_steps + 1))
