@@ -23,10 +23,17 @@ With sleep mode the engine sleeps while the policy trains (:meth:`VLLMGeneration
 wakes on the next refit or generation (:class:`EngineHandle`). None of the GPU paths has run on a
 GPU yet; their logic is tested against a recording fake engine.
 
-In-flight weight updates: the in-process ``LLM.generate`` gives no hook between decode steps, so an
-``update_weights`` from another thread during a generation waits for that call to end and loads
-between requests (:class:`~rlplane.generation.interface.WeightSwap`); every token of a call carries
-the version it started with. The refit still waits for the request in flight here, unlike ``hf``.
+In-flight weight updates: :meth:`VLLMGenerationBackend.generate` steps the in-process engine itself
+(``LLM.enqueue``, then ``llm_engine.step()`` until done) and loads weights handed over by
+``update_weights`` from another thread between two engine steps
+(:class:`~rlplane.generation.interface.WeightSwap`), so the swap falls between two decode steps, as in
+``hf``; the sequences in flight keep their KV cache (computed with the old weights, NeMo RL's in-flight
+updates do the same) and each token is stamped with the version of the step that sampled it. The
+prefix cache is reset once the call ends (it cannot be while sequences hold its blocks).
+
+vLLM keeps its forward context in one process-wide global, so two engines in one process (async GRPO
+with the collector as a thread: its engine and the trainer's validation engine) must never step at
+once: every engine call here holds ``_ENGINE_LOCK``.
 
 Logprobs are vLLM's ``processed_logprobs``: ``log_softmax`` of the logits after temperature and
 top-k / top-p, the same quantity the ``hf`` backend reports. One difference: for greedy
@@ -40,6 +47,7 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -77,6 +85,12 @@ def _import_vllm():
     except ImportError as e:
         raise ImportError(f"policy.generation.backend = 'vllm': vllm is not importable ({e}); {INSTALL_HINT}") from None
     return vllm
+
+
+# vLLM's forward context (``vllm.forward_context._forward_context``) is process-global: an engine stepping
+# while another one in this process steps would read the other's attention metadata and layers.
+# Reentrant: a weight swap handed over mid-generation loads from the generating thread, which holds it.
+_ENGINE_LOCK = threading.RLock()
 
 
 # ---- refit on the CPU wheel ----------------------------------------------------------------------
@@ -246,17 +260,18 @@ class VLLMGenerationBackend(GenerationBackend):
         # rollout worker (and a colocated trainer) keep the thread count they chose, so put it back.
         set_num_threads = torch.set_num_threads
         try:
-            self.llm = vllm.LLM(
-                model=self._dir,
-                dtype=str(dtype).removeprefix("torch."),
-                logprobs_mode="processed_logprobs",
-                enforce_eager=enforce_eager,
-                max_model_len=_model_len(max_model_len, getattr(model.config, "max_position_embeddings", None)),
-                max_num_seqs=max_num_seqs,
-                generation_config="vllm",  # ignore the model's generation_config defaults
-                seed=seed,
-                **gpu_options,
-            )
+            with _ENGINE_LOCK:  # its warm-up runs forward passes
+                self.llm = vllm.LLM(
+                    model=self._dir,
+                    dtype=str(dtype).removeprefix("torch."),
+                    logprobs_mode="processed_logprobs",
+                    enforce_eager=enforce_eager,
+                    max_model_len=_model_len(max_model_len, getattr(model.config, "max_position_embeddings", None)),
+                    max_num_seqs=max_num_seqs,
+                    generation_config="vllm",  # ignore the model's generation_config defaults
+                    seed=seed,
+                    **gpu_options,
+                )
         finally:
             torch.set_num_threads = set_num_threads
         self._max_model_len = self.llm.llm_engine.model_config.max_model_len
@@ -281,7 +296,8 @@ class VLLMGenerationBackend(GenerationBackend):
         self._swap.update(state_dict, version)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.engine.load_weights(state_dict)
+        with _ENGINE_LOCK:
+            self.engine.load_weights(state_dict)
 
     def sleep(self) -> None:
         """Free the GPU for the trainer (``vllm_cfg.enable_sleep_mode``; otherwise nothing)."""
@@ -344,18 +360,43 @@ class VLLMGenerationBackend(GenerationBackend):
                 )
             )
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        self.engine.wake_up()
-        with torch.random.fork_rng(devices=[]), self._swap.generating():
+        with self._swap.generating(), _ENGINE_LOCK, torch.random.fork_rng(devices=[]):
+            self.engine.wake_up()
             torch.manual_seed(call_seed)
-            version = self._swap.boundary()  # the whole call runs with these weights
-            outs = self.llm.generate(prompts, params, use_tqdm=False)
-        output_ids, logprobs, reasons = [], [], []
-        for out in outs:  # vLLM returns outputs in request order
+            outs, runs = self._run_engine(prompts, params)
+        output_ids, logprobs, reasons, versions = [], [], [], []
+        for out, run in zip(outs, runs):  # request order
             c = out.outputs[0]
             ids = list(c.token_ids)
             output_ids.append(ids)
             logprobs.append(torch.tensor([pos[t].logprob for pos, t in zip(c.logprobs, ids)], dtype=torch.float32))
             reasons.append(FINISH_LENGTH if c.finish_reason == "length" else FINISH_STOP)
-        versions = None if version is None else [torch.full((len(ids),), version, dtype=torch.long)
-                                                 for ids in output_ids]
-        return GenerationOutput(output_ids, logprobs, reasons, versions)
+            if all(v is not None for v, _ in run):  # a stop string may have cut the last tokens stamped
+                versions.append(torch.tensor([v for v, n in run for _ in range(n)], dtype=torch.long)[:len(ids)])
+        return GenerationOutput(output_ids, logprobs, reasons, versions if len(versions) == len(outs) else None)
+
+    def _run_engine(self, prompts: list[dict], params: list) -> tuple[list, list[list[tuple[int | None, int]]]]:
+        """``LLM.generate``'s loop, with the weight swap between engine steps. Returns the finished
+        outputs in request order and, per request, its tokens as runs ``(weight version, count)``:
+        the tokens a step added (counted from the engine's per-request state) carry the version
+        loaded before that step."""
+        engine = self.llm.llm_engine
+        states = engine.output_processor.request_states  # internal request id -> its state, until it finishes
+        internal = self.llm.enqueue(prompts, params, use_tqdm=False)
+        ids = [states[i].external_req_id for i in internal]  # the outputs' request_id
+        counted, runs, done = dict.fromkeys(ids, 0), {i: [] for i in ids}, {}
+        start_version = self._swap.version
+        while engine.has_unfinished_requests():
+            version = self._swap.boundary()
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+            live = {st.external_req_id: st.detokenizer.num_output_tokens() for st in states.values()}
+            for i in ids:
+                n = len(done[i].outputs[0].token_ids) if i in done else live.get(i, counted[i])
+                if n > counted[i]:
+                    runs[i].append((version, n - counted[i]))
+                    counted[i] = n
+        if self._swap.version != start_version:
+            self.llm.reset_prefix_cache()  # blocks computed with the old weights, held until now
+        return [done[i] for i in ids], [runs[i] for i in ids]

@@ -161,3 +161,53 @@ def test_default_stop_ids_include_the_generation_config_eos_list(engine, model, 
     ref = HFGenerationBackend(hf_model, tok).generate(prompts, max_new_tokens=10, greedy=True)
     assert ours.output_ids == ref.output_ids and ours.finish_reasons == ref.finish_reasons
     assert any(o[-1] == end_of_turn for o in ours.output_ids)
+
+
+def test_in_flight_swap_lands_between_engine_steps(engine, model, tok):
+    # In-flight weight updates: a refit from another thread, handed over while a generation runs, is
+    # loaded before the engine step that samples token SWAP_AT; the versions flip exactly there and
+    # every token's logprob is the one of the weights that sampled it, the old weights' KV cache kept.
+    import threading
+    import time
+
+    from transformers import DynamicCache
+
+    prompt, new_tokens, swap_at = [1, 7, 9, 4, 12], 12, 5
+    new = _model(tok, seed=1)
+    engine.update_weights(model.state_dict(), version=0)
+    real_boundary, calls, updater = engine._swap.boundary, {"n": 0}, []
+
+    def boundary():
+        calls["n"] += 1  # call 1 precedes the prefill step (token 0); call k+1 the step that samples token k
+        if calls["n"] == swap_at + 1:
+            t = threading.Thread(target=engine.update_weights, args=(new.state_dict(),), kwargs={"version": 1})
+            t.start()
+            updater.append(t)
+            deadline = time.monotonic() + 10
+            while engine._swap._pending is None:  # the refit waits on the generating thread
+                assert time.monotonic() < deadline and t.is_alive()
+                time.sleep(0.001)
+        return real_boundary()
+
+    engine._swap.boundary = boundary
+    try:
+        out = engine.generate([prompt], max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=3)
+        updater[0].join(10)
+        assert not updater[0].is_alive()  # the refit returned once the generating thread had loaded it
+    finally:
+        del engine._swap.boundary
+        engine.update_weights(model.state_dict())
+    ids, lps, versions = out.output_ids[0], out.logprobs[0], out.versions[0]
+    assert len(ids) == new_tokens
+    assert versions.tolist() == [0] * swap_at + [1] * (new_tokens - swap_at)
+    seq, P = torch.tensor([prompt + ids]), len(prompt)
+    with torch.no_grad():
+        expect_old = _full_forward_logprobs(model, prompt, ids, 1.0)
+        cache = DynamicCache(config=model.config)  # the old weights' cache up to token swap_at - 1
+        model(input_ids=seq[:, : P + swap_at - 1], past_key_values=cache, use_cache=True)
+        logits_new = new(input_ids=seq[:, P + swap_at - 1 : P + new_tokens - 1], past_key_values=cache,
+                         use_cache=True).logits[0]
+        expect_new = logits_new.log_softmax(-1).gather(-1, torch.tensor(ids[swap_at:])[:, None]).squeeze(-1)
+    torch.testing.assert_close(lps[:swap_at], expect_old[:swap_at], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(lps[swap_at:], expect_new, atol=2e-4, rtol=2e-4)
+    assert (lps[swap_at:] - expect_old[swap_at:]).abs().max() > 1e-2  # the swap changed the distribution
