@@ -211,3 +211,34 @@ def test_in_flight_swap_lands_between_engine_steps(engine, model, tok):
     torch.testing.assert_close(lps[:swap_at], expect_old[:swap_at], atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(lps[swap_at:], expect_new, atol=2e-4, rtol=2e-4)
     assert (lps[swap_at:] - expect_old[swap_at:]).abs().max() > 1e-2  # the swap changed the distribution
+
+
+def test_two_engines_in_one_process_generate_from_two_threads(engine, model, tok):
+    # Async GRPO with the collector as a thread: its engine and the trainer's validation engine live
+    # in one process and vLLM's forward context is process-global. Generating from both at once must
+    # give each engine's own answers (the backend serializes engine steps), not a mix.
+    import threading
+
+    other = VLLMGenerationBackend(_model(tok, seed=1), tok, max_model_len=64, max_num_seqs=64)
+    try:
+        prompts = _prompts(32, seed=5)
+        alone = {"a": _greedy(engine, prompts, n=16), "b": _greedy(other, prompts, n=16)}
+        assert alone["a"] != alone["b"]
+        for _ in range(3):
+            got, errors = {}, []
+
+            def run(name, backend):
+                try:
+                    got[name] = _greedy(backend, prompts, n=16)
+                except BaseException as e:  # reported below: a thread's exception would be lost
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run, args=("a", engine)), threading.Thread(target=run, args=("b", other))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert not errors, errors
+            assert got == alone
+    finally:
+        other.close()
