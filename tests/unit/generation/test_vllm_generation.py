@@ -233,7 +233,7 @@ def test_two_engines_in_one_process_generate_from_two_threads(engine, model, tok
                 except BaseException as e:  # reported below: a thread's exception would be lost
                     errors.append(e)
 
-            threads = [threading.Thread(target=run, args=("a", engine)), threading.Thread(target=run, args=("b", other))]
+            threads = [threading.Thread(target=run, args=(name, b)) for name, b in (("a", engine), ("b", other))]
             for t in threads:
                 t.start()
             for t in threads:
