@@ -40,7 +40,7 @@ is NeMo RL's target-version scheme with its timing freedom removed: a group is a
 ``max_age`` versions old (the lead the setting allows), never fresher by luck.
 
 In-flight weight updates (``in_flight_weight_updates: true``): a refit does not wait; the weights
-reach the generation in flight at its next token (``hf``; ``vllm`` between requests), each token
+reach the generation in flight at its next token (``hf``; ``vllm`` at its next engine step), each token
 records its version (``generation_versions``), and a group's ``generation_version`` (its age) is its
 oldest token's. Results then depend on where the swaps fall: not deterministic, by nature.
 

@@ -97,7 +97,7 @@ class AsyncGRPOConfig(StrictModel):
     # On: results depend on thread timing (where in a response the weights change), by nature.
     in_flight_weight_updates: bool = Field(
         False, description="A refit swaps the generator's weights at the next token boundary instead of waiting "
-        "for the generation in flight (hf; vllm swaps between requests); each token records its weight version, "
+        "for the generation in flight (hf and vllm: between two decode steps); each token records its weight version, "
         "a trajectory's age is its oldest token's. Not deterministic: results depend on timing.",
     )
     # Opt-in: batches then step the environment from up to N threads at once.

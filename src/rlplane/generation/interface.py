@@ -44,9 +44,9 @@ class WeightSwap:
 
     ``update(state_dict, version)`` with no generation running loads at once. While one runs
     (:meth:`generating`), it hands the weights over and waits: the generating thread loads them
-    itself at its next :meth:`boundary` (the ``hf`` loop calls it before every forward pass, so the
-    swap falls between two tokens and never inside a forward) or, failing that, when the
-    generation ends (``vllm``: between requests). The caller's tensors are copied before
+    itself at its next :meth:`boundary` (the ``hf`` loop calls it before every forward pass, ``vllm``
+    before every engine step, so the swap falls between two tokens and never inside a forward) or,
+    failing that, when the generation ends. The caller's tensors are copied before
     ``update`` returns, so a trainer may step its weights right after.
 
     ``version`` is the version of the weights loaded last (None until one is given): the generating

@@ -48,6 +48,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -91,6 +92,39 @@ def _import_vllm():
 # while another one in this process steps would read the other's attention metadata and layers.
 # Reentrant: a weight swap handed over mid-generation loads from the generating thread, which holds it.
 _ENGINE_LOCK = threading.RLock()
+
+
+# ---- several engines in one process ------------------------------------------------------------
+# Every in-process engine runs on vLLM's process-global parallel state (its model-parallel groups),
+# and an engine that shuts down (``EngineCore.shutdown``, when its ``LLM`` is garbage-collected) tears
+# that state down for all of them: the next step of another live engine in the process fails
+# ("pipeline model parallel group is not initialized"). Two engines live at once in async GRPO with
+# the collector as a thread (the collector's and the trainer's validation engine), and a process that
+# trains twice (tests) collects one run's engines during the next. So the teardown runs only once no
+# engine of ours is alive.
+_LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # this process's vllm.LLM objects
+_ORIGINAL_CLEANUP = None
+
+
+def _share_parallel_state() -> None:
+    """Make vLLM's engine shutdown skip the process-wide teardown while another engine lives (idempotent)."""
+    global _ORIGINAL_CLEANUP
+    try:
+        from vllm.v1.engine import core
+    except ImportError:
+        return
+    original = getattr(core, "cleanup_dist_env_and_memory", None)
+    if original is None or _ORIGINAL_CLEANUP is not None:
+        return
+    _ORIGINAL_CLEANUP = original
+
+    @functools.wraps(original)
+    def cleanup_when_last(*args, **kwargs):
+        # The engine shutting down is no longer in the set: its LLM was collected first.
+        if not _LIVE_ENGINES:
+            original(*args, **kwargs)
+
+    core.cleanup_dist_env_and_memory = cleanup_when_last
 
 
 # ---- refit on the CPU wheel ----------------------------------------------------------------------
@@ -256,6 +290,7 @@ class VLLMGenerationBackend(GenerationBackend):
         # generates in bf16, so both sides round alike; otherwise the parameters' dtype.
         dtype = getattr(model, "rlplane_autocast_dtype", None) or next(model.parameters()).dtype
         _keep_cpu_weights()
+        _share_parallel_state()
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
         # rollout worker (and a colocated trainer) keep the thread count they chose, so put it back.
         set_num_threads = torch.set_num_threads
@@ -274,6 +309,7 @@ class VLLMGenerationBackend(GenerationBackend):
                 )
         finally:
             torch.set_num_threads = set_num_threads
+        _LIVE_ENGINES.add(self.llm)
         self._max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.engine = EngineHandle(self.llm, sleep_mode=enable_sleep_mode, engine_in_process=tensor_parallel_size == 1,
                                    tied=self._tied)

@@ -242,3 +242,21 @@ def test_two_engines_in_one_process_generate_from_two_threads(engine, model, tok
             assert got == alone
     finally:
         other.close()
+
+
+def test_an_engine_shutting_down_leaves_the_others_running(engine, model, tok):
+    # vLLM's engine shutdown tears down the process-global parallel state; another live engine in
+    # the process (a previous run's engine collected during this one, the collector's beside the
+    # trainer's) must keep generating.
+    prompts = _prompts(8, seed=6)
+    before = _greedy(engine, prompts)
+    other = VLLMGenerationBackend(_model(tok, seed=2), tok, max_model_len=64, max_num_seqs=64)
+    assert _greedy(other, prompts) != before
+    # What the garbage collector runs when that LLM goes (InprocClient's finalizer: EngineCore.shutdown).
+    # The LLM object is still referenced here, so it is dropped from the live set by hand, as collection would.
+    from rlplane.generation import vllm_backend
+
+    vllm_backend._LIVE_ENGINES.discard(other.llm)
+    other.llm.llm_engine.engine_core.shutdown()
+    other.close()
+    assert _greedy(engine, prompts) == before
