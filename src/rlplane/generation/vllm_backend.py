@@ -44,12 +44,13 @@ validation, which does not read them.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -94,6 +95,27 @@ def _import_vllm():
 _ENGINE_LOCK = threading.RLock()
 
 
+# ---- replacing a vLLM function -------------------------------------------------------------------
+_VLLM_ORIGINALS: dict[str, Callable] = {}  # "module.function" -> vLLM's own, once replaced
+
+
+def _patch_vllm(path: str, wrap: Callable[[Callable], Callable]) -> None:
+    """Replace vLLM's function ``path`` ("module.function") by ``wrap(original)``, once per process;
+    a no-op where vllm or the function is missing (another build or version)."""
+    module_name, _, name = path.rpartition(".")
+    if path in _VLLM_ORIGINALS:
+        return
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return
+    original = getattr(module, name, None)
+    if original is None:
+        return
+    _VLLM_ORIGINALS[path] = original
+    setattr(module, name, functools.wraps(original)(wrap(original)))
+
+
 # ---- several engines in one process ------------------------------------------------------------
 # Every in-process engine runs on vLLM's process-global parallel state (its model-parallel groups),
 # and an engine that shuts down (``EngineCore.shutdown``, when its ``LLM`` is garbage-collected) tears
@@ -103,60 +125,39 @@ _ENGINE_LOCK = threading.RLock()
 # trains twice (tests) collects one run's engines during the next. So the teardown runs only once no
 # engine of ours is alive.
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # this process's vllm.LLM objects
-_ORIGINAL_CLEANUP = None
+_SHUTDOWN_CLEANUP = "vllm.v1.engine.core.cleanup_dist_env_and_memory"
 
 
 def _share_parallel_state() -> None:
     """Make vLLM's engine shutdown skip the process-wide teardown while another engine lives (idempotent)."""
-    global _ORIGINAL_CLEANUP
-    try:
-        from vllm.v1.engine import core
-    except ImportError:
-        return
-    original = getattr(core, "cleanup_dist_env_and_memory", None)
-    if original is None or _ORIGINAL_CLEANUP is not None:
-        return
-    _ORIGINAL_CLEANUP = original
 
-    @functools.wraps(original)
-    def cleanup_when_last(*args, **kwargs):
-        # The engine shutting down is no longer in the set: its LLM was collected first.
-        if not _LIVE_ENGINES:
-            original(*args, **kwargs)
+    def cleanup_when_last(original):
+        def cleanup(*args, **kwargs):
+            # The engine shutting down is no longer in the set: its LLM was collected first.
+            if not _LIVE_ENGINES:
+                original(*args, **kwargs)
+        return cleanup
 
-    core.cleanup_dist_env_and_memory = cleanup_when_last
+    _patch_vllm(_SHUTDOWN_CLEANUP, cleanup_when_last)
 
 
 # ---- refit on the CPU wheel ----------------------------------------------------------------------
-_ORIGINAL_CPU_DISPATCH = None
+_CPU_DISPATCH = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 
 
 def _keep_cpu_weights() -> None:
     """Make vLLM's CPU GEMM dispatch keep ``layer.weight`` (idempotent; no-op off CPU builds)."""
-    global _ORIGINAL_CPU_DISPATCH
-    try:
-        from vllm.model_executor.layers import utils
-    except ImportError:
-        return
-    original = getattr(utils, "dispatch_cpu_unquantized_gemm", None)
-    if original is None or _ORIGINAL_CPU_DISPATCH is not None:
-        return
-    _ORIGINAL_CPU_DISPATCH = original
-
-    @functools.wraps(original)
-    def keep_weight(layer, remove_weight):
-        return original(layer, remove_weight=False)
-
-    utils.dispatch_cpu_unquantized_gemm = keep_weight
+    _patch_vllm(_CPU_DISPATCH, lambda original: lambda layer, remove_weight: original(layer, remove_weight=False))
 
 
 def _load_weights(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]]) -> None:
     """Runs inside the engine (``LLM.apply_model``): HF-named weights in, packed CPU GEMMs redone."""
     model.load_weights(iter(items))
-    if _ORIGINAL_CPU_DISPATCH is not None:
+    dispatch = _VLLM_ORIGINALS.get(_CPU_DISPATCH)
+    if dispatch is not None:
         for module in model.modules():
             if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None and module.weight.numel():
-                _ORIGINAL_CPU_DISPATCH(module, remove_weight=False)
+                dispatch(module, remove_weight=False)
 
 
 def _model_len(requested: int | None, model_max: int | None) -> int | None:
