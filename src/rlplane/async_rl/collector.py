@@ -69,7 +69,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import threading
 import time
 import traceback
@@ -87,6 +86,7 @@ from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
 from rlplane.utils.kill_points import kill_point
+from rlplane.utils.threads import lower_thread_priority
 from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
@@ -366,7 +366,7 @@ class AsyncTrajectoryCollector:
 
     def _loop(self) -> None:
         try:
-            _lower_thread_priority(NICE_INCREMENT)  # batch threads, started from this one, inherit it
+            lower_thread_priority(NICE_INCREMENT)  # batch threads, started from this one, inherit it
             self._collect()
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._fail(e)
@@ -591,11 +591,3 @@ class _Batch:
 # The trainer's step is the critical path (generation only has to stay one step ahead), so under
 # ``runtime: local`` the collector thread yields the CPU to it. Linux applies nice per thread.
 NICE_INCREMENT = 5
-
-
-def _lower_thread_priority(increment: int) -> None:
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
-        pass

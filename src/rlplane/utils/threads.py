@@ -11,6 +11,7 @@ process, one after the other, so each phase can use all the cores).
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -39,3 +40,13 @@ def set_worker_threads(configured: int | None) -> int:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
+
+
+def lower_thread_priority(increment: int) -> None:
+    """Raise the calling thread's nice value by ``increment`` (Linux applies nice per thread, and threads it
+    starts inherit it); where that is not possible (not Linux, not permitted) it keeps its priority."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except (AttributeError, OSError):
+        pass
