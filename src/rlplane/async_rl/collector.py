@@ -19,7 +19,9 @@ generation is over (:func:`~rlplane.workers.turns.run_turns`' ``on_generated``),
 scored: the judge is latency, not CPU, so the collector's cycle is about max(generation, judge)
 instead of their sum, and a refit waits for the generation only (the weights are free once the
 tokens are sampled). Up to ``grpo.async_grpo.max_concurrent_scoring`` batches (the oldest ones
-unscored) are scored at once, 1 by default: no environment is stepped by two batches at once. The
+unscored) are scored at once, 1 by default; each on environment instances of its own
+(``RolloutWorker.env_slot``), and a generating batch's earlier turns (multi-turn) on another set, so
+no environment instance is ever stepped from two threads at once. The
 scoring turn holds the environment step and nothing else (``run_turns``' ``scoring``): a batch
 decodes its responses before it and lays out its columns and groups after it, while the next batch
 is scored, so with a slow judge a batch is ready about every judge call, not every judge call plus
@@ -143,10 +145,15 @@ class AsyncTrajectoryCollector:
         # buffer (so a run replays). A batch leaves when it ends.
         self._turns: deque[int] = deque()
         # Those of them not scored yet, in start order: the first max_concurrent_scoring of them may score
-        # (1: no environment is stepped by two batches at once, as it need not be thread-safe). A batch leaves
+        # (each on its own environment instances, below). A batch leaves
         # as its environment step returns: the next one scores while it assembles its groups.
         self._unscored: deque[int] = deque()
         self.max_concurrent_scoring = g.async_grpo.max_concurrent_scoring
+        # Environment instance sets (RolloutWorker.env_slot): one per batch being scored, taken with its scoring
+        # turn, and one more for the environment steps of a generating batch (multi-turn: the turns before the
+        # last), so no instance is ever stepped by two threads at once.
+        self._free_env_slots = list(range(self.max_concurrent_scoring))
+        self._generation_env_slot = self.max_concurrent_scoring
         self._batch_threads: list[threading.Thread] = []
         self._stop = False
         self._error: str | None = None
@@ -428,7 +435,8 @@ class AsyncTrajectoryCollector:
                 self._cond.notify_all()
 
         try:
-            self._generate(batch, generated if self.overlap_scoring else None)
+            with self.worker.env_slot(self._generation_env_slot):
+                self._generate(batch, generated if self.overlap_scoring else None)
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._fail(e)
         finally:
@@ -451,13 +459,16 @@ class AsyncTrajectoryCollector:
         with self._cond:
             while self._unscored.index(batch.number) >= self.max_concurrent_scoring:
                 self._cond.wait()  # a batch started before this one is scored
+            slot = self._free_env_slots.pop(0)  # fewer than max_concurrent_scoring batches hold one
         batch.scoring_at = time.perf_counter()
         batch.score_wait = batch.scoring_at - waiting
         try:
-            yield
+            with self.worker.env_slot(slot):
+                yield
         finally:
             batch.scored_at = time.perf_counter()
             with self._cond:
+                self._free_env_slots.append(slot)
                 self._scored(batch)
 
     def _scored(self, batch: _Batch) -> None:

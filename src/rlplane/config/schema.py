@@ -100,11 +100,11 @@ class AsyncGRPOConfig(StrictModel):
         "for the generation in flight (hf and vllm: between two decode steps); each token records its weight version, "
         "a trajectory's age is its oldest token's. Not deterministic: results depend on timing.",
     )
-    # Opt-in: batches then step the environment from up to N threads at once.
     max_concurrent_scoring: int = Field(
         1, ge=1, description="Generation batches the collector may score at once (each batch still fills the "
-        "buffer in the order it started, so a run replays). 1 (default): one at a time. Above 1 the environment "
-        "(verifier, judge) must be safe to call from that many threads at once: set it only for such environments.",
+        "buffer in the order it started, so a run replays). 1 (default): one at a time. Each batch scored at once "
+        "steps environment instances of its own (made on first use: N instances, and N verifier pools for math), so "
+        "an environment need not be thread-safe.",
     )
     collector_process: bool = Field(
         False, description="runtime: local: run the collector in a child process of its own (off the trainer's "

@@ -28,8 +28,10 @@ else the rollout's ``weight_version``.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 import torch
@@ -103,7 +105,10 @@ class RolloutWorker:
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
         self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
-        self._envs: dict[str, object] = {}
+        # Environment instances by (task, slot): a thread steps the slot it set with env_slot (0 unless set),
+        # so batches scored at once from several threads never step one instance together.
+        self._envs: dict[tuple[str, int], object] = {}
+        self._slot = threading.local()
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     def ping(self) -> int:
@@ -168,19 +173,37 @@ class RolloutWorker:
 
     # ---- rollout ---------------------------------------------------------------------------------
     def env(self, task_name: str):
-        """The environment for ``task_name`` (made on first use, then kept)."""
-        if task_name not in self._envs:
-            self._envs[task_name] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
-        return self._envs[task_name]
+        """The environment for ``task_name`` in this thread's slot (:meth:`env_slot`; made on first use, then kept)."""
+        key = (task_name, getattr(self._slot, "value", 0))
+        if key not in self._envs:
+            self._envs[key] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
+        return self._envs[key]
+
+    @contextlib.contextmanager
+    def env_slot(self, slot: int) -> Iterator[None]:
+        """Inside the block, this thread's environment steps use instance set ``slot`` (each task's
+        own instance, made on first use). The async collector gives each batch it scores at once a
+        slot of its own, so an environment never needs to be safe to call from two threads."""
+        previous = getattr(self._slot, "value", 0)
+        self._slot.value = slot
+        try:
+            yield
+        finally:
+            self._slot.value = previous
 
     def renew_env(self, task_name: str):
-        """A fresh environment for ``task_name`` in place of the kept one (closed): a failed step's retry
-        should not reuse an instance that may be in a broken state (a dead verifier pool, say)."""
-        old = self._envs.pop(task_name, None)
+        """A fresh environment for ``task_name`` in place of the kept one of this thread's slot (closed):
+        a failed step's retry should not reuse an instance that may be in a broken state (a dead
+        verifier pool, say)."""
+        old = self._envs.pop((task_name, getattr(self._slot, "value", 0)), None)
         close = getattr(old, "close", None)
         if close is not None:
             close()
         return self.env(task_name)
+
+    def _any_env(self, task_name: str):
+        """An instance of ``task_name`` of any slot (what every instance declares is the same), else this slot's."""
+        return next((e for (task, _), e in list(self._envs.items()) if task == task_name), None) or self.env(task_name)
 
     def rollout(
         self,
@@ -273,7 +296,7 @@ class RolloutWorker:
             carry.update(version_carry(versions, res.token_mask, version, version_span))
         # Every component an environment of the batch declares, 0 where it gave none (a failed
         # sample): the carry's keys then depend on the tasks only, so batches concatenate.
-        declared = {n for d in datums for n in getattr(self.env(d.task_name), "reward_component_names", ())}
+        declared = {n for d in datums for n in getattr(self._any_env(d.task_name), "reward_component_names", ())}
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
