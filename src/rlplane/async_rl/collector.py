@@ -19,7 +19,8 @@ generation is over (:func:`~rlplane.workers.turns.run_turns`' ``on_generated``),
 scored: the judge is latency, not CPU, so the collector's cycle is about max(generation, judge)
 instead of their sum, and a refit waits for the generation only (the weights are free once the
 tokens are sampled). Up to ``grpo.async_grpo.max_concurrent_scoring`` batches (the oldest ones
-unscored) are scored at once, 1 by default; each on environment instances of its own
+unscored) are scored at once (by default as many as the steps it may run ahead,
+``max_trajectory_age_steps``: 1 at the default age); each on environment instances of its own
 (``RolloutWorker.env_slot``), and a generating batch's earlier turns (multi-turn) on another set, so
 no environment instance is ever stepped from two threads at once. The
 scoring turn holds the environment step and nothing else (``run_turns``' ``scoring``): a batch
@@ -148,7 +149,7 @@ class AsyncTrajectoryCollector:
         # (each on its own environment instances, below). A batch leaves
         # as its environment step returns: the next one scores while it assembles its groups.
         self._unscored: deque[int] = deque()
-        self.max_concurrent_scoring = g.async_grpo.max_concurrent_scoring
+        self.max_concurrent_scoring = g.async_grpo.scoring_concurrency()
         # Environment instance sets (RolloutWorker.env_slot): one per batch being scored, taken with its scoring
         # turn, and one more for the environment steps of a generating batch (multi-turn: the turns before the
         # last), so no instance is ever stepped by two threads at once.

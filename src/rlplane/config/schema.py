@@ -100,11 +100,12 @@ class AsyncGRPOConfig(StrictModel):
         "for the generation in flight (hf and vllm: between two decode steps); each token records its weight version, "
         "a trajectory's age is its oldest token's. Not deterministic: results depend on timing.",
     )
-    max_concurrent_scoring: int = Field(
-        1, ge=1, description="Generation batches the collector may score at once (each batch still fills the "
-        "buffer in the order it started, so a run replays). 1 (default): one at a time. Each batch scored at once "
-        "steps environment instances of its own (made on first use: N instances, and N verifier pools for math), so "
-        "an environment need not be thread-safe.",
+    max_concurrent_scoring: int | None = Field(
+        None, ge=1, description="Generation batches the collector may score at once (each batch still fills the "
+        "buffer in the order it started, so a run replays). null (default): max_trajectory_age_steps, the steps the "
+        "collector may run ahead (1 at the default age: one at a time). Each batch scored at once steps environment "
+        "instances of its own (made on first use: N instances, and N verifier pools for math), so an environment "
+        "need not be thread-safe.",
     )
     collector_process: bool = Field(
         False, description="runtime: local: run the collector in a child process of its own (off the trainer's "
@@ -112,6 +113,13 @@ class AsyncGRPOConfig(StrictModel):
                           "thread of the trainer's process, which measured faster on 2 shared cores (1.70x sync "
                           "vs 1.08x, benchmarks/async_grpo.py --collector both). runtime: ray: ignored.",
     )
+
+
+    def scoring_concurrency(self) -> int:
+        """Batches scored at once: ``max_concurrent_scoring``, or the age bound where that is null. At max age
+        1 an async step is bound by one judge call or by half the chain train → generate → score → train (2 at
+        once measured no faster on 2 cores); at max age k, scoring k at once lets the collector use its lead."""
+        return self.max_concurrent_scoring or self.max_trajectory_age_steps
 
 
 class GRPOConfig(RolloutLoopConfig):

@@ -40,9 +40,13 @@ def test_age_must_be_at_least_one():
     assert line.startswith("grpo.async_grpo.max_trajectory_age_steps:")
 
 
-def test_concurrent_scoring_defaults_to_one_and_must_be_at_least_one():
-    assert load_config(None, []).grpo.async_grpo.max_concurrent_scoring == 1
-    two = load_config(None, [*ASYNC, "grpo.async_grpo.max_concurrent_scoring=2"])
-    assert two.grpo.async_grpo.max_concurrent_scoring == 2
+def test_concurrent_scoring_defaults_to_the_age_bound_and_must_be_at_least_one():
+    assert load_config(None, []).grpo.async_grpo.max_concurrent_scoring is None
+    assert load_config(None, [*ASYNC]).grpo.async_grpo.scoring_concurrency() == 1  # max age 1
+    age3 = load_config(None, [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=3"])
+    assert age3.grpo.async_grpo.scoring_concurrency() == 3
+    two = load_config(None, [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=3",
+                             "grpo.async_grpo.max_concurrent_scoring=2"])
+    assert two.grpo.async_grpo.max_concurrent_scoring == 2 and two.grpo.async_grpo.scoring_concurrency() == 2
     (line,) = problems([*ASYNC, "grpo.async_grpo.max_concurrent_scoring=0"])
     assert line.startswith("grpo.async_grpo.max_concurrent_scoring:") and "\n" not in line
