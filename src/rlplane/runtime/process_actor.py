@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import itertools
 import multiprocessing as mp
 import os
@@ -43,6 +42,7 @@ import torch
 from rlplane.dataplane import MemoryDataPlane
 from rlplane.dataplane.forwarding import serve_to_other_process
 from rlplane.runtime.groups import WORKER_ENV
+from rlplane.utils.heap import freeze_heap
 from rlplane.utils.shared_pickle import dumps
 
 __all__ = ["ProcessActor", "RemoteTraceback"]
@@ -242,10 +242,7 @@ def _child_main(conn: Any, parent_pid: int, setup: list, threads: int) -> None:
                 for fn, args in setup:
                     fn(*args)
                 obj = message[1](**message[2])
-                # What the object built (its model, imports: millions of objects) out of the cyclic GC's reach:
-                # a full collection walked all of it, ~190 ms every ~20 async GRPO steps in a collector process.
-                gc.collect()
-                gc.freeze()
+                freeze_heap()  # what it built (a model, imports) out of full collections' reach
                 result = None
             elif kind == "close":
                 close = getattr(obj, "close", None)
