@@ -43,8 +43,12 @@ WORKER_NODE_CPUS = 2
 def cluster():
     """A head node (no CPUs: the driver and the data plane's zero-CPU store only) and two worker
     raylets, in a temporary directory of their own; shut down after the module's tests."""
+    from ray._common.utils import get_default_ray_temp_dir
     from ray.cluster_utils import Cluster
 
+    # Cluster writes the head's address to /tmp/ray/ray_current_cluster whatever its temp_dir, and fails where
+    # that folder does not exist yet (a fresh machine on which no Ray instance used the default temp dir).
+    os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
     temp_dir = tempfile.mkdtemp(prefix="rlplane-mnode-")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
                                                       "temp_dir": temp_dir})

@@ -110,8 +110,9 @@ class AsyncGRPOConfig(StrictModel):
     collector_process: bool = Field(
         False, description="runtime: local: run the collector in a child process of its own (off the trainer's "
                           "GIL; it writes into the run's data plane through shared memory); false (default): a "
-                          "thread of the trainer's process, which measured faster on 2 shared cores (1.70x sync "
-                          "vs 1.08x, benchmarks/async_grpo.py --collector both). runtime: ray: ignored.",
+                          "thread of the trainer's process. On 2 cores the two measured alike at max age 1 (1.68x "
+                          "vs 1.72x sync) and the process ahead at max age 2 (2.42x vs 2.33x; benchmarks/"
+                          "async_grpo.py --collector both). runtime: ray: ignored.",
     )
 
 
