@@ -91,7 +91,15 @@ def test_the_session_freezes_the_heap_for_the_gc_while_it_runs_and_unfreezes_it_
     try:
         assert gc.get_freeze_count() == 0  # not before the run has started
         s.start()
-        assert gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        built_after_start = [[i] for i in range(10_000)]  # as a recipe's collector builds its model copy
+        s.begin_step(0)  # the first step freezes once more
+        assert gc.get_freeze_count() >= frozen + len(built_after_start)
+        frozen = gc.get_freeze_count()
+        made_by_step_0 = [[i] for i in range(10_000)]
+        s.begin_step(1)  # ... and only the first: a step's own objects are collected as usual
+        assert gc.get_freeze_count() == frozen and len(made_by_step_0) == 10_000
     finally:
         s.close()
     assert gc.get_freeze_count() == 0
