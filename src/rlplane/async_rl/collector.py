@@ -19,10 +19,8 @@ generation is over (:func:`~rlplane.workers.turns.run_turns`' ``on_generated``),
 scored: the judge is latency, not CPU, so the collector's cycle is about max(generation, judge)
 instead of their sum, and a refit waits for the generation only (the weights are free once the
 tokens are sampled). Up to ``grpo.async_grpo.max_concurrent_scoring`` batches (the oldest ones
-unscored) are scored at once (by default as many as the steps it may run ahead,
-``max_trajectory_age_steps``: 1 at the default age); each on environment instances of its own
-(``RolloutWorker.env_slot``), and a generating batch's earlier turns (multi-turn) on another set, so
-no environment instance is ever stepped from two threads at once. The
+unscored) are scored at once (default: ``max_trajectory_age_steps``), each on environment instances
+of its own (``RolloutWorker.env_slot``; a generating batch's earlier turns on one more set). The
 scoring turn holds the environment step and nothing else (``run_turns``' ``scoring``): a batch
 decodes its responses before it and lays out its columns and groups after it, while the next batch
 is scored, so with a slow judge a batch is ready about every judge call, not every judge call plus
@@ -145,16 +143,13 @@ class AsyncTrajectoryCollector:
         # Numbers of the batches started and not finished, in start order: only the first may fill the
         # buffer (so a run replays). A batch leaves when it ends.
         self._turns: deque[int] = deque()
-        # Those of them not scored yet, in start order: the first max_concurrent_scoring of them may score
-        # (each on its own environment instances, below). A batch leaves
-        # as its environment step returns: the next one scores while it assembles its groups.
+        # Those of them not scored yet, in start order: the first max_concurrent_scoring of them may score. A batch
+        # leaves as its environment step returns: the next one scores while it assembles its groups.
         self._unscored: deque[int] = deque()
         self.max_concurrent_scoring = g.async_grpo.scoring_concurrency()
-        # Environment instance sets (RolloutWorker.env_slot): one per batch being scored, taken with its scoring
-        # turn, and one more for the environment steps of a generating batch (multi-turn: the turns before the
-        # last), so no instance is ever stepped by two threads at once.
+        # Environment instance sets (RolloutWorker.env_slot): 0.. one per batch being scored, taken with its turn;
+        # max_concurrent_scoring for a generating batch's earlier turns. No instance is stepped by two threads at once.
         self._free_env_slots = list(range(self.max_concurrent_scoring))
-        self._generation_env_slot = self.max_concurrent_scoring
         self._batch_threads: list[threading.Thread] = []
         self._stop = False
         self._error: str | None = None
@@ -436,7 +431,7 @@ class AsyncTrajectoryCollector:
                 self._cond.notify_all()
 
         try:
-            with self.worker.env_slot(self._generation_env_slot):
+            with self.worker.env_slot(self.max_concurrent_scoring):  # the generating batch's set
                 self._generate(batch, generated if self.overlap_scoring else None)
         except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
             self._fail(e)

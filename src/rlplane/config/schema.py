@@ -115,7 +115,6 @@ class AsyncGRPOConfig(StrictModel):
                           "async_grpo.py --collector both). runtime: ray: ignored.",
     )
 
-
     def scoring_concurrency(self) -> int:
         """Batches scored at once: ``max_concurrent_scoring``, or the age bound where that is null. At max age
         1 an async step is bound by one judge call or by half the chain train → generate → score → train (2 at

@@ -174,7 +174,7 @@ class RolloutWorker:
     # ---- rollout ---------------------------------------------------------------------------------
     def env(self, task_name: str):
         """The environment for ``task_name`` in this thread's slot (:meth:`env_slot`; made on first use, then kept)."""
-        key = (task_name, getattr(self._slot, "value", 0))
+        key = self._env_key(task_name)
         if key not in self._envs:
             self._envs[key] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
         return self._envs[key]
@@ -195,11 +195,14 @@ class RolloutWorker:
         """A fresh environment for ``task_name`` in place of the kept one of this thread's slot (closed):
         a failed step's retry should not reuse an instance that may be in a broken state (a dead
         verifier pool, say)."""
-        old = self._envs.pop((task_name, getattr(self._slot, "value", 0)), None)
+        old = self._envs.pop(self._env_key(task_name), None)
         close = getattr(old, "close", None)
         if close is not None:
             close()
         return self.env(task_name)
+
+    def _env_key(self, task_name: str) -> tuple[str, int]:
+        return task_name, getattr(self._slot, "value", 0)
 
     def _any_env(self, task_name: str):
         """An instance of ``task_name`` of any slot (what every instance declares is the same), else this slot's."""
