@@ -22,7 +22,7 @@ import time
 import torch
 
 from rlplane.config.schema import RunConfig
-from rlplane.utils.threads import set_worker_threads
+from rlplane.fast.threads import set_worker_threads
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -28,6 +28,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlplane.fast.allocator import keep_freed_memory
+from rlplane.fast.fused_decode import LlamaDecoder, unsupported_reason
+from rlplane.fast.switches import FUSED_DECODE, enabled
 from rlplane.generation.interface import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -39,10 +42,8 @@ from rlplane.generation.interface import (
     normalize_stop_strings,
 )
 from rlplane.generation.kv_cache import preallocated_cache
-from rlplane.generation.llama_decode import LlamaDecoder, unsupported_reason
 from rlplane.generation.sampling import sample
 from rlplane.models.precision import FP32OutputLinear, autocast
-from rlplane.utils.allocator import keep_freed_memory
 
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
@@ -77,7 +78,7 @@ def _frozen_weights_cast(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 class _HFStepper:
     """The decode loop's steps through the model's own forward (any causal LM); the twin of
-    :class:`~rlplane.generation.llama_decode.LlamaDecoder`, with the same four methods."""
+    :class:`~rlplane.fast.fused_decode.LlamaDecoder`, with the same four methods."""
 
     def __init__(self, backend: HFGenerationBackend, capacity: int):
         self.forward = backend._forward
@@ -107,7 +108,7 @@ class HFGenerationBackend(GenerationBackend):
     needed), or a copy and call ``update_weights`` after each optimizer step.
 
     ``decode``: ``"auto"`` runs Llama-family models (llama, mistral, qwen2) through the fused
-    forward of :mod:`~rlplane.generation.llama_decode` and other models through their own forward;
+    forward of :mod:`~rlplane.fast.fused_decode` and other models through their own forward;
     ``"hf"`` forces the model's own forward (to compare), ``"fused"`` requires the fused one.
     After each call ``last_decode`` says which ran (``"fused"`` or ``"hf"``).
     """
@@ -126,7 +127,7 @@ class HFGenerationBackend(GenerationBackend):
             raise ValueError("decode = 'fused' has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
         # Every process that generates builds a backend: from here on freed decode-step tensors stay in
-        # the heap instead of being unmapped and faulted in again each step (rlplane/utils/allocator.py).
+        # the heap instead of being unmapped and faulted in again each step (rlplane/fast/allocator.py).
         keep_freed_memory()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.decode = decode
@@ -218,6 +219,8 @@ class HFGenerationBackend(GenerationBackend):
     def _stepper(self, capacity: int) -> LlamaDecoder | _HFStepper:
         """The fused decoder where ``decode`` and the model allow it, else the model's own forward."""
         reason = "decode = 'hf'" if self.decode == "hf" else unsupported_reason(self.model, capacity)
+        if reason is None and self.decode == "auto" and not enabled(FUSED_DECODE):
+            reason = f"{FUSED_DECODE}=0"
         if self.kv_cache == "dynamic":
             reason = "kv_cache = 'dynamic'"
         if reason is None:

@@ -42,11 +42,11 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
+from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
-from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
 
