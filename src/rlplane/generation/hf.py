@@ -9,8 +9,8 @@ per new token for the rows still running; rows that stop are dropped from the ba
 KV cache) once enough of them have stopped, and the loop exits when none run.
 
 The forward itself: Llama-family models (llama, mistral, qwen2) run through the fused decode forward
-of ``llama_decode.py`` (fused matrices, no autocast casts, each prompt's cache shared by its rows);
-other models, or ``decode="hf"``, through their own forward (``_HFStepper``). Both give the loop
+of :mod:`rlplane.fast.fused_decode`; other models, ``decode="hf"`` or ``RLPLANE_FUSED_DECODE=0``,
+through their own forward (``_HFStepper``). Both give the loop
 the same four steps: prefill, expand to the rows, decode one token, select the running rows.
 
 In-flight weight updates: ``update_weights`` from another thread during a generation hands the
@@ -204,7 +204,7 @@ class HFGenerationBackend(GenerationBackend):
         self.model.eval()
         try:
             # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
-            # the weights and re-casts every weight at every decode step (~30% of a SmolLM2 step).
+            # the weights and re-casts every weight at every decode step.
             with torch.no_grad(), autocast(self.model), self._swap.generating():
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -9,9 +9,8 @@ Row compaction (``batch_select_indices``) copies the buffer once, as the dynamic
 
 Under autocast the buffer holds keys/values in the autocast dtype: a Llama's keys leave the rotary
 embedding in fp32 (bf16 projection times fp32 cos/sin), and attention under autocast casts its
-inputs to bf16, so an fp32 cache was cast whole, every layer, every step (~9% of a profiled SmolLM2
-decode step at 64 rows, growing with the length). Casting each key once on write gives attention
-the same bf16 values.
+inputs to bf16, so an fp32 cache would be cast whole, every layer, every step. Casting each key once
+on write gives attention the same bf16 values.
 """
 
 from __future__ import annotations

@@ -188,13 +188,11 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     probability ``p_j / total`` and a token of probability 0 (an empty interval) never is. Sums are
     taken in float64 so that the cdf does not drift over a large vocabulary.
 
-    Why not ``torch.multinomial``: for one sample it draws V exponential variates per row, which on
-    a CPU cost ~120 ms per decode step for 64 rows of a 49k vocabulary (a fifth of a SmolLM2 step);
-    this needs one uniform per row.
+    Why not ``torch.multinomial``: for one sample it draws V exponential variates per row; this needs
+    one uniform per row.
 
-    Two levels, as the full float64 cdf of every row (:func:`_inverse_cdf_flat`; a cast of (B, V)
-    to float64, then a cumsum that does not vectorise) cost ~20 ms of a 64-row SmolLM2 decode step:
-    the cdf over blocks of ``_CDF_BLOCK`` tokens picks the block, the cdf inside that one block picks
+    Two levels, as the full float64 cdf of every row (:func:`_inverse_cdf_flat`: a cast of (B, V) to
+    float64, then a cumsum that does not vectorise) is slow on a large vocabulary: the cdf over blocks of ``_CDF_BLOCK`` tokens picks the block, the cdf inside that one block picks
     the token. The same cdf up to the float32 rounding of a block's mass (~1e-7 of it), so the same
     tokens but for a target that close to a block's end.
     """
@@ -202,12 +200,11 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     if v <= 2 * _CDF_BLOCK:
         return _inverse_cdf_flat(probs, uniforms)
     n_blocks = -(-v // _CDF_BLOCK)
-    # Zero mass past V; no copy when V is a multiple of the block (SmolLM2's 49152 = 192 x 256: the
-    # copy of (B, V) cost ~17 ms a step at 256 rows).
+    # Zero mass past V; no copy of (B, V) when V is a multiple of the block (SmolLM2's 49152 = 192 x 256).
     padded = probs if v % _CDF_BLOCK == 0 else torch.nn.functional.pad(probs, (0, n_blocks * _CDF_BLOCK - v))
     blocks = padded.view(b, n_blocks, _CDF_BLOCK)
-    # A block's mass is summed in float32 (casting all of (B, V) to float64 first cost ~6 ms a step): its
-    # error is ~1e-7 of that block's mass and does not accumulate, as the blocks' cdf is float64.
+    # A block's mass is summed in float32 (no float64 copy of (B, V)): its error is ~1e-7 of that
+    # block's mass and does not accumulate, as the blocks' cdf is float64.
     block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (B, n_blocks)
     target = (uniforms.double() * block_cdf[:, -1])[:, None]  # (B, 1)
     # First block whose cdf passes the target (a block of no mass never does: its cdf is flat).

