@@ -45,7 +45,8 @@ class FP32OutputLinear(torch.nn.Linear):
     Why: logits rounded to bf16 carry an absolute error of up to ~0.06 at |logit| ~ 16, and the
     sampler's and the trainer's logprobs then differ by that much (``token_mult_prob_error`` with and
     without it: ``docs/benchmarks.md``). The lm_head is a large share of a small model's matmul FLOPs;
-    the trainer runs it only at the tokens the loss reads (``workers/policy.py``: microbatch_logprobs), which on a chat prompt is a small part of each row.
+    the trainer runs it only at the tokens the loss reads (``workers/policy.py``: microbatch_logprobs),
+    which on a chat prompt is a small part of each row.
     Installed by :func:`set_precision` as a class swap, so parameter names, tied weights and
     ``state_dict`` stay those of the plain ``nn.Linear``.
     """
