@@ -1,24 +1,17 @@
 """The ``hf`` generation backend: a hand-written decode loop over a transformers causal LM.
 
-Why not ``model.generate``: its per-step machinery (logits processors, stopping criteria, output
-bookkeeping) costs more than the forward pass of a tiny model, it does not return the processed
-logprobs of the chosen tokens without keeping full score tensors, and it keeps computing finished
-rows. This loop does: left-pad once, one prefill forward into a preallocated KV cache
-(``kv_cache.py``: no per-step copy of the cache), then one forward
-per new token for the rows still running; rows that stop are dropped from the batch (and from the
-KV cache) once enough of them have stopped, and the loop exits when none run.
+Why not ``model.generate``: its per-step machinery costs more than a tiny model's forward, it does
+not return the processed logprobs of the chosen tokens, and it keeps computing finished rows. This
+loop left-pads once, prefills each distinct prompt into a preallocated KV cache, then runs one
+forward per token for the rows still running, dropping finished rows once enough have stopped.
 
-The forward itself: Llama-family models (llama, mistral, qwen2) run through the fused decode forward
-of :mod:`rlplane.fast.fused_decode`; other models, ``decode="hf"`` or ``RLPLANE_FUSED_DECODE=0``,
-through their own forward (``_HFStepper``). Both give the loop
-the same four steps: prefill, expand to the rows, decode one token, select the running rows.
+The forward: Llama-family models run through :mod:`rlplane.fast.fused_decode`; other models,
+``decode="hf"`` or ``RLPLANE_FUSED_DECODE=0`` through their own (``_HFStepper``). Both offer the same
+four steps: prefill, expand to the rows, decode one token, select the running rows.
 
-In-flight weight updates: ``update_weights`` from another thread during a generation hands the
-weights to the loop (:class:`~rlplane.generation.interface.WeightSwap`), which loads them before
-its next forward pass; the tokens sampled from that forward on are stamped with the new version
-and their logprobs are the new weights' (the sampler's own). The KV cache of the earlier
-positions is kept as the old weights computed it (NeMo RL's default, "Magistral-style"; it is not
-recomputed).
+In-flight weight updates: weights handed over from another thread
+(:class:`~rlplane.generation.interface.WeightSwap`) load before the next forward; later tokens carry
+the new version and logprobs, and the KV cache of earlier positions is kept (NeMo RL's default).
 """
 
 from __future__ import annotations
