@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+import rlplane.extras as extras
 from rlplane.config.base import StrictModel
 from rlplane.config.vllm import VllmConfig
 
@@ -56,10 +57,8 @@ class GenerationConfig(StrictModel):
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
         if self.backend == "vllm":
-            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
-
-            if not vllm_available():
-                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+            if not extras.vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {extras.VLLM_INSTALL_HINT}")
         return self
 
 
