@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from rlplane.config.algorithms import LossConfig
 from rlplane.config.base import StrictModel
-from rlplane.config.data import DataConfig
+from rlplane.config.data import DataConfig, DatasetOptions
 from rlplane.config.envs import EnvConfig
 from rlplane.config.logger import LoggerConfig
 from rlplane.config.loops import (  # noqa: F401 (AsyncGRPOConfig: re-exported with the other sections)
@@ -167,6 +167,14 @@ class RunConfig(StrictModel):
     def loop(self) -> RolloutLoopConfig:
         """The active loop section (the recipe's ``loop`` in ``config/recipes.py``)."""
         return getattr(self, RECIPES[self.algorithm].loop)
+
+    def dataset_options(self) -> DatasetOptions:
+        """What the datasets read: ``data``, ``env``, the loop's seed and sizes, the prompt length cap."""
+        g = self.loop
+        return DatasetOptions(data=self.data, env=self.env, seed=g.seed,
+                              prompts_per_batch=g.num_prompts_per_step * g.batch_multiplier,
+                              max_val_samples=g.max_val_samples,
+                              max_prompt_length=self.policy.max_total_sequence_length - 1)
 
     @model_validator(mode="after")
     def _cross_section(self) -> "RunConfig":
