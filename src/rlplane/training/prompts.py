@@ -1,5 +1,5 @@
 """The session's data: the training prompt stream (an endless pass over the loader) and the
-held-out problems, built from ``data.*`` (``RunConfig.dataset_options()``) before anything slow starts.
+held-out problems, built from ``data.*`` (``cfg.dataset_options()``) before anything slow starts.
 
 The stream also keeps the step's record for ``logs/prompts.jsonl`` (:meth:`Prompts.take_step_record`):
 every prompt the step drew, as ``[epoch, idx]`` in draw order, and those it trained on (dynamic
