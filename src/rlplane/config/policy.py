@@ -1,7 +1,7 @@
 """The ``policy`` section of a run's configuration: the trained model, its optimizer, how batches
 are cut (micro-batches, dynamic batching, sequence packing, FSDP2) and how the generators sample
 (``policy.generation``). Split from :mod:`rlplane.config.schema` along the section's seam; the
-cross-section checks stay on :class:`~rlplane.config.schema.RunConfig`."""
+cross-section rules are in :mod:`rlplane.config.rules`."""
 
 from __future__ import annotations
 
