@@ -119,7 +119,7 @@ def cmd_sft(args) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    state, result = warm_up(cfg, Prompts(cfg, tok), say)
+    state, result = warm_up(cfg, Prompts(cfg.dataset_options(), tok), say)
     (paths.run_dir / "config.yaml").write_text(dump_config(cfg))  # written once the run really ran
     model.load_state_dict(state)
     model.save_pretrained(out)

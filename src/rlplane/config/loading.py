@@ -16,16 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlplane.config.schema import RunConfig
+from rlplane.errors import ConfigError  # noqa: F401 (re-exported: its older home)
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A user's config is wrong. ``str(err)`` is one line per problem, each naming its dotted path."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 def list_presets() -> list[str]:

@@ -1,7 +1,7 @@
 """The ``policy`` section of a run's configuration: the trained model, its optimizer, how batches
 are cut (micro-batches, dynamic batching, sequence packing, FSDP2) and how the generators sample
 (``policy.generation``). Split from :mod:`rlplane.config.schema` along the section's seam; the
-cross-section checks stay on :class:`~rlplane.config.schema.RunConfig`."""
+cross-section rules are in :mod:`rlplane.config.rules`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+import rlplane.extras as extras
 from rlplane.config.base import StrictModel
 from rlplane.config.vllm import VllmConfig
 
@@ -56,10 +57,8 @@ class GenerationConfig(StrictModel):
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
         if self.backend == "vllm":
-            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
-
-            if not vllm_available():
-                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+            if not extras.vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {extras.VLLM_INSTALL_HINT}")
         return self
 
 

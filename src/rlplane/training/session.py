@@ -10,7 +10,8 @@
 Each part has one job: :class:`Prompts` (data), :class:`Workers` (actors, through the runtime
 layer), :class:`Refit` (generator weights), :class:`Checkpoints` (save / restore), :class:`RunLog`
 (console, progress, metric sinks and trackers, sample tables: ``s.log``), :func:`warm_up` (the
-supervised warm-up).
+supervised warm-up). The session holds the run config; each part gets its own section (or the
+values it needs) from it.
 """
 
 from __future__ import annotations
@@ -63,13 +64,17 @@ class Session:
         self.workers = self.shared_paths = None
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
         self._stepped = False
-        self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
+        p = cfg.policy
+        self.checkpoints = Checkpoints(cfg.checkpointing, self.paths.checkpoint_dir,
+                                       max_num_steps=cfg.loop.max_num_steps, config_yaml=dump_config(cfg),
+                                       dp_size=p.dp_size, fsdp=p.dtensor_cfg.enabled)
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)
         del model
-        self.prompts = Prompts(cfg, self.tokenizer)
+        self.prompts = Prompts(cfg.dataset_options(), self.tokenizer)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
-        self.log = RunLog(cfg, self.paths, quiet)
+        self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
+                          run_config=cfg.model_dump(mode="json"), quiet=quiet)
         for msg in self._early_messages:
             self.say(msg)
         if self.prompts.stats.get("skipped_overlong"):
@@ -204,7 +209,7 @@ class Session:
         """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
         answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
-        metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums, self.data_plane)
+        metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums, self.data_plane)
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 

@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 # (title, [(metric key, label)]); a panel with several keys draws each, per run.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 INSTALL_HINT = "pip install 'rlplane[trackers]'"
 
