@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlplane.config.algorithms import (
     GRPOAdvEstimatorConfig,
@@ -23,7 +23,14 @@ from rlplane.config.base import StrictModel
 from rlplane.config.data import DataConfig, task_names_of
 from rlplane.config.envs import EnvConfig
 from rlplane.config.logger import LoggerConfig
-from rlplane.config.policy import OptimizerConfig, PolicyConfig, SchedulerConfig, TinyModelConfig, transformers_packs
+from rlplane.config.policy import (
+    OptimizerConfig,
+    PolicyConfig,
+    SchedulerConfig,
+    TinyModelConfig,
+    check_grad_norm,
+    transformers_packs,
+)
 from rlplane.config.recipes import RECIPES, owner_of
 from rlplane.config.vllm import vllm_cfg_errors
 
@@ -66,7 +73,7 @@ class RolloutLoopConfig(StrictModel):
     skip_reference_policy_logprobs_calculation: bool = Field(
         False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
     )
-    seed: int = Field(42, description="Seed of the whole run.")
+    seed: int = Field(42, ge=-(2**63), le=2**64 - 1, description="Seed of the whole run (what torch takes: 64 bits).")
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
 
@@ -184,7 +191,12 @@ class ValueConfig(StrictModel):
         default_factory=lambda: OptimizerConfig(lr=1e-3), description="AdamW settings of the critic."
     )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule of the critic.")
-    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic (null = off).")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic, > 0 (null = off).")
+
+    @field_validator("max_grad_norm")
+    @classmethod
+    def _grad_norm(cls, v: float | None) -> float | None:
+        return check_grad_norm(v)
     loss_fn: ValueLossConfig = Field(default_factory=ValueLossConfig, description="Value loss scale and clipping.")
 
 
@@ -397,6 +409,10 @@ class RunConfig(StrictModel):
             errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
         if name == "grpo":
             errors.extend(_estimator_errors(self))
+        if name == "grpo" and g.num_generations_per_prompt == 1 and g.adv_estimator.name != "reinforce_plus_plus":
+            errors.append(f"grpo.num_generations_per_prompt = 1: a group of one response has advantage 0 under "
+                          f"grpo.adv_estimator.name = {g.adv_estimator.name} (nothing is learned); use 2 or more, "
+                          "or grpo.adv_estimator.name=reinforce_plus_plus")
         if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
             errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which "
                           "loss_fn.force_on_policy_ratio "

@@ -37,7 +37,7 @@ from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources
 from rlplane.utils.heap import freeze_heap
 from rlplane.utils.kill_points import kill_point
-from rlplane.utils.run_dir import prepare_run_paths
+from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
 from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
@@ -53,6 +53,7 @@ class Session:
         # Absolute, created and writable, and no earlier run there unless resuming: checked first.
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
+        self._holds_run_dir = True
         set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
@@ -289,6 +290,9 @@ class Session:
         if self._frozen:  # what the session held can be collected again (cycles among its objects too)
             gc.unfreeze()
             self._frozen = False
+        if self._holds_run_dir:  # the hold prepare_run_paths took
+            release_run_dir(self.run_dir)
+            self._holds_run_dir = False
 
     def __enter__(self) -> Session:
         return self
