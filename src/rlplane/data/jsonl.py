@@ -2,7 +2,8 @@
 
 Every user mistake is a one-line ``DatasetError`` naming the file and the (1-based) line:
 a missing file, a line that is not UTF-8, not JSON or not an object, a row without a needed field, an
-answer that is not a non-empty string or number, an empty dataset, and (with ``on_overlong="error"``) a prompt longer than the maximum.
+answer that is not a non-empty string or number, an empty dataset, and (with ``on_overlong="error"``)
+a prompt longer than the maximum.
 """
 
 from __future__ import annotations

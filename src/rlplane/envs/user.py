@@ -20,6 +20,7 @@ row before anything slow starts, so a wrong path, signature or return type is on
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import inspect
@@ -39,6 +40,32 @@ IMPORT_PATH_VAR = "RLPLANE_IMPORT_PATH"
 
 class UserTaskError(UnknownEnvironmentError):
     """A user task's import path, signature or return value is wrong (one-line message)."""
+
+
+class EnvReturnError(UserTaskError):
+    """An environment's return is wrong for the batch as a whole (one reward for several samples): the
+    run stops, rather than each sample being re-stepped alone and handed the batch's reward."""
+
+
+class EnvErrorWindow:
+    """Stops a run whose environments fail on more than ``max_rate`` of the samples (the step metric
+    ``train/env_error_rate``) on average over the last ``window`` steps (``env.max_error_rate``,
+    ``env.error_window_steps``); ``max_rate`` None never stops."""
+
+    def __init__(self, max_rate: float | None, window: int):
+        self.max_rate, self.rates = max_rate, collections.deque(maxlen=window)
+
+    def check(self, metrics: dict[str, float]) -> None:
+        rate = metrics.get("train/env_error_rate")
+        if self.max_rate is None or rate is None:
+            return
+        self.rates.append(float(rate))
+        mean = sum(self.rates) / len(self.rates)
+        if mean > self.max_rate:
+            raise UserTaskError(
+                f"environments failed on {mean:.0%} of the samples over the last {len(self.rates)} steps, above "
+                f"env.max_error_rate = {self.max_rate} (the warnings above say why); fix the environment or reward "
+                "function, or raise env.max_error_rate (null: never stop)")
 
 
 def import_path_env() -> dict[str, str]:

@@ -25,7 +25,7 @@ from rlplane.config.loading import dump_config
 from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
-from rlplane.envs.user import check_user_tasks, user_task_error_in
+from rlplane.envs.user import EnvErrorWindow, check_user_tasks, user_task_error_in
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
@@ -69,6 +69,7 @@ class Session:
                              if cfg.checkpointing.resume else None)
         del model
         self.prompts = Prompts(cfg, self.tokenizer)
+        self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
         self.log = RunLog(cfg, self.paths, quiet)
         for msg in self._early_messages:
@@ -233,6 +234,7 @@ class Session:
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
         self.log.log(metrics, step=done)
+        self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
         if (record := self.prompts.take_step_record()) is not None:
             self.log.log_prompts(done, record)
         kill_point("logged")  # a checkpoint not written yet: resuming drops the rows and redoes the step
