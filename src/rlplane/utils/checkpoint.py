@@ -123,7 +123,7 @@ class CheckpointManager:
         except OSError as e:  # a full disk, a quota, a mount gone read-only: one line, no half checkpoint
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(f"checkpoint {tmp}: cannot write it ({e.strerror or type(e).__name__}); free space "
-                                  "there or set checkpointing.checkpoint_dir to a writable place, then resume") from None
+                                  "there or set checkpointing.checkpoint_dir elsewhere, then resume") from None
         kill_point("checkpoint_rename")
         final = self.dir / f"step_{step}"
         if final.exists():
