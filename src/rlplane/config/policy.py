@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rlplane.config.base import StrictModel
 from rlplane.config.vllm import VllmConfig
@@ -216,10 +216,10 @@ class PolicyConfig(StrictModel):
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip, > 0 (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
 
-    @field_validator("max_grad_norm")
-    @classmethod
-    def _grad_norm(cls, v: float | None) -> float | None:
-        return check_grad_norm(v)
+    @model_validator(mode="after")
+    def _grad_norm(self) -> PolicyConfig:
+        check_grad_norm(self.max_grad_norm)
+        return self
     threads_per_worker: int | None = Field(
         None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS "
                                 "if set, else the cores the process may use)."
@@ -229,10 +229,9 @@ class PolicyConfig(StrictModel):
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
 
 
-def check_grad_norm(value: float | None) -> float | None:
+def check_grad_norm(value: float | None) -> None:
     """A clip norm <= 0 would scale every gradient by a non-positive factor (clip_grad_norm_ multiplies by
     max_norm / norm): refused, and null is the one way to turn clipping off."""
     if value is not None and not value > 0:
         raise ValueError(f"max_grad_norm = {value} would flip or zero every gradient; set it above 0 (1.0 is usual) "
                          "or to null for no clipping")
-    return value

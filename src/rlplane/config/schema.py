@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rlplane.config.algorithms import (
     GRPOAdvEstimatorConfig,
@@ -193,10 +193,10 @@ class ValueConfig(StrictModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule of the critic.")
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic, > 0 (null = off).")
 
-    @field_validator("max_grad_norm")
-    @classmethod
-    def _grad_norm(cls, v: float | None) -> float | None:
-        return check_grad_norm(v)
+    @model_validator(mode="after")
+    def _grad_norm(self) -> ValueConfig:
+        check_grad_norm(self.max_grad_norm)
+        return self
     loss_fn: ValueLossConfig = Field(default_factory=ValueLossConfig, description="Value loss scale and clipping.")
 
 
