@@ -212,7 +212,7 @@ class PolicyConfig(StrictModel):
     train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
     logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
-    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip, > 0 (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
     threads_per_worker: int | None = Field(
         None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS "
@@ -221,3 +221,16 @@ class PolicyConfig(StrictModel):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
+
+    @model_validator(mode="after")
+    def _grad_norm(self) -> PolicyConfig:
+        check_grad_norm(self.max_grad_norm)
+        return self
+
+
+def check_grad_norm(value: float | None) -> None:
+    """A clip norm <= 0 would scale every gradient by a non-positive factor (clip_grad_norm_ multiplies by
+    max_norm / norm): refused, and null is the one way to turn clipping off."""
+    if value is not None and not value > 0:
+        raise ValueError(f"max_grad_norm = {value} would flip or zero every gradient; set it above 0 (1.0 is usual) "
+                         "or to null for no clipping")

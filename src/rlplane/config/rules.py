@@ -223,6 +223,16 @@ def gdpo_needs_components(cfg) -> list[str]:
     return errors
 
 
+def groups_need_two(cfg) -> list[str]:
+    """A group of one response is its own baseline: advantage 0 under every group estimator."""
+    g = cfg.grpo if cfg.algorithm == "grpo" else None
+    if g is not None and g.num_generations_per_prompt == 1 and g.adv_estimator.name != "reinforce_plus_plus":
+        return [f"grpo.num_generations_per_prompt = 1: a group of one response has advantage 0 under "
+                f"grpo.adv_estimator.name = {g.adv_estimator.name} (nothing is learned); use 2 or more, "
+                "or grpo.adv_estimator.name=reinforce_plus_plus"]
+    return []
+
+
 def kl_in_reward_needs_estimator(cfg) -> list[str]:
     est = cfg.grpo.adv_estimator if cfg.algorithm == "grpo" else None
     if est is not None and _kl_in_reward(cfg) and est.name != "reinforce_plus_plus":
@@ -338,6 +348,7 @@ RULES: list[Rule] = [
     vllm_cfg_fits_device,
     dp_needs_ray,
     gdpo_needs_components,
+    groups_need_two,
     kl_in_reward_needs_estimator,
     kl_in_reward_needs_prev,
     logprob_filter_needs_prev,

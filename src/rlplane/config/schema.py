@@ -24,7 +24,7 @@ from rlplane.config.loops import (  # noqa: F401 (AsyncGRPOConfig: re-exported w
     PPOConfig,
     RolloutLoopConfig,
 )
-from rlplane.config.policy import OptimizerConfig, PolicyConfig, SchedulerConfig, TinyModelConfig
+from rlplane.config.policy import OptimizerConfig, PolicyConfig, SchedulerConfig, TinyModelConfig, check_grad_norm
 from rlplane.config.recipes import RECIPES
 from rlplane.config.rules import broken_rules
 
@@ -57,8 +57,13 @@ class ValueConfig(StrictModel):
         default_factory=lambda: OptimizerConfig(lr=1e-3), description="AdamW settings of the critic."
     )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule of the critic.")
-    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic (null = off).")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic, > 0 (null = off).")
     loss_fn: ValueLossConfig = Field(default_factory=ValueLossConfig, description="Value loss scale and clipping.")
+
+    @model_validator(mode="after")
+    def _grad_norm(self) -> ValueConfig:
+        check_grad_norm(self.max_grad_norm)
+        return self
 
 
 class WarmupConfig(StrictModel):

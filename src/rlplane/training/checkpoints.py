@@ -60,6 +60,7 @@ class Checkpoints:
             say(f"checkpoint {what}")
         latest = self.manager.latest()
         if latest is None:
+            say(f"checkpointing.resume=true: no checkpoint in {self.manager.dir} to resume; starting a fresh run")
             return None
         self.manager.load_info(latest)
         check_resume_layout(str(latest / "policy"), self.dp_size, self.fsdp)

@@ -84,6 +84,10 @@ CASES = [
      "grpo.adv_estimator.name = gdpo: environment 'guess_number' gives 0 reward components [], GDPO needs at "
      "least 2 (task 'arithmetic' gives correct and format); use such an environment or set "
      "grpo.adv_estimator.name=grpo"),
+    (rules.groups_need_two, "grpo", {"grpo.num_generations_per_prompt": 2, "policy.train_global_batch_size": 32},
+     {"grpo.num_generations_per_prompt": 1},
+     "grpo.num_generations_per_prompt = 1: a group of one response has advantage 0 under grpo.adv_estimator.name = "
+     "grpo (nothing is learned); use 2 or more, or grpo.adv_estimator.name=reinforce_plus_plus"),
     (rules.kl_in_reward_needs_estimator, "grpo", KL_IN_REWARD, {"grpo.adv_estimator.name": "grpo"},
      "loss_fn.use_kl_in_reward puts the KL in the reward of reinforce_plus_plus (or PPO's GAE); with "
      "grpo.adv_estimator.name = grpo the KL would be dropped; set loss_fn.use_kl_in_reward=false or "
