@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from rlplane.config.loading import dump_config
+from rlplane.config.loading import ConfigError, dump_config
+from rlplane.config.resume import check_checkpoint_config
 from rlplane.config.schema import RunConfig
 from rlplane.training.prompts import Prompts
 from rlplane.training.workers import Workers
@@ -67,6 +68,13 @@ class Checkpoints:
         # Small: read them now, so that a damaged one is an error before any worker starts.
         self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
                               "rng": load_torch_state(latest / "rng.pt")}
+        # Every changed key is free, converted (the loader's batch size) or refused, in one line each.
+        check, lines = check_checkpoint_config(latest, self.cfg.model_dump(mode="json"),
+                                               self._resume_state["dataloader"])
+        if check.refusals:
+            raise ConfigError(check.refusals)
+        for line in lines:
+            say(line)
         fix = ("resume with the policy settings of the run that wrote "
                f"it ({latest / 'config.yaml'}), or start a new run_dir")
         check_weights_fit(model, latest / "policy" / "weights", fix)
