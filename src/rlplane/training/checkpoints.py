@@ -90,6 +90,8 @@ class Checkpoints:
         for name, group in self.workers.trained_groups().items():
             if (path / name).is_dir():
                 group.run("load", str(path / name))
+                if name in ("policy", "value"):  # loading restored the saved lr etc.: this run's apply
+                    group.run("apply_optimizer_settings", **getattr(self.cfg, name).optimizer.model_dump())
         self.prompts.load_state_dict(self._resume_state["dataloader"])
         rng = self._resume_state["rng"]
         torch.set_rng_state(rng["torch"])

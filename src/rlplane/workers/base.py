@@ -129,6 +129,17 @@ class DPTrainWorker:
         dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
         return t
 
+    def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
+        """After a resume: the run's optimizer settings replace the saved ones that loading the optimizer
+        and scheduler state restored; the learning rate follows the schedule from its restored step."""
+        groups = self.optimizer.param_groups
+        for g in groups:
+            g.update(initial_lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        self.scheduler.base_lrs = [lr] * len(groups)
+        for g, factor in zip(groups, (f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas)):
+            g["lr"] = lr * factor
+        self.scheduler._last_lr = [g["lr"] for g in groups]
+
     def ping(self) -> int:
         return self.rank
 

@@ -134,3 +134,30 @@ def test_checkpoint_config_fills_the_old_batch_size_and_says_where_the_epoch_con
     (tmp_path / "config.yaml").write_text("{not yaml")
     check, _ = check_checkpoint_config(tmp_path, new, {})
     assert "config.yaml is missing or damaged" in check.refusals[0]
+
+
+def test_optimizer_settings_of_the_resumed_run_apply():
+    # torch's load_state_dict restores the saved lr (param groups and the scheduler's base_lrs): a free
+    # change of policy.optimizer.lr must be applied after loading, at the schedule's restored step.
+    import torch
+
+    from rlplane.config.policy import OptimizerConfig, SchedulerConfig
+    from rlplane.workers.base import DPTrainWorker, build_optimizer
+
+    model = torch.nn.Linear(2, 1)
+    sch = SchedulerConfig(warmup_steps=4, warmup_start_factor=0.5)
+    opt, sched = build_optimizer(model, OptimizerConfig(lr=1e-3), sch)
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    saved = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+    w = DPTrainWorker.__new__(DPTrainWorker)
+    w.optimizer, w.scheduler = build_optimizer(model, OptimizerConfig(lr=1e-5, weight_decay=0.1), sch)
+    w.optimizer.load_state_dict(saved["optimizer"])
+    w.scheduler.load_state_dict(saved["scheduler"])
+    assert w.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.75)  # the saved lr: the change is lost
+    w.apply_optimizer_settings(**OptimizerConfig(lr=1e-5, weight_decay=0.1).model_dump())
+    assert w.optimizer.param_groups[0]["lr"] == pytest.approx(1e-5 * 0.75)  # step 2 of 4 of the warm-up
+    assert w.optimizer.param_groups[0]["weight_decay"] == 0.1
+    w.scheduler.step()
+    assert w.optimizer.param_groups[0]["lr"] == pytest.approx(1e-5 * 0.875)
