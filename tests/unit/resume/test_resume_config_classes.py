@@ -10,6 +10,7 @@ from rlplane.config.loading import list_presets, load_config
 from rlplane.config.resume import (
     CONVERTIBLE,
     FREE,
+    LOOP_SECTIONS,
     REFUSED,
     RULES,
     check_checkpoint_config,
@@ -161,3 +162,19 @@ def test_optimizer_settings_of_the_resumed_run_apply():
     assert w.optimizer.param_groups[0]["weight_decay"] == 0.1
     w.scheduler.step()
     assert w.optimizer.param_groups[0]["lr"] == pytest.approx(1e-5 * 0.875)
+
+
+def test_docs_table_lists_every_rule_with_its_class():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[3] / "docs" / "resume.md").read_text()
+    listed = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            listed[cells[0].strip("`")] = cells[1]
+    for rule, (cls, _) in RULES.items():
+        section, dot, rest = rule.partition(".")
+        as_loop = "{loop}" + dot + rest  # grpo.seed, ppo.seed, ... are one row: {loop}.seed
+        key = as_loop if section in LOOP_SECTIONS and as_loop in listed else rule
+        assert listed.get(key) == cls, f"docs/resume.md: {key} should be listed as {cls}"
