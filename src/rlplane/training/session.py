@@ -68,6 +68,7 @@ class Session:
         p = cfg.policy
         self.checkpoints = Checkpoints(cfg.checkpointing, self.paths.checkpoint_dir,
                                        max_num_steps=cfg.loop.max_num_steps, config_yaml=dump_config(cfg),
+                                       run_config=cfg.model_dump(mode="json"),
                                        dp_size=p.dp_size, fsdp=p.dtensor_cfg.enabled)
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)

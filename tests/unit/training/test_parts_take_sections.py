@@ -49,7 +49,7 @@ def test_dataset_options_cut_the_loop_and_the_length_cap_from_the_run_config():
 
 def test_checkpoints_are_due_every_save_period_and_at_the_last_step(tmp_path):
     def due(**section):
-        ck = Checkpoints(CheckpointingConfig(**section), tmp_path, max_num_steps=7, config_yaml="a: 1\n",
+        ck = Checkpoints(CheckpointingConfig(**section), tmp_path, max_num_steps=7, config_yaml="a: 1\n", run_config={},
                          dp_size=1, fsdp=False)
         return [step for step in range(1, 8) if ck.due(step)]
 
