@@ -52,9 +52,9 @@ from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.datasets import build_datasets  # noqa: E402
 from rlplane.envs import create_env  # noqa: E402
+from rlplane.fast.threads import available_cores  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
-from rlplane.utils.threads import available_cores  # noqa: E402
 from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 # No validation inside a run (the benchmark evaluates each final model itself, outside every timing).

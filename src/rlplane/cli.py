@@ -115,10 +115,10 @@ def cmd_sft(args) -> int:
 
 def _sft(cfg, args, paths) -> int:
     from rlplane.config.loading import dump_config
+    from rlplane.fast.threads import set_worker_threads
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
     from rlplane.utils.seeding import seed_everything
-    from rlplane.utils.threads import set_worker_threads
     from rlplane.workers.base import load_configured_policy
 
     out = paths.run_dir / "sft"

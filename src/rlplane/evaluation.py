@@ -24,7 +24,7 @@ import torch
 
 from rlplane.config.data import DataConfig
 from rlplane.config.schema import RunConfig
-from rlplane.utils.threads import set_worker_threads
+from rlplane.fast.threads import set_worker_threads
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -65,7 +65,7 @@ def calculate_baseline_and_std_per_prompt(
     Exactness: when the k samples are all equal (compared exactly, through the group's top-two
     maximum and minimum), ``std_i`` is exactly 0 and ``b_i`` is their common value, never a
     rounding residue of a sum: a residue (≈ 1e-9) would pass the ``std > 0`` test and blow the
-    advantage up by 1e6 (issue 16: ``[1, 0, 1]`` gave ``−992604`` instead of ``−1``). Otherwise the
+    advantage up by 1e6 (``[1, 0, 1]`` would give ``−992604`` instead of ``−1``). Otherwise the
     variance is computed on group-centred rewards in float64, so large rewards with a tiny spread
     do not lose their std to cancellation.
 

@@ -98,15 +98,14 @@ class AsyncGRPOConfig(StrictModel):
     collector_process: bool = Field(
         False, description="runtime: local: run the collector in a child process of its own (off the trainer's "
                           "GIL; it writes into the run's data plane through shared memory); false (default): a "
-                          "thread of the trainer's process. On 2 cores the two measured alike at max age 1 (1.68x "
-                          "vs 1.72x sync) and the process ahead at max age 2 (2.42x vs 2.33x; benchmarks/"
-                          "async_grpo.py --collector both). runtime: ray: ignored.",
+                          "thread of the trainer's process (docs/benchmarks.md compares the two). runtime: ray: "
+                          "ignored.",
     )
 
     def scoring_concurrency(self) -> int:
         """Batches scored at once: ``max_concurrent_scoring``, or the age bound where that is null. At max age
-        1 an async step is bound by one judge call or by half the chain train → generate → score → train (2 at
-        once measured no faster on 2 cores); at max age k, scoring k at once lets the collector use its lead."""
+        1 an async step is bound by one judge call or by half the chain train → generate → score → train; at
+        max age k, scoring k at once lets the collector use its lead."""
         return self.max_concurrent_scoring or self.max_trajectory_age_steps
 
 

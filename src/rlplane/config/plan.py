@@ -9,7 +9,7 @@ from rlplane.config.schema import RunConfig
 
 def prev_logprobs_are_the_training_forward(cfg: RunConfig) -> bool:
     """Whether the old-policy logprobs of a step equal its training forward's, detached, so the
-    separate no-grad prev-logprob forward computes a result that is already known (issue 19).
+    separate no-grad prev-logprob forward computes a result that is already known.
 
     π_old is the policy before the step's first optimizer step. The training forward of the first
     global batch runs at exactly those weights, so when the rollout gets exactly one optimizer step
@@ -29,7 +29,7 @@ def prev_logprobs_are_the_training_forward(cfg: RunConfig) -> bool:
     Async GRPO qualifies too: it recomputes the prev logprobs with the trainer's current weights,
     right before training on them. Metrics that compare π_old with the generator
     (``token_mult_prob_error``, ``gen_kl_error``, the IS weights) are then computed from the training
-    forward, as before.
+    forward.
     """
     g, p, lf = cfg.loop, cfg.policy, cfg.loss_fn
     one_global_batch = g.num_prompts_per_step * g.num_generations_per_prompt == p.train_global_batch_size
@@ -53,8 +53,8 @@ def data_plane_index(cfg: RunConfig) -> tuple[str, str]:
     """``(index, why)``: where the ray data plane keeps its key index, ``"driver"`` or ``"store"``, as
     ``data_plane.index`` gives it or as ``auto`` picks it.
 
-    ``auto`` picks ``driver`` (no store-actor round trip per put, read and clear: measured at the
-    raw-Ray baseline, against ~1.2x with the store actor, ``benchmarks/dataplane.py``) when the data
+    ``auto`` picks ``driver`` (no store-actor round trip per put, read and clear; figures in
+    ``docs/benchmarks.md``) when the data
     plane is ``ray`` and the recipe's driver owns every key (:attr:`Recipe.driver_owns_keys`: sync
     GRPO, PPO, distillation); ``store`` when another process reads or clears keys itself (async GRPO's
     collector) and for the ``memory`` backend, whose index is in-process either way (unused there).

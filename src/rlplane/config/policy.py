@@ -35,7 +35,7 @@ class GenerationConfig(StrictModel):
     hf_decode: Literal["auto", "hf", "fused"] = Field(
         "auto",
         description="The `hf` backend's forward: `auto` runs Llama-family models (llama, mistral, qwen2) through "
-        "rlplane's fused decode forward (generation/llama_decode.py) and others through their own; `hf` forces "
+        "rlplane's fused decode forward (fast/fused_decode.py) and others through their own; `hf` forces "
         "the model's own forward, `fused` requires the fused one.",
     )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")

@@ -72,7 +72,7 @@ def pack_rows(rows: Sequence[torch.Tensor]) -> Column:
         return Column(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
     if rows[0].dim() == 0:  # rows agree in rank (checked by the caller): scalars become length 1
         rows = [r.reshape(1) for r in rows]
-    # not len(): its Python wrapper costs 4x; and via numpy: torch.tensor(list) costs 4x np.array
+    # shape[0], not len(), and via numpy: both cheaper than their Python-level alternatives
     lens = torch.from_numpy(np.array([r.shape[0] for r in rows], dtype=np.int64))
     offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=offsets[1:])
@@ -90,8 +90,7 @@ def jagged_from_padded(padded: torch.Tensor, lengths: torch.Tensor) -> Column:
     if not len(lens) or padded.shape[1] == 0:
         return Column(padded.reshape(len(lens) * padded.shape[1], *padded.shape[2:])[:0].contiguous(), offsets)
     # The flattened rows cut into (row, padding) pieces by one C++ split, then a cat of the rows:
-    # 0.55 ms at B=500, T=1750 against 1.3 ms for a Python loop of row slices and 4.0 ms for a
-    # (B, T) boolean mask (measured, 1 thread).
+    # cheaper than a Python loop of row slices or a (B, T) boolean mask.
     T = padded.shape[1]
     flat = padded.reshape(len(lens) * T, *padded.shape[2:])
     sizes = torch.stack([lens, T - lens], dim=1).reshape(-1).tolist()
@@ -119,11 +118,10 @@ def gather_jagged(
             for r, p in zip(rows, pos):
                 out[p, : offsets[r + 1] - offsets[r]] = col.values[offsets[r] : offsets[r + 1]]
         return out
-    # Row views in output order, then pad_sequence's C++ copy loop: measured 3.8 ms at 500 rows x
-    # ~1k tokens against 6.1 ms for a Python loop of slice copies and 30+ ms for a vectorised
-    # repeat_interleave gather (slow on one CPU thread).
+    # Row views in output order, then pad_sequence's C++ copy loop (cheaper than a Python loop of
+    # slice copies or a repeat_interleave gather on one CPU thread).
     # One extra row of length pad_len makes pad_sequence emit the full width in its single pass
-    # (a separate F.pad afterwards copied the whole batch again: ~2 ms at 500 x 1.7k); dropped after.
+    # (no second copy of the batch by F.pad); dropped after.
     if len(parts) == 1 and _in_order(parts[0], batch):
         # The whole chunk in its own order (a DP rank reading the shard stored for it): every row
         # view from one C++ split instead of a Python slice per row.
@@ -136,8 +134,8 @@ def gather_jagged(
     for col, rows, pos in parts:
         assert col.offsets is not None
         if 4 * len(rows) >= col.num_rows:
-            # A good share of the chunk: every row's view from one C++ split, then picked (500 of
-            # 1000 rows: 0.53 ms against 0.78 ms for a Python slice per row, measured).
+            # A good share of the chunk: every row's view from one C++ split, then picked (cheaper
+            # than a Python slice per row).
             row_views = torch.split(col.values, col.row_lengths().tolist())
             for r, p in zip(rows, pos):
                 views[p] = row_views[r]

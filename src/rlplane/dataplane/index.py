@@ -145,7 +145,7 @@ class PlaneIndex:
     # ---- writes --------------------------------------------------------------------------------
 
     def _slots(self, part: _Partition, ids: Sequence[str]) -> np.ndarray:
-        # map over dict.get: no Python frame per key (half the time of a generator, measured)
+        # map over dict.get: no Python frame per key, unlike a generator
         return np.fromiter(map(part.slot_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
 
     def seq_lens(self, pid: str, ids: Sequence[str]) -> list[int | None]:

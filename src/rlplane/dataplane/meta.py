@@ -104,7 +104,7 @@ class KVBatchMeta:
 
     def _derive(self, **changes: Any) -> KVBatchMeta:
         """`dataclasses.replace` for values taken from valid metas: no re-normalising of every row
-        (0.4 ms per 1000-row meta, and a step derives several); only new row sets are checked for
+        (a step derives several metas); only new row sets are checked for
         repeated keys. Rows' tag dicts are shared with this meta (a meta is never changed in place)."""
         out = object.__new__(KVBatchMeta)
         for f in _FIELD_NAMES:

@@ -4,7 +4,7 @@ For runs with one driver, whose workers (DP ranks, a rollout worker) read what t
 them and hand their writes back. The columns live in Ray's object store as with the store actor
 (`ray_backend`: same objects, same receipts), but the `PlaneIndex` lives in the driver's client, so
 no read or write makes a round trip to an actor that, on a machine of few cores, competes with the
-workers for them (the benchmark's ranks measured ~28 ms with two store calls each, ~21 ms without).
+workers for them.
 
 How a worker does without the index:
 
@@ -97,7 +97,7 @@ _GRAVEDIGGER: list = []
 
 def _bury(payloads: list) -> None:
     """Drop `payloads` (and the last refs of their objects) in a helper thread: a release costs
-    owner/borrower messages (~0.5 ms for a step's objects, measured) the caller need not wait on."""
+    owner/borrower messages the caller need not wait on."""
     if not _GRAVEDIGGER:
         _GRAVEDIGGER.append(threading.Thread(target=_dig, daemon=True))
         _GRAVEDIGGER[0].start()

@@ -128,7 +128,7 @@ def _split_once(
     seq_lens: tuple[int, ...], dp_world: int, batch_size: int | None, balance: bool
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]:
     # Cached: a writer that splits its put by `dp_shard_rows` and the `shard_meta_for_dp` after it
-    # ask for the same split (balancing 1000 rows costs ~1 ms of the step).
+    # ask for the same split (balancing is not free at 1000 rows).
     n = len(seq_lens)
     if dp_world < 1:
         raise DataPlaneError(f"dp_world = {dp_world}; it must be >= 1")

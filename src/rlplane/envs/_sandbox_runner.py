@@ -1,27 +1,18 @@
 """Run inside the sandbox's child process (``python -I -S _sandbox_runner.py SPEC.json``); not imported.
 
-Three processes, so that no privilege and no secret is ever held by the process that runs the program:
+Three processes, so that no privilege and no secret is held by the process that runs the program:
 
-- the **outer** process (this file's ``main``) moves into fresh namespaces: network, IPC, UTS, PID
-  and, when it is not root, a user namespace that maps only its own uid; then it forks
-- the **init** of the new PID namespace, which gets a fresh mount namespace, builds a new root on a
-  tmpfs (the program's work directory, read-write; the standard library and the shared libraries
-  it loads, read-only; /dev/null, /dev/zero, /dev/urandom), ``pivot_root``s into it, detaches the old
-  root and forks
-- the **program**, which drops every privilege (root: a throwaway uid; otherwise: every capability
-  of its user namespace and the bounding set), sets the resource limits, imports the preloaded
-  modules, installs the audit hook (a further layer, not the fence) and runs the code, then the tests.
+- the **outer** process moves into fresh network, IPC, UTS and PID namespaces (and, when not root, a
+  user namespace mapping only its own uid), then forks;
+- the **init** of the new PID namespace builds a new root on a tmpfs (work directory read-write; the
+  standard library and its shared libraries read-only; three devices), ``pivot_root``s into it,
+  detaches the old root and forks;
+- the **program** drops every privilege, sets the resource limits, installs the audit hook and runs
+  the code, then the tests, then prints the run's nonce (from a pipe) as the last line of stdout.
 
-When the init dies, the kernel kills every process of its PID namespace, so nothing the program
-starts outlives the run; the init dies when the outer does (``PR_SET_PDEATHSIG``).
-
-Pass/fail belongs to the harness: only after the code and the tests both ran to their end does the
-program print the run's nonce (handed over in a pipe; it is in no argument, variable or file the
-program can name) as the last line of stdout. ``SystemExit`` from the code or the tests is a failure,
-and an early ``os._exit(0)`` never prints the nonce.
-
-If any step of the isolation fails, the program never runs: the init writes the failure to the status
-file and exits, and the parent refuses (fail closed). Standard library only: ``-S`` skips site-packages.
+The init dies with the outer (``PR_SET_PDEATHSIG``) and takes every process of its namespace with it.
+If any isolation step fails the program never runs: the init writes the failure to the status file
+and the parent refuses (fail closed). Standard library only: ``-S`` skips site-packages.
 """
 
 import builtins

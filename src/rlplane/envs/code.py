@@ -1,18 +1,11 @@
 """Code execution: the model writes Python, the environment runs it against the sample's tests in the sandbox.
 
-``metadata["tests"]`` (or, for JSONL rows, the answer field: ``ground_truth``) is Python source
-(asserts, typically) run after the model's code, in the same module namespace. The harness decides the
-pass, not the program: the sample passes only when the code and then the tests ran to their end (the
-sandbox prints a nonce the program cannot know only after the tests) with exit status 0, within the
-sandbox's limits (:mod:`rlplane.envs.sandbox`). ``SystemExit`` or ``os._exit`` in the code is a failure.
-
-The environment refuses to start (a one-line error saying what is missing and how to get it) on a
-machine whose kernel cannot isolate the programs: it never runs model code without the OS fence.
-The code is the last fenced block of the response (```` ```python ... ``` ````), or the whole
-response when there is none. Programs run ``num_workers`` at a time (each is its own process).
-
-Multi-turn: with ``max_attempts > 1`` a failing sample gets the error's last line as its observation
-and may try again; the reward is the pass of the final attempt.
+``metadata["tests"]`` (for JSONL rows, ``ground_truth``) is Python source run after the model's code
+in the same namespace. A sample passes only when code and tests ran to their end (the sandbox's nonce
+printed) with exit status 0 within the limits of :mod:`rlplane.envs.sandbox`. The code is the last
+fenced block of the response, or the whole response. Programs run ``num_workers`` at a time. The
+environment refuses to start where the kernel cannot isolate programs. With ``max_attempts > 1`` a
+failing sample gets the error's last line and may try again; the final attempt is scored.
 """
 
 from __future__ import annotations

@@ -2,30 +2,23 @@
 
 The fence is the operating system (:mod:`rlplane.envs._sandbox_runner` does the work in the child):
 
-- **namespaces**: a fresh network namespace (no interfaces), IPC, UTS and PID namespace (the program
-  sees and can signal no process outside its run), and a mount namespace whose root is a new tmpfs
-  holding only the work directory (read-write, its own size-capped tmpfs), the standard library and
-  the shared libraries it loads (read-only) and /dev/null, /dev/zero, /dev/urandom. The host's
-  filesystem is detached: no path, symlink, ``dir_fd`` or ``sqlite3`` trick can name it. When the
-  trainer is not root this runs in an unprivileged user namespace;
-- **no privileges**: as root the program runs as a throwaway uid that owns nothing; otherwise every
-  capability is dropped, and ``no_new_privs`` is set;
-- **resource limits** (``setrlimit``): CPU seconds, address space, file size (stdout and stderr are
-  files, so this also caps output), no core dumps, 64 open files, the number of processes;
-- **wall clock**: the parent waits ``wall_seconds`` and then kills the process group; the PID
-  namespace's init dies with it, and with the init every process of the run;
-- **a scrubbed environment** (a fixed handful of variables) and **an audit hook** (PEP 578): extra
-  layers that give clear messages, not the fence.
+- **namespaces**: network (no interfaces), IPC, UTS, PID, and a mount namespace whose root is a new
+  tmpfs holding only the work directory (read-write, size-capped), the standard library and its shared
+  libraries (read-only) and a few devices; the host's filesystem is detached. Unprivileged user
+  namespace when the trainer is not root;
+- **no privileges**: a throwaway uid as root, else every capability dropped; ``no_new_privs``;
+- **resource limits**: CPU seconds, address space, file size (stdout/stderr are files), no core
+  dumps, 64 open files, processes;
+- **wall clock**: after ``wall_seconds`` the parent kills the process group (and with the PID
+  namespace's init, every process of the run);
+- **a scrubbed environment** and **an audit hook** (PEP 578): extra layers for clear messages.
 
-Fail closed: when this machine cannot give that isolation (user namespaces disabled, no privilege to
-make namespaces), :func:`run_python` raises :class:`SandboxUnavailable` and runs nothing.
-:func:`check_isolation` asks once, up front (the code environment calls it when it starts).
+Fail closed: where the machine cannot isolate, :func:`run_python` raises :class:`SandboxUnavailable`
+and runs nothing; :func:`check_isolation` asks once, up front.
 
-Pass/fail is decided by the harness: the tests run after the code in the same namespace, and only then
-is a random nonce (given to the child in a pipe, never in its arguments, environment or files)
-printed. A program that exits early (``SystemExit``, ``os._exit(0)``) never prints it, so it fails.
-A program that hunts the nonce in its own process's memory or descriptors could still forge a pass;
-the OS layers do not stop that, they stop it from harming anything outside its run.
+The harness decides pass/fail: the tests run after the code in the same namespace, then a random
+nonce (sent through a pipe) is printed; a program that exits early never prints it. A program that
+finds the nonce in its own memory could forge a pass, but cannot harm anything outside its run.
 """
 
 from __future__ import annotations

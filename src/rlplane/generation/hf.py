@@ -1,24 +1,17 @@
 """The ``hf`` generation backend: a hand-written decode loop over a transformers causal LM.
 
-Why not ``model.generate``: its per-step machinery (logits processors, stopping criteria, output
-bookkeeping) costs more than the forward pass of a tiny model, it does not return the processed
-logprobs of the chosen tokens without keeping full score tensors, and it keeps computing finished
-rows. This loop does: left-pad once, one prefill forward into a preallocated KV cache
-(``kv_cache.py``: no per-step copy of the cache), then one forward
-per new token for the rows still running; rows that stop are dropped from the batch (and from the
-KV cache) once enough of them have stopped, and the loop exits when none run.
+Why not ``model.generate``: its per-step machinery costs more than a tiny model's forward, it does
+not return the processed logprobs of the chosen tokens, and it keeps computing finished rows. This
+loop left-pads once, prefills each distinct prompt into a preallocated KV cache, then runs one
+forward per token for the rows still running, dropping finished rows once enough have stopped.
 
-The forward itself: Llama-family models (llama, mistral, qwen2) run through the fused decode forward
-of ``llama_decode.py`` (fused matrices, no autocast casts, each prompt's cache shared by its rows);
-other models, or ``decode="hf"``, through their own forward (``_HFStepper``). Both give the loop
-the same four steps: prefill, expand to the rows, decode one token, select the running rows.
+The forward: Llama-family models run through :mod:`rlplane.fast.fused_decode`; other models,
+``decode="hf"`` or ``RLPLANE_FUSED_DECODE=0`` through their own (``_HFStepper``). Both offer the same
+four steps: prefill, expand to the rows, decode one token, select the running rows.
 
-In-flight weight updates: ``update_weights`` from another thread during a generation hands the
-weights to the loop (:class:`~rlplane.generation.interface.WeightSwap`), which loads them before
-its next forward pass; the tokens sampled from that forward on are stamped with the new version
-and their logprobs are the new weights' (the sampler's own). The KV cache of the earlier
-positions is kept as the old weights computed it (NeMo RL's default, "Magistral-style"; it is not
-recomputed).
+In-flight weight updates: weights handed over from another thread
+(:class:`~rlplane.generation.interface.WeightSwap`) load before the next forward; later tokens carry
+the new version and logprobs, and the KV cache of earlier positions is kept (NeMo RL's default).
 """
 
 from __future__ import annotations
@@ -28,6 +21,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlplane.fast.allocator import keep_freed_memory
+from rlplane.fast.fused_decode import LlamaDecoder, unsupported_reason
+from rlplane.fast.switches import FUSED_DECODE, enabled
 from rlplane.generation.interface import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -39,10 +35,8 @@ from rlplane.generation.interface import (
     normalize_stop_strings,
 )
 from rlplane.generation.kv_cache import preallocated_cache
-from rlplane.generation.llama_decode import LlamaDecoder, unsupported_reason
 from rlplane.generation.sampling import sample
 from rlplane.models.precision import FP32OutputLinear, autocast
-from rlplane.utils.allocator import keep_freed_memory
 
 # Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
 # compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
@@ -77,7 +71,7 @@ def _frozen_weights_cast(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 class _HFStepper:
     """The decode loop's steps through the model's own forward (any causal LM); the twin of
-    :class:`~rlplane.generation.llama_decode.LlamaDecoder`, with the same four methods."""
+    :class:`~rlplane.fast.fused_decode.LlamaDecoder`, with the same four methods."""
 
     def __init__(self, backend: HFGenerationBackend, capacity: int):
         self.forward = backend._forward
@@ -107,7 +101,7 @@ class HFGenerationBackend(GenerationBackend):
     needed), or a copy and call ``update_weights`` after each optimizer step.
 
     ``decode``: ``"auto"`` runs Llama-family models (llama, mistral, qwen2) through the fused
-    forward of :mod:`~rlplane.generation.llama_decode` and other models through their own forward;
+    forward of :mod:`~rlplane.fast.fused_decode` and other models through their own forward;
     ``"hf"`` forces the model's own forward (to compare), ``"fused"`` requires the fused one.
     After each call ``last_decode`` says which ran (``"fused"`` or ``"hf"``).
     """
@@ -126,7 +120,7 @@ class HFGenerationBackend(GenerationBackend):
             raise ValueError("decode = 'fused' has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
         # Every process that generates builds a backend: from here on freed decode-step tensors stay in
-        # the heap instead of being unmapped and faulted in again each step (rlplane/utils/allocator.py).
+        # the heap instead of being unmapped and faulted in again each step (rlplane/fast/allocator.py).
         keep_freed_memory()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.decode = decode
@@ -203,7 +197,7 @@ class HFGenerationBackend(GenerationBackend):
         self.model.eval()
         try:
             # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
-            # the weights and re-casts every weight at every decode step (~30% of a SmolLM2 step).
+            # the weights and re-casts every weight at every decode step.
             with torch.no_grad(), autocast(self.model), self._swap.generating():
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -218,6 +212,8 @@ class HFGenerationBackend(GenerationBackend):
     def _stepper(self, capacity: int) -> LlamaDecoder | _HFStepper:
         """The fused decoder where ``decode`` and the model allow it, else the model's own forward."""
         reason = "decode = 'hf'" if self.decode == "hf" else unsupported_reason(self.model, capacity)
+        if reason is None and self.decode == "auto" and not enabled(FUSED_DECODE):
+            reason = f"{FUSED_DECODE}=0"
         if self.kv_cache == "dynamic":
             reason = "kv_cache = 'dynamic'"
         if reason is None:

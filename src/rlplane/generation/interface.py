@@ -1,11 +1,9 @@
 """The generation backend interface shared by ``hf`` and ``vllm``: token ids in, token ids out.
 
-Every backend returns, per prompt, the generated tokens only (through the eos / stop token,
-inclusive), the log-probability of each generated token under the distribution the sampler drew
-from (``log_softmax`` of ``logits / temperature`` after top-k / top-p masking: vLLM's
-``logprobs_mode="processed_logprobs"``), and why the row stopped. Training-side logprobs are
-computed under the same temperature, top-k and top-p (``sampling.sampling_logprobs``) so the two
-are comparable (``train/token_mult_prob_error`` is 1 when the weights are the same).
+Per prompt a backend returns the generated tokens (through the stop token), each token's logprob
+under the distribution the sampler drew from (after temperature, top-k, top-p: vLLM's
+``processed_logprobs``), and why the row stopped. The trainer's logprobs use the same processing
+(``sampling.sampling_logprobs``), so ``train/token_mult_prob_error`` is 1 for equal weights.
 """
 
 from __future__ import annotations
@@ -40,17 +38,13 @@ class GenerationOutput:
 
 
 class WeightSwap:
-    """Weight updates handed to a generation in flight (in-flight weight updates).
+    """Weight updates handed to a generation in flight.
 
-    ``update(state_dict, version)`` with no generation running loads at once. While one runs
-    (:meth:`generating`), it hands the weights over and waits: the generating thread loads them
-    itself at its next :meth:`boundary` (the ``hf`` loop calls it before every forward pass, ``vllm``
-    before every engine step, so the swap falls between two tokens and never inside a forward) or,
-    failing that, when the generation ends. The caller's tensors are copied before
-    ``update`` returns, so a trainer may step its weights right after.
-
-    ``version`` is the version of the weights loaded last (None until one is given): the generating
-    thread reads it at each boundary to stamp the tokens it samples next.
+    ``update(state_dict, version)`` loads at once when nothing generates. While a generation runs
+    (:meth:`generating`), it hands the weights over and waits until the generating thread loads them
+    at its next :meth:`boundary` (between two forwards, never inside one) or when the generation ends;
+    the tensors are copied before ``update`` returns. ``version`` is the version loaded last (None
+    until one is given), read at each boundary to stamp the next tokens.
     """
 
     def __init__(self, load: Callable[[Mapping[str, torch.Tensor]], None]):
@@ -140,15 +134,11 @@ class GenerationBackend(abc.ABC):
     ) -> GenerationOutput:
         """Generate a continuation for each prompt (unpadded token id lists).
 
-        ``top_k`` 0 or None and ``top_p`` 1.0 switch those filters off. ``greedy`` takes the
-        argmax (its logprob is still reported under the processed distribution).
-        ``stop_token_ids`` defaults to :func:`default_stop_token_ids` (the tokenizer's eos and every
-        id in the model's ``generation_config.eos_token_id``); an explicit list replaces it.
-        Randomness comes from ``row_seeds`` if given and the backend supports them (one int64 per
-        prompt, :func:`~rlplane.generation.sampling.sample_seed`: the token at position ``p`` of the
-        row's sequence is drawn with ``counter_uniforms(row_seeds[i], p)``, so a row's tokens do not
-        depend on the rest of the batch), else from ``generator``, else a fresh generator seeded
-        with ``seed``, else the global torch RNG. ``supports_row_seeds`` says which.
+        ``top_k`` 0/None and ``top_p`` 1.0 switch those filters off; ``greedy`` takes the argmax (its
+        logprob still under the processed distribution). ``stop_token_ids`` defaults to
+        :func:`default_stop_token_ids`. Randomness: ``row_seeds`` where supported (one int64 per prompt,
+        :func:`~rlplane.generation.sampling.sample_seed`; a row's tokens then do not depend on the batch),
+        else ``generator``, else a generator seeded with ``seed``, else torch's global RNG.
         """
 
     @abc.abstractmethod
@@ -167,11 +157,8 @@ def default_stop_token_ids(model, tokenizer) -> list[int]:
     """The token ids that end a generation by default: the tokenizer's eos plus the model's
     ``generation_config.eos_token_id`` (an int or a list), in that order, without repeats.
 
-    Chat models often end a turn with a token other than the tokenizer's eos (Llama 3 instruct's
-    ``<|eot_id|>``, Qwen's ``<|im_end|>`` beside ``<|endoftext|>``) and list every such token in
-    their generation config; stopping at the tokenizer's eos alone runs those rows to
-    ``max_new_tokens``. transformers' ``generate`` (the generation config's list) and vLLM (the
-    tokenizer's eos plus, with ``generation_config="auto"``, the config's list) stop at them too.
+    Chat models often end a turn with another token (Llama 3's ``<|eot_id|>``, Qwen's ``<|im_end|>``)
+    listed in their generation config; transformers' ``generate`` and vLLM stop at them too.
     """
     ids: list[int] = []
     for source in (

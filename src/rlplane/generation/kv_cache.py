@@ -1,17 +1,10 @@
 """A preallocated KV cache for the ``hf`` decode loop.
 
-transformers' ``DynamicLayer`` appends each new token with ``torch.cat``, which copies the whole
-cache of every layer at every step: O(T²) memory traffic over a generation. ``PreallocatedLayer``
-allocates ``(B, H, capacity, D)`` once (capacity = longest prompt + ``max_new_tokens``), writes
-new keys/values in place, and hands attention a view of the filled prefix, so attention still
-covers only the real positions (unlike ``StaticCache``, which attends over the full capacity).
-Row compaction (``batch_select_indices``) copies the buffer once, as the dynamic cache does.
-
-Under autocast the buffer holds keys/values in the autocast dtype: a Llama's keys leave the rotary
-embedding in fp32 (bf16 projection times fp32 cos/sin), and attention under autocast casts its
-inputs to bf16, so an fp32 cache was cast whole, every layer, every step (~9% of a profiled SmolLM2
-decode step at 64 rows, growing with the length). Casting each key once on write gives attention
-the same bf16 values.
+transformers' ``DynamicLayer`` appends each token with ``torch.cat``, copying every layer's cache at
+every step. ``PreallocatedLayer`` allocates ``(B, H, capacity, D)`` once, writes keys/values in place
+and hands attention a view of the filled prefix (unlike ``StaticCache``, which attends over the
+full capacity). Under autocast it stores the autocast dtype, so attention does not cast the whole
+cache every step.
 """
 
 from __future__ import annotations

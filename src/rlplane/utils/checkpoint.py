@@ -1,15 +1,11 @@
 """Atomic, durable checkpoints with best-K retention, and the loading of their weights.
 
-A checkpoint is written into ``tmp_step_N/``, every file and directory in it is fsynced, and only
-then is it renamed to ``step_N/`` (and the parent directory fsynced), so a run killed or a machine
-that loses power mid-write leaves a ``tmp_*`` directory that is ignored (and removed) on resume; the
-latest ``step_N`` is always whole. Re-saving a step that exists renames the old one aside
-(``old_step_N``), renames the new one in, then deletes the old one: a crash between the two renames
-leaves ``old_step_N`` and no ``step_N``, and :meth:`CheckpointManager.repair` (run on resume) puts
-it back, so the newest checkpoint is never lost. ``training_info.json`` holds the loop state and
-the ranking metric. Retention keeps the best ``keep_top_k`` by that metric plus the latest; a
-checkpoint it drops is renamed ``pruned_step_N`` before it is deleted, so a kill mid-delete leaves
-no half ``step_N`` (whose ranking would stop every later save), only a directory resume removes.
+A checkpoint is written into ``tmp_step_N/``, fsynced file by file, then renamed to ``step_N/`` (the
+parent fsynced too): a kill or power loss mid-write leaves only a ``tmp_*`` directory, removed on
+resume. Re-saving a step renames the old one to ``old_step_N`` first, and :meth:`CheckpointManager.repair`
+(run on resume) puts it back if the new one never arrived. Retention keeps the best ``keep_top_k`` by
+the metric in ``training_info.json`` plus the latest; a dropped one is renamed ``pruned_step_N``
+before it is deleted, so a kill mid-delete never leaves a half ``step_N``.
 
 Layout of ``step_N/``::
 

@@ -1,15 +1,10 @@
 """A pool of verifier processes with a deadline per item.
 
-Why processes: math-verify (and sympy under it) can take unbounded time on adversarial answers
-(``9^{9^{9^9}}``), and its own timeouts use ``signal.alarm``, which only works in the main thread
-of the main interpreter: inside a Ray threaded actor or a thread pool it raises. A thread cannot
-be stopped from outside, a process can. Each worker imports the scoring function once, then
-scores items one at a time; if an item runs past ``timeout_s`` its worker is killed and replaced
-and the item gets ``None`` (the caller scores it 0), while the other workers keep going. So a hung
-verifier costs at most ``timeout_s`` of one worker, never the whole step.
-
-Workers are started with ``spawn`` (safe from threads and Ray actors, where ``fork`` may copy held
-locks), lazily on the first ``map``, and live until ``close()`` or interpreter exit.
+Processes, not threads: math-verify can run unboundedly on adversarial answers, its own timeouts
+(``signal.alarm``) work only in the main thread, and only a process can be stopped from outside. An
+item past ``timeout_s`` has its worker killed and replaced and scores ``None`` (0 for the caller);
+the other workers go on. Workers start with ``spawn`` (safe from threads and Ray actors), lazily on
+the first ``map``, and live until ``close()``.
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ import torch
 
 from rlplane.config.policy import OptimizerConfig, SchedulerConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
+from rlplane.fast.threads import set_worker_threads
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
 from rlplane.runtime.devices import resolve_device, to_device
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.metrics import reduce_microbatch_metrics
-from rlplane.utils.threads import set_worker_threads
 from rlplane.workers import parallel
 from rlplane.workers.packing import MicroBatch
 

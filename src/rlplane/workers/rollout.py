@@ -42,11 +42,11 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
+from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
-from rlplane.utils.threads import set_worker_threads
 from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
 
@@ -73,8 +73,8 @@ def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.T
     ``version_tokens/<k>`` (B,) for k = 0 .. span, its generated tokens sampled with version ``oldest + k``
     (k = span takes any newer): (B,) carries, like every other one; ``versions``/``token_mask`` jagged
     (L_i,) rows."""
-    # On the rows laid end to end: a few ops per batch, not a few per sample (B = 256 in the
-    # benchmark: ~12 ms of per-row ops, on the path from the judge to the trainer's next step).
+    # On the rows laid end to end: a few ops per batch, not a few per sample (this runs on the path
+    # from the judge to the trainer's next step).
     B = len(versions)
     lengths = torch.tensor([len(m) for m in token_mask], dtype=torch.long)
     on = torch.cat(list(token_mask)) > 0 if B else torch.zeros(0, dtype=torch.bool)

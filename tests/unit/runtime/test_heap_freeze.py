@@ -1,13 +1,13 @@
 """Each process that holds a model freezes its long-lived objects out of full garbage collections
-(rlplane.utils.heap): the driver's session, a process-hosted actor (test_process_actor.py) and the Ray
+(rlplane.fast.heap): the driver's session, a process-hosted actor (test_process_actor.py) and the Ray
 worker actors, checked here."""
 
 from __future__ import annotations
 
 import gc
 
+from rlplane.fast.heap import freeze_heap
 from rlplane.runtime.groups import RayActor, RayGroup
-from rlplane.utils.heap import freeze_heap
 
 
 class Probe:

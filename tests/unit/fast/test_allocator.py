@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlplane.utils import allocator
+from rlplane.fast import allocator
 
 glibc = pytest.mark.skipif(not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"),
                            reason="mallopt and mallinfo2 are glibc's")
@@ -16,7 +16,7 @@ glibc = pytest.mark.skipif(not (os.confstr("CS_GNU_LIBC_VERSION") or "").startsw
 # bytes kept in the heap.
 _PROBE = """
 import ctypes
-from rlplane.utils import allocator
+from rlplane.fast import allocator
 applied = allocator.keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 class MallInfo2(ctypes.Structure):

@@ -1,33 +1,24 @@
 """A fused decode forward for Llama-family models (``llama``, ``mistral``, ``qwen2``) in the ``hf`` backend.
 
-Why: a 64-row SmolLM2-135M decode step through transformers' forward under bf16 autocast spent only
-~30% of its time in the layers' matmuls. The rest was autocast's casts around every op, ~1500 small
-elementwise ops (the rotary embedding per layer, the RMSNorm as five ops), and
-``scaled_dot_product_attention``, whose bf16 CPU kernel took ~3 ms per layer for one query token
-against 80 keys at 64 rows (0.35 ms as two matmuls and a softmax). This forward reads the module's
-own weights and runs the same computation with explicit dtypes and no autocast:
+Why: a decode step through transformers' forward under bf16 autocast spends most of its time
+outside the layers' matmuls (autocast's casts around every op, many small elementwise ops, and
+SDPA's CPU kernel for one query token). This forward reads the module's own weights and runs the
+same computation with explicit dtypes and no autocast:
 
-- per ``generate`` call (and again after an in-flight weight swap: :meth:`LlamaDecoder.load_weights`)
-  the q/k/v projections are concatenated into one matrix and gate/up into another, in the compute
-  dtype (bf16 under ``policy.precision: bf16``): two matmuls where there were five;
-- the residual stream and the RMSNorms stay fp32 as under autocast; the rotary cos/sin are computed
-  once per step for every layer, by the model's own ``rotary_emb`` (so its rope scaling);
-- the prompts' keys/values are kept once per distinct prompt, the generated tokens' per row, written
-  in place (all rows are at the same position: prompts are left-padded, the padding masked by one
-  additive bias per step). GRPO's G rows of one prompt read its keys in one matmul (:meth:`_attend`);
-  dropping finished rows copies the prompt part out per row, once;
-- decode attention is batched matmuls over the ``kv_heads`` groups (no copy of the keys for
-  grouped-query attention), in fp32 on bf16-valued keys/values as SDPA's kernel sums them;
-- the small elementwise ops of a decode step run on one thread, the matmuls on all (waking the
-  second thread cost more than it saved on (64, 576)-sized tensors);
-- the output projection is fp32 when the model's is (:class:`~rlplane.models.precision.FP32OutputLinear`,
-  or an fp32 model), through oneDNN on a CPU: logprobs as accurate as the HF path's.
+- q/k/v and gate/up are concatenated into one matrix each, in the compute dtype, rebuilt after
+  every weight change (:meth:`LlamaDecoder.load_weights`);
+- the residual stream and the RMSNorms stay fp32 as under autocast; rotary cos/sin come once per
+  step from the model's own ``rotary_emb`` (so its rope scaling);
+- each distinct prompt's keys/values are kept once and read by its G rows in one matmul
+  (:meth:`LlamaDecoder._attend`); the generated tokens' are per row, written in place;
+- decode attention is batched matmuls over the ``kv_heads`` groups, in fp32 on compute-dtype keys and
+  values as SDPA's kernel sums them;
+- the fp32 output projection may run through oneDNN (:func:`output_linear`).
 
-Numerics: in fp32 the logits equal the HF forward's to ~1e-5 (sums in another order). In bf16 both
-round the same bf16 matmuls, in other orders (fused matrices, attention by matmuls), so logprobs
-differ by bf16 noise (~0.02-0.03 at most on the tests' SmolLM2-shaped model). On SmolLM2-135M-Instruct
-(32 rows x 64 sampled tokens, two seeds) ``token_mult_prob_error`` against the trainer's forward was
-1.0158 / 1.0143 with this forward, 1.0143 / 1.0145 with the model's own.
+Numerics: fp32 logits equal the HF forward's to ~1e-5 (sums in another order); in bf16 both round
+the same bf16 matmuls in other orders, so logprobs differ by bf16 noise. Plain twin: the model's
+own forward (``policy.generation.hf_decode: hf`` or ``RLPLANE_FUSED_DECODE=0``); parity:
+``tests/unit/fast/test_fused_decode.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlplane.fast.switches import ONEDNN_LINEAR, enabled
 from rlplane.models.precision import FP32OutputLinear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -74,6 +66,20 @@ def _cat_bias(mods: list[torch.nn.Linear], dtype: torch.dtype) -> torch.Tensor |
     if all(m.bias is None for m in mods):
         return None
     return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods]).to(dtype)
+
+
+def _onednn_linear_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def output_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; an fp32 one on a CPU goes through oneDNN's matmul (the op inductor
+    calls), faster there than MKL's sgemm at the output projection's shape, the same sums to ~1e-5.
+    Plain twin: ``F.linear`` (``RLPLANE_ONEDNN_LINEAR=0``, or where torch lacks the op)."""
+    if (x.dtype == torch.float32 and x.device.type == "cpu" and enabled(ONEDNN_LINEAR)
+            and _onednn_linear_available()):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 class LlamaDecoder:
@@ -192,7 +198,7 @@ class LlamaDecoder:
             return self._logits(hidden[:, -1])
 
     # ---- the model ------------------------------------------------------------------------------------
-    def _attend(self, i: int, q: torch.Tensor, n: int, bias: torch.Tensor, wide) -> torch.Tensor:
+    def _attend(self, i: int, q: torch.Tensor, n: int, bias: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s attention of one query token per row: q (B, kv_heads, g, D) -> (B, kv_heads, g, D).
 
         Over the prompt's P positions and the ``n`` generated ones; softmax in fp32 with ``bias``
@@ -210,21 +216,16 @@ class LlamaDecoder:
             return x.reshape(u, hkv, gs, g, x.shape[-1]).transpose(1, 2).reshape(b, hkv, g, x.shape[-1])
 
         q = q.float()
-        prompt_scores = by_row(wide(torch.matmul, by_prompt(q), self.prompt_keys[i].transpose(-1, -2)))  # (B, kv, g, P)
-        new_scores = wide(torch.matmul, q, self.keys[i, :, :, :n].transpose(-1, -2))  # (B, kv, g, n)
+        prompt_scores = by_row(torch.matmul(by_prompt(q), self.prompt_keys[i].transpose(-1, -2)))  # (B, kv, g, P)
+        new_scores = torch.matmul(q, self.keys[i, :, :, :n].transpose(-1, -2))  # (B, kv, g, n)
         probs = (torch.cat([prompt_scores, new_scores], dim=-1) * self.scaling + bias).softmax(-1)  # fp32
-        out = by_row(wide(torch.matmul, by_prompt(probs[..., :p]), self.prompt_values[i]))
-        return (out + wide(torch.matmul, probs[..., p:], self.values[i, :, :, :n])).to(self.dtype)  # (B, kv, g, D)
+        out = by_row(torch.matmul(by_prompt(probs[..., :p]), self.prompt_values[i]))
+        return (out + torch.matmul(probs[..., p:], self.values[i, :, :, :n])).to(self.dtype)  # (B, kv, g, D)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, H) fp32 residual -> (b, V) logits, in the head's dtype (fp32 with FP32OutputLinear)."""
         x = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps).to(self.head_dtype)
-        if self.head_dtype == torch.float32 and x.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            # oneDNN's fp32 matmul, as inductor calls it: the same sums to ~1e-5 relative, and on the
-            # 2-core EPYC 36 -> 21 ms for SmolLM2's (64, 576) @ (576, 49152), 118 -> 88 ms at 256 rows,
-            # where F.linear goes to MKL's sgemm.
-            return torch.ops.mkldnn._linear_pointwise(x, self.head_weight, self.head_bias, "none", [], "")
-        return F.linear(x, self.head_weight, self.head_bias)
+        return output_linear(x, self.head_weight, self.head_bias)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         """The decoder stack on ``ids`` (B, T) at ``positions`` (B, T); writes the cache at ``[length, length + T)``.
@@ -243,36 +244,15 @@ class LlamaDecoder:
             # Additive fp32 bias (B, 1, 1, end): -inf at the left padding, 0 at prompt and generated positions.
             bias = torch.zeros((b, 1, 1, end), dtype=torch.float32, device=ids.device)
             bias[..., : self.pad.shape[1]].masked_fill_(self.pad[:, None, None], float("-inf"))
-        threads = torch.get_num_threads()
-        # One decode token: the elementwise ops work on (B, H)-sized tensors, where waking a second
-        # thread costs more than it saves (measured at 64 rows: ~15 us for an add on 2 threads
-        # against ~6 us on one, ~750 of them per step); the matmuls keep every thread.
-        narrow = 1 if ids.shape[1] == 1 else threads
-        torch.set_num_threads(narrow)
-        try:
-            return self._layers(residual, cos, sin, start, end, attn_mask, bias, threads, narrow)
-        finally:
-            torch.set_num_threads(threads)
+        return self._layers(residual, cos, sin, start, end, attn_mask, bias)
 
-    def _layers(self, residual, cos, sin, start: int, end: int, attn_mask, bias, threads: int, narrow: int):
-        """The decoder layers (see :meth:`_forward`): matmuls on ``threads`` threads, other ops on ``narrow``."""
-
-        def wide(op, *args):
-            if narrow == threads:
-                return op(*args)
-            torch.set_num_threads(threads)
-            out = op(*args)
-            torch.set_num_threads(narrow)
-            return out
-
-        def linear(x, weight, bias):
-            return wide(F.linear, x, weight, bias)
-
+    def _layers(self, residual, cos, sin, start: int, end: int, attn_mask, bias):
+        """The decoder layers (see :meth:`_forward`)."""
         b, t = residual.shape[:2]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         for i, w in enumerate(self.layers):
             x = F.rms_norm(residual, (residual.shape[-1],), w["ln1"], self.eps).to(self.dtype)
-            qkv = linear(x, w["qkv"], w["qkv_bias"]).view(b, t, hq + 2 * hkv, d).transpose(1, 2)  # (B, hq+2hkv, T, D)
+            qkv = F.linear(x, w["qkv"], w["qkv_bias"]).view(b, t, hq + 2 * hkv, d).transpose(1, 2)  # (B, hq+2hkv, T, D)
             # Rotary on q and k together (fp32, as HF's q * cos with fp32 cos/sin under autocast).
             qk = qkv[:, : hq + hkv].float()
             half = d // 2
@@ -284,16 +264,16 @@ class LlamaDecoder:
                 self.keys[i, :, :, n - 1] = qk[:, hq:, 0]
                 self.values[i, :, :, n - 1] = qkv[:, hq + hkv :, 0]  # compute-dtype values, stored in fp32
                 q = qk[:, :hq, 0].reshape(b, hkv, hq // hkv, d)  # heads grouped by their key head
-                attn = self._attend(i, q, n, bias, wide).reshape(b, 1, hq * d)
+                attn = self._attend(i, q, n, bias).reshape(b, 1, hq * d)
             else:  # prefill: the prompt's keys/values are the whole cache
                 self.prompt_keys[i] = qk[:, hq:]
                 self.prompt_values[i] = qkv[:, hq + hkv :]
                 attn = F.scaled_dot_product_attention(qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv :], attn_mask=attn_mask,
                                                       scale=self.scaling, enable_gqa=hq != hkv)  # (B, hq, T, D)
                 attn = attn.transpose(1, 2).reshape(b, t, hq * d)
-            residual = residual + linear(attn, w["o"], w["o_bias"])
+            residual = residual + F.linear(attn, w["o"], w["o_bias"])
             x = F.rms_norm(residual, (residual.shape[-1],), w["ln2"], self.eps).to(self.dtype)
-            gate, up = linear(x, w["gate_up"], w["gate_up_bias"]).chunk(2, dim=-1)
-            residual = residual + linear(F.silu(gate) * up, w["down"], w["down_bias"])
+            gate, up = F.linear(x, w["gate_up"], w["gate_up_bias"]).chunk(2, dim=-1)
+            residual = residual + F.linear(F.silu(gate) * up, w["down"], w["down_bias"])
         self.length = end
         return residual

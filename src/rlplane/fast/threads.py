@@ -1,11 +1,10 @@
-"""How many torch threads a worker uses: what the user set, else the cores it may run on.
+"""Thread settings: how many torch threads a worker uses, and a lower priority for background threads.
 
-Order: ``policy.threads_per_worker`` when set; else ``OMP_NUM_THREADS`` when the environment sets it
-(a user's export, or Ray, which sets it to each actor's CPU share); else the cores in this
-process's affinity mask (``os.sched_getaffinity``: what ``taskset``, cgroups' cpusets or a batch
-scheduler left it), which on the 2-core machine is 2. The default used to be 1 thread, which left
-one of the two cores idle for the whole default job (the local runtime runs every worker in one
-process, one after the other, so each phase can use all the cores).
+Thread count order: ``policy.threads_per_worker`` when set; else ``OMP_NUM_THREADS`` (a user's export,
+or Ray's per-actor CPU share); else the cores in this process's affinity mask, so that the local
+runtime, which runs its workers one after the other in one process, uses every core in each phase.
+Set once where a worker is built, never inside a forward. Plain twin: torch's own count and no
+nice (``RLPLANE_SET_THREADS=0``; an explicit ``policy.threads_per_worker`` still applies).
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import os
 import threading
 
 import torch
+
+from rlplane.fast.switches import SET_THREADS, enabled
 
 
 def available_cores() -> int:
@@ -35,7 +36,11 @@ def worker_threads(configured: int | None) -> int:
 
 
 def set_worker_threads(configured: int | None) -> int:
-    """``torch.set_num_threads(worker_threads(configured))``; returns the count."""
+    """``torch.set_num_threads(worker_threads(configured))``; returns the count in force.
+
+    Switched off, only an explicit ``configured`` count is set."""
+    if configured is None and not enabled(SET_THREADS):
+        return torch.get_num_threads()
     n = worker_threads(configured)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -44,7 +49,9 @@ def set_worker_threads(configured: int | None) -> int:
 
 def lower_thread_priority(increment: int) -> None:
     """Raise the calling thread's nice value by ``increment`` (Linux applies nice per thread, and threads it
-    starts inherit it); where that is not possible (not Linux, not permitted) it keeps its priority."""
+    starts inherit it); where that is not possible (not Linux, not permitted) or switched off, nothing changes."""
+    if not enabled(SET_THREADS):
+        return
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)

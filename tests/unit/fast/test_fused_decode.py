@@ -1,7 +1,8 @@
-"""The fused Llama decode forward (generation/llama_decode.py) against the model's own forward in the
-same ``hf`` loop: the same tokens and logprobs (fp32: to 1e-4; bf16: the same greedy tokens on a
-SmolLM2-shaped model, logprobs within a bound), through left-padded prompts of different lengths,
-shared prefill, row compaction, row seeds; and proof that the fused path is the one that ran."""
+"""The fused Llama decode forward (rlplane.fast.fused_decode) against its plain twin, the model's own
+forward in the same ``hf`` loop: the same tokens and logprobs (fp32: to 1e-4; bf16: the same greedy
+tokens on a SmolLM2-shaped model, logprobs within a bound), through left-padded prompts of different
+lengths, shared prefill, row compaction, row seeds; proof that the fused path is the one that ran;
+its switches; and no process-wide thread setting inside its forward."""
 
 import copy
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from rlplane.fast import switches
+from rlplane.fast.fused_decode import output_linear, unsupported_reason
 from rlplane.generation import HFGenerationBackend
-from rlplane.generation.llama_decode import unsupported_reason
 from rlplane.models import build_char_tokenizer, build_tiny_llama
 from rlplane.models.precision import autocast, set_precision
 
@@ -157,7 +159,7 @@ def test_other_models_keep_their_own_forward(tok):
 def test_grouped_rows_share_one_prompt_cache(tok):
     # GRPO's layout (each prompt's G rows in a row) keeps one prompt cache row per prompt; any other
     # expansion, and any compaction, copies it out per row.
-    from rlplane.generation.llama_decode import LlamaDecoder
+    from rlplane.fast.fused_decode import LlamaDecoder
 
     model = _tiny(tok)
     ids = torch.tensor([[0, 1, 5], [1, 6, 7]])
@@ -173,3 +175,39 @@ def test_grouped_rows_share_one_prompt_cache(tok):
         decoder.prefill(ids, mask, positions)
         decoder.expand(torch.tensor([0, 1, 0, 1]))
         assert decoder.group_size == 1 and decoder.prompt_keys.shape[1] == 4
+
+
+@pytest.mark.parametrize("switch", [switches.FUSED_DECODE, switches.ALL])
+def test_switch_sends_auto_to_the_models_own_forward(tok, monkeypatch, switch):
+    model = _tiny(tok)
+    prompts = _prompts(4, seed=2)
+    fused = HFGenerationBackend(model, tok)
+    expected = fused.generate(prompts, max_new_tokens=5, seed=0)
+    monkeypatch.setenv(switch, "0")
+    plain = HFGenerationBackend(model, tok)
+    out = plain.generate(prompts, max_new_tokens=5, seed=0)
+    assert (fused.last_decode, plain.last_decode) == ("fused", "hf")
+    assert out.output_ids == expected.output_ids
+    forced = HFGenerationBackend(model, tok, decode="fused")  # an explicit request still runs it
+    forced.generate(prompts, max_new_tokens=2, seed=0)
+    assert forced.last_decode == "fused"
+
+
+def test_onednn_output_projection_equals_f_linear(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(64, 576, generator=g), torch.randn(1000, 576, generator=g), torch.randn(1000, generator=g)
+    fast = output_linear(x, w, b)
+    torch.testing.assert_close(fast, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    monkeypatch.setenv(switches.ONEDNN_LINEAR, "0")
+    assert torch.equal(output_linear(x, w, b), torch.nn.functional.linear(x, w, b))  # the plain twin
+
+
+def test_forward_sets_no_thread_count(tok, monkeypatch):
+    # torch.set_num_threads is process-wide: the async collector's generation runs beside the trainer.
+    def forbidden(n):
+        raise AssertionError(f"set_num_threads({n}) inside generate")
+
+    monkeypatch.setattr(torch, "set_num_threads", forbidden)
+    backend = HFGenerationBackend(_tiny(tok), tok)
+    backend.generate(_prompts(4, seed=1), max_new_tokens=4, seed=0)
+    assert backend.last_decode == "fused"

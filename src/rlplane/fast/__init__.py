@@ -1,0 +1,16 @@
+"""Speed settings, each beside its plain twin and behind a switch (:mod:`rlplane.fast.switches`).
+
+- :mod:`~rlplane.fast.fused_decode`: a fused Llama-family decode forward; twin: the model's own forward;
+  off: ``policy.generation.hf_decode: hf`` or ``RLPLANE_FUSED_DECODE=0``. Its fp32 output projection
+  through oneDNN; twin: ``F.linear``; off: ``RLPLANE_ONEDNN_LINEAR=0``.
+- :mod:`~rlplane.fast.allocator`: glibc keeps freed memory; twin: glibc's defaults;
+  off: ``RLPLANE_KEEP_FREED_MEMORY=0``.
+- :mod:`~rlplane.fast.heap`: long-lived objects out of the garbage collector's full collections;
+  twin: no ``gc.freeze``; off: ``RLPLANE_FREEZE_HEAP=0``.
+- :mod:`~rlplane.fast.threads`: torch threads per worker and a lower priority for background threads;
+  twin: torch's own count; off: ``RLPLANE_SET_THREADS=0``.
+
+``RLPLANE_FAST=0`` turns all of them off. Each is tested against its twin (``tests/unit/fast``).
+Process-wide settings are applied once, where a process or thread starts, never inside a forward.
+Figures: ``docs/benchmarks.md``.
+"""

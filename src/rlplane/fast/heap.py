@@ -1,0 +1,28 @@
+"""Keep long-lived objects out of the cyclic garbage collector's full collections.
+
+Once torch, transformers and a model are loaded a process holds millions of objects, and every full
+(generation 2) collection walks all of them. :func:`freeze_heap` moves what is alive now to the
+permanent generation, which collections skip; objects made later are collected as usual. Called
+once a process has built its long-lived state (the driver's session, a process-hosted actor, each
+Ray worker actor). Plain twin: no freeze (``RLPLANE_FREEZE_HEAP=0``).
+"""
+
+from __future__ import annotations
+
+import gc
+
+from rlplane.fast.switches import FREEZE_HEAP, enabled
+
+
+def freeze_heap() -> int:
+    """Collect what is garbage now, then freeze the rest; returns the objects frozen in all (0 when off)."""
+    if not enabled(FREEZE_HEAP):
+        return gc.get_freeze_count()
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def freeze_actor_heap(actor_self) -> int:
+    """:func:`freeze_heap` in a Ray actor's process (``actor.__ray_call__.remote(freeze_actor_heap)``)."""
+    return freeze_heap()

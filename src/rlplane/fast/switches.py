@@ -1,0 +1,23 @@
+"""The environment variables that turn the speed settings of :mod:`rlplane.fast` off.
+
+Each setting is on unless its variable, or ``RLPLANE_FAST`` for all of them at once, is ``0``,
+``false``, ``no`` or ``off``. Read at the call that applies the setting, so a test can flip one.
+"""
+
+from __future__ import annotations
+
+import os
+
+ALL = "RLPLANE_FAST"
+FUSED_DECODE = "RLPLANE_FUSED_DECODE"  # generation.hf_decode: auto runs the model's own forward
+ONEDNN_LINEAR = "RLPLANE_ONEDNN_LINEAR"  # the fused decoder's fp32 output projection through F.linear
+KEEP_FREED_MEMORY = "RLPLANE_KEEP_FREED_MEMORY"  # glibc's default mmap and trim thresholds
+FREEZE_HEAP = "RLPLANE_FREEZE_HEAP"  # no gc.freeze()
+SET_THREADS = "RLPLANE_SET_THREADS"  # torch's own thread count unless policy.threads_per_worker is set; no nice
+
+_OFF = ("0", "false", "no", "off")
+
+
+def enabled(var: str) -> bool:
+    """False when ``var`` or ``RLPLANE_FAST`` is set to ``0``/``false``/``no``/``off``."""
+    return all(os.environ.get(v, "1").strip().lower() not in _OFF for v in (ALL, var))
