@@ -264,7 +264,9 @@ def test_frozen_weights_are_cast_once_per_call_under_bf16(tok):
     with CountCasts():
         out = HFGenerationBackend(frozen, tok, decode="hf").generate(prompts, **kwargs)
     assert out.output_ids == expected.output_ids
-    assert all(torch.equal(a, b) for a, b in zip(out.logprobs, expected.logprobs))
+    # Same bf16 values in the same matmuls; without native bf16 (no avx512_bf16) oneDNN may pick another
+    # kernel for a weight cast ahead than for one cast inside autocast, so allow last-bit rounding.
+    assert max((a - b).abs().max().item() for a, b in zip(out.logprobs, expected.logprobs)) < 1e-2
     assert casts and max(casts.values()) == 1
 
 
