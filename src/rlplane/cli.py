@@ -102,18 +102,18 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from rlplane.config.loading import dump_config
+    from rlplane.models.configured import load_configured_policy
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
     from rlplane.utils.seeding import seed_everything
     from rlplane.utils.threads import set_worker_threads
-    from rlplane.workers.base import load_configured_policy
 
     cfg = _load(args)
     paths = _prepare_run(cfg, args)
     out = paths.run_dir / "sft"
     set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
 
     def say(msg: str) -> None:
         if not args.quiet:
@@ -268,7 +268,8 @@ def cmd_export(args) -> int:
             from rlplane.config.loading import load_config
             from rlplane.models.lora import export_merged
 
-            export_merged(str(ckpt), str(tmp), load_config(str(ckpt / "config.yaml"), []))
+            run_cfg = load_config(str(ckpt / "config.yaml"), [])
+            export_merged(str(ckpt), str(tmp), run_cfg.policy, run_cfg.loop.seed)
         else:
             shutil.copytree(weights, tmp)
         if out.exists():
