@@ -9,12 +9,15 @@ import torch
 from rlplane.algorithms import (
     ClippedPGOptions,
     KLInReward,
+    calculate_baseline_and_std_per_prompt,
     compute_gae,
     gae_token_rewards,
     kl_estimate,
     reinforce_plus_plus_advantages,
     reward_kl,
 )
+from rlplane.algorithms._ops import masked_whiten
+from rlplane.algorithms.advantages import REINFORCE_PP_VAR_FLOOR
 
 
 def test_built_from_the_loss_options_only_when_on():
@@ -78,6 +81,10 @@ def test_same_numbers_as_the_estimate_spelled_out(kl_type, clamps):
     beta_zero = reinforce_plus_plus_advantages(groups, rewards, mask, kl_in_reward=KLInReward(0.0, kl_type, *clamps),
                                                prev_logprobs=prev, reference_logprobs=ref)
     assert torch.equal(beta_zero, no_kl) and not torch.equal(with_kl, no_kl)
+    baseline, _ = calculate_baseline_and_std_per_prompt(groups, rewards, None, leave_one_out=False)
+    adv = (rewards - baseline)[:, None].expand(mask.shape)  # (B, T)
+    expected = masked_whiten(adv - 0.07 * masked, mask, unbiased=False, eps=REINFORCE_PP_VAR_FLOOR, clamp_var=True)
+    assert torch.equal(with_kl, expected)
 
 
 def test_kl_in_reward_needs_both_logprobs():
