@@ -102,7 +102,7 @@ def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
     out = save_dir or tmp / "warm"
     cfg = load_config(None, [*base, f"run_dir={tmp / 'sft'}"])
     model, tok = load_configured_policy(cfg)
-    state, result = warm_up(cfg, Prompts(cfg, tok), lambda msg: None)
+    state, result = warm_up(cfg, Prompts(cfg.dataset_options(), tok), lambda msg: None)
     model.load_state_dict(state)
     model.save_pretrained(out)
     tok.save_pretrained(out)

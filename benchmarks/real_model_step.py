@@ -74,7 +74,7 @@ class PlainLoop:
             self.model.gradient_checkpointing_enable()
         self.model.config.use_cache = True
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.policy.optimizer.lr, weight_decay=0.0)
-        loader, _, _ = build_datasets(cfg, self.tok)
+        loader, _, _ = build_datasets(cfg.dataset_options(), self.tok)
         self.batches = iter(loader)  # the same order as the rlplane session's loader (same seed)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
 

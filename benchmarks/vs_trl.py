@@ -141,7 +141,7 @@ def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
         from rlplane.workers.base import load_configured_policy
 
         _, tok = load_configured_policy(cfg)
-        loader, _, _ = build_datasets(cfg, tok)
+        loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     rows, it = [], iter(loader)
     for _ in range(steps):
         for d in next(it):

@@ -81,12 +81,12 @@ def _user_task_overrides(cfg: RunConfig, envs: Mapping | None, reward_fns: Mappi
                 raise ConfigError([f"{kind}s[{task!r}] = {obj!r}: the Ray rollout actor imports user code by path, "
                                    "and this object has none (defined in __main__, a lambda or nested); move it into "
                                    "a module, pass 'module:name', or use runtime: local"])
-            local[task] = _reward_factory(obj, task) if kind == "reward_fn" else obj
+            local[task] = _reward_factory(obj, task) if kind == "reward_fn" else _env_factory(obj, task)
     return overrides, local
 
 
 def _reward_factory(fn: Callable, task: str) -> Callable:
-    from rlplane.envs.user import RewardFnEnv, check_reward_fn
+    from rlplane.envs.user import LOCAL_TASK_ATTR, RewardFnEnv, check_reward_fn
 
     where = f"reward_fns[{task!r}]"
     check_reward_fn(fn, where, getattr(fn, "__name__", repr(fn)))
@@ -94,7 +94,37 @@ def _reward_factory(fn: Callable, task: str) -> Callable:
     def factory(**kwargs):
         return RewardFnEnv(fn, where, **kwargs)
 
+    setattr(factory, LOCAL_TASK_ATTR, where)  # checked against the data's task names at start-up
     return factory
+
+
+def _env_factory(cls: type, task: str) -> Callable:
+    from rlplane.envs.user import LOCAL_TASK_ATTR, UserTaskError, one_line
+
+    where = f"envs[{task!r}]"
+
+    def factory(**kwargs):
+        try:
+            return cls(**kwargs)
+        except (Exception, SystemExit) as e:  # the user's constructor failed: their error, in one line
+            raise UserTaskError(f"{where} = {getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}: "
+                                f"constructing it raised {one_line(e)}") from None
+
+    factory.reward_component_names = tuple(getattr(cls, "reward_component_names", ()))
+    setattr(factory, LOCAL_TASK_ATTR, where)
+    return factory
+
+
+@contextmanager
+def _user_code_exit():
+    """``sys.exit()`` in a user's reward function or environment ends the run as the user's failure
+    (a :class:`UserTaskError` naming where), never as the caller's own exit."""
+    from rlplane.envs.user import UserTaskError, user_exit_message
+
+    try:
+        yield
+    except SystemExit as e:
+        raise UserTaskError(user_exit_message(e)) from None
 
 
 @contextmanager
@@ -129,7 +159,7 @@ def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[s
 
     cfg, local = _prepare(config, overrides, envs, reward_fns)
     run = train_function(recipe_for(cfg))
-    with _registered(local):
+    with _registered(local), _user_code_exit():
         return run(cfg, quiet=quiet)
 
 
@@ -141,8 +171,17 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
     ``model``: a ``policy.model_name``; ``checkpoint``: a run directory (its latest checkpoint, whose saved
     config is the default ``config``) or a ``step_N`` checkpoint. Returns the result dict."""
     from rlplane.cli import _checkpoint_weights
+    from rlplane.config.loading import ConfigError
     from rlplane.evaluation import evaluate as run
 
+    problems = [f"{name} = {value!r}: must be an integer >= 1" for name, value in
+                (("num_problems", num_problems), ("k", k), ("batch_size", batch_size))
+                if (value is not None or name != "num_problems")
+                and (isinstance(value, bool) or not isinstance(value, int) or value < 1)]
+    if model is not None and checkpoint is not None:
+        problems.append("rlplane.evaluate: give model or checkpoint, not both")
+    if problems:
+        raise ConfigError(problems)
     extra = [f"policy.model_name={model}"] if model else []
     if checkpoint is not None:
         weights, ckpt = _checkpoint_weights(checkpoint)
@@ -151,5 +190,5 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
             config = str(ckpt / "config.yaml")  # the run's own data, prompt format and environments
     cfg, local = _prepare(config, [*(overrides or []), *extra, "warmup.enabled=false", "runtime=local"],
                           envs, reward_fns)
-    with _registered(local):
+    with _registered(local), _user_code_exit():
         return run(cfg, num_problems=num_problems, k=k, batch_size=batch_size, progress=progress)

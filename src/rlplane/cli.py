@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -78,19 +79,25 @@ def cmd_show_config(args) -> int:
     return 0
 
 
-def _prepare_run(cfg, args):
-    """Check the run's paths now (before anything slow) and, with --overwrite, remove the earlier run."""
-    from rlplane.utils.run_dir import prepare_run_paths
+@contextmanager
+def _prepared_run(cfg, args):
+    """Check the run's paths now (before anything slow), lock run_dir for the command's life and, with
+    --overwrite, remove the earlier run (what its manifest names)."""
+    from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 
-    return prepare_run_paths(cfg, overwrite=args.overwrite)
+    paths = prepare_run_paths(cfg, overwrite=args.overwrite)
+    try:
+        yield paths
+    finally:
+        release_run_dir(paths.run_dir)
 
 
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
 
     cfg = _load(args)
-    _prepare_run(cfg, args)
-    summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
+    with _prepared_run(cfg, args):
+        summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     name = cfg.algorithm.upper()
@@ -101,6 +108,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
+    cfg = _load(args)
+    with _prepared_run(cfg, args) as paths:
+        return _sft(cfg, args, paths)
+
+
+def _sft(cfg, args, paths) -> int:
     from rlplane.config.loading import dump_config
     from rlplane.models.configured import load_configured_policy
     from rlplane.training.prompts import Prompts
@@ -108,8 +121,6 @@ def cmd_sft(args) -> int:
     from rlplane.utils.seeding import seed_everything
     from rlplane.utils.threads import set_worker_threads
 
-    cfg = _load(args)
-    paths = _prepare_run(cfg, args)
     out = paths.run_dir / "sft"
     set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
@@ -119,7 +130,7 @@ def cmd_sft(args) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    state, result = warm_up(cfg, Prompts(cfg, tok), say)
+    state, result = warm_up(cfg, Prompts(cfg.dataset_options(), tok), say)
     (paths.run_dir / "config.yaml").write_text(dump_config(cfg))  # written once the run really ran
     model.load_state_dict(state)
     model.save_pretrained(out)
@@ -290,7 +301,7 @@ def cmd_plot(args) -> int:
     from rlplane.utils.plot import plot_runs
 
     output = args.output or (Path(args.run_dirs[0]) / "plot.png" if len(args.run_dirs) == 1 else "plot.png")
-    png, page = plot_runs(args.run_dirs, output)
+    png, page = plot_runs(args.run_dirs, output, say=lambda m: print(m, file=sys.stderr))
     print(f"wrote {png} and {page}")
     return 0
 
@@ -369,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlplane: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as e:  # no command exits by itself: user code (a reward function, an environment) did
+        from rlplane.envs.user import user_exit_message
+
+        print(f"rlplane: error: {user_exit_message(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Used by the training session and by ``rlplane eval`` (which builds only the held
 
 from __future__ import annotations
 
-from rlplane.config.schema import RunConfig
+from rlplane.config.data import DatasetOptions
 from rlplane.data import (
     ArithmeticDataset,
     ArithmeticSpec,
@@ -22,13 +22,12 @@ from rlplane.envs import check_task_names
 from rlplane.envs.user import register_user_tasks
 
 
-def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
+def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
     """(train loader, held-out datums, stats) from ``data.*``; with ``train=False`` the loader is None
     (evaluation builds only the held-out set). Every task name must have an environment."""
-    d, g = cfg.data, cfg.loop
-    register_user_tasks(cfg.env)  # user task names are known environments from here on
-    # A prompt must leave room for at least one generated token.
-    max_prompt = cfg.policy.max_total_sequence_length - 1
+    d = options.data
+    register_user_tasks(options.env)  # user task names are known environments from here on
+    max_prompt = options.max_prompt_length
     fmt = resolve_prompt_format(d.prompt, tokenizer)
     stats: dict[str, int] = {"skipped_overlong": 0}
     train_ds = None
@@ -43,9 +42,10 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
         a = d.arithmetic
         spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand)
         if train:
-            train_ds = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=g.seed,
+            train_ds = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=options.seed,
                                          max_prompt_length=max_prompt, prompt_format=fmt, task_name=a.task_name)
-        val = build_eval_set(tokenizer, spec, num_problems=g.max_val_samples, prompt_format=fmt, task_name=a.task_name)
+        val = build_eval_set(tokenizer, spec, num_problems=options.max_val_samples, prompt_format=fmt,
+                             task_name=a.task_name)
     elif d.dataset == "reasoning_gym":
         r = d.reasoning_gym
         val_rows = reasoning_gym_rows(r.tasks, r.val_size, r.val_seed, r.config)
@@ -57,10 +57,10 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
     elif d.dataset == "guess_number":
         from rlplane.envs.guess_number import GuessNumberDataset
 
-        r = cfg.env.guess_number
+        r = options.env.guess_number
         if train:
-            train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=g.seed)
-        val_ds = GuessNumberDataset(tokenizer, g.max_val_samples, low=r.low, high=r.high, seed=g.seed + 1)
+            train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=options.seed)
+        val_ds = GuessNumberDataset(tokenizer, options.max_val_samples, low=r.low, high=r.high, seed=options.seed + 1)
         val = [val_ds[i] for i in range(len(val_ds))]
     else:
         def rows(j):
@@ -79,10 +79,10 @@ def build_datasets(cfg: RunConfig, tokenizer, *, train: bool = True):
             val = list(tokenized(rows(d.validation), val_source).datums)
             check_task_names((x.task_name for x in val), val_source)
         else:
-            val = list(train_ds.datums[: g.max_val_samples])
+            val = list(train_ds.datums[: options.max_val_samples])
         if not train:
             train_ds = None
     loader = None
     if train_ds is not None:
-        loader = PromptDataLoader(train_ds, g.num_prompts_per_step * g.batch_multiplier, seed=g.seed, shuffle=d.shuffle)
+        loader = PromptDataLoader(train_ds, options.prompts_per_batch, seed=options.seed, shuffle=d.shuffle)
     return loader, val, stats

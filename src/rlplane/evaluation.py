@@ -15,12 +15,14 @@ so a checkpoint is scored exactly as validation scored it. Metrics (the seeds' m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
 
 import torch
 
+from rlplane.config.data import DataConfig
 from rlplane.config.schema import RunConfig
 from rlplane.utils.threads import set_worker_threads
 
@@ -66,7 +68,7 @@ def evaluate(
     seed_everything(cfg.loop.seed)
     model, tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
     # Room for any prompt: the sequence cap below is set from the longest one.
-    roomy = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": 1 << 20})})
+    roomy = dataclasses.replace(cfg.dataset_options(), max_prompt_length=(1 << 20) - 1)
     _, datums, _ = build_datasets(roomy, tokenizer, train=False)
     datums = datums[: num_problems or cfg.loop.max_val_samples]
     max_new = cfg.policy.generation.max_new_tokens
@@ -103,7 +105,7 @@ def evaluate(
     g = cat(greedy)
     result = {
         "model": cfg.policy.model_name,
-        "dataset": describe_dataset(cfg),
+        "dataset": describe_dataset(cfg.data),
         "num_problems": len(datums),
         "sampling_seed": cfg.loop.seed,
         "max_new_tokens": max_new,
@@ -127,8 +129,8 @@ def evaluate(
     return result
 
 
-def describe_dataset(cfg: RunConfig) -> str:
-    d = cfg.data
+def describe_dataset(d: DataConfig) -> str:
+    """The held-out set in a few words, for the result: kind, and its source or its settings."""
     if d.dataset == "reasoning_gym":
         r = d.reasoning_gym
         return f"reasoning_gym:{','.join(r.tasks)} (held-out seed {r.val_seed})"

@@ -175,7 +175,7 @@ def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_p
         s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, P * G)
         metrics = {}
         meta, carry = collect_rollouts(s, Timer(), metrics)
-        meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
+        meta, sample_mask = stamp_sample_mask(cfg.grpo.overlong_filtering, meta, carry)
         s.workers.policy.run_sharded("compute_logprobs", meta, out_field="prev_logprobs")
         s.workers.policy.run_sharded("compute_logprobs", meta, out_field="reference_policy_logprobs", reference=True)
         rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)

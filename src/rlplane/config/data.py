@@ -3,11 +3,13 @@ reasoning-gym), its splits, and how prompts are formatted."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from rlplane.config.base import StrictModel
+from rlplane.config.envs import EnvConfig
 
 
 class ArithmeticDataConfig(StrictModel):
@@ -111,3 +113,16 @@ def task_names_of(data: DataConfig) -> list[str]:
     if data.dataset in ("reasoning_gym", "guess_number"):
         return [data.dataset]
     return [j.default_task_name for j in (data.train, data.validation) if j is not None]
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """What building a run's datasets reads (:func:`rlplane.datasets.build_datasets`), cut from the run
+    config by :meth:`RunConfig.dataset_options <rlplane.config.schema.RunConfig.dataset_options>`."""
+
+    data: DataConfig
+    env: EnvConfig  # user tasks are registered from it; guess_number's range
+    seed: int  # the loop's seed: procedural problems and the loader's shuffle
+    prompts_per_batch: int  # the loader's batch: num_prompts_per_step × batch_multiplier
+    max_val_samples: int  # held-out problems
+    max_prompt_length: int  # max_total_sequence_length - 1: room for at least one generated token

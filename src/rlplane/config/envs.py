@@ -129,6 +129,11 @@ class EnvConfig(StrictModel):
         600.0, gt=0, description="Seconds one environment step (a task's batch, one turn) may take before the run "
         "stops with an error naming the task (null = wait forever). Applies to every task."
     )
+    max_error_rate: float | None = Field(
+        0.5, ge=0, lt=1, description="Stop the run when environments failed (raised, or returned something "
+        "malformed) on more than this share of the samples over the last error_window_steps steps (null = never)."
+    )
+    error_window_steps: int = Field(5, ge=1, description="Steps over which max_error_rate is judged.")
     math: MathEnvConfig = Field(default_factory=MathEnvConfig, description="The math-verify environment.")
     reasoning_gym: ReasoningGymEnvConfig = Field(
         default_factory=ReasoningGymEnvConfig, description="The reasoning-gym environment."

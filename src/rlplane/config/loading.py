@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlplane.config.schema import RunConfig
+from rlplane.errors import ConfigError  # noqa: F401 (re-exported: its older home)
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A user's config is wrong. ``str(err)`` is one line per problem, each naming its dotted path."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 def list_presets() -> list[str]:
@@ -52,13 +46,28 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader reports an unhashable key itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml_tree(name: str, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a preset or YAML file and everything it extends, merged (child wins)."""
     path = _resolve_preset(name, _seen[-1].parent if _seen else None).resolve()
     if path in _seen:
         raise ConfigError([f"config {path}: `defaults` forms a cycle ({' -> '.join(str(p) for p in _seen)})"])
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except UnicodeDecodeError as e:
         raise ConfigError([f"config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8"]) from None
     except OSError as e:

@@ -1,7 +1,7 @@
 """The ``policy`` section of a run's configuration: the trained model, its optimizer, how batches
 are cut (micro-batches, dynamic batching, sequence packing, FSDP2) and how the generators sample
 (``policy.generation``). Split from :mod:`rlplane.config.schema` along the section's seam; the
-cross-section checks stay on :class:`~rlplane.config.schema.RunConfig`."""
+cross-section rules are in :mod:`rlplane.config.rules`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+import rlplane.extras as extras
 from rlplane.config.base import StrictModel
 from rlplane.config.vllm import VllmConfig
 
@@ -56,10 +57,8 @@ class GenerationConfig(StrictModel):
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
         if self.backend == "vllm":
-            from rlplane.generation.vllm_backend import INSTALL_HINT, vllm_available
-
-            if not vllm_available():
-                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {INSTALL_HINT}")
+            if not extras.vllm_available():
+                raise ValueError(f"backend = 'vllm': vllm is not installed in this Python; {extras.VLLM_INSTALL_HINT}")
         return self
 
 
@@ -213,7 +212,7 @@ class PolicyConfig(StrictModel):
     train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
     logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
-    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip (null = off).")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip, > 0 (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
     threads_per_worker: int | None = Field(
         None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS "
@@ -222,3 +221,16 @@ class PolicyConfig(StrictModel):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings.")
+
+    @model_validator(mode="after")
+    def _grad_norm(self) -> PolicyConfig:
+        check_grad_norm(self.max_grad_norm)
+        return self
+
+
+def check_grad_norm(value: float | None) -> None:
+    """A clip norm <= 0 would scale every gradient by a non-positive factor (clip_grad_norm_ multiplies by
+    max_norm / norm): refused, and null is the one way to turn clipping off."""
+    if value is not None and not value > 0:
+        raise ValueError(f"max_grad_norm = {value} would flip or zero every gradient; set it above 0 (1.0 is usual) "
+                         "or to null for no clipping")

@@ -12,150 +12,23 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlplane.config.algorithms import (
-    GRPOAdvEstimatorConfig,
-    LossConfig,
-    PPOAdvEstimatorConfig,
-    RewardScalingConfig,
-    RewardShapingConfig,
-)
+from rlplane.config.algorithms import LossConfig
 from rlplane.config.base import StrictModel
-from rlplane.config.data import DataConfig, task_names_of
+from rlplane.config.data import DataConfig, DatasetOptions
 from rlplane.config.envs import EnvConfig
 from rlplane.config.logger import LoggerConfig
-from rlplane.config.policy import OptimizerConfig, PolicyConfig, SchedulerConfig, TinyModelConfig, transformers_packs
-from rlplane.config.recipes import RECIPES, owner_of
-from rlplane.config.vllm import vllm_cfg_errors
+from rlplane.config.loops import (  # noqa: F401 (AsyncGRPOConfig: re-exported with the other sections)
+    AsyncGRPOConfig,
+    DistillationConfig,
+    GRPOConfig,
+    PPOConfig,
+    RolloutLoopConfig,
+)
+from rlplane.config.policy import OptimizerConfig, PolicyConfig, SchedulerConfig, TinyModelConfig, check_grad_norm
+from rlplane.config.recipes import RECIPES
+from rlplane.config.rules import broken_rules
 
 AlgorithmName = Literal[tuple(RECIPES)]  # type: ignore[valid-type]
-
-
-class RolloutLoopConfig(StrictModel):
-    """What every on-policy loop shares: prompts and rollouts per step, validation, sample filters and
-    reward transforms. ``grpo.*`` and ``ppo.*`` both carry these keys (NeMo RL's names)."""
-
-    num_prompts_per_step: int = Field(32, ge=1, description="Prompts drawn per step.")
-    num_generations_per_prompt: int = Field(8, ge=1, description="Responses per prompt (the group size G).")
-    max_rollout_turns: int = Field(1, ge=1, description="Turns per rollout (1 = single turn).")
-    max_num_steps: int = Field(150, ge=0, description="Training steps to run.")
-    max_num_epochs: int = Field(
-        1000, ge=1, description="Passes over the training prompts, at most: the run ends when they are used up, "
-        "if that comes before max_num_steps (every generation batch of dynamic sampling counts)."
-    )
-    val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
-    val_at_start: bool = Field(True, description="Validate before the first step.")
-    val_at_end: bool = Field(True, description="Validate after the last step.")
-    max_val_samples: int = Field(500, ge=1, description="Validation prompts.")
-    val_batch_size: int = Field(500, ge=1, description="Validation prompts per generation call.")
-    val_num_generations_per_prompt: int = Field(1, ge=1, description="k > 1 also reports pass@k (sampled).")
-    overlong_filtering: bool = Field(False, description="Zero the loss of truncated responses (DAPO).")
-    use_dynamic_sampling: bool = Field(False, description="Drop zero-std groups and refill (DAPO).")
-    dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
-    batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
-    seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. "
-                                                                        "prob error exceeds this.")
-    rollout_failure_policy: Literal["zero_reward", "retry", "drop_group"] = Field(
-        "zero_reward", description="A sample whose environment raises or returns something malformed: `zero_reward` "
-        "scores it 0; `retry` re-runs its environment step on a fresh environment up to rollout_max_retries times, "
-        "then scores 0; `drop_group` drops its prompt group from the step and refills from the next prompts (like "
-        "dynamic sampling, at most dynamic_sampling_max_gen_batches batches; async: the collector regenerates)."
-    )
-    rollout_max_retries: int = Field(
-        2, ge=1, description="Environment re-runs per failed step (rollout_failure_policy: retry)."
-    )
-    skip_reference_policy_logprobs_calculation: bool = Field(
-        False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
-    )
-    seed: int = Field(42, description="Seed of the whole run.")
-    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
-    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
-
-    @model_validator(mode="after")
-    def _rules(self) -> "RolloutLoopConfig":
-        if self.batch_multiplier > 1 and not self.use_dynamic_sampling:
-            raise ValueError(
-                f"batch_multiplier = {self.batch_multiplier} only applies with dynamic sampling; "
-                "set use_dynamic_sampling=true or batch_multiplier=1"
-            )
-        return self
-
-
-class AsyncGRPOConfig(StrictModel):
-    """Asynchronous GRPO (NeMo RL `grpo.async_grpo.*`): a collector generates for future steps while
-    the policy trains; each step trains on groups generated at most `max_trajectory_age_steps` weight
-    versions ago, corrected by importance sampling (`loss_fn.use_importance_sampling_correction`)."""
-
-    enabled: bool = Field(False, description="Generate beside training (`recipes/async_grpo.py`) instead of in turn.")
-    max_trajectory_age_steps: int = Field(
-        1, ge=1, description="How many weight versions old a trained-on trajectory may be (the collector's lead)."
-    )
-    max_generation_failures: int = Field(
-        3, ge=0, description="Consecutive failed generation batches the collector retries before stopping the run."
-    )
-    # Off: a refit waits until the outgoing weights have generated every step they serve (target t by
-    # version t - max_trajectory_age_steps), so a fixed seed replays the same metrics whatever the timing.
-    # On: results depend on thread timing (where in a response the weights change), by nature.
-    in_flight_weight_updates: bool = Field(
-        False, description="A refit swaps the generator's weights at the next token boundary instead of waiting "
-        "for the generation in flight (hf and vllm: between two decode steps); each token records its weight version, "
-        "a trajectory's age is its oldest token's. Not deterministic: results depend on timing.",
-    )
-    max_concurrent_scoring: int | None = Field(
-        None, ge=1, description="Generation batches the collector may score at once (each batch still fills the "
-        "buffer in the order it started, so a run replays). null (default): max_trajectory_age_steps, the steps the "
-        "collector may run ahead (1 at the default age: one at a time). Each batch scored at once steps environment "
-        "instances of its own (made on first use: N instances, and N verifier pools for math), so an environment "
-        "need not be thread-safe.",
-    )
-    collector_process: bool = Field(
-        False, description="runtime: local: run the collector in a child process of its own (off the trainer's "
-                          "GIL; it writes into the run's data plane through shared memory); false (default): a "
-                          "thread of the trainer's process. On 2 cores the two measured alike at max age 1 (1.68x "
-                          "vs 1.72x sync) and the process ahead at max age 2 (2.42x vs 2.33x; benchmarks/"
-                          "async_grpo.py --collector both). runtime: ray: ignored.",
-    )
-
-    def scoring_concurrency(self) -> int:
-        """Batches scored at once: ``max_concurrent_scoring``, or the age bound where that is null. At max age
-        1 an async step is bound by one judge call or by half the chain train → generate → score → train (2 at
-        once measured no faster on 2 cores); at max age k, scoring k at once lets the collector use its lead."""
-        return self.max_concurrent_scoring or self.max_trajectory_age_steps
-
-
-class GRPOConfig(RolloutLoopConfig):
-    """The GRPO loop (NeMo RL `grpo.*`): the shared rollout knobs plus group-baseline advantages."""
-
-    advantage_clip_low: float | None = Field(None, description="Clamp advantages below (null = off).")
-    advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
-    adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
-    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig, description="Asynchronous generation.")
-
-    @model_validator(mode="after")
-    def _clip_order(self) -> "GRPOConfig":
-        lo, hi = self.advantage_clip_low, self.advantage_clip_high
-        if lo is not None and hi is not None and lo >= hi:
-            raise ValueError(f"advantage_clip_low = {lo} >= advantage_clip_high = {hi}; make low < high")
-        return self
-
-
-class PPOConfig(RolloutLoopConfig):
-    """The PPO loop (NeMo RL `ppo.*`): the shared rollout knobs plus GAE and several epochs per rollout."""
-
-    ppo_epochs: int = Field(4, description="Passes of critic then actor training over each rollout (>= 1).")
-    policy_training_start_step: int = Field(
-        0, ge=0, description="Critic-only warm-up: the actor trains from this step on (steps counted from 0)."
-    )
-    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig,
-                                                 description="GAE or raw reward.")
-
-    @model_validator(mode="after")
-    def _epochs(self) -> "PPOConfig":
-        if self.ppo_epochs < 1:
-            raise ValueError(
-                f"ppo.ppo_epochs = {self.ppo_epochs}: each rollout needs at least one training pass "
-                "(NeMo RL uses 4); set ppo.ppo_epochs >= 1"
-            )
-        return self
 
 
 class ValueLossConfig(StrictModel):
@@ -184,8 +57,13 @@ class ValueConfig(StrictModel):
         default_factory=lambda: OptimizerConfig(lr=1e-3), description="AdamW settings of the critic."
     )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule of the critic.")
-    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic (null = off).")
+    max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip of the critic, > 0 (null = off).")
     loss_fn: ValueLossConfig = Field(default_factory=ValueLossConfig, description="Value loss scale and clipping.")
+
+    @model_validator(mode="after")
+    def _grad_norm(self) -> ValueConfig:
+        check_grad_norm(self.max_grad_norm)
+        return self
 
 
 class WarmupConfig(StrictModel):
@@ -201,10 +79,6 @@ class WarmupConfig(StrictModel):
     )
     eval_every: int = Field(50, ge=1, description="Steps between accuracy checks.")
     eval_samples: int = Field(200, ge=1, description="Held-out problems per check.")
-
-
-class DistillationConfig(RolloutLoopConfig):
-    """The on-policy distillation loop: the shared rollout knobs (the student generates, the teacher scores)."""
 
 
 class TeacherConfig(StrictModel):
@@ -299,177 +173,18 @@ class RunConfig(StrictModel):
         """The active loop section (the recipe's ``loop`` in ``config/recipes.py``)."""
         return getattr(self, RECIPES[self.algorithm].loop)
 
+    def dataset_options(self) -> DatasetOptions:
+        """What the datasets read: ``data``, ``env``, the loop's seed and sizes, the prompt length cap."""
+        g = self.loop
+        return DatasetOptions(data=self.data, env=self.env, seed=g.seed,
+                              prompts_per_batch=g.num_prompts_per_step * g.batch_multiplier,
+                              max_val_samples=g.max_val_samples,
+                              max_prompt_length=self.policy.max_total_sequence_length - 1)
+
     @model_validator(mode="after")
     def _cross_section(self) -> "RunConfig":
-        errors = []
-        algo, mine = self.algorithm, (RECIPES[self.algorithm].loop, *RECIPES[self.algorithm].sections)
-        shared = set(RolloutLoopConfig.model_fields)
-        others = dict.fromkeys(s for r in RECIPES.values() for s in (r.loop, *r.sections) if s not in mine)
-        for section in others:
-            given = getattr(self, section)
-            if given is None:
-                continue
-            other_algo = owner_of(section)
-            keys = sorted(given.model_fields_set)
-            moved = [k for k in keys if section == RECIPES[other_algo].loop and k in shared]
-            only = [k for k in keys if k not in moved]
-            if moved:
-                errors.append(
-                    f"{', '.join(f'{section}.{k}' for k in moved)}: with algorithm = {algo} the loop settings live "
-                    f"under {algo}.*; use {', '.join(f'{algo}.{k}' for k in moved)} (or set algorithm={other_algo})"
-                )
-            if only or not moved:
-                errors.append(
-                    f"{', '.join(f'{section}.{k}' for k in only) or section}: "
-                    f"{other_algo.upper()}-only keys with algorithm = "
-                    f"{algo}; remove them (or set algorithm={other_algo})"
-                )
-        if errors:  # the rest would judge the wrong section
-            raise ValueError("\n".join(errors))
-        p, g, name = self.policy, self.loop, self.algorithm
-        samples = g.num_prompts_per_step * g.num_generations_per_prompt
-        if samples % p.train_global_batch_size:
-            errors.append(
-                f"policy.train_global_batch_size = {p.train_global_batch_size} does not divide "
-                f"{name}.num_prompts_per_step × num_generations_per_prompt "
-                f"= {samples}; make it a divisor (e.g. {samples})"
-            )
-        per_rank = p.train_global_batch_size // p.dp_size
-        if p.train_global_batch_size % p.dp_size:
-            errors.append(
-                f"policy.train_global_batch_size = {p.train_global_batch_size} is not divisible by "
-                f"policy.dp_size = {p.dp_size}; make it a multiple"
-            )
-        elif per_rank % min(p.train_micro_batch_size, per_rank):
-            errors.append(
-                f"policy.train_micro_batch_size = {p.train_micro_batch_size} does not divide the per-rank batch "
-                f"{per_rank} (= train_global_batch_size / dp_size); pick a divisor"
-            )
-        if p.lora.enabled and self.warmup.enabled:
-            errors.append("policy.lora.enabled with warmup.enabled: the warm-up trains every weight, which an adapter "
-                          "checkpoint does not hold; set warmup.enabled=false (or policy.lora.enabled=false)")
-        if self.data_plane.index == "driver" and self.data_plane.backend != "ray":
-            errors.append("data_plane.index = driver needs data_plane.backend = ray (the memory plane's index is in "
-                          "the driver already); set data_plane.backend=ray or data_plane.index=store")
-        if self.data_plane.index == "driver" and self.grpo is not None and self.grpo.async_grpo.enabled:
-            errors.append("data_plane.index = driver with grpo.async_grpo.enabled: the async collector reads and "
-                          "clears keys in its own process, which needs the store actor; set data_plane.index=store")
-        if self.runtime == "ray" and self.data_plane.backend == "memory":
-            errors.append("runtime: ray needs data_plane.backend: ray (workers in other processes cannot see "
-                          "in-process memory); set data_plane.backend=ray")
-        if p.generation.max_new_tokens >= p.max_total_sequence_length:
-            # A prompt has at least one token, so a response never gets max_new_tokens: it would be cut silently.
-            errors.append(
-                f"policy.generation.max_new_tokens = {p.generation.max_new_tokens} leaves no room for a prompt in "
-                f"policy.max_total_sequence_length = {p.max_total_sequence_length} (prompt + response); raise "
-                f"max_total_sequence_length above max_new_tokens + the longest prompt, or lower max_new_tokens"
-            )
-        if p.dynamic_batching.enabled and p.sequence_packing.enabled:
-            errors.append("policy.dynamic_batching.enabled and policy.sequence_packing.enabled are exclusive (NeMo "
-                          "RL's rule: both decide the micro-batches); disable one of them")
-        if p.sequence_packing.enabled and not transformers_packs():
-            errors.append("policy.sequence_packing.enabled needs transformers' packed-sequence masks "
-                          "(masking_utils.find_packed_sequence_indices, transformers >= 4.54); upgrade "
-                          "transformers or use policy.dynamic_batching instead")
-        for key in ("dynamic_batching", "sequence_packing"):
-            tb = getattr(p, key)
-            if tb.enabled and p.dtensor_cfg.enabled and p.dp_size > 1:
-                errors.append(f"policy.{key}.enabled with policy.dtensor_cfg.enabled: ranks would run different "
-                              "numbers of training forwards, which FSDP's collectives cannot; disable one of them")
-            for budget in ("train_mb_tokens", "logprob_mb_tokens"):
-                value = getattr(tb, budget)
-                if tb.enabled and value is not None and value < p.max_total_sequence_length:
-                    errors.append(f"policy.{key}.{budget} = {value} < policy.max_total_sequence_length = "
-                                  f"{p.max_total_sequence_length}: the longest sequence must fit one micro-batch; "
-                                  f"raise it (or leave it null)")
-        if p.dtensor_cfg.enabled and p.lora.enabled:
-            errors.append("policy.dtensor_cfg.enabled with policy.lora.enabled is not supported yet (the adapter "
-                          "refit and checkpoints assume an unsharded model); disable one of them")
-        if p.dtensor_cfg.enabled and self.runtime == "local":
-            errors.append("policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the "
-                          "policy's unsharded module); set runtime=ray or policy.dtensor_cfg.enabled=false")
-        if p.dtensor_cfg.enabled and name == "grpo" and g.async_grpo.enabled:
-            errors.append("policy.dtensor_cfg.enabled is not supported with grpo.async_grpo.enabled (the collector "
-                          "refits from rank 0 alone, an FSDP gather needs every rank); disable one of them")
-        if p.generation.backend == "vllm":
-            errors.extend(vllm_cfg_errors(p.device, p.generation.vllm_cfg))
-        if p.dp_size > 1 and self.runtime == "local":
-            errors.append(f"policy.dp_size = {p.dp_size} needs runtime: ray; set runtime=ray or policy.dp_size=1")
-        if name == "grpo":
-            errors.extend(_estimator_errors(self))
-        if g.seq_logprob_error_threshold is not None and self.loss_fn.force_on_policy_ratio:
-            errors.append(f"{name}.seq_logprob_error_threshold needs prev logprobs, which "
-                          "loss_fn.force_on_policy_ratio "
-                          "skips; unset one of them")
-        if self.loss_fn.force_on_policy_ratio and samples != p.train_global_batch_size:
-            errors.append(
-                "loss_fn.force_on_policy_ratio needs one optimizer step per rollout: set "
-                f"policy.train_global_batch_size = {samples} (prompts × generations)"
-            )
-        lf = self.loss_fn
-        if lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0 and g.skip_reference_policy_logprobs_calculation:
-            errors.append("loss_fn.use_kl_in_reward needs reference logprobs, which "
-                          f"{name}.skip_reference_policy_logprobs_calculation skips; unset one of them")
-        if self.loss_fn.force_on_policy_ratio and name == "ppo" and g.ppo_epochs > 1:
-            errors.append(
-                f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
-                f"{g.ppo_epochs}; set ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"
-            )
-        if name == "distillation" and samples != p.train_global_batch_size:
-            errors.append(
-                "distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for "
-                f"the weights that sampled it): set policy.train_global_batch_size = {samples} (prompts × generations)"
-            )
-        if name == "grpo" and g.async_grpo.enabled:
-            errors.extend(_async_grpo_errors(self))
-            if p.generation.num_generators > 1:
-                errors.append(f"policy.generation.num_generators = {p.generation.num_generators} with "
-                              "grpo.async_grpo.enabled: the async collector is one generator; set num_generators=1")
+        """The rules that tie sections together (:mod:`rlplane.config.rules`), every broken one at once."""
+        errors = broken_rules(self)
         if errors:
             raise ValueError("\n".join(errors))
         return self
-
-
-def _estimator_errors(cfg: RunConfig) -> list[str]:
-    """What ``grpo.adv_estimator.name`` needs from the environments and the KL settings."""
-    from rlplane.envs.registry import reward_component_names
-
-    est, lf, errors = cfg.grpo.adv_estimator, cfg.loss_fn, []
-    if est.name == "gdpo":
-        for task in dict.fromkeys(task_names_of(cfg.data)):
-            names = reward_component_names(task)
-            if names is not None and len(names) < 2:
-                errors.append(
-                    f"grpo.adv_estimator.name = gdpo: environment {task!r} gives {len(names)} reward components "
-                    f"{list(names)}, GDPO needs at least 2 (task 'arithmetic' gives correct and format); use such "
-                    "an environment or set grpo.adv_estimator.name=grpo"
-                )
-    kl_in_reward = lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0
-    if kl_in_reward and est.name != "reinforce_plus_plus":
-        errors.append(
-            f"loss_fn.use_kl_in_reward puts the KL in the reward of reinforce_plus_plus (or PPO's GAE); with "
-            f"grpo.adv_estimator.name = {est.name} the KL would be dropped; set loss_fn.use_kl_in_reward=false "
-            "or grpo.adv_estimator.name=reinforce_plus_plus"
-        )
-    if kl_in_reward and lf.force_on_policy_ratio:
-        errors.append("loss_fn.use_kl_in_reward needs prev logprobs, which "
-                      "loss_fn.force_on_policy_ratio skips; unset one of them")
-    return errors
-
-
-def _async_grpo_errors(cfg: RunConfig) -> list[str]:
-    """What async GRPO cannot run with (NeMo RL asserts the first two as well)."""
-    errors = []
-    if not cfg.loss_fn.use_importance_sampling_correction:
-        errors.append("grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true (trajectories "
-                      "come from older weights; the IS weight π_old/π_gen corrects for it); set it to true")
-    if cfg.grpo.use_dynamic_sampling:
-        errors.append("grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole "
-                      "steps ahead of time, there is no refill); set one of them to false")
-    if cfg.loss_fn.force_on_policy_ratio:
-        errors.append("loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the "
-                      "prev logprobs with the current weights); set it to false")
-    if cfg.policy.generation.backend == "vllm" and cfg.policy.generation.vllm_cfg.enable_sleep_mode:
-        errors.append("policy.generation.vllm_cfg.enable_sleep_mode cannot run with grpo.async_grpo.enabled (the "
-                      "collector generates while the policy trains, so the engine never sleeps); set it to false")
-    return errors

@@ -12,8 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from rlplane.config.base import StrictModel
-
-VLLM_CFG = "policy.generation.vllm_cfg"
+from rlplane.extras import VLLM_CFG
 
 
 class VllmConfig(StrictModel):

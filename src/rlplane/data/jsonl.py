@@ -1,8 +1,9 @@
 """JSONL prompt datasets: one ``{"problem": ..., "answer": ..., "task_name": ...}`` object per line.
 
 Every user mistake is a one-line ``DatasetError`` naming the file and the (1-based) line:
-a missing file, a line that is not UTF-8, not JSON or not an object, a row without a needed field, an empty
-dataset, and (with ``on_overlong="error"``) a prompt longer than the maximum.
+a missing file, a line that is not UTF-8, not JSON or not an object, a row without a needed field, an
+answer that is not a non-empty string or number, an empty dataset, and (with ``on_overlong="error"``)
+a prompt longer than the maximum.
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ def decode_line(raw: bytes, path: str, line_no: int) -> str:
         ) from None
 
 
+def answer_text(value, key: str, path: str, line_no: int) -> str:
+    """A row's reference answer as text: a non-empty string or a number. Anything else (null, an object,
+    a list, a boolean, "") would be scored through its Python repr, or match an empty completion."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    got = "an empty string" if isinstance(value, str) else f"{json.dumps(value)} ({type(value).__name__})"
+    raise DatasetError(f"dataset {path}, line {line_no}: field {key!r} is {got}; the reference answer must be a "
+                       "non-empty string or a number")
+
+
 def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped),
     plus ``extra_env_info`` holding the row's other fields when it has any."""
@@ -69,7 +82,7 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
                 )
             row = {
                 "problem": str(obj[fields.problem]),
-                "answer": str(obj[fields.answer]),
+                "answer": answer_text(obj[fields.answer], fields.answer, path, line_no),
                 "task_name": str(obj.get(fields.task_name) or fields.default_task_name),
                 "line": line_no,
             }

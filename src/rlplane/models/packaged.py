@@ -70,6 +70,15 @@ def packaged_model_dir(name: str) -> Path:
     out = cache_dir() / "models" / name
     if (out / "config.json").is_file():
         return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:  # HOME read-only or full: the converted model has nowhere to go
+        raise PackagedModelError(f"model_name={PACKAGED_PREFIX + name!r}: cannot write the model cache "
+                                 f"{out.parent} ({e.strerror or type(e).__name__}); set RLPLANE_CACHE_DIR to a "
+                                 "writable directory") from None
     source = gguf_path(name)
     for module in ("gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:

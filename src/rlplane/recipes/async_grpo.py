@@ -183,7 +183,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     result = wait_for_groups(s, handle, step, timer)
     meta, carry = concat_metas([grp.meta for grp in result.groups]), step_carry(result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
-    _, carry["rewards"] = transform_rewards(cfg, carry)
+    _, carry["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, carry)
     metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
@@ -191,7 +191,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     # The step's prompts.jsonl row (Session.end_step): what it trains, in the order it trains them.
     s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups], result.evicted_prompts)
     metrics.update(token_age_metrics(*group_token_ages(result.groups, step), g.async_grpo.max_trajectory_age_steps))
-    meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
+    meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
 
     # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the
     # staleness), reference logprobs -----------------------------------------------------------------

@@ -60,7 +60,7 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
     # ---- the student's rollouts; the sample mask ------------------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
     s.refit.release()  # colocated: the generators sleep while the policy trains
-    meta, _ = stamp_sample_mask(cfg, meta, carry)
+    meta, _ = stamp_sample_mask(g.overlong_filtering, meta, carry)
 
     # ---- the teacher scores the student's tokens, written back per sample ------------------------
     with timer("teacher_logprobs"):

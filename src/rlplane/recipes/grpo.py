@@ -54,7 +54,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     # ---- rollout, rewards, dynamic sampling; the sample mask ------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
     s.refit.release()  # colocated: the generators sleep while the policy trains
-    meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
+    meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
 
     # ---- prev and reference logprobs, written back by the policy workers -------------------------
     meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)

@@ -129,7 +129,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     if critic is not None:
         with timer("values"):
             critic.run_sharded("compute_values", meta)
-    meta, sample_mask = stamp_sample_mask(cfg, meta, carry)
+    meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
     meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)
 
     # ---- advantages and returns (token level): GAE runs on the driver (whitening is a batch statistic)

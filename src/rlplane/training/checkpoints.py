@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from rlplane.config.loading import dump_config
-from rlplane.config.schema import RunConfig
+from rlplane.config.resume import check_checkpoint_config
+from rlplane.config.schema import CheckpointingConfig
+from rlplane.errors import ConfigError
 from rlplane.training.prompts import Prompts
 from rlplane.training.workers import Workers
 from rlplane.utils.checkpoint import (
@@ -29,9 +30,16 @@ from rlplane.workers.parallel import LAYOUT_FILE, check_resume_layout
 
 
 class Checkpoints:
-    def __init__(self, cfg: RunConfig, checkpoint_dir: Path):
-        ck = cfg.checkpointing
-        self.cfg = cfg
+    """``checkpointing``: the section; ``max_num_steps``: the loop's last step (always saved);
+    ``config_yaml``: the run's config, written into each checkpoint; ``run_config``: the same as plain data,
+    held against a checkpoint's on resume; ``dp_size`` and ``fsdp``: the
+    policy's layout, which a checkpoint to resume must have been written with."""
+
+    def __init__(self, checkpointing: CheckpointingConfig, checkpoint_dir: Path, *, max_num_steps: int,
+                 config_yaml: str, run_config: dict, dp_size: int, fsdp: bool):
+        ck = self.options = checkpointing
+        self.max_num_steps, self.config_yaml, self.dp_size, self.fsdp = max_num_steps, config_yaml, dp_size, fsdp
+        self.run_config = run_config
         self.manager = CheckpointManager(checkpoint_dir, ck.keep_top_k, ck.metric_name, ck.higher_is_better)
         self.workers: Workers | None = None
         self.prompts: Prompts | None = None
@@ -56,10 +64,10 @@ class Checkpoints:
             say(f"checkpoint {what}")
         latest = self.manager.latest()
         if latest is None:
+            say(f"checkpointing.resume=true: no checkpoint in {self.manager.dir} to resume; starting a fresh run")
             return None
         self.manager.load_info(latest)
-        p = self.cfg.policy
-        check_resume_layout(str(latest / "policy"), p.dp_size, p.dtensor_cfg.enabled)
+        check_resume_layout(str(latest / "policy"), self.dp_size, self.fsdp)
         sharded = (latest / "policy" / LAYOUT_FILE).is_file()  # FSDP: optimizer state in sharded/, no optimizer.pt
         if not sharded and not (latest / "policy" / "optimizer.pt").is_file():
             raise CheckpointError(f"checkpoint {latest}: policy/optimizer.pt is missing (an incomplete checkpoint); "
@@ -67,6 +75,13 @@ class Checkpoints:
         # Small: read them now, so that a damaged one is an error before any worker starts.
         self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
                               "rng": load_torch_state(latest / "rng.pt")}
+        # Every changed key is free, converted (the loader's batch size) or refused, in one line each.
+        check, lines = check_checkpoint_config(latest, self.run_config,
+                                               self._resume_state["dataloader"])
+        if check.refusals:
+            raise ConfigError(check.refusals)
+        for line in lines:
+            say(line)
         fix = ("resume with the policy settings of the run that wrote "
                f"it ({latest / 'config.yaml'}), or start a new run_dir")
         check_weights_fit(model, latest / "policy" / "weights", fix)
@@ -82,6 +97,8 @@ class Checkpoints:
         for name, group in self.workers.trained_groups().items():
             if (path / name).is_dir():
                 group.run("load", str(path / name))
+                if name in ("policy", "value"):  # loading restored the saved lr etc.: this run's apply
+                    group.run("apply_optimizer_settings", **self.run_config[name]["optimizer"])
         self.prompts.load_state_dict(self._resume_state["dataloader"])
         rng = self._resume_state["rng"]
         torch.set_rng_state(rng["torch"])
@@ -90,8 +107,8 @@ class Checkpoints:
         return info
 
     def due(self, step: int) -> bool:
-        ck = self.cfg.checkpointing
-        return ck.enabled and (step % ck.save_period == 0 or step == self.cfg.loop.max_num_steps)
+        ck = self.options
+        return ck.enabled and (step % ck.save_period == 0 or step == self.max_num_steps)
 
     def save(self, step: int, metrics: dict, info: dict) -> Path:
         """Write ``step_N`` with ``metrics`` ranked (``val:*``, ``train:*``) and ``info`` in training_info.json."""
@@ -103,7 +120,7 @@ class Checkpoints:
                 ranked["train:" + k.split("/", 1)[1]] = v
 
         def write(tmp: Path) -> None:
-            (tmp / "config.yaml").write_text(dump_config(self.cfg))
+            (tmp / "config.yaml").write_text(self.config_yaml)
             for name, group in self.workers.trained_groups().items():
                 group.run("save", str(tmp / name))
             kill_point("checkpoint_write")

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rlplane.config.schema import RunConfig
+from rlplane.config.loops import RolloutLoopConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.runtime.groups import LocalActor, RayActor
@@ -41,15 +41,16 @@ class Timer:
         return out
 
 
-def validate(cfg: RunConfig, rollout: LocalActor | RayActor, datums: list,
+def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
              data_plane: DataPlaneClient) -> tuple[dict[str, float], list[dict]]:
     """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
     the greedy answers as text (rows for samples.jsonl).
 
     As NeMo RL's ``validate_sync``: the rollout worker writes the samples' columns under keys of
     ``VAL_PARTITION``; the driver reads the rewards of the small carry only, and clears the partition.
+    ``loop``: the recipe's loop section (``max_val_samples``, ``val_batch_size``, ``val_num_generations_per_prompt``).
     """
-    g = cfg.loop
+    g = loop
     datums = datums[: g.max_val_samples]
     k = g.val_num_generations_per_prompt
     data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(datums) * (1 + (k > 1) * k))

@@ -1,5 +1,5 @@
 """The session's data: the training prompt stream (an endless pass over the loader) and the
-held-out problems, built from ``data.*`` before anything slow starts.
+held-out problems, built from ``data.*`` (``cfg.dataset_options()``) before anything slow starts.
 
 The stream also keeps the step's record for ``logs/prompts.jsonl`` (:meth:`Prompts.take_step_record`):
 every prompt the step drew, as ``[epoch, idx]`` in draw order, and those it trained on (dynamic
@@ -10,13 +10,13 @@ prompt of a run was trained exactly once, however often it was killed.
 
 from __future__ import annotations
 
-from rlplane.config.schema import RunConfig
+from rlplane.config.data import DatasetOptions
 from rlplane.datasets import build_datasets
 
 
 class Prompts:
-    def __init__(self, cfg: RunConfig, tokenizer):
-        self.loader, self.val_datums, self.stats = build_datasets(cfg, tokenizer)
+    def __init__(self, options: DatasetOptions, tokenizer):
+        self.loader, self.val_datums, self.stats = build_datasets(options, tokenizer)
         self._iter = iter(self.loader)
         self._drawn: list[list[int]] = []  # this step's draws, [epoch, idx]
         self._trained: list[int] | None = None  # positions in _drawn of the prompts trained on (None: all)

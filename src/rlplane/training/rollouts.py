@@ -1,7 +1,8 @@
 """Building blocks of an on-policy step (GRPO, PPO, distillation), each called from the recipe's
 step in the order things happen: rollouts with reward transforms and dynamic sampling, the sample
 mask stamped on the receipt, the optional sequence logprob-error filter, and the rollout metrics.
-Each reads its knobs from ``cfg.loop`` (the recipe's loop section).
+Those that take the session read their knobs from its ``cfg.loop`` (the recipe's loop section); the
+others take the loop section or the values they need.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rlplane.algorithms.filters import (
     scale_rewards,
     seq_logprob_error_mask,
 )
-from rlplane.config.schema import RunConfig
+from rlplane.config.loops import RolloutLoopConfig
 from rlplane.dataplane import KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, TOKEN_MASK
 from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
@@ -34,21 +35,23 @@ TRAIN_PARTITION = "train"
 REWARD_COMPONENT_PREFIX = "reward/"  # carry keys of per-sample reward components (GDPO)
 
 
-def transform_rewards(cfg: RunConfig, carry: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loop's reward scaling, then its reward shaping, of ``carry["rewards"]``.
+def transform_rewards(
+    loop: RolloutLoopConfig, max_total_sequence_length: int, carry: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop's reward scaling, then its reward shaping, of ``carry["rewards"]`` (shaping's
+    ``max_response_length`` defaults to ``max_total_sequence_length``).
 
     Returns ``(scaled, shaped)``, both (B,): dynamic sampling filters on ``scaled`` (the raw task
     reward, before length-dependent shaping; NeMo RL's ``unshaped_total_reward``), advantages use
     ``shaped``. Reward components (``reward/<name>``, for GDPO) are scaled in place like the total,
     as NeMo RL's ``scale_rewards`` does; shaping applies to the total only.
     """
-    g = cfg.loop
-    scaling = g.reward_scaling.model_dump()
+    scaling = loop.reward_scaling.model_dump()
     for key in [k for k in carry if k.startswith(REWARD_COMPONENT_PREFIX)]:
         carry[key] = scale_rewards(carry[key], **scaling)
     scaled = scale_rewards(carry["rewards"], **scaling)
-    shaping = g.reward_shaping.model_dump()
-    shaping["max_response_length"] = shaping["max_response_length"] or cfg.policy.max_total_sequence_length
+    shaping = loop.reward_shaping.model_dump()
+    shaping["max_response_length"] = shaping["max_response_length"] or max_total_sequence_length
     return scaled, apply_reward_shaping(scaled, carry["response_lengths"], carry["truncated"], **shaping)
 
 
@@ -94,7 +97,7 @@ def collect_rollouts(
         metrics.setdefault("reward", float(c["rewards"].mean()))  # before scaling and shaping, first batch
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
-        unshaped, c["rewards"] = transform_rewards(cfg, c)
+        unshaped, c["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, c)
         failures = add_failure_counts(failures, gen_metrics, c, drop_failed)
         if not g.use_dynamic_sampling and not drop_failed:
             metrics.update({**gen_metrics, **failures})
@@ -133,12 +136,12 @@ def collect_rollouts(
     return meta, carry
 
 
-def stamp_sample_mask(cfg: RunConfig, meta: KVBatchMeta,
+def stamp_sample_mask(overlong_filtering: bool, meta: KVBatchMeta,
                       carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
-    """The (B,) sample mask (``loss_multiplier``, times not-truncated with ``overlong_filtering``),
+    """The (B,) sample mask (``loss_multiplier``, times not-truncated with the loop's ``overlong_filtering``),
     stamped on the receipt's tags where the workers read it; returns the receipt and the mask."""
     sample_mask = carry["loss_multiplier"].clone()
-    if cfg.loop.overlong_filtering:
+    if overlong_filtering:
         sample_mask = overlong_filter_sample_mask(sample_mask, carry["truncated"])
     return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
 

@@ -3,7 +3,7 @@ per-step metrics (JSONL, TensorBoard, wandb / MLflow trackers) and the sample ta
 
 from __future__ import annotations
 
-from rlplane.config.schema import RunConfig
+from rlplane.config.logger import LoggerConfig
 from rlplane.utils.logging import MetricsLogger, text_table
 from rlplane.utils.progress import Progress
 from rlplane.utils.run_dir import RunPaths
@@ -11,12 +11,16 @@ from rlplane.utils.trackers import make_trackers
 
 
 class RunLog:
-    def __init__(self, cfg: RunConfig, paths: RunPaths, quiet: bool = False):
-        self.cfg, self.quiet = cfg, quiet
-        self.progress = Progress(cfg.loop.max_num_steps, cfg.algorithm, cfg.logger.log_every_n_steps,
-                                 enabled=not quiet, bar=cfg.logger.progress_bar)
-        trackers = make_trackers(cfg.logger, paths.run_dir.name, paths.log_dir, cfg.model_dump(mode="json"))
-        self.logger = MetricsLogger(paths.log_dir, cfg.logger.jsonl_enabled, cfg.logger.tensorboard_enabled, trackers)
+    """``logger``: the ``logger`` section; ``max_num_steps`` and ``algorithm`` label the progress line;
+    ``run_config``: the whole run config as plain data, which the trackers record with the run."""
+
+    def __init__(self, logger: LoggerConfig, paths: RunPaths, *, max_num_steps: int, algorithm: str,
+                 run_config: dict, quiet: bool = False):
+        self.options, self.quiet = logger, quiet
+        self.progress = Progress(max_num_steps, algorithm, logger.log_every_n_steps,
+                                 enabled=not quiet, bar=logger.progress_bar)
+        trackers = make_trackers(logger, paths.run_dir.name, paths.log_dir, run_config)
+        self.logger = MetricsLogger(paths.log_dir, logger.jsonl_enabled, logger.tensorboard_enabled, trackers)
         # (kind, rows) sample tables waiting for the next log() (validation and training samples), and
         # the last step logged (training samples are due by step).
         self.pending_samples: list[tuple[str, list[dict]]] = []
@@ -32,7 +36,7 @@ class RunLog:
 
     def train_samples_due(self) -> bool:
         """Whether the step being run writes its training samples (``logger.log_train_samples_every``)."""
-        every = self.cfg.logger.log_train_samples_every
+        every = self.options.log_train_samples_every
         return bool(every) and (self.last_logged_step + 1) % every == 0
 
     def log_prompts(self, step: int, record: dict) -> None:
@@ -44,7 +48,7 @@ class RunLog:
         self.last_logged_step = step
         for kind, rows in self.pending_samples:
             self.logger.log_samples(kind, step, rows)
-            n = self.cfg.logger.num_val_samples_to_print
+            n = self.options.num_val_samples_to_print
             if kind == "validation" and n and rows:
                 cols = [c for c in ("prompt", "completion", "ground_truth", "reward") if c in rows[0]]
                 where = self.logger.log_dir / "samples.jsonl"

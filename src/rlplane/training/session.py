@@ -10,7 +10,8 @@
 Each part has one job: :class:`Prompts` (data), :class:`Workers` (actors, through the runtime
 layer), :class:`Refit` (generator weights), :class:`Checkpoints` (save / restore), :class:`RunLog`
 (console, progress, metric sinks and trackers, sample tables: ``s.log``), :func:`warm_up` (the
-supervised warm-up).
+supervised warm-up). The session holds the run config; each part gets its own section (or the
+values it needs) from it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rlplane.config.loading import dump_config
 from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
-from rlplane.envs.user import check_user_tasks, user_task_error_in
+from rlplane.envs.user import EnvErrorWindow, check_user_tasks, user_task_error_in
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
@@ -38,7 +39,7 @@ from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources
 from rlplane.utils.heap import freeze_heap
 from rlplane.utils.kill_points import kill_point
-from rlplane.utils.run_dir import prepare_run_paths
+from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
 from rlplane.utils.threads import set_worker_threads
 
@@ -53,6 +54,7 @@ class Session:
         # Absolute, created and writable, and no earlier run there unless resuming: checked first.
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
+        self._holds_run_dir = True
         set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
@@ -63,13 +65,19 @@ class Session:
         self.workers = self.shared_paths = None
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
         self._stepped = False
-        self.checkpoints = Checkpoints(cfg, self.paths.checkpoint_dir)
+        p = cfg.policy
+        self.checkpoints = Checkpoints(cfg.checkpointing, self.paths.checkpoint_dir,
+                                       max_num_steps=cfg.loop.max_num_steps, config_yaml=dump_config(cfg),
+                                       run_config=cfg.model_dump(mode="json"),
+                                       dp_size=p.dp_size, fsdp=p.dtensor_cfg.enabled)
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)
         del model
-        self.prompts = Prompts(cfg, self.tokenizer)
+        self.prompts = Prompts(cfg.dataset_options(), self.tokenizer)
+        self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
-        self.log = RunLog(cfg, self.paths, quiet)
+        self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
+                          run_config=cfg.model_dump(mode="json"), quiet=quiet)
         for msg in self._early_messages:
             self.say(msg)
         if self.prompts.stats.get("skipped_overlong"):
@@ -204,7 +212,7 @@ class Session:
         """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
         answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
-        metrics, samples = validate(self.cfg, self.workers.rollout, self.prompts.val_datums, self.data_plane)
+        metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums, self.data_plane)
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 
@@ -232,6 +240,7 @@ class Session:
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
         self.log.log(metrics, step=done)
+        self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
         if (record := self.prompts.take_step_record()) is not None:
             self.log.log_prompts(done, record)
         kill_point("logged")  # a checkpoint not written yet: resuming drops the rows and redoes the step
@@ -289,6 +298,9 @@ class Session:
         if self._frozen:  # what the session held can be collected again (cycles among its objects too)
             gc.unfreeze()
             self._frozen = False
+        if self._holds_run_dir:  # the hold prepare_run_paths took
+            release_run_dir(self.run_dir)
+            self._holds_run_dir = False
 
     def __enter__(self) -> Session:
         return self

@@ -111,14 +111,19 @@ class CheckpointManager:
 
     def save(self, step: int, training_info: dict, write: Callable[[Path], None]) -> Path:
         """Create ``tmp_step_N``, let ``write`` fill it, fsync it, then rename it into place and prune."""
-        self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f"tmp_step_{step}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        write(tmp)
-        (tmp / "training_info.json").write_text(json.dumps(training_info, indent=2, sort_keys=True))
-        fsync_tree(tmp)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            write(tmp)
+            (tmp / "training_info.json").write_text(json.dumps(training_info, indent=2, sort_keys=True))
+            fsync_tree(tmp)
+        except OSError as e:  # a full disk, a quota, a mount gone read-only: one line, no half checkpoint
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"checkpoint {tmp}: cannot write it ({e.strerror or type(e).__name__}); free space "
+                                  "there or set checkpointing.checkpoint_dir elsewhere, then resume") from None
         kill_point("checkpoint_rename")
         final = self.dir / f"step_{step}"
         if final.exists():

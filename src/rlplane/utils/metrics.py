@@ -4,7 +4,9 @@ Loss-function metrics arrive already normalised by global counts, so a plain sum
 micro-batches of one global batch gives that global batch's value; with several global batches
 per step the sum is divided by their number, giving the mean over global batches (as NeMo RL).
 Extrema (`*_min`, `*_max`) are reduced with min/max, ignoring infinities (a micro-batch with no
-valid token reports +-inf); with none left they are reported as -1.
+valid token reports +-inf). A rank with no value keeps the neutral element (+inf for a min, -inf for a
+max) until the ranks are merged; only the merged value, if still none, is reported as -1, so a real
+-1 is never taken for "no value".
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def reduce_microbatch_metrics(per_mb: list[dict[str, torch.Tensor]], num_global_
         if key.endswith(("_min", "_max")):
             finite = vals[torch.isfinite(vals)]
             if finite.numel() == 0:
-                out[key] = -1.0
+                out[key] = math.inf if key.endswith("_min") else -math.inf
             else:
                 out[key] = float(finite.min() if key.endswith("_min") else finite.max())
         else:
@@ -32,20 +34,17 @@ def reduce_microbatch_metrics(per_mb: list[dict[str, torch.Tensor]], num_global_
 
 
 def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Combine the metrics of several DP ranks: sums add, extrema min/max, settings (lr) from rank 0."""
-    if len(per_rank) == 1:
-        return dict(per_rank[0])
+    """Combine the metrics of one or several DP ranks: sums add, extrema min/max over the ranks that have
+    one (none: -1), settings (lr) and global counts from rank 0."""
     out: dict[str, float] = {}
     same_on_every_rank = {"lr", "grad_norm", "global_valid_toks", "global_valid_seqs"}
     for key, first in per_rank[0].items():
         vals = [r[key] for r in per_rank]
         if key in same_on_every_rank:
             out[key] = first
-        elif key.endswith("_min"):
-            finite = [v for v in vals if math.isfinite(v) and v != -1.0]
-            out[key] = min(finite) if finite else -1.0
-        elif key.endswith("_max"):
-            out[key] = max(vals)
+        elif key.endswith(("_min", "_max")):
+            finite = [v for v in vals if math.isfinite(v)]
+            out[key] = (min(finite) if key.endswith("_min") else max(finite)) if finite else -1.0
         else:
-            out[key] = float(sum(vals))
+            out[key] = float(sum(vals)) if len(vals) > 1 else first
     return out

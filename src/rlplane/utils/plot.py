@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 # (title, [(metric key, label)]); a panel with several keys draws each, per run.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
@@ -28,15 +28,46 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
 TIMING_PREFIX = "timing/train/"
 
 
-def load_run(path: str | Path) -> tuple[str, list[dict]]:
-    """(run name, metric rows) of a run directory, its ``logs`` directory, or a ``metrics.jsonl``."""
+def load_run(path: str | Path, say=None) -> tuple[str, list[dict]]:
+    """(run name, metric rows) of a run directory, its ``logs`` directory, or a ``metrics.jsonl``. A last
+    line cut short (a run still writing, or killed mid-line) is skipped, and ``say`` is told so."""
     p = Path(path)
+    if not p.exists():
+        raise ConfigError([f"rlplane plot {path}: no such file or directory; pass a run directory"])
     for candidate in (p / "logs" / "metrics.jsonl", p / "metrics.jsonl", p):
         if candidate.is_file():
-            rows = [json.loads(line) for line in candidate.read_text().splitlines() if line.strip()]
             name = p.name if p.is_dir() else p.parent.name
-            return (name if name != "logs" else p.parent.name), rows
+            return (name if name != "logs" else p.parent.name), _read_metrics(candidate, say)
     raise ConfigError([f"rlplane plot {path}: no metrics.jsonl there (looked in {p / 'logs'}); pass a run directory"])
+
+
+def _read_metrics(path: Path, say) -> list[dict]:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError([f"rlplane plot {path}: cannot read it ({e.strerror or type(e).__name__})"]) from None
+    lines = data.split(b"\n")
+    rows = []
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        last = all(not r.strip() for r in lines[i:])
+        try:
+            row = json.loads(raw.decode("utf-8"))
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row")
+        except UnicodeDecodeError as e:
+            raise ConfigError([f"rlplane plot {path}, line {i}: not UTF-8 text (byte 0x{raw[e.start]:02x}); "
+                               "is it a metrics.jsonl that rlplane wrote?"]) from None
+        except ValueError:
+            if last:  # cut short by a run still writing or killed mid-line
+                if say is not None:
+                    say(f"rlplane plot: {path}, line {i}: incomplete last line, skipped")
+                continue
+            raise ConfigError([f"rlplane plot {path}, line {i}: not a metrics row (JSON object with a step); "
+                               "is it a metrics.jsonl that rlplane wrote?"]) from None
+        rows.append(row)
+    return rows
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -98,19 +129,37 @@ def figures(runs: list[tuple[str, list[dict]]]):
     return grid, singles
 
 
-def plot_runs(run_dirs: list[str], output: str | Path) -> tuple[Path, Path]:
-    """Write ``output`` (a PNG with every panel) and the same path with ``.html``. Returns both paths."""
+def plot_runs(run_dirs: list[str], output: str | Path, say=None) -> tuple[Path, Path]:
+    """Write ``output`` (a PNG with every panel) and the same path with ``.html``. Returns both paths.
+    ``say`` hears about skipped lines (an incomplete last line of a metrics file)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ConfigError(["rlplane plot: matplotlib is not installed; pip install 'rlplane[plot]'"]) from None
     import matplotlib.pyplot as plt
 
-    runs = [load_run(d) for d in run_dirs]
     png = Path(output)
-    png.parent.mkdir(parents=True, exist_ok=True)
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if png.suffix and png.suffix[1:].lower() not in kinds:
+        raise ConfigError([f"--output {output}: matplotlib cannot write {png.suffix!r} files; name a .png file "
+                           f"(or {', '.join('.' + k for k in sorted(kinds) if k != 'png')})"])
+    if png.is_dir():
+        raise ConfigError([f"--output {output}: is a directory; name a file, e.g. {png / 'plot.png'}"])
+    runs = [load_run(d, say) for d in run_dirs]
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        with open(png, "ab"):  # writable? checked before any drawing
+            pass
+    except OSError as e:
+        raise ConfigError([f"--output {output}: cannot write it ({e.strerror or type(e).__name__}); "
+                           "name a .png file in a writable directory"]) from None
     grid, singles = figures(runs)
-    grid.savefig(png, dpi=100)
+    try:
+        grid.savefig(png, dpi=100)
+    except OSError as e:
+        raise ConfigError([f"--output {output}: cannot write it ({e.strerror or type(e).__name__})"]) from None
     parts = []
     for title, fig in singles:
         buf = io.BytesIO()
@@ -121,7 +170,10 @@ def plot_runs(run_dirs: list[str], output: str | Path) -> tuple[Path, Path]:
         plt.close(fig)
     names = ", ".join(html.escape(f"{name} ({len(rows)} rows)") for name, rows in runs)
     page = png.with_suffix(".html")
-    page.write_text(f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rlplane plot</title></head>\n"
-                    f"<body style=\"font-family: sans-serif\">\n<h1>rlplane: {names}</h1>\n" + "\n".join(parts)
-                    + "\n</body></html>\n")
+    try:
+        page.write_text(f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rlplane plot</title></head>\n"
+                        f"<body style=\"font-family: sans-serif\">\n<h1>rlplane: {names}</h1>\n" + "\n".join(parts)
+                        + "\n</body></html>\n")
+    except OSError as e:
+        raise ConfigError([f"--output {output}: cannot write {page} ({e.strerror or type(e).__name__})"]) from None
     return png, page

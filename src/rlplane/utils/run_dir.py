@@ -9,16 +9,27 @@ a run starts, :func:`prepare_run_paths`:
 - creates them and writes a probe file in each, so a path that cannot be written (``/proc/...``,
   an existing file, a read-only mount) is a one-line error now rather than a traceback at the
   first checkpoint;
+- locks the run directory (:class:`RunLock`, an ``fcntl.flock`` on ``run_dir/.rlplane.lock`` held
+  while the run lives; the OS drops it when the process ends, however it ends), so a second run in
+  the same directory is refused in one line naming the holder's pid and host;
 - refuses a directory that holds an earlier run (its config, summary, checkpoints or metrics)
   unless the run resumes it (``checkpointing.resume=true``) or the user asked to replace it
-  (``rlplane train --overwrite``, which removes those files and nothing else).
+  (``rlplane train --overwrite``). Each run records what it writes in ``run_dir/.rlplane-run.json``
+  (the manifest); --overwrite deletes only what that manifest names, says each path it deletes, and
+  refuses files no manifest names (the user's own ``config.yaml`` in ``run_dir=.``, another run's
+  checkpoints under ``checkpointing.checkpoint_dir``).
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +38,9 @@ from rlplane.config.loading import ConfigError
 RUN_FILES = ("config.yaml", "summary.json")
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+SFT_DIR = "sft"
+LOCK_FILE = ".rlplane.lock"
+MANIFEST_FILE = ".rlplane-run.json"
 _CHECKPOINT_PREFIXES = ("step_", "tmp_step_", "old_step_")
 
 
@@ -70,46 +84,182 @@ def ensure_writable_dir(path: Path, key: str) -> None:
         raise ConfigError([f"{key} = {str(path)!r}: cannot write there ({_reason(e)}); {fix}"]) from None
 
 
-def earlier_run(paths: RunPaths) -> list[str]:
-    """What an earlier run left in these directories (relative names, for the message)."""
-    found = [n for n in RUN_FILES if (paths.run_dir / n).is_file()]
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``run_dir/.rlplane.lock`` for the run's life. The file holds the
+    holder's pid and host (for the refusal); the lock itself is the OS's, released when the file is
+    closed or the process ends (a crash or ``kill -9`` included), so a stale file never blocks a run.
+    Re-entrant within a process: the CLI and the training session both take it for one run."""
+
+    _held: dict[Path, tuple[int, int]] = {}  # run_dir -> (fd, depth) held by this process
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+
+    def acquire(self) -> RunLock:
+        if self.run_dir in RunLock._held:
+            fd, depth = RunLock._held[self.run_dir]
+            RunLock._held[self.run_dir] = (fd, depth + 1)
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError([f"run_dir = {str(self.run_dir)!r}: cannot create its lock file ({_reason(e)}); "
+                               "set run_dir to a directory you can write"]) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+            os.close(fd)
+            try:
+                who = json.loads(holder)
+                shown = f"pid {who['pid']} on host {who['host']}, started {who['started']}"
+            except (ValueError, KeyError, TypeError):
+                shown = "a process that has not written its pid yet"
+            raise ConfigError([f"run_dir = {str(self.run_dir)!r}: another rlplane run is using it ({shown}); "
+                               "wait for it to end or pick another run_dir"]) from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        RunLock._held[self.run_dir] = (fd, 1)
+        return self
+
+    def release(self) -> None:
+        if self.run_dir not in RunLock._held:
+            return
+        fd, depth = RunLock._held.pop(self.run_dir)
+        if depth > 1:
+            RunLock._held[self.run_dir] = (fd, depth - 1)
+            return
+        os.close(fd)  # closing the descriptor drops the flock
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Give back one hold of ``run_dir``'s lock taken by :func:`prepare_run_paths`."""
+    RunLock(Path(run_dir)).release()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What an rlplane run writes: files and directories by absolute path, and checkpoint directories
+    (``step_*``, ``tmp_step_*``, ``old_step_*``) under ``checkpoint_dir``. On disk, paths inside
+    run_dir are kept relative to it, so a run directory that is moved or copied still owns its files."""
+
+    paths: tuple[Path, ...]
+    checkpoint_dir: Path
+
+    @classmethod
+    def of(cls, paths: RunPaths) -> Manifest:
+        run, logs = paths.run_dir, paths.log_dir
+        owned = [run / n for n in (*RUN_FILES, SFT_DIR)] + [logs / METRICS_FILE, logs / TENSORBOARD_DIR]
+        return cls(tuple(owned), paths.checkpoint_dir)
+
+    def names(self, path: Path) -> bool:
+        return path in self.paths or (path.parent == self.checkpoint_dir and path.name.startswith(_CHECKPOINT_PREFIXES))
+
+    def write(self, run_dir: Path) -> None:
+        def rel(p: Path) -> str:
+            return str(p.relative_to(run_dir)) if p.is_relative_to(run_dir) else str(p)
+
+        data = {"written_by": "rlplane", "paths": [rel(p) for p in self.paths],
+                "checkpoint_dir": rel(self.checkpoint_dir)}
+        (run_dir / MANIFEST_FILE).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def read_manifest(run_dir: Path) -> Manifest | None:
+    """The manifest an earlier run left in ``run_dir`` (None: none, or not one rlplane wrote)."""
+    try:
+        data = json.loads((run_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+        return Manifest(tuple(run_dir / p for p in data["paths"]), run_dir / data["checkpoint_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def earlier_run(paths: RunPaths) -> list[Path]:
+    """What an earlier run left in these directories (absolute paths)."""
+    found = [paths.run_dir / n for n in RUN_FILES if (paths.run_dir / n).is_file()]
     if paths.checkpoint_dir.is_dir():
-        found += sorted(p.name for p in paths.checkpoint_dir.iterdir() if p.name.startswith(_CHECKPOINT_PREFIXES))
+        found += sorted(p for p in paths.checkpoint_dir.iterdir() if p.name.startswith(_CHECKPOINT_PREFIXES))
     metrics = paths.log_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
-        found.append(f"{paths.log_dir.name}/{METRICS_FILE}")
+        found.append(metrics)
     return found
 
 
-def remove_earlier_run(paths: RunPaths) -> None:
-    """Delete what :func:`earlier_run` finds (and the TensorBoard events), nothing else."""
-    for n in RUN_FILES:
-        (paths.run_dir / n).unlink(missing_ok=True)
-    if paths.checkpoint_dir.is_dir():
-        for p in paths.checkpoint_dir.iterdir():
-            if p.name.startswith(_CHECKPOINT_PREFIXES) and p.is_dir():
-                shutil.rmtree(p)
-    (paths.log_dir / METRICS_FILE).unlink(missing_ok=True)
-    shutil.rmtree(paths.log_dir / TENSORBOARD_DIR, ignore_errors=True)
+def _shown(found: list[Path], base: Path) -> str:
+    names = [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in found]
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
+def _foreign_message(paths: RunPaths, foreign: list[Path]) -> str:
+    """One line naming where the files that no manifest of run_dir names are, and whose they look."""
+    in_ck = [p for p in foreign if p.parent == paths.checkpoint_dir]
+    if in_ck:
+        owner = next((d for d in (paths.checkpoint_dir, *paths.checkpoint_dir.parents)
+                      if d != paths.run_dir and (m := read_manifest(d)) is not None and m.names(in_ck[0])), None)
+        whose = f"the run in {str(owner)!r}" if owner else "another run (run_dir's manifest does not name them)"
+        return (f"checkpointing.checkpoint_dir = {str(paths.checkpoint_dir)!r}: holds checkpoints of {whose} "
+                f"({_shown(in_ck, paths.checkpoint_dir)}); rlplane will not delete or mix with them: "
+                "pick another checkpoint_dir (or resume that run from its own run_dir)")
+    d = foreign[0].parent
+    key = "run_dir" if d == paths.run_dir else "logger.log_dir"
+    return (f"{key} = {str(d)!r}: holds {_shown(foreign, d)}, which no earlier rlplane run there wrote (its "
+            f"{MANIFEST_FILE} does not name them); rlplane would replace them: pick another {key}, or move them")
+
+
+def remove_earlier_run(paths: RunPaths, manifest: Manifest, found: list[Path], say=None) -> None:
+    """Delete the earlier run's files that the manifest names (and its TensorBoard events), saying each."""
+    say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+    tb = paths.log_dir / TENSORBOARD_DIR
+    for p in [*found, *([tb] if tb.exists() and manifest.names(tb) else [])]:
+        say(f"rlplane: --overwrite: deleting {p}")
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def prepare_run_paths(cfg, *, overwrite: bool = False) -> RunPaths:
-    """Resolve, create and probe the run's directories; refuse an earlier run there unless the run
-    resumes (``checkpointing.resume``) or ``overwrite`` (which removes the earlier run's files)."""
+    """Resolve, create and probe the run's directories, lock run_dir (see :class:`RunLock`; give it
+    back with :func:`release_run_dir`); refuse an earlier run there unless the run resumes
+    (``checkpointing.resume``) or ``overwrite`` (which removes what the earlier run's manifest names)."""
     paths = run_paths(cfg)
     ensure_writable_dir(paths.run_dir, "run_dir")
     if cfg.checkpointing.enabled or cfg.checkpointing.resume:
         ensure_writable_dir(paths.checkpoint_dir, "checkpointing.checkpoint_dir")
     ensure_writable_dir(paths.log_dir, "logger.log_dir")
+    lock = RunLock(paths.run_dir).acquire()  # before anything in run_dir is judged or deleted
+    try:
+        _check_earlier_run(cfg, paths, overwrite)
+    except BaseException:
+        lock.release()
+        raise
+    return paths
+
+
+def _check_earlier_run(cfg, paths: RunPaths, overwrite: bool) -> None:
+    mine = Manifest.of(paths)
     if cfg.checkpointing.resume:
-        return paths
+        if read_manifest(paths.run_dir) is None:
+            mine.write(paths.run_dir)
+        return
     found = earlier_run(paths)
+    manifest = read_manifest(paths.run_dir)
+    foreign = [p for p in found if manifest is None or not manifest.names(p)]
+    if foreign:
+        raise ConfigError([_foreign_message(paths, foreign)])
     if found and not overwrite:
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
         raise ConfigError([
-            f"run_dir = {str(paths.run_dir)!r}: holds an earlier run ({shown}); pick a new run_dir, continue it "
-            "with checkpointing.resume=true, or replace it with rlplane train --overwrite"
+            f"run_dir = {str(paths.run_dir)!r}: holds an earlier run ({_shown(found, paths.run_dir)}); pick a new "
+            "run_dir, continue it with checkpointing.resume=true, or replace it with rlplane train --overwrite"
         ])
     if found:
-        remove_earlier_run(paths)
-    return paths
+        remove_earlier_run(paths, manifest, found)
+    mine.write(paths.run_dir)

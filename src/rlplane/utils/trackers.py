@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
+from rlplane.utils.run_dir import ensure_writable_dir
 
 INSTALL_HINT = "pip install 'rlplane[trackers]'"
 
@@ -57,7 +58,7 @@ class WandbSink:
     def __init__(self, cfg, run_name: str, log_dir: Path, config: dict):
         self._wandb = _lazy_import("wandb", "logger.wandb_enabled")
         where = Path(cfg.dir) if cfg.dir else log_dir
-        where.mkdir(parents=True, exist_ok=True)
+        ensure_writable_dir(where, "logger.wandb.dir")
         try:
             self.run = self._wandb.init(project=cfg.project, name=cfg.name or run_name, entity=cfg.entity,
                                         dir=str(where), config=config)
@@ -94,11 +95,16 @@ class MlflowSink:
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps the file store working but in "maintenance mode" behind this opt-in.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(uri)
-        exp = self.client.get_experiment_by_name(cfg.experiment_name)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
-            cfg.experiment_name, artifact_location=(log_dir / "mlflow-artifacts").resolve().as_uri())
-        self.run_id = self.client.create_run(exp_id, run_name=cfg.run_name or run_name).info.run_id
+        try:
+            self.client = MlflowClient(uri)
+            exp = self.client.get_experiment_by_name(cfg.experiment_name)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
+                cfg.experiment_name, artifact_location=(log_dir / "mlflow-artifacts").resolve().as_uri())
+            self.run_id = self.client.create_run(exp_id, run_name=cfg.run_name or run_name).info.run_id
+        except Exception as e:  # a tracking path that cannot be created, a server that is not there
+            raise ConfigError([f"logger.mlflow.tracking_uri = {uri!r}: MLflow cannot use it ({type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:200]}); point it at a writable path or a running "
+                               "server"]) from None
         params = [Param(_MLFLOW_BAD.sub("_", k), str(v)[:500]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])

@@ -217,6 +217,10 @@ class PolicyWorker:
         (rank 0 only; under FSDP every rank gathers the weights and writes its optimizer shard)."""
         self.trainer.save(path, self.tokenizer, self.frozen_models())
 
+    def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
+        """After a resume: this run's optimizer settings replace the checkpoint's (``Trainer``'s)."""
+        self.trainer.apply_optimizer_settings(lr, weight_decay, betas, eps)
+
     def load(self, path: str) -> None:
         self.trainer.load(path, self._load_weights, self.frozen_models())
 

@@ -87,12 +87,13 @@ class Trainer:
         per_rank_gbs = global_batch_size // self.rank.world_size
         num_gb = max(1, len(token_mask) // per_rank_gbs)
         metrics_per_mb: list[dict[str, torch.Tensor]] = []
-        grad_norms = []
+        grad_norms, valid_counts = [], []
         for g in range(num_gb):
             gb = slice(g * per_rank_gbs, (g + 1) * per_rank_gbs)
             tm = token_mask[gb].float() * sample_mask[gb, None]
             counts = self.rank.all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
             global_toks, global_seqs = counts[0], counts[1]
+            valid_counts.append(counts)
             self.optimizer.zero_grad(set_to_none=True)
             for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
                 value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
@@ -107,9 +108,21 @@ class Trainer:
         out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
         out["grad_norm"] = float(torch.stack(grad_norms).mean())
         out["lr"] = self.optimizer.param_groups[0]["lr"]
-        out["global_valid_toks"] = float(global_toks)
-        out["global_valid_seqs"] = float(global_seqs)
+        # Mean over the step's global batches, as grad_norm (NeMo RL reports their mean too).
+        mean_toks, mean_seqs = torch.stack(valid_counts).float().mean(0).tolist()
+        out["global_valid_toks"], out["global_valid_seqs"] = mean_toks, mean_seqs
         return out
+
+    def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
+        """After a resume: the run's optimizer settings replace the saved ones that loading the optimizer
+        and scheduler state restored; the learning rate follows the schedule from its restored step."""
+        groups = self.optimizer.param_groups
+        for g in groups:
+            g.update(initial_lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        self.scheduler.base_lrs = [lr] * len(groups)
+        for g, factor in zip(groups, (f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas)):
+            g["lr"] = lr * factor
+        self.scheduler._last_lr = [g["lr"] for g in groups]
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def save(self, path: str, tokenizer, frozen: dict[str, torch.nn.Module]) -> None:

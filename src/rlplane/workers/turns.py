@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from rlplane.data.datum import DatumSpec
+from rlplane.envs.user import EnvReturnError
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
 from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
 
@@ -294,7 +295,7 @@ def _step_task(env, task: str, states: list[SampleState], rows: list[int], timeo
     problems: dict[int, str] = {}
     try:
         outcomes = [(rows, step([states[i] for i in rows]))]
-    except DeadlineExceeded:
+    except (DeadlineExceeded, EnvReturnError):
         raise
     except Exception:  # isolate the samples that break the environment
         outcomes = []
@@ -324,6 +325,9 @@ def _checked_step(env, task: str, batch: list[SampleState]):
     if not all(hasattr(ret, f) for f in fields):
         raise TypeError(f"environment {task!r} returned a {type(ret).__name__}, not an EnvironmentReturn")
     rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1).tolist()
+    if len(rewards) == 1 and n > 1:  # a batch-level score: stepping each sample alone would hand it to each
+        raise EnvReturnError(f"environment {task!r} ({type(env).__module__}.{type(env).__qualname__}) returned one "
+                             f"reward for {n} samples; return one reward per sample (shape ({n},))")
     terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
     lengths = {"rewards": len(rewards), "terminateds": len(terminated), "observations": _len(ret.observations)}
     for optional in ("metadata", "next_stop_strings"):  # None means "unchanged" / "no stop strings"

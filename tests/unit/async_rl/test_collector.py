@@ -31,7 +31,7 @@ def make_cfg(*extra):
 def make_collector(*extra, start_version=0):
     cfg = make_cfg(*extra)
     _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    loader, _, _ = build_datasets(cfg, tok)
+    loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     plane = make_data_plane("memory")  # the run's shared plane; the collector registers its partition
     return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0, data_plane=plane, partition_id="train"), loader
 

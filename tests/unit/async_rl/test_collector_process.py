@@ -21,7 +21,7 @@ from .test_collector import G, P, make_cfg
 def start_collector(plane, start_version=0, state_file=None):
     cfg = make_cfg()
     _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    loader, _, _ = build_datasets(cfg, tok)
+    loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     actor = make_actor("local", AsyncTrajectoryCollector, dict(cfg=cfg, loader=loader, start_version=start_version,
                                                                seed=0, data_plane=plane, partition_id="train"),
                        process=True)

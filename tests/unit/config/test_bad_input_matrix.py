@@ -301,6 +301,8 @@ def _snapshot(*roots: Path) -> dict[str, str]:
     for root in roots:
         for dirpath, _, files in os.walk(root):
             for f in files:
+                if f == ".rlplane.lock":  # the run-dir lock: rlplane's own, rewritten by every run that takes it
+                    continue
                 p = os.path.join(dirpath, f)
                 with open(p, "rb") as fh:
                     out[p] = hashlib.sha1(fh.read()).hexdigest()

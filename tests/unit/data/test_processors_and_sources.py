@@ -66,7 +66,7 @@ def test_jsonl_rows_route_to_several_environments(tmp_path):
         {"problem": "3+3=", "answer": "6", "task_name": "arithmetic"},
     ])
     cfg = _cfg("data.dataset=jsonl", f"data.train.path={f}")
-    loader, val, _ = build_datasets(cfg, build_char_tokenizer())
+    loader, val, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer())
     assert [d.task_name for d in val] == ["arithmetic", "math", "arithmetic"]
 
 
@@ -74,7 +74,7 @@ def test_unknown_task_name_is_one_line_error(tmp_path):
     f = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "1+1=", "answer": "2", "task_name": "chess"}])
     cfg = _cfg("data.dataset=jsonl", f"data.train.path={f}")
     with pytest.raises(UnknownEnvironmentError) as e:
-        build_datasets(cfg, build_char_tokenizer())
+        build_datasets(cfg.dataset_options(), build_char_tokenizer())
     assert "task_name 'chess' has no environment" in str(e.value) and str(f) in str(e.value)
 
 
@@ -89,12 +89,12 @@ def test_hf_local_files_json_csv_parquet(tmp_path):
     cfg = _cfg("data.dataset=hf", f"data.train.path={tmp_path / 'train.parquet'}", *keys,
                f"data.validation.path={tmp_path / 'val.csv'}", "data.validation.problem_key=question",
                "data.validation.answer_key=solution", prompts=2)
-    loader, val, _ = build_datasets(cfg, build_char_tokenizer())
+    loader, val, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer())
     assert len(loader.dataset) == 4 and [d.ground_truth for d in val] == ["6", "8"]
 
     cfg = _cfg("data.dataset=hf", f"data.train.path={tmp_path / 'train.parquet'}", prompts=2)
     with pytest.raises(DatasetError) as e:
-        build_datasets(cfg, build_char_tokenizer())
+        build_datasets(cfg.dataset_options(), build_char_tokenizer())
     assert "no column 'problem' (columns: question, solution); set data.train.problem_key" in str(e.value)
 
 
@@ -102,13 +102,13 @@ def test_reasoning_gym_rows_are_seeded_and_held_out_disjoint():
     pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
     cfg = _cfg("data.dataset=reasoning_gym", "data.reasoning_gym.train_size=50", "data.reasoning_gym.val_size=10",
                prompts=4)
-    loader, val, _ = build_datasets(cfg, build_char_tokenizer())
+    loader, val, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer())
     assert len(val) == 10 and all(d.task_name == "reasoning_gym" for d in val)
     entry = val[0].extra_env_info["entry"]
     assert entry["metadata"]["source_dataset"] == "basic_arithmetic" and val[0].ground_truth == str(entry["answer"])
     held_out = {d.extra_env_info["entry"]["question"] for d in val}
     assert not held_out & {d.extra_env_info["entry"]["question"] for d in loader.dataset.datums}
-    _, again, _ = build_datasets(cfg, build_char_tokenizer(), train=False)
+    _, again, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer(), train=False)
     assert [d.ground_truth for d in again] == [d.ground_truth for d in val]  # same seed, same problems
 
 
@@ -123,7 +123,7 @@ def test_reasoning_gym_env_scores_with_task_verifier():
     assert extract_answer("steps\nSo, the final answer is 12.\nThanks") == "12"
     assert extract_answer("The answer is: $-3.5$.") == "-3.5"
     cfg = _cfg("data.dataset=reasoning_gym", "data.reasoning_gym.val_size=2")
-    _, val, _ = build_datasets(cfg, build_char_tokenizer(), train=False)
+    _, val, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer(), train=False)
     env = create_env("reasoning_gym", **cfg.env.env_kwargs("reasoning_gym"))
     try:
         gts = [d.ground_truth for d in val]

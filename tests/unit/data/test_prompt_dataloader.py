@@ -56,3 +56,54 @@ def test_errors(dataset):
     loader = PromptDataLoader(dataset, 8, seed=1)
     with pytest.raises(DatasetError, match="saved with seed 3"):
         loader.load_state_dict({"epoch": 0, "batches_done_in_epoch": 1, "seed": 3})
+
+
+@pytest.fixture(scope="module")
+def dataset24():
+    return ArithmeticDataset(build_char_tokenizer(), num_problems=24, seed=0)
+
+
+def _draws(loader, steps):
+    return [(d.epoch, d.idx) for _ in range(steps) for d in next(loader)]
+
+
+@pytest.mark.parametrize("new_size", [3, 8])
+def test_resume_at_another_batch_size_continues_at_the_next_draw(dataset24, new_size):
+    # 24 prompts, 2 steps of 4 (positions 0..7 of epoch 0's permutation), resumed at new_size per step:
+    # epoch 0 continues at position 8; its tail shorter than a batch is dropped as in any epoch
+    # (3 per step: 16 left = 5 batches + 1 dropped; 8 per step: 2 batches, none dropped).
+    first = PromptDataLoader(dataset24, 4, seed=1)
+    before = _draws(first, 2)
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    resumed = PromptDataLoader(dataset24, new_size, seed=1)
+    resumed.load_state_dict(state)
+    batches_left = (24 - 8) // new_size
+    assert len(resumed) - resumed.batches_done_in_epoch == batches_left
+    after = _draws(resumed, batches_left + 1)
+    epoch0 = before + [d for d in after if d[0] == 0]
+    order = PromptDataLoader(dataset24, 1, seed=1)._epoch_order(0)
+    assert [i for _, i in epoch0] == order[: 8 + batches_left * new_size]  # each drawn once, in order
+    assert [e for e, _ in after[batches_left * new_size:]] == [1] * new_size  # then epoch 1 from its start
+    assert [i for _, i in after[batches_left * new_size:]] == PromptDataLoader(dataset24, 1, seed=1)._epoch_order(1)[
+        :new_size]
+
+
+@pytest.mark.parametrize("new_size", [3, 8])
+def test_old_batch_count_state_is_read_at_its_own_batch_size(dataset24, new_size):
+    # A state that counted batches (2 batches of 4) names position 8, whatever the new batch size.
+    reference = PromptDataLoader(dataset24, new_size, seed=1)
+    reference.prompts_done_in_epoch = 8
+    old = PromptDataLoader(dataset24, new_size, seed=1)
+    old.load_state_dict({"epoch": 0, "batches_done_in_epoch": 2, "seed": 1, "num_prompts_per_batch": 4})
+    assert _draws(old, 3) == _draws(reference, 3)
+    same = PromptDataLoader(dataset24, 4, seed=1)  # no batch size saved: this loader's (unchanged run)
+    same.load_state_dict({"epoch": 0, "batches_done_in_epoch": 2, "seed": 1})
+    assert same.prompts_done_in_epoch == 8
+
+
+def test_state_from_another_permutation_is_refused(dataset, dataset24):
+    state = PromptDataLoader(dataset24, 4, seed=1).state_dict()
+    with pytest.raises(DatasetError, match="saved with dataset_size 24, this run has dataset_size 50"):
+        PromptDataLoader(dataset, 4, seed=1).load_state_dict(state)
+    with pytest.raises(DatasetError, match="saved with shuffle True, this run has shuffle False"):
+        PromptDataLoader(dataset24, 4, seed=1, shuffle=False).load_state_dict(state)

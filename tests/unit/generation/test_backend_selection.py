@@ -3,6 +3,7 @@ optional extra is a one-line config error that says how to install it."""
 
 import pytest
 
+from rlplane import extras
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.generation import HFGenerationBackend, create_backend, vllm_backend
 from rlplane.models import build_char_tokenizer, build_tiny_llama
@@ -25,7 +26,7 @@ def test_unknown_backend_is_an_error():
 
 
 def test_vllm_missing_is_a_config_error_with_the_install_command(monkeypatch):
-    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
+    monkeypatch.setattr(extras, "vllm_available", lambda: False)
     with pytest.raises(ConfigError) as e:
         load_config(overrides=["policy.generation.backend=vllm"])
     msg = str(e.value)

@@ -166,16 +166,15 @@ def test_a_constructor_that_failed_early_closes_cleanly():
 
 
 def test_sleep_mode_with_async_grpo_is_a_config_error():
-    # Checked through the async rules directly: backend=vllm cannot load where vllm is not installed.
+    # Checked through the async rule directly: backend=vllm cannot load where vllm is not installed.
     from types import SimpleNamespace as NS
 
-    from rlplane.config.schema import _async_grpo_errors
+    from rlplane.config.rules import async_without_vllm_sleep
 
     def cfg(sleep):
-        return NS(loss_fn=NS(use_importance_sampling_correction=True, force_on_policy_ratio=False),
-                  grpo=NS(use_dynamic_sampling=False),
+        return NS(algorithm="grpo", grpo=NS(async_grpo=NS(enabled=True)),
                   policy=NS(generation=NS(backend="vllm", vllm_cfg=NS(enable_sleep_mode=sleep))))
 
-    assert _async_grpo_errors(cfg(False)) == []
-    (err,) = _async_grpo_errors(cfg(True))
+    assert async_without_vllm_sleep(cfg(False)) == []
+    (err,) = async_without_vllm_sleep(cfg(True))
     assert err.startswith("policy.generation.vllm_cfg.enable_sleep_mode cannot run with grpo.async_grpo.enabled")

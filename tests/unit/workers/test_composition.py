@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import rlplane
 from rlplane.config.loading import load_config
 from rlplane.training.workers import policy_options, teacher_options, value_options
 from rlplane.workers.packing import MicroBatch
@@ -29,6 +31,12 @@ def test_the_teacher_offers_only_what_a_frozen_scorer_can_do():
     for method in ("train", "get_weights", "set_weights", "setup_distributed", "shard_models"):
         assert not hasattr(TeacherWorker, method), method
     assert {"compute_logprobs", "save", "load", "ping", "placement"} <= set(dir(TeacherWorker))
+
+
+@pytest.mark.parametrize("module", ["workers/policy.py", "workers/value.py", "workers/teacher.py", "workers/rank.py",
+                                    "workers/trainer.py", "workers/scorer.py", "models/configured.py"])
+def test_workers_and_model_loading_never_name_the_run_config(module):
+    assert "RunConfig" not in (Path(rlplane.__file__).parent / module).read_text(encoding="utf-8")
 
 
 def test_model_loading_does_not_import_the_workers():

@@ -47,7 +47,7 @@ def worker_and_prompts(*extra):
                              "policy.train_global_batch_size=8", "data.num_train_samples=64",
                              "policy.generation.max_new_tokens=3", *extra])
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    loader, _, _ = build_datasets(cfg, tok)
+    loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     return RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
 
 

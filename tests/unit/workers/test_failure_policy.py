@@ -54,7 +54,7 @@ def worker_and_prompts(*extra):
                              "policy.train_global_batch_size=8", "data.num_train_samples=64",
                              "policy.generation.max_new_tokens=3", *extra])
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    loader, _, _ = build_datasets(cfg, tok)
+    loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     return RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
 
 
@@ -124,11 +124,11 @@ def test_async_collector_drops_groups_with_a_failed_sample(flaky):
                              "loss_fn.use_importance_sampling_correction=true",
                              "grpo.rollout_failure_policy=drop_group"])
     _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    loader, _, _ = build_datasets(cfg, tok)
+    loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     from rlplane.dataplane import make_data_plane
 
     c = AsyncTrajectoryCollector(cfg, loader, 0, seed=0, data_plane=make_data_plane("memory"), partition_id="train")
-    first = next(build_datasets(cfg, tok)[0])  # the collector's first batch of prompts
+    first = next(build_datasets(cfg.dataset_options(), tok)[0])  # the collector's first batch of prompts
     flaky.always_fail = {first[0].ground_truth, first[2].ground_truth}
     generate_batch(c, target=0, needed=4)
     kept = [g.prompt_idx for g in c.buffer._groups]

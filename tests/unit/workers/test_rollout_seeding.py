@@ -22,7 +22,7 @@ def setup():
                              "policy.train_global_batch_size=12", "data.num_train_samples=64",
                              "policy.generation.max_new_tokens=6"])
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    loader, _, _ = build_datasets(cfg, tok)
+    loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     datums = next(loader) + next(loader)  # 8 prompts
     return cfg, model, tok, datums
 
