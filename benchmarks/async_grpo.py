@@ -54,12 +54,12 @@ import torch  # noqa: E402
 
 from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.envs import ArithmeticEnv, register_env  # noqa: E402
+from rlplane.models.configured import load_configured_policy  # noqa: E402
 from rlplane.recipes import async_grpo, grpo  # noqa: E402
 from rlplane.training.prompts import Prompts  # noqa: E402
 from rlplane.training.session import Session  # noqa: E402
 from rlplane.training.warmup import warm_up  # noqa: E402
 from rlplane.utils.logging import read_metrics  # noqa: E402
-from rlplane.workers.base import load_configured_policy  # noqa: E402
 
 
 class SlowJudgeEnv(ArithmeticEnv):

@@ -70,9 +70,9 @@ def main() -> None:
     from rlplane.config.loading import load_config
     from rlplane.dataplane import make_data_plane
     from rlplane.datasets import build_datasets
+    from rlplane.models.configured import load_configured_policy
     from rlplane.runtime.groups import init_ray
     from rlplane.training.rollouts import TRAIN_PARTITION
-    from rlplane.workers.base import load_configured_policy
 
     init_ray(num_cpus=args.cores)
     cfg = config(args, 1, load_config)

@@ -28,9 +28,9 @@ from rlplane.config.loading import load_config  # noqa: E402
 from rlplane.data.arithmetic import ArithmeticDataset, ArithmeticSpec  # noqa: E402
 from rlplane.envs import create_env  # noqa: E402
 from rlplane.generation.hf import HFGenerationBackend  # noqa: E402
+from rlplane.models.configured import load_configured_policy  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
-from rlplane.workers.base import load_configured_policy  # noqa: E402
 from rlplane.workers.policy import (
     ClippedPGLoss,  # noqa: E402
     token_logprobs,  # noqa: E402

@@ -138,7 +138,7 @@ def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
     """The default job's first ``steps`` training batches, in order, as TRL dataset rows."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = rlplane_config(tmp, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
-        from rlplane.workers.base import load_configured_policy
+        from rlplane.models.configured import load_configured_policy
 
         _, tok = load_configured_policy(cfg)
         loader, _, _ = build_datasets(cfg.dataset_options(), tok)

@@ -116,15 +116,15 @@ def cmd_sft(args) -> int:
 def _sft(cfg, args, paths) -> int:
     from rlplane.config.loading import dump_config
     from rlplane.fast.threads import set_worker_threads
+    from rlplane.models.configured import load_configured_policy
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
     from rlplane.utils.seeding import seed_everything
-    from rlplane.workers.base import load_configured_policy
 
     out = paths.run_dir / "sft"
     set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
 
     def say(msg: str) -> None:
         if not args.quiet:
@@ -279,7 +279,8 @@ def cmd_export(args) -> int:
             from rlplane.config.loading import load_config
             from rlplane.models.lora import export_merged
 
-            export_merged(str(ckpt), str(tmp), load_config(str(ckpt / "config.yaml"), []))
+            run_cfg = load_config(str(ckpt / "config.yaml"), [])
+            export_merged(str(ckpt), str(tmp), run_cfg.policy, run_cfg.loop.seed)
         else:
             shutil.copytree(weights, tmp)
         if out.exists():

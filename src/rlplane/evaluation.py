@@ -59,14 +59,14 @@ def evaluate(
     """Greedy accuracy (and pass@k over ``k`` sampled responses when ``k > 1``) of ``cfg``'s model on
     ``num_problems`` held-out problems (default ``max_val_samples``). Returns the result dict."""
     from rlplane.datasets import build_datasets
+    from rlplane.models.configured import load_configured_policy
     from rlplane.utils.seeding import seed_everything
-    from rlplane.workers.base import load_configured_policy
     from rlplane.workers.rollout import RolloutWorker
 
     t0 = time.perf_counter()
     set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
-    model, tokenizer = load_configured_policy(cfg)
+    model, tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
     # Room for any prompt: the sequence cap below is set from the longest one.
     roomy = dataclasses.replace(cfg.dataset_options(), max_prompt_length=(1 << 20) - 1)
     _, datums, _ = build_datasets(roomy, tokenizer, train=False)

@@ -9,6 +9,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.recipes.grpo import TRAIN_COLUMNS
 from rlplane.runtime.groups import RayGroup
+from rlplane.training.workers import policy_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 GBS = 32
@@ -45,7 +46,7 @@ def test_one_and_two_dp_workers_give_the_same_step(ray_session):
     meta = _batch(client)
     loss = ClippedPGLoss(cfg.loss_fn.options(), reference=cfg.loss_fn.reference_policy_kl_penalty != 0)
 
-    single = PolicyWorker(cfg, client, rank=0, world_size=1)
+    single = PolicyWorker(policy_options(cfg), client, rank=0, world_size=1)
     init = single.get_weights()
     single.compute_logprobs(meta, out_field="prev_logprobs")
     one = single.train(meta, loss)

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
+from rlplane.training.workers import policy_options, value_options
 from rlplane.workers.parallel import check_resume_layout, local_state_bytes
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
@@ -87,14 +88,14 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
     cfg = _cfg(world)
     loss_kwargs = _loss(cfg)
     client = make_data_plane("memory")  # each process holds the same batch; it reads only its shard
-    w = PolicyWorker(cfg, client, rank=rank, world_size=world)
+    w = PolicyWorker(policy_options(cfg), client, rank=rank, world_size=world)
     w.setup_distributed(f"127.0.0.1:{port}")
-    res: dict = {"memory": local_state_bytes(w.model, w.optimizer)}
+    res: dict = {"memory": local_state_bytes(w.model, w.trainer.optimizer)}
 
     meta = _batch(client)
     shard = shard_meta_for_dp(meta, world, batch_size=GBS)[0][rank]
     res["metrics"] = _step(w, shard, loss_kwargs)
-    res["memory_after"] = local_state_bytes(w.model, w.optimizer)
+    res["memory_after"] = local_state_bytes(w.model, w.trainer.optimizer)
     res["grads"] = _full_grads(w.model)
     res["weights"] = w.get_weights()  # a gather: every rank calls it, rank 0 gets the weights
 
@@ -107,15 +108,15 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
     ckpt = os.path.join(out_dir, "ckpt")
     w.save(ckpt)
     res["next"] = _step(w, shard, loss_kwargs)
-    fresh = PolicyWorker(cfg, client, rank=rank, world_size=world)
-    fresh.group = w.group
+    fresh = PolicyWorker(policy_options(cfg), client, rank=rank, world_size=world)
+    fresh.dp_rank.group = w.dp_rank.group
     fresh.shard_models()
     fresh.load(ckpt)
     res["resumed"] = _step(fresh, shard, loss_kwargs)
 
     # The critic shards the same way: values and one value-loss step match the unsharded critic.
-    critic = ValueWorker(_cfg(world, ppo=True), client, rank=rank, world_size=world)
-    critic.group = w.group
+    critic = ValueWorker(value_options(_cfg(world, ppo=True)), client, rank=rank, world_size=world)
+    critic.dp_rank.group = w.dp_rank.group
     critic.shard_models()
     res["critic"] = _critic_step(critic, client, shard)
 
@@ -146,16 +147,17 @@ def fsdp_run(tmp_path_factory):
 
     cfg = _cfg(1)
     client = make_data_plane("memory")
-    single = PolicyWorker(cfg, client)
-    memory = local_state_bytes(single.model, single.optimizer)
+    single = PolicyWorker(policy_options(cfg), client)
+    memory = local_state_bytes(single.model, single.trainer.optimizer)
     meta = _batch(client)
     metrics = _step(single, meta, _loss(cfg))
-    one = {"metrics": metrics, "memory": memory, "memory_after": local_state_bytes(single.model, single.optimizer),
+    one = {"metrics": metrics, "memory": memory,
+           "memory_after": local_state_bytes(single.model, single.trainer.optimizer),
            "grads": _full_grads(single.model), "weights": single.get_weights()}
     infer = _batch(client, n=N_INFER, seed=1, partition="infer")
     single.compute_logprobs(infer, out_field="prev_logprobs")
     one["infer"] = dict(zip(infer.sample_ids, client.get_samples(infer, "infer", ["prev_logprobs"])["prev_logprobs"]))
-    critic = ValueWorker(_cfg(1, ppo=True), client)
+    critic = ValueWorker(value_options(_cfg(1, ppo=True)), client)
     one["critic"] = _critic_step(critic, client, meta)
     return ranks, one, out
 

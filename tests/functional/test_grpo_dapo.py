@@ -159,7 +159,7 @@ def test_gdpo_trains_on_the_arithmetic_reward_components(tmp_path):
 
 
 def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_path, first_digit_env):
-    from rlplane.algorithms import reinforce_plus_plus_advantages
+    from rlplane.algorithms import KLInReward, reinforce_plus_plus_advantages
     from rlplane.recipes.grpo import TRAIN_COLUMNS, grpo_step
     from rlplane.training import Timer
     from rlplane.training.advantages import estimator_advantages
@@ -183,7 +183,8 @@ def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_p
                                         ["token_mask", "prev_logprobs", "reference_policy_logprobs"])
         mask = cols["token_mask"].float()
         expected = reinforce_plus_plus_advantages(
-            carry["group"], carry["rewards"], mask, kl_penalty=0.05, prev_logprobs=cols["prev_logprobs"],
+            carry["group"], carry["rewards"], mask, kl_in_reward=KLInReward(0.05),
+            prev_logprobs=cols["prev_logprobs"],
             reference_logprobs=cols["reference_policy_logprobs"])
         for i, row in enumerate(rows):
             torch.testing.assert_close(row, expected[i, : len(row)])

@@ -10,8 +10,8 @@ from rlplane.config.loading import load_config
 from rlplane.data.datum import make_prompt_datum
 from rlplane.dataplane import make_data_plane
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, last_assistant_content, register_env
-from rlplane.workers.base import load_configured_policy
-from rlplane.workers.policy import token_logprobs
+from rlplane.models.configured import load_configured_policy
+from rlplane.workers.logprobs import token_logprobs
 from rlplane.workers.rollout import RolloutWorker
 
 OBSERVATION = "=1+"  # three tokens of the char tokenizer
@@ -60,7 +60,7 @@ def envs():
 def _setup(max_total: int, turns: int = 3):
     cfg = load_config(None, [f"grpo.max_rollout_turns={turns}", f"policy.max_total_sequence_length={max_total}",
                              "policy.generation.max_new_tokens=4"])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     dp = make_data_plane("memory")
     dp.register_partition("train", FIELDS, 64)
     return cfg, model, tok, dp, RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=5)

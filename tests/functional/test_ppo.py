@@ -11,6 +11,7 @@ from rlplane.config.loading import load_config
 from rlplane.recipes.ppo import TRAIN_COLUMNS, ppo_step, train
 from rlplane.training import Session, Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
+from rlplane.training.workers import value_options
 from rlplane.utils.logging import read_metrics
 from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.value import ValueWorker, shifted_values
@@ -65,7 +66,7 @@ def test_ppo_steps_write_values_and_train_both_models(tmp_path, first_digit_env,
         s.workers.value.run_sharded("compute_values", meta)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, ["input_ids", "values"])
         assert cols["values"].shape == cols["input_ids"].shape and (cols["values"][:, 0] == 0).all()
-        ref = ValueWorker(s.cfg, None)
+        ref = ValueWorker(value_options(s.cfg), None)
         ref.model.load_state_dict(s.workers.value.run("get_weights")[0])
         lengths = torch.tensor(meta.seq_lens)
         attn = (torch.arange(cols["input_ids"].shape[1])[None] < lengths[:, None]).long()

@@ -10,7 +10,7 @@ from rlplane.config.loading import load_config
 from rlplane.data.datum import make_prompt_datum
 from rlplane.dataplane import make_data_plane
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
-from rlplane.workers.base import load_configured_policy
+from rlplane.models.configured import load_configured_policy
 from rlplane.workers.rollout import RolloutWorker
 
 
@@ -48,7 +48,7 @@ def envs():
 def test_components_sum_over_turns_and_are_zero_where_the_env_failed(envs):
     cfg = load_config(None, ["grpo.max_rollout_turns=2", "policy.max_total_sequence_length=40",
                              "policy.generation.max_new_tokens=3"])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     dp = make_data_plane("memory")
     dp.register_partition("train", ["input_ids", "token_mask", "generation_logprobs"], 16)
     worker = RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=3)

@@ -28,8 +28,8 @@ from rlplane.algorithms.filters import (
     stop_properly_penalty,
 )
 from rlplane.algorithms.gae import compute_gae, gae_recursion, gae_token_rewards, length_adaptive_lambda
-from rlplane.algorithms.kl import kl_estimate
-from rlplane.algorithms.loss_options import ClippedPGOptions
+from rlplane.algorithms.kl import kl_estimate, reward_kl
+from rlplane.algorithms.loss_options import ClippedPGOptions, KLInReward
 from rlplane.algorithms.losses import (
     CLIPPED_PG_METRIC_REDUCTIONS,
     NLL_METRIC_REDUCTIONS,
@@ -62,10 +62,12 @@ __all__ = [
     "group_ids",
     "grpo_advantages",
     "kl_estimate",
+    "KLInReward",
     "length_adaptive_lambda",
     "ClippedPGOptions",
     "nll_loss",
     "reverse_kl_loss",
+    "reward_kl",
     "opd_advantages",
     "overlong_filter_sample_mask",
     "raw_reward_advantages",

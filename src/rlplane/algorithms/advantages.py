@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from rlplane.algorithms._ops import masked_whiten, safe_div
-from rlplane.algorithms.kl import kl_estimate
+from rlplane.algorithms.kl import reward_kl
+from rlplane.algorithms.loss_options import KLInReward
 
 GRPO_STD_EPS = 1e-6
 REINFORCE_PP_VAR_FLOOR = 1e-8
@@ -185,23 +186,20 @@ def reinforce_plus_plus_advantages(
     valid_mask: Tensor | None = None,
     *,
     minus_baseline: bool = True,
-    kl_penalty: float = 0.0,
+    kl_in_reward: KLInReward | None = None,
     prev_logprobs: Tensor | None = None,
     reference_logprobs: Tensor | None = None,
-    kl_type: str = "k3",
-    kl_input_clamp_value: float | None = 20.0,
-    kl_output_clamp_value: float | None = 10.0,
 ) -> Tensor:
     """REINFORCE++ per-token advantage (with group-mean baseline, "REINFORCE++-baseline").
 
     1. ``A_i = r_i − mean_group(r)`` (no leave-one-out) if ``minus_baseline`` else ``r_i``; expand to (B, T).
-    2. If ``kl_penalty = β > 0`` (``loss_fn.use_kl_in_reward``): ``A_t −= β·KL_t(prev ‖ ref)``,
-       the k-type estimator with the loss's clamps.
+    2. With ``kl_in_reward`` (``loss_fn.use_kl_in_reward``): ``A_t −= β·KL_t(prev ‖ ref)``,
+       its estimator with its clamps (:func:`~rlplane.algorithms.kl.reward_kl`).
     3. Global whitening over the masked tokens: ``(A − μ)·rsqrt(max(var, 1e-8))``, biased variance.
 
     Args:
         token_mask: (B, T) tokens that are trained on (``token_mask · sample_mask``).
-        prev_logprobs, reference_logprobs: (B, T), needed when ``kl_penalty > 0``.
+        prev_logprobs, reference_logprobs: (B, T), needed with ``kl_in_reward``.
     Returns:
         (B, T) advantages, 0 outside ``token_mask``.
     """
@@ -211,11 +209,8 @@ def reinforce_plus_plus_advantages(
     else:
         adv = rewards.clone()
     adv = adv[:, None].expand(token_mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))  # (B, T)
-    if kl_penalty != 0:
-        if prev_logprobs is None or reference_logprobs is None:
-            raise ValueError("kl_penalty != 0 needs prev_logprobs and reference_logprobs (loss_fn.use_kl_in_reward)")
-        kl = kl_estimate(prev_logprobs, reference_logprobs, kl_type, kl_input_clamp_value, kl_output_clamp_value)
-        adv = adv - kl_penalty * torch.where(token_mask != 0, kl, torch.zeros_like(kl))
+    if kl_in_reward is not None:
+        adv = adv - kl_in_reward.beta * reward_kl(kl_in_reward, prev_logprobs, reference_logprobs, token_mask)
     return masked_whiten(adv, token_mask, unbiased=False, eps=REINFORCE_PP_VAR_FLOOR, clamp_var=True)
 
 

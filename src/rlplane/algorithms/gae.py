@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from rlplane.algorithms._ops import masked_whiten
-from rlplane.algorithms.kl import kl_estimate
+from rlplane.algorithms.kl import reward_kl
+from rlplane.algorithms.loss_options import KLInReward
 
 GAE_WHITEN_EPS = 1e-8
 
@@ -28,25 +29,20 @@ def gae_token_rewards(
     rewards: Tensor,
     mask: Tensor,
     *,
-    kl_penalty: float = 0.0,
+    kl_in_reward: KLInReward | None = None,
     prev_logprobs: Tensor | None = None,
     reference_logprobs: Tensor | None = None,
-    kl_type: str = "k3",
-    kl_input_clamp_value: float | None = 20.0,
-    kl_output_clamp_value: float | None = 10.0,
 ) -> Tensor:
-    """Per-token rewards for GAE: ``r_t = −β·KL_t(prev ‖ ref)`` (only if ``β = kl_penalty > 0``),
+    """Per-token rewards for GAE: ``r_t = −β·KL_t(prev ‖ ref)`` (only with ``kl_in_reward``: β, estimator, clamps),
     plus the scalar reward on the last position where ``mask = 1``; then ``r_t ← r_t·mask_t``.
 
     ``rewards``: (B,); ``mask``: (B, T). Returns (B, T) float.
     """
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     token_rewards = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    if kl_penalty != 0:
-        if prev_logprobs is None or reference_logprobs is None:
-            raise ValueError("kl_penalty != 0 needs prev_logprobs and reference_logprobs (loss_fn.use_kl_in_reward)")
-        kl = kl_estimate(prev_logprobs, reference_logprobs, kl_type, kl_input_clamp_value, kl_output_clamp_value)
-        token_rewards = token_rewards - kl_penalty * torch.where(mask != 0, kl, torch.zeros_like(kl)).to(dtype)
+    if kl_in_reward is not None:
+        kl = reward_kl(kl_in_reward, prev_logprobs, reference_logprobs, mask)  # (B, T)
+        token_rewards = token_rewards - kl_in_reward.beta * kl.to(dtype)
     if mask.shape[-1] > 0:
         last = last_valid_index(mask)  # (B,)
         has_any = (mask != 0).any(dim=-1)
@@ -97,17 +93,14 @@ def compute_gae(
     gae_lambda_policy: float | None = None,
     length_adaptive_alpha: float = 0.0,
     normalize_advantages: bool = True,
-    kl_penalty: float = 0.0,
+    kl_in_reward: KLInReward | None = None,
     prev_logprobs: Tensor | None = None,
     reference_logprobs: Tensor | None = None,
-    kl_type: str = "k3",
-    kl_input_clamp_value: float | None = 20.0,
-    kl_output_clamp_value: float | None = 10.0,
 ) -> tuple[Tensor, Tensor]:
     """Token-level GAE for PPO. Keyword names equal ``ppo.adv_estimator.*`` keys.
 
     - token rewards: :func:`gae_token_rewards` (scalar reward on the last valid token, optional
-      ``−β·KL`` per token);
+      ``−β·KL`` per token with ``kl_in_reward``, from ``prev_logprobs`` and ``reference_logprobs``);
     - ``λ_value = gae_lambda_value or gae_lambda``; ``λ_policy`` = length-adaptive λ if
       ``length_adaptive_alpha > 0``, else ``gae_lambda_policy or gae_lambda``. When any of the
       three is set the recursion runs twice: returns ``R = A(λ_value) + V``, advantages ``A(λ_policy)``;
@@ -125,8 +118,7 @@ def compute_gae(
     values = values.to(torch.promote_types(values.dtype, torch.float32))
     values = torch.where(mask != 0, values, torch.zeros_like(values))  # padding values may be garbage/NaN
     token_rewards = gae_token_rewards(
-        rewards, mask, kl_penalty=kl_penalty, prev_logprobs=prev_logprobs, reference_logprobs=reference_logprobs,
-        kl_type=kl_type, kl_input_clamp_value=kl_input_clamp_value, kl_output_clamp_value=kl_output_clamp_value,
+        rewards, mask, kl_in_reward=kl_in_reward, prev_logprobs=prev_logprobs, reference_logprobs=reference_logprobs,
     ).to(values.dtype)
     decoupled = gae_lambda_value is not None or gae_lambda_policy is not None or length_adaptive_alpha > 0
     lam_value = gae_lambda if gae_lambda_value is None else gae_lambda_value

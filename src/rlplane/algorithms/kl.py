@@ -9,10 +9,13 @@ Samples come from the policy whose logprobs are ``logprobs``; ``log r = logprobs
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from rlplane.algorithms.loss_options import KLInReward
 
 KLType = Literal["k1", "k2", "k3"]
 KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3")
@@ -56,3 +59,17 @@ def kl_estimate(
     if output_clamp_value is not None:
         kl = kl.clamp(-output_clamp_value, output_clamp_value)
     return kl
+
+
+def reward_kl(kl_in_reward: KLInReward, prev_logprobs: Tensor | None, reference_logprobs: Tensor | None,
+              mask: Tensor) -> Tensor:
+    """``KL_t(prev ‖ ref)`` per token where ``mask ≠ 0``, 0 elsewhere: the estimate that REINFORCE++ and GAE
+    subtract from the reward times ``β = kl_in_reward.beta`` (:func:`kl_estimate` with its type and clamps).
+
+    ``prev_logprobs``, ``reference_logprobs``, ``mask``: (B, T). Returns (B, T).
+    """
+    if prev_logprobs is None or reference_logprobs is None:
+        raise ValueError("kl_in_reward needs prev_logprobs and reference_logprobs (loss_fn.use_kl_in_reward)")
+    k = kl_in_reward
+    kl = kl_estimate(prev_logprobs, reference_logprobs, k.kl_type, k.input_clamp_value, k.output_clamp_value)
+    return torch.where(mask != 0, kl, torch.zeros_like(kl))

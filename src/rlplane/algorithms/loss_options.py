@@ -1,9 +1,11 @@
-"""The options of the clipped policy-gradient loss: one frozen object, its defaults, its rules.
+"""The options of the clipped policy-gradient loss and of the KL in the reward: frozen objects, their
+defaults, their rules.
 
 :class:`ClippedPGOptions` is the ``loss_fn`` section of the config (``config/algorithms.py`` builds
 its pydantic model from these fields, descriptions included) and what :func:`clipped_pg_loss`
 takes. It is checked once, when it is made (a run makes it once, at config load); every violated
 rule is reported at once, one line each. Field names and defaults are NeMo RL's ``loss_fn`` keys.
+:class:`KLInReward` is the part of it that REINFORCE++ and GAE read (``ClippedPGOptions.kl_in_reward``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,35 @@ def _opt(default, doc: str):
 def _yaml(value: object) -> str:
     """A value as the user wrote it in YAML (None -> null)."""
     return "null" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class KLInReward:
+    """``−β·KL_t(prev ‖ ref)`` added to the per-token reward (``loss_fn.use_kl_in_reward``): the options of
+    :func:`~rlplane.algorithms.kl.kl_reward_penalty`, which REINFORCE++ and GAE take with the two logprob tensors."""
+
+    beta: float  # β = loss_fn.reference_policy_kl_penalty
+    kl_type: str = "k3"  # loss_fn.reference_policy_kl_type
+    input_clamp_value: float | None = 20.0  # loss_fn.kl_input_clamp_value
+    output_clamp_value: float | None = 10.0  # loss_fn.kl_output_clamp_value
+
+    def __post_init__(self) -> None:
+        errors = self.errors()
+        if errors:
+            raise ValueError("\n".join(errors))
+
+    def errors(self) -> list[str]:
+        """Every violated rule, one line each (empty list = valid)."""
+        errors: list[str] = []
+        if self.beta < 0:
+            errors.append(f"beta = {self.beta}: needs β >= 0 (loss_fn.reference_policy_kl_penalty)")
+        if self.kl_type not in KL_TYPES:
+            errors.append(f"kl_type = {self.kl_type!r}: unknown estimator; use one of {', '.join(KL_TYPES)}")
+        for key in ("input_clamp_value", "output_clamp_value"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                errors.append(f"{key} = {value}: needs a positive bound; use a value > 0 or None for no clamp")
+        return errors
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,14 @@ class ClippedPGOptions:
     def kl_beta(self) -> float:
         """β of the loss's KL term: 0 when the KL goes into the reward instead (``use_kl_in_reward``)."""
         return 0.0 if self.use_kl_in_reward else self.reference_policy_kl_penalty
+
+    @property
+    def kl_in_reward(self) -> KLInReward | None:
+        """The KL-in-reward options when ``use_kl_in_reward`` is on with β ≠ 0; None otherwise."""
+        if not self.use_kl_in_reward or self.reference_policy_kl_penalty == 0:
+            return None
+        return KLInReward(self.reference_policy_kl_penalty, self.reference_policy_kl_type, self.kl_input_clamp_value,
+                          self.kl_output_clamp_value)
 
     def as_dict(self) -> dict:
         return asdict(self)

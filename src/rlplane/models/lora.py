@@ -113,15 +113,15 @@ def load_policy_weights(model: torch.nn.Module, weights_dir: str) -> None:
         raise ValueError(f"checkpoint {weights_dir} lacks weights: {missing[:5]}")
 
 
-def export_merged(checkpoint: str, output: str, cfg: Any) -> None:
+def export_merged(checkpoint: str, output: str, policy: Any, seed: int) -> None:
     """Write the merged model of the LoRA checkpoint ``checkpoint`` (a ``step_N`` directory) to ``output``.
 
-    ``cfg`` is the run's config (the checkpoint's ``config.yaml``): it names the base model. The
-    directory loads with ``AutoModelForCausalLM.from_pretrained`` like any HF model.
+    ``policy`` and ``seed`` are the run's ``policy`` section and seed (the checkpoint's ``config.yaml``): they name
+    the base model. The directory loads with ``AutoModelForCausalLM.from_pretrained`` like any HF model.
     """
-    from rlplane.workers.base import load_configured_policy
+    from rlplane.models.configured import load_configured_policy
 
-    model, tokenizer = load_configured_policy(cfg, trainable=True)
+    model, tokenizer = load_configured_policy(policy, seed, trainable=True)
     load_policy_weights(model, os.path.join(checkpoint, "policy", "weights"))
     merged = model.merge_and_unload()
     merged.save_pretrained(output, safe_serialization=True)

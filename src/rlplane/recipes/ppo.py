@@ -134,18 +134,16 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     # ---- advantages and returns (token level): GAE runs on the driver (whitening is a batch statistic)
     with timer("advantages"):
-        lf, est = cfg.loss_fn, g.adv_estimator
-        kl_in_reward = lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0
-        fields = [TOKEN_MASK] + [VALUES] * (critic is not None) + [PREV_LOGPROBS, REFERENCE_LOGPROBS] * kl_in_reward
+        est = g.adv_estimator
+        kl_in_reward = loss.options.kl_in_reward
+        fields = [TOKEN_MASK] + [VALUES] * (critic is not None)
+        fields += [PREV_LOGPROBS, REFERENCE_LOGPROBS] * (kl_in_reward is not None)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, fields)  # (B, T) each
         mask = cols[TOKEN_MASK].float() * sample_mask[:, None]  # (B, T): trained response tokens
         gae_kwargs = est.gae_kwargs()
-        if kl_in_reward:  # r_t −= β·KL_t(prev ‖ ref); the loss's own KL term is then off (clipped_pg_loss)
-            gae_kwargs.update(
-                kl_penalty=lf.reference_policy_kl_penalty, prev_logprobs=cols[PREV_LOGPROBS],
-                reference_logprobs=cols[REFERENCE_LOGPROBS], kl_type=lf.reference_policy_kl_type,
-                kl_input_clamp_value=lf.kl_input_clamp_value, kl_output_clamp_value=lf.kl_output_clamp_value,
-            )
+        if kl_in_reward is not None:  # r_t −= β·KL_t(prev ‖ ref); the loss's own KL term is then off (clipped_pg_loss)
+            gae_kwargs.update(kl_in_reward=kl_in_reward, prev_logprobs=cols[PREV_LOGPROBS],
+                              reference_logprobs=cols[REFERENCE_LOGPROBS])
         adv, ret = ppo_advantages(est.name, carry["rewards"], mask, cols.get(VALUES), gae_kwargs)  # (B, T) each
         lengths = meta.seq_lens
         written = {ADVANTAGES: [adv[i, : lengths[i]] for i in range(len(lengths))]}

@@ -43,17 +43,13 @@ def estimator_advantages(
     g, lf = s.cfg.grpo, s.cfg.loss_fn
     est, lengths = g.adv_estimator, meta.seq_lens
     if est.name == "reinforce_plus_plus":
-        kl_in_reward = lf.use_kl_in_reward and lf.reference_policy_kl_penalty != 0
-        fields = [TOKEN_MASK] + [PREV_LOGPROBS, REFERENCE_LOGPROBS] * kl_in_reward
+        kl_in_reward = lf.options().kl_in_reward
+        fields = [TOKEN_MASK] + [PREV_LOGPROBS, REFERENCE_LOGPROBS] * (kl_in_reward is not None)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, fields)
         mask = cols[TOKEN_MASK].float() * sample_mask[:, None]  # (B, T): the tokens trained on
-        kl = {}
-        if kl_in_reward:
-            kl = dict(kl_penalty=lf.reference_policy_kl_penalty, prev_logprobs=cols[PREV_LOGPROBS],
-                      reference_logprobs=cols[REFERENCE_LOGPROBS], kl_type=lf.reference_policy_kl_type,
-                      kl_input_clamp_value=lf.kl_input_clamp_value, kl_output_clamp_value=lf.kl_output_clamp_value)
-        adv = reinforce_plus_plus_advantages(carry["group"], carry["rewards"], mask,
-                                             minus_baseline=est.minus_baseline, **kl)  # (B, T)
+        adv = reinforce_plus_plus_advantages(carry["group"], carry["rewards"], mask, minus_baseline=est.minus_baseline,
+                                             kl_in_reward=kl_in_reward, prev_logprobs=cols.get(PREV_LOGPROBS),
+                                             reference_logprobs=cols.get(REFERENCE_LOGPROBS))  # (B, T)
         adv = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
         on = mask != 0
         stats = adv[on] if on.any() else adv.new_zeros(1)

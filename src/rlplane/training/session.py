@@ -29,6 +29,7 @@ from rlplane.dataplane import make_data_plane
 from rlplane.envs.user import EnvErrorWindow, check_user_tasks, user_task_error_in
 from rlplane.fast.heap import freeze_heap
 from rlplane.fast.threads import set_worker_threads
+from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
@@ -41,7 +42,6 @@ from rlplane.training.workers import Workers, check_placement, check_ray_resourc
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
-from rlplane.workers.base import load_configured_policy
 
 
 class Session:
@@ -61,7 +61,7 @@ class Session:
         self._early_messages: list[str] = []  # said once the log exists
         # Tokenizer, the checkpoint to resume, data and user tasks first: their errors surface before
         # anything slow starts (or any log file is written).
-        model, self.tokenizer = load_configured_policy(cfg)
+        model, self.tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
         self.workers = self.shared_paths = None
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
         self._stepped = False

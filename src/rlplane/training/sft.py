@@ -13,7 +13,7 @@ import torch
 
 from rlplane.algorithms.losses import nll_loss
 from rlplane.config.schema import WarmupConfig
-from rlplane.workers.policy import token_logprobs
+from rlplane.workers.logprobs import token_logprobs
 
 
 def sft_batch(prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], pad_id: int):

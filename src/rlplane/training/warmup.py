@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from rlplane.config.schema import RunConfig
 from rlplane.envs.demonstrations import warmup_examples
+from rlplane.models.configured import load_configured_policy
 from rlplane.training.prompts import Prompts
 from rlplane.training.sft import supervised_warmup
-from rlplane.workers.base import load_configured_policy
 from rlplane.workers.rollout import RolloutWorker
 
 
@@ -25,8 +25,7 @@ def warm_up(cfg: RunConfig, prompts: Prompts, say: Callable[[str], None]) -> tup
     # transformers' default attention, whatever policy.attn_implementation says: eager and SDPA round
     # differently, which moves the step where the warm-up reaches its target, and with it the start of RL
     # that the default job's before/after figures are measured from.
-    model, tok = load_configured_policy(cfg.model_copy(update={"policy": cfg.policy.model_copy(
-        update={"attn_implementation": None})}))
+    model, tok = load_configured_policy(cfg.policy.model_copy(update={"attn_implementation": None}), cfg.loop.seed)
     # The warm-up trains `model` in place and evaluates it as it goes: sample from that very module
     # (hf), whatever backend the run uses (a vllm engine here would hold stale weights).
     gen_cfg = cfg.policy.generation.model_copy(update={"backend": "hf"})

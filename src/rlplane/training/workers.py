@@ -20,14 +20,32 @@ from rlplane.runtime.groups import (
     make_group,
 )
 from rlplane.training.generators import Generators
-from rlplane.workers.policy import PolicyWorker
+from rlplane.workers.policy import PolicyWorker, PolicyWorkerOptions
 from rlplane.workers.rollout import RolloutWorker
-from rlplane.workers.teacher import TeacherWorker
-from rlplane.workers.value import ValueWorker
+from rlplane.workers.teacher import TeacherWorker, TeacherWorkerOptions
+from rlplane.workers.value import ValueWorker, ValueWorkerOptions
 
 # CPUs each Ray actor asks for (the workers below; async GRPO's collector).
 RAY_CPUS_POLICY_RANK, RAY_CPUS_ROLLOUT, RAY_CPUS_CRITIC_RANK, RAY_CPUS_COLLECTOR = 0.5, 0.5, 0.25, 0.5
 RAY_CPUS_TEACHER_RANK = 0.25
+
+
+def needs_reference(cfg: RunConfig) -> bool:
+    """Whether the policy keeps a frozen reference: the loss's KL term (β ≠ 0) with its logprobs computed."""
+    return cfg.loss_fn.reference_policy_kl_penalty != 0 and not cfg.loop.skip_reference_policy_logprobs_calculation
+
+
+def policy_options(cfg: RunConfig) -> PolicyWorkerOptions:
+    return PolicyWorkerOptions(policy=cfg.policy, seed=cfg.loop.seed, reference=needs_reference(cfg))
+
+
+def value_options(cfg: RunConfig) -> ValueWorkerOptions:
+    return ValueWorkerOptions(policy=cfg.policy, value=cfg.value, seed=cfg.loop.seed)
+
+
+def teacher_options(teacher_cfg: RunConfig) -> TeacherWorkerOptions:
+    """``teacher_cfg``: the run's config with ``policy`` naming the teacher (``distillation.teacher_config``)."""
+    return TeacherWorkerOptions(policy=teacher_cfg.policy, seed=teacher_cfg.loop.seed)
 
 
 def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> float:
@@ -108,16 +126,15 @@ class Workers:
 
     @property
     def needs_reference(self) -> bool:
-        return (self.cfg.loss_fn.reference_policy_kl_penalty != 0
-                and not self.cfg.loop.skip_reference_policy_logprobs_calculation)
+        return needs_reference(self.cfg)
 
     def start(self, init_state: dict | None, teacher_state: dict | None = None) -> None:
         """Build every worker; ``init_state`` / ``teacher_state`` are warm-up weights (None: the model's own)."""
         cfg = self.cfg
         n, runtime = cfg.policy.dp_size, cfg.runtime
 
-        def per_rank(run_cfg, state):
-            return [dict(cfg=run_cfg, data_plane=self.data_plane, rank=r, world_size=n,
+        def per_rank(options, state):
+            return [dict(options=options, data_plane=self.data_plane, rank=r, world_size=n,
                          init_state=state, shared_paths=self.shared_paths) for r in range(n)]
 
         gpus, slots = 0.0, {}
@@ -130,14 +147,17 @@ class Workers:
             slots = {name: placement.scheduling(self.placement_groups, s) for name, s in plan.slots.items()}
         # Ranks join one process group when there are several, or when FSDP shards even one rank's model.
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
-        self.policy = make_group(runtime, PolicyWorker, per_rank(cfg, init_state), num_cpus=RAY_CPUS_POLICY_RANK,
-                                 num_gpus=gpus, distributed=distributed, scheduling=slots.get("policy"))
+        self.policy = make_group(runtime, PolicyWorker, per_rank(policy_options(cfg), init_state),
+                                 num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=gpus, distributed=distributed,
+                                 scheduling=slots.get("policy"))
         if self.critic:
             # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
-            self.value = make_group(runtime, ValueWorker, per_rank(cfg, init_state), num_cpus=RAY_CPUS_CRITIC_RANK,
-                                    num_gpus=gpus, distributed=distributed, scheduling=slots.get("value"))
+            self.value = make_group(runtime, ValueWorker, per_rank(value_options(cfg), init_state),
+                                    num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=gpus, distributed=distributed,
+                                    scheduling=slots.get("value"))
         if self.teacher_cfg is not None:
-            self.teacher = make_group(runtime, TeacherWorker, per_rank(self.teacher_cfg, teacher_state),
+            self.teacher = make_group(runtime, TeacherWorker,
+                                      per_rank(teacher_options(self.teacher_cfg), teacher_state),
                                       num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"))
         self.rollout = self._start_generators(slots.get("generators"))
 

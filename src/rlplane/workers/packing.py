@@ -3,7 +3,7 @@
 
 Every plan is a list of :class:`MicroBatch`; the worker forwards each one and gets back per-sample rows
 (b, T) in ``mb.rows`` order, so the loss sees exactly what it sees without packing. The loss stays
-normalised by the global batch's valid tokens / sequences (``DPTrainWorker._train_global_batches``),
+normalised by the global batch's valid tokens / sequences (``Trainer.train_global_batches``),
 which is why any partition of a global batch into micro-batches gives the same summed loss and gradient.
 
 - **Dynamic batching**: rows sorted longest first, cut greedily so that ``rows × longest ≤ max_tokens``;

@@ -5,27 +5,22 @@ same class as an actor, one per data-parallel rank, with gradients summed over a
 It never receives bulk tensors from the driver: it is handed a :class:`KVBatchMeta` receipt for
 its shard, fetches the fields it needs from the data plane, and writes results back there.
 
-Logprob convention (as in the seeds): ``logprobs[:, t] = log π(token_t | tokens_<t)`` under the
-sampling distribution of ``policy.generation`` (``logits / temperature``, then top-k, then top-p,
-renormalised: :func:`rlplane.generation.sampling.sampling_logprobs`, the function the sampler draws
-with), ``logprobs[:, 0] = 0``. The loss sees every per-token tensor sliced ``[:, 1:]``.
-As in NeMo RL, the reference policy's logprobs and the current policy's logprobs inside the KL term
-are unfiltered (temperature only): the reference's top-k/top-p set differs from the policy's.
+It is made of the blocks every trainable or scoring rank uses: a :class:`~rlplane.workers.rank.DPRank`
+(data plane, device, DP group), a :class:`~rlplane.workers.trainer.Trainer` (model, AdamW, the
+global-batch loop) and, when the KL term needs it, a frozen reference :class:`~rlplane.workers.scorer.Scorer`.
+Logprobs follow :mod:`rlplane.workers.logprobs`' convention; the loss sees every per-token tensor sliced ``[:, 1:]``.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from rlplane.algorithms.loss_options import ClippedPGOptions
 from rlplane.algorithms.losses import clipped_pg_loss
-from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -36,13 +31,19 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
-from rlplane.generation.sampling import filtering_on, sampling_logprobs
+from rlplane.generation.sampling import filtering_on
+from rlplane.models.configured import load_configured_policy
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
-from rlplane.models.precision import autocast
 from rlplane.runtime.shared_paths import SharedPaths
-from rlplane.workers import parallel, shared_prefix
-from rlplane.workers.base import DPTrainWorker, build_optimizer, load_configured_policy
-from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner, pad_columns
+from rlplane.workers import parallel, rank as rank_block, shared_prefix
+from rlplane.workers.logprobs import microbatch_logprobs
+from rlplane.workers.packing import MicroBatch, microbatch_planner
+from rlplane.workers.rank import DPRank
+from rlplane.workers.scorer import Scorer, shard_logprobs
+from rlplane.workers.trainer import Trainer
+
+if TYPE_CHECKING:
+    from rlplane.config.policy import PolicyConfig
 
 
 class PolicyLoss(Protocol):
@@ -99,154 +100,85 @@ class ClippedPGLoss:
         )
 
 
-def token_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    top_k: int | None = None,
-    top_p: float = 1.0,
-    unfiltered: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Per-token logprobs of ``input_ids`` under ``model``'s sampling distribution; (B, T), position 0 is 0.
+@dataclass(frozen=True)
+class PolicyWorkerOptions:
+    """What a policy rank takes from the run's config (``training/workers.py`` builds it)."""
 
-    With ``unfiltered`` also returns the temperature-only logprobs of the same forward pass (for the
-    KL term), as ``(filtered, unfiltered)``.
-    """
-    with autocast(model):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    return logprobs_from_logits(logits, input_ids, temperature, top_k, top_p, unfiltered)
+    policy: PolicyConfig  # the ``policy`` section: model, optimizer, micro-batching, sampling, device
+    seed: int  # the run's seed: the embedded model's initialisation
+    reference: bool  # keep a frozen copy of the initial weights: π_ref of the loss's KL term
 
 
-def logprobs_from_logits(logits, input_ids, temperature, top_k=None, top_p=1.0, unfiltered=False):
-    """:func:`token_logprobs` after the forward: ``logits`` (B, T, V) of ``input_ids`` (B, T)."""
-    logits = logits[:, :-1].float()
-    targets = input_ids[:, 1:]  # (B, T-1)
-    logp = sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p, tokens=targets)  # (B, T-1)
-    if not unfiltered:
-        return F.pad(logp, (1, 0))
-    plain = sampling_logprobs(logits, temperature=temperature, top_k=None, top_p=1.0, tokens=targets)
-    return F.pad(logp, (1, 0)), F.pad(plain, (1, 0))
-
-
-def microbatch_logprobs(model, input_ids, lengths, mb: MicroBatch, trim: bool, temperature, top_k=None, top_p=1.0,
-                        unfiltered=False, only: torch.Tensor | None = None, prompt_lens: torch.Tensor | None = None,
-                        pad_id: int = 0):
-    """:func:`token_logprobs` of the micro-batch ``mb`` (fixed, token-budget or packed,
-    ``workers/packing.py``) as (b, T) rows in ``mb.rows`` order, T = ``input_ids``' width.
-
-    ``only`` (b, T) bool, the tokens a loss reads (its token mask): the logprobs of those tokens alone
-    are computed, the rest are 0 (ignored with packing: every token is computed). Why: on a chat model's
-    GRPO batch prompts and padding are most of each row (SmolLM2 preset: ~9 generated tokens of ~80
-    columns), and the fp32 vocabulary projection (49152 wide) and its log-softmax cost a fifth of a
-    forward+backward at every column they run on.
-
-    ``prompt_lens`` (B,) from :func:`shared_prefix.prompt_lengths` (``policy.shared_prefix_forward``): on
-    unpacked rows each distinct prompt runs once (:func:`shared_prefix.shared_prefix_logprobs`).
-    """
-    packed = mb.packing is not None
-    if prompt_lens is not None and not packed:
-        return shared_prefix.shared_prefix_logprobs(model, input_ids, lengths, prompt_lens, mb.rows, temperature,
-                                                    top_k, top_p, unfiltered, pad_id)
-    # Logits at column t predict token t + 1: the wanted logits sit one column left of the wanted tokens.
-    at = F.pad(only[:, 1:].bool(), (0, 1)) if only is not None and not packed else None  # (b, T)
-    with autocast(model):
-        logits, ids = forward_microbatch(model, input_ids, lengths, mb, trim, at)  # (b, L, V) or (N, V); (b, L)
-    width = input_ids.shape[1]
-    if at is None:
-        lp = logprobs_from_logits(logits, ids, temperature, top_k, top_p, unfiltered)
-        return tuple(pad_columns(x, width) for x in lp) if unfiltered else pad_columns(lp, width)
-    at = at[:, : ids.shape[1] - 1]  # (b, L-1): the logits columns kept, in the order of logits' rows
-    targets = ids[:, 1:][at]  # (N,)
-    lp = (sampling_logprobs(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p, tokens=targets),)
-    if unfiltered:
-        lp += (sampling_logprobs(logits.float(), temperature=temperature, top_k=None, top_p=1.0, tokens=targets),)
-    # Back to (b, T) rows: token t + 1's logprob at column t + 1, 0 at every token not computed.
-    lp = tuple(pad_columns(F.pad(torch.zeros(at.shape, device=x.device).masked_scatter(at, x), (1, 0)), width)
-               for x in lp)
-    return lp if unfiltered else lp[0]
-
-
-class PolicyWorker(DPTrainWorker):
+class PolicyWorker:
     """One data-parallel rank of the policy (and of the frozen reference policy)."""
 
     def __init__(
         self,
-        cfg: RunConfig,
+        options: PolicyWorkerOptions,
         data_plane: DataPlaneClient | None,
         rank: int = 0,
         world_size: int = 1,
         init_state: dict[str, torch.Tensor] | None = None,
         shared_paths: SharedPaths | None = None,
     ):
-        self._start("policy worker", cfg, data_plane, rank, world_size, shared_paths)
-        self.model, self.tokenizer = load_configured_policy(cfg, trainable=True, init_state=init_state)
-        self.model.to(self.device)
+        p = self.policy = options.policy
+        self.dp_rank = DPRank("policy worker", p, data_plane, rank, world_size, shared_paths)
+        model, self.tokenizer = load_configured_policy(p, options.seed, trainable=True, init_state=init_state)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.trainer = Trainer(model, p.optimizer, p.scheduler, self.dp_rank)
         self.reference = None
-        if self._needs_reference():
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.model.train()
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.policy.optimizer, cfg.policy.scheduler)
-        self.group = None
+        if options.reference:
+            self.reference = Scorer(copy.deepcopy(self.trainer.model), self.dp_rank, p, self.pad_id, filtered=False)
 
-    # ---- helpers ---------------------------------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained model (a local generator samples from this very module)."""
+        return self.trainer.model
+
     def frozen_models(self) -> dict[str, torch.nn.Module]:
-        return {"reference": self.reference} if self.reference is not None else {}
+        return {"reference": self.reference.model} if self.reference is not None else {}
 
-    def _needs_reference(self) -> bool:
-        return (
-            self.cfg.loss_fn.reference_policy_kl_penalty != 0
-            and not self.cfg.loop.skip_reference_policy_logprobs_calculation
-        )
+    # ---- what the runtime calls ------------------------------------------------------------------
+    def setup_distributed(self, address: str) -> None:
+        """Join the group of all DP ranks (called on every rank at once, blocks until all join); with
+        ``policy.dtensor_cfg.enabled`` shard the models with FSDP2."""
+        self.dp_rank.join(address)
+        if self.policy.dtensor_cfg.enabled:
+            self.shard_models()
+
+    def shard_models(self) -> None:
+        """FSDP2-shard the trained model and the reference over the joined group."""
+        self.trainer.shard(list(self.frozen_models().values()))
+
+    def ping(self) -> int:
+        return self.dp_rank.rank
+
+    def placement(self) -> dict:
+        return rank_block.placement()
+
+    def node_address(self) -> str:
+        return rank_block.node_address()
 
     # ---- logprobs --------------------------------------------------------------------------------
-    @torch.no_grad()
     def compute_logprobs(
         self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False
     ) -> KVBatchMeta | None:
-        """Forward the shard without gradients and write per-token logprobs back as ``out_field``."""
-        model = self.reference if reference else self.model
-        lengths = torch.tensor(meta.seq_lens or (), dtype=torch.long, device=self.device)
-        plan = microbatch_planner(self.cfg.policy, train=False)(torch.arange(len(meta), device=self.device), lengths)
-        finish_lockstep = self._lockstep(model, len(plan))
-        if len(meta) == 0:
-            return finish_lockstep()
-        # policy.shared_prefix_forward here too: the training forward's own numbers, so a prev-logprob forward
-        # of the weights being trained gives a ratio of exactly 1, as with the plain forward in both.
-        shared = shared_prefix.applies(self.cfg.policy)
-        data = self._fetch(meta, [INPUT_IDS, TOKEN_MASK] if shared else [INPUT_IDS])
-        ids = data[INPUT_IDS]  # (B, T)
-        prompts = shared_prefix.prompt_lengths(data[TOKEN_MASK], lengths) if shared else None
-        gen = self.cfg.policy.generation
-        # The reference's filtered set is not the policy's: its logprobs stay unfiltered (NeMo RL's
-        # use_reference_model), and the loss compares them with the policy's unfiltered ones.
-        top_k, top_p = (None, 1.0) if reference else (gen.top_k, gen.top_p)
-        trim = self.cfg.policy.dynamic_batching.enabled
-        was_training = model.training
-        model.eval()
-        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # (B, T)
-        for mb in plan:
-            out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p,
-                                               prompt_lens=prompts, pad_id=self.tokenizer.pad_token_id or 0)
-        out = out.cpu()  # the data plane holds host tensors
-        finish_lockstep()
-        model.train(was_training)
-        # The write-back's receipt goes back to the driver: a driver-held index (data_plane.index:
-        # driver) takes the write when it arrives, and the store actor's ignores it.
-        return self.dp.put_samples(
-            list(meta.sample_ids), meta.partition_id, {out_field: [out[i, : lengths[i]] for i in range(len(ids))]}
-        )
+        """Forward the shard without gradients and write per-token logprobs back as ``out_field``: the
+        trained model's under the sampling distribution, or the reference's (temperature only)."""
+        if reference:
+            return self.reference.write_logprobs(meta, out_field)
+        return shard_logprobs(self.dp_rank, self.model, meta, out_field, self.policy, self.pad_id, filtered=True)
 
     # ---- training ------------------------------------------------------------------------------
     def train(self, meta: KVBatchMeta, loss: PolicyLoss) -> dict[str, float]:
         """Run every global batch of this rank's shard with ``loss``: micro-batches, all-reduce, clip, AdamW step."""
-        cfg = self.cfg
+        p = self.policy
         columns = loss.columns()
-        data = self._fetch(meta, [INPUT_IDS, *columns])
-        sample_mask = torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)  # (B,)
-        lengths = torch.tensor(meta.seq_lens, dtype=torch.long, device=self.device)
+        data = self.dp_rank.fetch(meta, [INPUT_IDS, *columns])
+        sample_mask = self.dp_rank.sample_mask(meta)  # (B,)
+        lengths = self.dp_rank.lengths(meta)
         ids = data[INPUT_IDS]  # (B, T)
-        gen = cfg.policy.generation
+        gen = p.generation
         batch = {c: data[c][:,
                             1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
         # With top-k/top-p on, a KL-to-reference term needs the current policy's unfiltered logprobs as
@@ -255,21 +187,21 @@ class PolicyWorker(DPTrainWorker):
 
         # policy.shared_prefix_forward: each distinct prompt once per micro-batch, when the samples allow it.
         prompts = (shared_prefix.prompt_lengths(data[TOKEN_MASK], lengths)
-                   if TOKEN_MASK in data and shared_prefix.applies(cfg.policy) else None)
+                   if TOKEN_MASK in data and shared_prefix.applies(p) else None)
 
         def forward(mb: MicroBatch):
             """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``;
             on the plain path 0 at the tokens the loss masks (not computed)."""
-            lp = microbatch_logprobs(self.model, ids, lengths, mb, cfg.policy.dynamic_batching.enabled,
+            lp = microbatch_logprobs(self.model, ids, lengths, mb, p.dynamic_batching.enabled,
                                      gen.temperature, gen.top_k, gen.top_p, split_kl,
                                      only=data[TOKEN_MASK][mb.rows] if TOKEN_MASK in data else None,
-                                     prompt_lens=prompts, pad_id=self.tokenizer.pad_token_id or 0)
+                                     prompt_lens=prompts, pad_id=self.pad_id)
             return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
-        plan = microbatch_planner(cfg.policy, train=True)
-        return self._train_global_batches(
-            batch[TOKEN_MASK], sample_mask, cfg.policy.train_global_batch_size, lambda rows: plan(rows, lengths),
-            cfg.policy.max_grad_norm, forward, loss, batch,
+        plan = microbatch_planner(p, train=True)
+        return self.trainer.train_global_batches(
+            batch[TOKEN_MASK], sample_mask, p.train_global_batch_size, lambda rows: plan(rows, lengths),
+            p.max_grad_norm, forward, loss, batch,
         )
 
     # ---- weights and state -----------------------------------------------------------------------
@@ -281,49 +213,28 @@ class PolicyWorker(DPTrainWorker):
         return policy_weights(self.model)
 
     def save(self, path: str) -> None:
-        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler state (rank 0 only;
-        under FSDP every rank gathers the weights and writes its optimizer shard)."""
-        if parallel.is_sharded(self.model):
-            return self._save_sharded(path)
-        if self.rank != 0:
-            return
-        self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
-        self.tokenizer.save_pretrained(os.path.join(path, "weights"))
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-        if self.reference is not None:
-            state["reference"] = self.reference.state_dict()
-        torch.save(state, os.path.join(path, "optimizer.pt"))
+        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler (and reference) state
+        (rank 0 only; under FSDP every rank gathers the weights and writes its optimizer shard)."""
+        self.trainer.save(path, self.tokenizer, self.frozen_models())
 
-    def _save_sharded(self, path: str) -> None:
-        weights = parallel.full_state_dict(self.model)
-        if self.rank == 0:
-            self.model.save_pretrained(os.path.join(path, "weights"), state_dict=weights, safe_serialization=True)
-            self.tokenizer.save_pretrained(os.path.join(path, "weights"))
-            torch.save({"scheduler": self.scheduler.state_dict()}, os.path.join(path, "scheduler.pt"))
-        parallel.save_sharded_state(path, self.model, self.optimizer, self.frozen_models())
+    def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
+        """After a resume: this run's optimizer settings replace the checkpoint's (``Trainer``'s)."""
+        self.trainer.apply_optimizer_settings(lr, weight_decay, betas, eps)
 
     def load(self, path: str) -> None:
-        from rlplane.utils.checkpoint import check_weights_fit, load_torch_state, load_weights
+        self.trainer.load(path, self._load_weights, self.frozen_models())
 
-        parallel.check_resume_layout(path, self.world_size, parallel.is_sharded(self.model))
-        weights_dir = os.path.join(path, "weights")
+    def _load_weights(self, weights_dir: str) -> None:
+        from rlplane.utils.checkpoint import check_weights_fit, load_weights
+
         if is_lora(self.model):
             load_policy_weights(self.model, weights_dir)  # the LoRA adapter
         else:
             check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
             # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
             parallel.load_full_state_dict(self.model, load_weights(weights_dir), strict=False)
-        if parallel.is_sharded(self.model):
-            parallel.load_sharded_state(path, self.model, self.optimizer, self.frozen_models())
-            state = load_torch_state(os.path.join(path, "scheduler.pt"))
-            return self.scheduler.load_state_dict(state["scheduler"])
-        state = load_torch_state(os.path.join(path, "optimizer.pt"))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.reference is not None and "reference" in state:
-            self.reference.load_state_dict(state["reference"])
 
     def set_weights(self, state: dict[str, torch.Tensor]) -> None:
         parallel.load_full_state_dict(self.model, state)
         if self.reference is not None:
-            parallel.load_full_state_dict(self.reference, state)
+            parallel.load_full_state_dict(self.reference.model, state)

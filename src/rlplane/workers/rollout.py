@@ -45,9 +45,9 @@ from rlplane.envs.user import register_user_tasks
 from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
+from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
-from rlplane.workers.base import load_configured_policy
 from rlplane.workers.turns import run_turns
 
 
@@ -96,7 +96,7 @@ class RolloutWorker:
         self.cfg, self.dp = cfg, data_plane
         set_worker_threads(cfg.policy.threads_per_worker)
         if model is None:
-            model, tokenizer = load_configured_policy(cfg)
+            model, tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
         self.tokenizer = tokenizer
         g = cfg.policy.generation
         # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.

@@ -1,53 +1,76 @@
-"""The teacher worker of on-policy distillation: a second policy, frozen, with its own model.
+"""The teacher worker of on-policy distillation: a frozen model of its own that scores the student's tokens.
 
 It computes ``teacher_logprobs`` (log π_teacher of each token the student generated, same
 convention and temperature as the policy's logprobs) over its data-parallel shard and writes them
-back into the data plane; it never trains. Its config is the run's with ``policy`` naming the
-teacher's model (:func:`rlplane.recipes.distillation.teacher_config`); it must share the student's
-tokenizer, since it scores the student's token ids.
+back into the data plane; it never trains, so it holds a :class:`~rlplane.workers.scorer.Scorer` and
+no trainer. Its ``policy`` section names the teacher's model
+(:func:`rlplane.recipes.distillation.teacher_config`); it must share the student's tokenizer, since it
+scores the student's token ids.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from rlplane.config.schema import RunConfig
-from rlplane.dataplane import DataPlaneClient
+from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import TEACHER_LOGPROBS
+from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.shared_paths import SharedPaths
-from rlplane.workers.base import load_configured_policy
-from rlplane.workers.policy import PolicyWorker
+from rlplane.workers import rank as rank_block
+from rlplane.workers.rank import DPRank
+from rlplane.workers.scorer import Scorer
+
+if TYPE_CHECKING:
+    from rlplane.config.policy import PolicyConfig
 
 
-class TeacherWorker(PolicyWorker):
-    """One data-parallel rank of the frozen teacher: ``compute_logprobs`` (inherited) only."""
+@dataclass(frozen=True)
+class TeacherWorkerOptions:
+    """What a teacher rank takes from the run's config (``training/workers.py`` builds it)."""
+
+    policy: PolicyConfig  # the teacher's ``policy`` section: its model, micro-batching, sampling, device
+    seed: int  # the run's seed: the embedded model's initialisation
+
+
+class TeacherWorker:
+    """One data-parallel rank of the frozen teacher: ``compute_logprobs`` only."""
 
     def __init__(
         self,
-        cfg: RunConfig,
+        options: TeacherWorkerOptions,
         data_plane: DataPlaneClient | None,
         rank: int = 0,
         world_size: int = 1,
         init_state: dict[str, torch.Tensor] | None = None,
         shared_paths: SharedPaths | None = None,
     ):
-        self._start("teacher worker", cfg, data_plane, rank, world_size, shared_paths)
-        self.model, self.tokenizer = load_configured_policy(cfg, init_state=init_state)
-        self.model.to(self.device).eval().requires_grad_(False)
-        self.reference = None
-        self.group = None
+        p = options.policy
+        self.dp_rank = DPRank("teacher worker", p, data_plane, rank, world_size, shared_paths)
+        model, self.tokenizer = load_configured_policy(p, options.seed, init_state=init_state)
+        # Filtered like the student's prev logprobs: the same sampling distribution on both sides.
+        self.scorer = Scorer(model, self.dp_rank, p, self.tokenizer.pad_token_id or 0, filtered=True)
 
-    def compute_logprobs(self, meta, out_field: str = TEACHER_LOGPROBS, reference: bool = False) -> None:
-        return super().compute_logprobs(meta, out_field=out_field)
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.scorer.model
 
-    def train(self, *args, **kwargs):
-        raise RuntimeError("the teacher is frozen: it computes teacher_logprobs and never trains")
+    def ping(self) -> int:
+        return self.dp_rank.rank
+
+    def placement(self) -> dict:
+        return rank_block.placement()
+
+    def compute_logprobs(self, meta: KVBatchMeta, out_field: str = TEACHER_LOGPROBS) -> KVBatchMeta | None:
+        """Forward the shard without gradients and write the teacher's per-token logprobs back as ``out_field``."""
+        return self.scorer.write_logprobs(meta, out_field)
 
     def save(self, path: str) -> None:
         """HF weights + tokenizer to ``path/weights`` (rank 0): the warmed-up teacher survives a resume."""
-        if self.rank == 0:
+        if self.dp_rank.rank == 0:
             self.model.save_pretrained(os.path.join(path, "weights"), safe_serialization=True)
             self.tokenizer.save_pretrained(os.path.join(path, "weights"))
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlplane.algorithms import (
+    KLInReward,
     calculate_baseline_and_std_per_prompt,
     clip_advantages,
     gdpo_advantages,
@@ -172,7 +173,7 @@ def test_reinforce_plus_plus_kl_in_reward_and_no_baseline():
     ref = torch.tensor([[-1.0, -2.0], [-1.0, -1.0]])
     a = reinforce_plus_plus_advantages(
         torch.tensor([0, 0]), torch.tensor([1.0, 1.0]), tm, minus_baseline=False,
-        kl_penalty=0.5, prev_logprobs=prev, reference_logprobs=ref, kl_type="k1",
+        kl_in_reward=KLInReward(0.5, "k1"), prev_logprobs=prev, reference_logprobs=ref,
     )
     sd = math.sqrt(0.046875)
     close(a, [[0.125 / sd, -0.375 / sd], [0.125 / sd, 0.125 / sd]])

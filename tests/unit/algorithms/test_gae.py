@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlplane.algorithms import compute_gae, length_adaptive_lambda
+from rlplane.algorithms import KLInReward, compute_gae, length_adaptive_lambda
 from rlplane.algorithms._reference import gae_loop
 
 # one sequence: [prompt, response, response, padding]
@@ -52,8 +52,8 @@ def test_gae_kl_penalty_in_reward():
     # t=2: δ = 2.9 − 2 = 0.9; t=1: δ = 2 − 1 = 1, A = 1 + 0.5·0.9 = 1.45
     prev = torch.tensor([[0.0, -1.0, -1.0, 0.0]])
     ref = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
-    adv, _ = compute_gae(REWARD, VALUES, MASK, gae_lambda=0.5, normalize_advantages=False, kl_penalty=0.1,
-                         prev_logprobs=prev, reference_logprobs=ref, kl_type="k1")
+    adv, _ = compute_gae(REWARD, VALUES, MASK, gae_lambda=0.5, normalize_advantages=False,
+                         kl_in_reward=KLInReward(0.1, "k1"), prev_logprobs=prev, reference_logprobs=ref)
     close(adv, [[0.0, 1.45, 0.9, 0.0]])
 
 

@@ -17,6 +17,7 @@ import torch
 from pydantic import ValidationError
 
 from rlplane.algorithms import (
+    KLInReward,
     calculate_baseline_and_std_per_prompt,
     clip_advantages,
     compute_gae,
@@ -267,17 +268,18 @@ def test_gae_kl_penalty_in_rewards():
     # test_ppo.py::test_gae_kl_penalty_in_rewards (β = 0.1, k1). rlplane passes β only when
     # loss_fn.use_kl_in_reward is on (PPOAdvEstimatorConfig.gae_kwargs), so the "gated off" case is β = 0.
     lp, same, far = T([[-1.0, -2.0, -1.5]]), T([[-1.0, -2.0, -1.5]]), T([[-3.0, -4.0, -3.5]])
-    kw = {"gae_lambda": 1.0, "gae_gamma": 1.0, "normalize_advantages": False, "kl_type": "k1"}
+    kw = {"gae_lambda": 1.0, "gae_gamma": 1.0, "normalize_advantages": False}
+    beta_01, beta_0 = KLInReward(0.1, "k1"), KLInReward(0.0, "k1")
     no_kl, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), **kw)
-    zero, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.1, prev_logprobs=lp,
+    zero, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_in_reward=beta_01, prev_logprobs=lp,
                           reference_logprobs=same, **kw)
     torch.testing.assert_close(zero, no_kl)
-    pos, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.1, prev_logprobs=lp,
+    pos, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_in_reward=beta_01, prev_logprobs=lp,
                          reference_logprobs=far, **kw)
     assert not torch.allclose(pos, no_kl)
     # k1 = lp − ref = 2 per token, −β·2 = −0.2 each; γ = λ = 1: A_0 = 1 − 0.6, A_1 = 1 − 0.4, A_2 = 1 − 0.2
     close(pos, [[0.4, 0.6, 0.8]])
-    off, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_penalty=0.0, prev_logprobs=lp,
+    off, _ = compute_gae(T([1.0]), torch.zeros(1, 3), torch.ones(1, 3), kl_in_reward=beta_0, prev_logprobs=lp,
                          reference_logprobs=far, **kw)
     torch.testing.assert_close(off, no_kl)
 

@@ -15,7 +15,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, ROLLOUT_COLUMNS, TOKEN_MASK
 from rlplane.datasets import build_datasets
-from rlplane.workers.base import load_configured_policy
+from rlplane.models.configured import load_configured_policy
 
 P, G = 2, 2
 
@@ -30,7 +30,7 @@ def make_cfg(*extra):
 
 def make_collector(*extra, start_version=0):
     cfg = make_cfg(*extra)
-    _, tok = load_configured_policy(cfg)
+    _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     plane = make_data_plane("memory")  # the run's shared plane; the collector registers its partition
     return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0, data_plane=plane, partition_id="train"), loader
@@ -79,7 +79,7 @@ def test_collector_fills_targets_then_idles_and_follows_refits():
         assert g.carry["generated_tokens"].tolist() == cols[TOKEN_MASK].sum(dim=1).tolist()
 
         # Refit to version 1: serves steps 1 (already covered by version 0) and 2.
-        model, _ = load_configured_policy(make_cfg("grpo.seed=7"))
+        model, _ = load_configured_policy(make_cfg().policy, seed=7)
         new = {k: v.clone() for k, v in model.state_dict().items()}
         c.prepare_for_refit()
         c.update_weights(new)
@@ -292,7 +292,7 @@ def test_in_flight_refit_lands_mid_generation_and_tokens_record_their_version():
         return real_boundary()
 
     backend._swap.boundary = boundary
-    model, _ = load_configured_policy(make_cfg("grpo.seed=7"))
+    model, _ = load_configured_policy(make_cfg().policy, seed=7)
     try:
         c.start()
         assert reached.wait(20)

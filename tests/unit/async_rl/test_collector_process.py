@@ -12,15 +12,15 @@ from rlplane.async_rl import AsyncTrajectoryCollector
 from rlplane.dataplane import concat_metas, make_data_plane
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, ROLLOUT_COLUMNS, TOKEN_MASK
 from rlplane.datasets import build_datasets
+from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.groups import make_actor
-from rlplane.workers.base import load_configured_policy
 
 from .test_collector import G, P, make_cfg
 
 
 def start_collector(plane, start_version=0, state_file=None):
     cfg = make_cfg()
-    _, tok = load_configured_policy(cfg)
+    _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     actor = make_actor("local", AsyncTrajectoryCollector, dict(cfg=cfg, loader=loader, start_version=start_version,
                                                                seed=0, data_plane=plane, partition_id="train"),
@@ -54,7 +54,7 @@ def test_groups_refits_and_checkpoints_cross_the_process_boundary(tmp_path):
         assert carry.tolist() == cols[TOKEN_MASK].sum(dim=1).tolist()
 
         # A refit through the staged shared-memory buffer; version 1 then serves step 2.
-        model, _ = load_configured_policy(make_cfg("grpo.seed=7"))
+        model, _ = load_configured_policy(make_cfg().policy, seed=7)
         actor.call("prepare_for_refit")
         actor.call("update_weights", actor.share("weights", model.state_dict()))
         actor.call("set_weight_version", 1)

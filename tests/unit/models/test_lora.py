@@ -15,7 +15,9 @@ from rlplane.generation import HFGenerationBackend  # noqa: E402
 from rlplane.models import load_policy  # noqa: E402
 from rlplane.models.lora import is_lora, policy_weights  # noqa: E402
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS  # noqa: E402
-from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, token_logprobs  # noqa: E402
+from rlplane.training.workers import policy_options
+from rlplane.workers.logprobs import token_logprobs  # noqa: E402
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker  # noqa: E402
 
 N = 8
 LORA = ["policy.lora.enabled=true", "policy.lora.rank=4", "policy.lora.alpha=8", "policy.precision=fp32"]
@@ -36,8 +38,8 @@ def _batch(worker, seed=0):
     mask = [torch.tensor([0] * len(p) + [1] * len(o), dtype=torch.int8) for p, o in zip(prompts, out.output_ids)]
     gen_lp = [torch.cat([torch.zeros(len(p)), lp]) for p, lp in zip(prompts, out.logprobs)]
     adv = torch.randn(N, generator=g)
-    worker.dp.register_partition("train", TRAIN_FIELDS, N)
-    meta = worker.dp.put_samples(
+    worker.dp_rank.dp.register_partition("train", TRAIN_FIELDS, N)
+    meta = worker.dp_rank.dp.put_samples(
         [f"s{i}_g0" for i in range(N)], "train",
         {"input_ids": ids, "token_mask": mask, "generation_logprobs": gen_lp,
          "advantages": [adv[i].expand(len(x)).clone() for i, x in enumerate(ids)]},
@@ -47,7 +49,7 @@ def _batch(worker, seed=0):
 
 def _trained_worker():
     cfg = _cfg()
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
     meta, ids = _batch(worker)
     before = {k: v.detach().clone() for k, v in worker.model.named_parameters()}
     worker.compute_logprobs(meta, out_field="prev_logprobs")
@@ -67,7 +69,7 @@ def test_only_adapter_parameters_change_after_a_train_step():
     frozen = [k for k, v in worker.model.named_parameters() if not v.requires_grad]
     assert frozen and all(".lora_" not in k for k in frozen)
     # The optimizer holds the adapters only.
-    assert sum(len(g["params"]) for g in worker.optimizer.param_groups) == len(adapters)
+    assert sum(len(g["params"]) for g in worker.trainer.optimizer.param_groups) == len(adapters)
 
 
 def test_generator_refit_gets_merged_weights_under_hf_names():
@@ -97,7 +99,7 @@ def test_checkpoint_holds_the_adapter_and_export_reproduces_the_policy(tmp_path)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
 
     # Resume path: a fresh LoRA worker loads the adapter and computes the same logprobs.
-    fresh = PolicyWorker(cfg, make_data_plane("memory"))
+    fresh = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
     fresh.load(str(ckpt / "policy"))
     x = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
     attn = (x != 0).long()
@@ -121,7 +123,7 @@ def test_lora_config_errors_are_one_line():
     assert "warmup.enabled=false" in str(e.value)
     cfg = _cfg("policy.lora.target_modules=[nope]")
     with pytest.raises(ValueError, match=r"target_modules: \['nope'\] name no linear layer"):
-        PolicyWorker(cfg, make_data_plane("memory"))
+        PolicyWorker(policy_options(cfg), make_data_plane("memory"))
 
 
 def test_policy_weights_of_a_plain_model_is_its_state_dict():

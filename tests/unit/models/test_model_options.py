@@ -10,10 +10,10 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.models import build_char_tokenizer, build_tiny_llama
+from rlplane.models.configured import load_configured_policy
 from rlplane.models.loading import ModelLoadError, ensure_pad_token, hub_reachable, load_policy
 from rlplane.models.precision import autocast, set_precision
-from rlplane.workers.base import load_configured_policy
-from rlplane.workers.policy import token_logprobs
+from rlplane.workers.logprobs import token_logprobs
 
 
 def test_hub_id_without_network_fails_fast_with_one_line(monkeypatch):
@@ -61,7 +61,7 @@ def test_activation_checkpointing_same_gradients():
     grads = []
     for on in (False, True):
         cfg = load_config(None, [f"policy.activation_checkpointing={str(on).lower()}", "policy.precision=fp32"])
-        model, tok = load_configured_policy(cfg)
+        model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
         flag = getattr(model, "is_activation_checkpointing", None)
         assert (flag if flag is not None else model.is_gradient_checkpointing) == on
         model.train()

@@ -9,7 +9,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.generation import HFGenerationBackend
 from rlplane.models import build_char_tokenizer, build_tiny_llama, precision as prec
-from rlplane.workers.policy import token_logprobs
+from rlplane.workers.logprobs import token_logprobs
 
 
 def _model(hidden: int):

@@ -143,7 +143,7 @@ def test_optimizer_settings_of_the_resumed_run_apply():
     import torch
 
     from rlplane.config.policy import OptimizerConfig, SchedulerConfig
-    from rlplane.workers.base import DPTrainWorker, build_optimizer
+    from rlplane.workers.trainer import Trainer, build_optimizer
 
     model = torch.nn.Linear(2, 1)
     sch = SchedulerConfig(warmup_steps=4, warmup_start_factor=0.5)
@@ -152,7 +152,7 @@ def test_optimizer_settings_of_the_resumed_run_apply():
         opt.step()
         sched.step()
     saved = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
-    w = DPTrainWorker.__new__(DPTrainWorker)
+    w = Trainer.__new__(Trainer)
     w.optimizer, w.scheduler = build_optimizer(model, OptimizerConfig(lr=1e-5, weight_decay=0.1), sch)
     w.optimizer.load_state_dict(saved["optimizer"])
     w.scheduler.load_state_dict(saved["scheduler"])

@@ -3,8 +3,9 @@
 import torch
 
 from rlplane.utils.metrics import merge_rank_metrics, reduce_microbatch_metrics
-from rlplane.workers.base import DPTrainWorker
 from rlplane.workers.packing import fixed_microbatches
+from rlplane.workers.rank import DPRank
+from rlplane.workers.trainer import Trainer
 
 
 def _t(x):
@@ -30,15 +31,16 @@ class _Loss:
 
 def test_global_valid_counts_are_the_mean_over_global_batches():
     # 4 rows, global batch 2: batch 0 has 3 + 2 valid tokens, batch 1 has 1 + 0 (its second row masked).
-    w = DPTrainWorker.__new__(DPTrainWorker)
-    w.world_size, w.group = 1, None
+    w = Trainer.__new__(Trainer)
+    w.rank = DPRank.__new__(DPRank)
+    w.rank.world_size, w.rank.group = 1, None
     w.model = torch.nn.Linear(1, 1)
     w.optimizer = torch.optim.SGD(w.model.parameters(), lr=0.1)
     w.scheduler = torch.optim.lr_scheduler.LambdaLR(w.optimizer, lambda s: 1.0)
     token_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
     sample_mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
     x = torch.ones(4, 3, 1)
-    out = w._train_global_batches(
+    out = w.train_global_batches(
         token_mask, sample_mask, 2, lambda rows: fixed_microbatches(rows, 1), 1.0,
         lambda mb: w.model(x[mb.rows]).squeeze(-1), _Loss(), {"token_mask": token_mask.float()})
     assert out["global_valid_toks"] == (5 + 1) / 2

@@ -12,7 +12,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.datasets import build_datasets
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
-from rlplane.workers.base import load_configured_policy
+from rlplane.models.configured import load_configured_policy
 from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.workers.rollout import RolloutWorker
 
@@ -46,7 +46,7 @@ def worker_and_prompts(*extra):
     cfg = load_config(None, ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2",
                              "policy.train_global_batch_size=8", "data.num_train_samples=64",
                              "policy.generation.max_new_tokens=3", *extra])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     return RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
 

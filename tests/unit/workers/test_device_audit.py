@@ -1,7 +1,7 @@
 """Device audit (issue 18, Devices): no code path of the trainable workers creates tensors on the CPU
 by default, hard-codes CPU autocast, or leaves a fetched batch on the host.
 
-There is no GPU here, so the audit runs the workers with ``worker.device`` set to ``meta``, a device
+There is no GPU here, so the audit runs the workers with ``worker.dp_rank.device`` set to ``meta``, a device
 that is not the CPU, under a torch function mode that (a) records every tensor factory call made
 from rlplane code whose ``device`` is missing or is not the worker's, and (b) maps ``meta`` back to
 the CPU so the step still computes real numbers. A factory call that forgets ``device=`` (what
@@ -23,6 +23,7 @@ from rlplane.dataplane import make_data_plane
 from rlplane.models import precision
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
 from rlplane.runtime.devices import dist_backend, num_gpus_per_worker, resolve_device, to_device
+from rlplane.training.workers import policy_options, value_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
 
@@ -88,10 +89,10 @@ def _put(client, fields, extra: dict):
 
 def test_policy_worker_creates_every_tensor_on_its_device():
     cfg = _cfg()
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
-    meta = _put(worker.dp, ["input_ids", "token_mask", "generation_logprobs", "advantages", "prev_logprobs",
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
+    meta = _put(worker.dp_rank.dp, ["input_ids", "token_mask", "generation_logprobs", "advantages", "prev_logprobs",
                             "reference_policy_logprobs"], {"generation_logprobs": 0.1, "advantages": 1.0})
-    worker.device = META
+    worker.dp_rank.device = META
     with DeviceAudit() as audit:
         worker.compute_logprobs(meta, out_field="prev_logprobs")
         worker.compute_logprobs(meta, out_field="reference_policy_logprobs", reference=True)
@@ -104,9 +105,9 @@ def test_value_worker_creates_every_tensor_on_its_device():
     cfg = load_config("ppo_arithmetic", ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
                                          "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
                                          "ppo.num_prompts_per_step=2", "ppo.num_generations_per_prompt=4"])
-    worker = ValueWorker(cfg, make_data_plane("memory"))
-    meta = _put(worker.dp, PPO_FIELDS, {"returns": 1.0})
-    worker.device = META
+    worker = ValueWorker(value_options(cfg), make_data_plane("memory"))
+    meta = _put(worker.dp_rank.dp, PPO_FIELDS, {"returns": 1.0})
+    worker.dp_rank.device = META
     with DeviceAudit() as audit:
         worker.compute_values(meta)
         metrics = worker.train(meta)
@@ -119,10 +120,10 @@ def test_audit_catches_a_factory_without_device():
     import rlplane.workers.policy as policy_module
 
     cfg = _cfg()
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
-    meta = _put(worker.dp, ["input_ids", "token_mask", "generation_logprobs", "advantages", "prev_logprobs",
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
+    meta = _put(worker.dp_rank.dp, ["input_ids", "token_mask", "generation_logprobs", "advantages", "prev_logprobs",
                             "reference_policy_logprobs"], {"generation_logprobs": 0.1, "advantages": 1.0})
-    worker.device = META
+    worker.dp_rank.device = META
     code = compile("def leak(n):\n    return torch.arange(n)\n", policy_module.__file__, "exec")
     scope = {"torch": torch}
     exec(code, scope)  # a function whose frame says it lives in rlplane/workers/policy.py
@@ -133,10 +134,10 @@ def test_audit_catches_a_factory_without_device():
 
 
 def test_fetched_batches_land_on_the_worker_device():
-    worker = PolicyWorker(_cfg(), make_data_plane("memory"))
-    meta = _put(worker.dp, ["input_ids", "token_mask"], {})
-    worker.device = META  # real meta tensors: no compute, only placement
-    data = worker._fetch(meta, ["input_ids", "token_mask"])
+    worker = PolicyWorker(policy_options(_cfg()), make_data_plane("memory"))
+    meta = _put(worker.dp_rank.dp, ["input_ids", "token_mask"], {})
+    worker.dp_rank.device = META  # real meta tensors: no compute, only placement
+    data = worker.dp_rank.fetch(meta, ["input_ids", "token_mask"])
     assert {t.device for t in data.values()} == {META}
 
 

@@ -11,7 +11,7 @@ from rlplane.algorithms import failed_group_keep_mask
 from rlplane.config.loading import load_config
 from rlplane.datasets import build_datasets
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
-from rlplane.workers.base import load_configured_policy
+from rlplane.models.configured import load_configured_policy
 from rlplane.workers.failures import add_failure_counts, num_failed_groups
 from rlplane.workers.rollout import RolloutWorker
 
@@ -53,7 +53,7 @@ def worker_and_prompts(*extra):
     cfg = load_config(None, ["grpo.num_prompts_per_step=4", f"grpo.num_generations_per_prompt={G}",
                              "policy.train_global_batch_size=8", "data.num_train_samples=64",
                              "policy.generation.max_new_tokens=3", *extra])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     return RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
 
@@ -123,7 +123,7 @@ def test_async_collector_drops_groups_with_a_failed_sample(flaky):
                              "policy.generation.max_new_tokens=3", "grpo.async_grpo.enabled=true",
                              "loss_fn.use_importance_sampling_correction=true",
                              "grpo.rollout_failure_policy=drop_group"])
-    _, tok = load_configured_policy(cfg)
+    _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     from rlplane.dataplane import make_data_plane
 

@@ -85,10 +85,10 @@ def test_generators_spread_by_group_and_offset_group_indices():
 
 def test_hf_engine_sleeps_and_wakes_with_the_same_samples():
     from rlplane.generation.hf import HFGenerationBackend
-    from rlplane.workers.base import load_configured_policy
+    from rlplane.models.configured import load_configured_policy
 
     cfg = load_config(None, [])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     backend = HFGenerationBackend(model, tok)
     prompt = [tok.encode("1+2=")]
@@ -150,12 +150,12 @@ def test_generators_count_in_the_ray_cpu_demand_and_async_grpo_takes_one():
 
 
 def test_hf_decode_config_key_reaches_the_backend():
-    from rlplane.workers.base import load_configured_policy
+    from rlplane.models.configured import load_configured_policy
     from rlplane.workers.rollout import RolloutWorker
 
     for value in ("auto", "hf", "fused"):
         cfg = load_config(None, [f"policy.generation.hf_decode={value}"])
-        model, tok = load_configured_policy(cfg)
+        model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
         assert RolloutWorker(cfg, None, model=model, tokenizer=tok).backend.decode == value
     with pytest.raises(ConfigError, match="hf_decode"):
         load_config(None, ["policy.generation.hf_decode=fast"])

@@ -12,6 +12,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.recipes.grpo import TRAIN_COLUMNS
+from rlplane.training.workers import policy_options, value_options
 from rlplane.workers.packing import (
     first_fit_decreasing,
     pack_inputs,
@@ -115,12 +116,12 @@ def _logprobs_loss_grads(extra, token_level, prev=None):
     """Per-token logprobs (B, T) from compute_logprobs, then one train step's metrics and gradients (with
     ``prev``, (B, T), as the prev logprobs, so every mode trains on the same ones)."""
     cfg = _cfg(*extra, f"loss_fn.token_level_loss={str(token_level).lower()}")
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
-    meta = _batch(worker.dp)
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
+    meta = _batch(worker.dp_rank.dp)
     worker.compute_logprobs(meta, out_field="prev_logprobs")
-    lp = worker.dp.get_samples(meta, "train", ["prev_logprobs"])["prev_logprobs"]
+    lp = worker.dp_rank.dp.get_samples(meta, "train", ["prev_logprobs"])["prev_logprobs"]
     if prev is not None:
-        worker.dp.put_samples(list(meta.sample_ids), "train",
+        worker.dp_rank.dp.put_samples(list(meta.sample_ids), "train",
                               {"prev_logprobs": [x[:n] for x, n in zip(prev, meta.seq_lens)]})
     metrics = worker.train(meta, ClippedPGLoss(cfg.loss_fn.options(), reference=False))
     # max_grad_norm = null: .grad is the unclipped gradient of the step (AdamW does not clear it).
@@ -163,7 +164,7 @@ def test_value_worker_packed_and_token_budget_match_padded(extra):
         meta = client.put_samples([f"s{i}_g0" for i in range(N)], "train", {
             "input_ids": [torch.randint(4, 21, (n,), generator=g) for n in lengths], "token_mask": mask,
             "returns": [torch.randn(n, generator=g) for n in lengths]})
-        w = ValueWorker(cfg, client)
+        w = ValueWorker(value_options(cfg), client)
         torch.nn.init.normal_(w.model.score.weight, std=0.1, generator=torch.Generator().manual_seed(2))
         w.compute_values(meta)
         values = client.get_samples(meta, "train", ["values"])["values"]

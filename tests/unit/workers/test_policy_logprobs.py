@@ -16,7 +16,9 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
-from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, token_logprobs
+from rlplane.training.workers import policy_options
+from rlplane.workers.logprobs import token_logprobs
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 N = 16  # sequences: one global batch
 
@@ -40,8 +42,8 @@ def _on_policy_batch(worker: PolicyWorker, cfg, seed=0):
     mask = [torch.tensor([0] * len(p) + [1] * len(o), dtype=torch.int8) for p, o in zip(prompts, out.output_ids)]
     gen_lp = [torch.cat([torch.zeros(len(p)), lp]) for p, lp in zip(prompts, out.logprobs)]
     adv = torch.randn(N, generator=g)
-    worker.dp.register_partition("train", TRAIN_FIELDS, N)
-    return worker.dp.put_samples(
+    worker.dp_rank.dp.register_partition("train", TRAIN_FIELDS, N)
+    return worker.dp_rank.dp.put_samples(
         [f"s{i}_g0" for i in range(N)], "train",
         {"input_ids": ids, "token_mask": mask, "generation_logprobs": gen_lp,
          "advantages": [adv[i].expand(len(x)).clone() for i, x in enumerate(ids)]},
@@ -53,7 +55,7 @@ def _on_policy_batch(worker: PolicyWorker, cfg, seed=0):
                                        "policy.generation.temperature=0.7"]])
 def test_first_step_is_on_policy_under_top_k_top_p(sampling):
     cfg = _cfg(*sampling)
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
     meta = _on_policy_batch(worker, cfg)
     worker.compute_logprobs(meta, out_field="prev_logprobs")
     metrics = worker.train(meta, ClippedPGLoss(cfg.loss_fn.options(), reference=worker.reference is not None))
@@ -67,15 +69,15 @@ def test_reference_logprobs_stay_unfiltered_and_kl_uses_unfiltered_current():
     """As NeMo RL: reference logprobs are temperature-only; at step 0 (policy == reference) the KL
     term compares the policy's unfiltered logprobs with them and is exactly 0."""
     cfg = _cfg("policy.generation.top_p=0.8", "loss_fn.reference_policy_kl_penalty=0.1")
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
     meta = _on_policy_batch(worker, cfg, seed=1)
     worker.compute_logprobs(meta, out_field="prev_logprobs")
     worker.compute_logprobs(meta, out_field="reference_policy_logprobs", reference=True)
-    data = worker.dp.get_samples(meta, "train", ["input_ids", "prev_logprobs", "reference_policy_logprobs"])
+    data = worker.dp_rank.dp.get_samples(meta, "train", ["input_ids", "prev_logprobs", "reference_policy_logprobs"])
     ids, lengths = data["input_ids"], torch.tensor(meta.seq_lens)
     attn = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
     with torch.no_grad():
-        plain = token_logprobs(worker.reference.eval(), ids, attn, temperature=1.0)
+        plain = token_logprobs(worker.reference.model.eval(), ids, attn, temperature=1.0)
     valid = attn.bool()
     torch.testing.assert_close(data["reference_policy_logprobs"][valid], plain[valid])
     # The policy's filtered logprobs are renormalised: higher than the unfiltered ones (kept mass < 1).

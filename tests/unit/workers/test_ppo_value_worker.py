@@ -8,6 +8,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models.loading import load_policy
 from rlplane.recipes.ppo import TRAIN_COLUMNS as TRAIN_FIELDS
+from rlplane.training.workers import value_options
 from rlplane.workers.value import ValueWorker, build_value_model, shifted_values
 
 CFG = ["warmup.enabled=false", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",
@@ -31,7 +32,7 @@ def _batch(client, n=8, seed=0):
 
 def test_value_model_is_policy_trunk_with_zero_head():
     cfg = _cfg()
-    model, _ = build_value_model(cfg)
+    model, _ = build_value_model(cfg.policy, cfg.loop.seed)
     causal, _ = load_policy(cfg.policy.model_name, seed=cfg.ppo.seed, model_kwargs=cfg.policy.tiny.model_dump())
     for k, v in causal.model.state_dict().items():
         assert torch.equal(model.model.state_dict()[k], v), k
@@ -40,7 +41,7 @@ def test_value_model_is_policy_trunk_with_zero_head():
 
 def test_shifted_values_put_head_output_at_next_position():
     cfg = _cfg()
-    model, _ = build_value_model(cfg)
+    model, _ = build_value_model(cfg.policy, cfg.loop.seed)
     torch.nn.init.normal_(model.score.weight, generator=torch.Generator().manual_seed(1))
     ids = torch.tensor([[1, 5, 6, 17, 8, 9]])
     head = model(input_ids=ids).logits[..., 0]  # (1, T): head at t has seen tokens <= t
@@ -53,7 +54,7 @@ def test_compute_values_writes_trimmed_column_and_training_fits_returns():
     cfg = _cfg()
     client = make_data_plane("memory")
     meta, lengths = _batch(client)
-    w = ValueWorker(cfg, client)
+    w = ValueWorker(value_options(cfg), client)
     torch.nn.init.normal_(w.model.score.weight, std=0.1, generator=torch.Generator().manual_seed(2))
     w.compute_values(meta)
     stored = client.get_samples(meta, "train", ["values", "input_ids"])
@@ -72,7 +73,7 @@ def test_value_checkpoint_is_hf_loadable_and_restores_optimizer(tmp_path):
     cfg = _cfg()
     client = make_data_plane("memory")
     meta, lengths = _batch(client)
-    w = ValueWorker(cfg, client)
+    w = ValueWorker(value_options(cfg), client)
     w.compute_values(meta)
     client.put_samples(meta, "train", {"returns": [torch.ones(int(L)) for L in lengths]})
     w.train(meta)
@@ -80,7 +81,7 @@ def test_value_checkpoint_is_hf_loadable_and_restores_optimizer(tmp_path):
     hf = AutoModelForTokenClassification.from_pretrained(tmp_path / "value" / "weights")
     ids = torch.tensor([[1, 5, 6, 17]])
     torch.testing.assert_close(hf(input_ids=ids).logits, w.model(input_ids=ids).logits)
-    other = ValueWorker(cfg, client)
+    other = ValueWorker(value_options(cfg), client)
     other.load(str(tmp_path / "value"))
     a, b = w.train(meta), other.train(meta)  # same weights and Adam moments: same next step
     assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]

@@ -15,6 +15,7 @@ from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
 from rlplane.training import Session
+from rlplane.training.workers import policy_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 N = 16  # 4 prompts x 4 generations: one global batch of 16 = one optimizer step per rollout
@@ -59,8 +60,8 @@ def _on_policy_batch(worker: PolicyWorker, cfg, seed=0):
     mask = [torch.tensor([0] * len(p) + [1] * len(o), dtype=torch.int8) for p, o in zip(prompts, out.output_ids)]
     gen_lp = [torch.cat([torch.zeros(len(p)), lp]) for p, lp in zip(prompts, out.logprobs)]
     adv = torch.randn(N, generator=g)
-    worker.dp.register_partition("train", TRAIN_FIELDS, N)
-    return worker.dp.put_samples(
+    worker.dp_rank.dp.register_partition("train", TRAIN_FIELDS, N)
+    return worker.dp_rank.dp.put_samples(
         [f"s{i}_g0" for i in range(N)], "train",
         {"input_ids": ids, "token_mask": mask, "generation_logprobs": gen_lp,
          "advantages": [adv[i].expand(len(x)).clone() for i, x in enumerate(ids)]},
@@ -79,8 +80,8 @@ def test_skip_gives_the_explicit_forwards_loss_gradients_and_metrics(extra):
     cfg = load_config(None, [*ONE_STEP, *extra])
     assert skips_prev_logprob_forward(cfg)
     dp = make_data_plane("memory")
-    skip = PolicyWorker(cfg, dp)
-    explicit = PolicyWorker(cfg, dp, init_state=copy.deepcopy(skip.model.state_dict()))
+    skip = PolicyWorker(policy_options(cfg), dp)
+    explicit = PolicyWorker(policy_options(cfg), dp, init_state=copy.deepcopy(skip.model.state_dict()))
     meta = _on_policy_batch(skip, cfg)
     reference = cfg.loss_fn.reference_policy_kl_penalty != 0
 

@@ -9,7 +9,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.datasets import build_datasets
-from rlplane.workers.base import load_configured_policy
+from rlplane.models.configured import load_configured_policy
 from rlplane.workers.rollout import RolloutWorker, sample_keys
 
 G = 3
@@ -21,7 +21,7 @@ def setup():
     cfg = load_config(None, ["grpo.num_prompts_per_step=4", f"grpo.num_generations_per_prompt={G}",
                              "policy.train_global_batch_size=12", "data.num_train_samples=64",
                              "policy.generation.max_new_tokens=6"])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     datums = next(loader) + next(loader)  # 8 prompts
     return cfg, model, tok, datums
@@ -50,7 +50,7 @@ def test_one_or_two_workers_any_order_same_samples(setup):
     dp = make_data_plane("memory")
     one = RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=0)
     # A second worker with its own model copy and another generator seed (the collector's is seed + 3).
-    copy, _ = load_configured_policy(cfg)
+    copy, _ = load_configured_policy(cfg.policy, cfg.loop.seed)
     copy.load_state_dict(model.state_dict())
     two = [RolloutWorker(cfg, dp, model=m, tokenizer=tok, seed=s) for m, s in ((model, 5), (copy, 9))]
     reference = rollout(one, dp, datums)

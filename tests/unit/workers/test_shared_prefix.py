@@ -13,6 +13,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.recipes.grpo import TRAIN_COLUMNS
+from rlplane.training.workers import policy_options
 from rlplane.workers import shared_prefix
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
@@ -66,8 +67,8 @@ def _batch(client):
 
 def _train(shared: bool, *extra):
     cfg = _cfg(shared, *extra)
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
-    meta = _batch(worker.dp)
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
+    meta = _batch(worker.dp_rank.dp)
     forwards = []
     original = worker.model.forward
     worker.model.forward = lambda *a, **k: forwards.append(k["input_ids"].shape) or original(*a, **k)
@@ -108,11 +109,12 @@ def test_shared_prefix_forward_matches_the_plain_one(extra):
 
 def test_multi_turn_samples_take_the_plain_forward():
     cfg = _cfg(True)
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
-    meta = _batch(worker.dp)
-    mask = worker.dp.get_samples(meta, "train", ["token_mask"])["token_mask"]
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
+    meta = _batch(worker.dp_rank.dp)
+    mask = worker.dp_rank.dp.get_samples(meta, "train", ["token_mask"])["token_mask"]
     mask[0, 6] = 0  # an observation token inside sample 0's response
-    worker.dp.put_samples(list(meta.sample_ids), "train", {"token_mask": [m[:n] for m, n in zip(mask, meta.seq_lens)]})
+    worker.dp_rank.dp.put_samples(list(meta.sample_ids), "train",
+                                  {"token_mask": [m[:n] for m, n in zip(mask, meta.seq_lens)]})
     forwards = []
     original = worker.model.forward
     worker.model.forward = lambda *a, **k: forwards.append(k["input_ids"].shape) or original(*a, **k)
@@ -123,7 +125,7 @@ def test_multi_turn_samples_take_the_plain_forward():
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_attn_implementation_reaches_the_model(impl):
     cfg = load_config(None, ["warmup.enabled=false", f"policy.attn_implementation={impl}"])
-    assert PolicyWorker(cfg, make_data_plane("memory")).model.config._attn_implementation == impl
+    assert PolicyWorker(policy_options(cfg), make_data_plane("memory")).model.config._attn_implementation == impl
 
 
 @pytest.mark.parametrize("extra", [[], ["policy.generation.top_p=0.8"]], ids=["plain sampling", "top-p"])
@@ -131,10 +133,10 @@ def test_logprob_forward_matches_the_plain_one_on_every_token(extra):
     """The no-grad prev-logprob forward takes the same path: prompt and response tokens as the plain forward."""
     out = {}
     for shared in (False, True):
-        worker = PolicyWorker(_cfg(shared, *extra), make_data_plane("memory"))
-        meta = _batch(worker.dp)
+        worker = PolicyWorker(policy_options(_cfg(shared, *extra)), make_data_plane("memory"))
+        meta = _batch(worker.dp_rank.dp)
         worker.compute_logprobs(meta, out_field="prev_logprobs")
-        out[shared] = worker.dp.get_samples(meta, "train", ["prev_logprobs"])["prev_logprobs"]
+        out[shared] = worker.dp_rank.dp.get_samples(meta, "train", ["prev_logprobs"])["prev_logprobs"]
     lengths = torch.tensor(meta.seq_lens)
     valid = torch.arange(out[False].shape[1])[None, :] < lengths[:, None]
     assert bool((out[False][valid] != 0).sum() == valid.sum() - N)  # every token but each row's first has one

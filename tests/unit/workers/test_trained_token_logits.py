@@ -9,11 +9,13 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
+from rlplane.models.configured import load_configured_policy
 from rlplane.recipes.grpo import TRAIN_COLUMNS
+from rlplane.training.workers import policy_options
 from rlplane.workers import policy
-from rlplane.workers.base import load_configured_policy
+from rlplane.workers.logprobs import microbatch_logprobs
 from rlplane.workers.packing import MicroBatch
-from rlplane.workers.policy import ClippedPGLoss, PolicyWorker, microbatch_logprobs
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 PROMPTS = [4, 6, 3, 5]
 RESPONSES = [3, 5, 6, 2]
@@ -42,7 +44,8 @@ def _batch(seed=0):
 @pytest.mark.parametrize("sampling", [(1.0, None, 1.0), (0.7, 5, 0.9)], ids=["plain", "top-k-top-p"])
 def test_skipped_logits_give_the_full_paths_logprobs_and_gradients(trim, sampling):
     temperature, top_k, top_p = sampling
-    model, _ = load_configured_policy(_cfg(), trainable=True)
+    cfg = _cfg()
+    model, _ = load_configured_policy(cfg.policy, cfg.loop.seed, trainable=True)
     ids, lengths, mask = _batch()
     mb = MicroBatch(torch.tensor([2, 0, 3]))  # prompts 3, 4, 5: logits from column 2
     m = mask[mb.rows, 1:].float()  # (b, T-1): the loss's view, aligned with logprobs[:, 1:]
@@ -77,11 +80,11 @@ def _train(monkeypatch, full: bool, extra=()):
     if full:  # the path before: every column's logits
         monkeypatch.setattr(policy, "microbatch_logprobs", lambda *a, only=None, **k: microbatch_logprobs(*a, **k))
     cfg = _cfg(*extra)
-    worker = PolicyWorker(cfg, make_data_plane("memory"))
+    worker = PolicyWorker(policy_options(cfg), make_data_plane("memory"))
     ids, lengths, mask = _batch()
     g = torch.Generator().manual_seed(2)
-    worker.dp.register_partition("train", TRAIN_COLUMNS, N)
-    meta = worker.dp.put_samples([f"s{i}_g0" for i in range(N)], "train", {
+    worker.dp_rank.dp.register_partition("train", TRAIN_COLUMNS, N)
+    meta = worker.dp_rank.dp.put_samples([f"s{i}_g0" for i in range(N)], "train", {
         "input_ids": [ids[i, :n] for i, n in enumerate(lengths)],
         "token_mask": [mask[i, :n].to(torch.int8) for i, n in enumerate(lengths)],
         "generation_logprobs": [-3.0 + 0.3 * torch.randn(int(n), generator=g) for n in lengths],

@@ -1,0 +1,72 @@
+"""The models a run's ``policy`` section describes: the policy (with its attention, precision, LoRA and
+activation-checkpointing settings) and the PPO critic built on the policy's trunk.
+
+Both take the ``policy`` section and the run's seed, never the whole run config.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from rlplane.models.loading import load_policy
+from rlplane.models.precision import apply_precision
+
+if TYPE_CHECKING:
+    from rlplane.config.policy import PolicyConfig
+
+
+def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool = False,
+                           init_state: dict[str, torch.Tensor] | None = None):
+    """``(model, tokenizer)`` for ``policy.model_name``: the embedded model takes its shape from
+    ``policy.tiny``; initialisation is seeded by ``seed`` (the run's). ``policy.attn_implementation``,
+    ``policy.precision`` and ``policy.activation_checkpointing`` are applied to the model. ``init_state``
+    (full weights, HF names) is loaded first; with ``trainable`` and ``policy.lora.enabled`` the model is then wrapped
+    in LoRA adapters (``models/lora.py``): the trainer's copy, never a generator's."""
+    p = policy
+    embedded = p.model_name.startswith("embedded:")
+    model, tokenizer = load_policy(p.model_name, seed=seed, model_kwargs=p.tiny.model_dump() if embedded else None)
+    if init_state is not None:
+        model.load_state_dict(init_state)
+    if p.attn_implementation is not None:
+        model.set_attn_implementation(p.attn_implementation)
+    apply_precision(model, p.precision)
+    if trainable and p.lora.enabled:
+        from rlplane.models.lora import apply_lora
+
+        model = apply_lora(model, p.lora.rank, p.lora.alpha, p.lora.target_modules, p.lora.dropout)
+    if p.activation_checkpointing:
+        # Non-reentrant: works with inputs that do not require grad and with autocast.
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, tokenizer
+
+
+def build_value_model(policy: PolicyConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None):
+    """``(value_model, tokenizer)``: the policy's trunk (``init_state`` = a causal-LM state dict, if
+    given) under a zero-initialised scalar head. Deterministic; leaves the global RNG untouched.
+
+    The model is ``AutoModelForTokenClassification`` with ``num_labels = 1`` built from the policy's
+    config (for Llama: ``LlamaForTokenClassification``), so its checkpoint is an ordinary HF directory."""
+    causal, tokenizer = load_configured_policy(policy, seed)
+    if init_state is not None:
+        causal.load_state_dict(init_state)
+    config = copy.deepcopy(causal.config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # values must not depend on train/eval mode (old values vs training)
+    config.architectures = None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForTokenClassification.from_config(config)
+    trunk = getattr(model, model.base_model_prefix)
+    trunk.load_state_dict(getattr(causal, causal.base_model_prefix).state_dict())
+    head = model.score
+    torch.nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        torch.nn.init.zeros_(head.bias)
+    return model.to(torch.float32), tokenizer

@@ -1,0 +1,63 @@
+"""The scorer block: per-token logprobs of a data-parallel shard under a model, written back into the
+data plane. A :class:`Scorer` holds a frozen model (the reference policy inside the policy worker, the
+teacher of on-policy distillation); the policy worker runs :func:`shard_logprobs` on its trained model too.
+
+As in NeMo RL, the reference policy's logprobs (and the current policy's inside the KL term) are
+unfiltered, temperature only: the reference's top-k/top-p set differs from the policy's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlplane.dataplane import KVBatchMeta
+from rlplane.dataplane.columns import INPUT_IDS, TOKEN_MASK
+from rlplane.workers import shared_prefix
+from rlplane.workers.logprobs import microbatch_logprobs
+from rlplane.workers.packing import microbatch_planner
+from rlplane.workers.rank import DPRank
+
+
+@torch.no_grad()
+def shard_logprobs(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_field: str, policy, pad_id: int,
+                   filtered: bool) -> KVBatchMeta | None:
+    """Forward ``rank``'s shard ``meta`` through ``model`` without gradients (in eval mode, restored after) and
+    write its per-token logprobs back as ``out_field``: under ``policy.generation``'s sampling distribution
+    with ``filtered``, temperature only without. ``policy`` is the model's ``policy`` section (micro-batching,
+    ``shared_prefix_forward``, ``generation``)."""
+    lengths = rank.lengths(meta)
+    plan = microbatch_planner(policy, train=False)(torch.arange(len(meta), device=rank.device), lengths)
+    finish_lockstep = rank.lockstep(model, len(plan))
+    if len(meta) == 0:
+        return finish_lockstep()
+    # policy.shared_prefix_forward here too: the training forward's own numbers, so a prev-logprob forward
+    # of the weights being trained gives a ratio of exactly 1, as with the plain forward in both.
+    shared = shared_prefix.applies(policy)
+    data = rank.fetch(meta, [INPUT_IDS, TOKEN_MASK] if shared else [INPUT_IDS])
+    ids = data[INPUT_IDS]  # (B, T)
+    prompts = shared_prefix.prompt_lengths(data[TOKEN_MASK], lengths) if shared else None
+    gen = policy.generation
+    top_k, top_p = (gen.top_k, gen.top_p) if filtered else (None, 1.0)
+    trim = policy.dynamic_batching.enabled
+    was_training = model.training
+    model.eval()
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=rank.device)  # (B, T)
+    for mb in plan:
+        out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p,
+                                           prompt_lens=prompts, pad_id=pad_id)
+    out = out.cpu()  # the data plane holds host tensors
+    finish_lockstep()
+    model.train(was_training)
+    return rank.put_rows(meta, out_field, out, lengths)
+
+
+class Scorer:
+    """A frozen ``model`` (moved to ``rank.device``, eval mode, no gradients) that writes logprobs of
+    ``rank``'s shards: filtered by ``policy.generation``'s top-k/top-p (the teacher) or not (the reference)."""
+
+    def __init__(self, model: torch.nn.Module, rank: DPRank, policy, pad_id: int, filtered: bool):
+        self.model = model.to(rank.device).eval().requires_grad_(False)
+        self.rank, self.policy, self.pad_id, self.filtered = rank, policy, pad_id, filtered
+
+    def write_logprobs(self, meta: KVBatchMeta, out_field: str) -> KVBatchMeta | None:
+        return shard_logprobs(self.rank, self.model, meta, out_field, self.policy, self.pad_id, self.filtered)

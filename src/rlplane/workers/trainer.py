@@ -1,0 +1,164 @@
+"""The trainer block of the policy and value workers: a model, its AdamW and schedule, and the
+global-batch loop (micro-batches → summed gradients → DP all-reduce → clip → optimizer step).
+
+It owns what training changes and what a checkpoint keeps of it (weights, optimizer and scheduler
+state, plain or FSDP2-sharded); the worker that holds it decides what is trained and with which loss.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import torch
+
+from rlplane.config.policy import OptimizerConfig, SchedulerConfig
+from rlplane.utils.metrics import reduce_microbatch_metrics
+from rlplane.workers import parallel
+from rlplane.workers.packing import MicroBatch
+from rlplane.workers.rank import DPRank
+
+# (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
+# sequences) -> (loss, detached metrics)
+MicroBatchLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def _lr_lambda(warmup_steps: int, start_factor: float):
+    def f(step: int) -> float:
+        if warmup_steps <= 0 or step >= warmup_steps:
+            return 1.0
+        return start_factor + (1.0 - start_factor) * step / warmup_steps
+
+    return f
+
+
+def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
+    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with
+    linear warm-up; ``(optimizer, scheduler)``."""
+    # foreach: one op per update term over all tensors. torch picks it by default only on GPUs; on a
+    # CPU it is the same kernels on each tensor (same numbers) without a Python loop over the parameters.
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay,
+        betas=tuple(opt.betas), eps=opt.eps, foreach=True
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor))
+    return optimizer, scheduler
+
+
+class Trainer:
+    """``model`` (moved to ``rank.device``, in train mode) with AdamW and its schedule (``optimizer`` /
+    ``scheduler`` config sections), training on ``rank``'s shard."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, scheduler: SchedulerConfig, rank: DPRank):
+        self.rank = rank
+        self.model = model.to(rank.device)
+        self.model.train()
+        self.optimizer, self.scheduler = build_optimizer(self.model, optimizer, scheduler)
+
+    def shard(self, frozen: list[torch.nn.Module]) -> None:
+        """FSDP2-shard the trained model and the ``frozen`` ones over the joined group; the optimizer is
+        rebuilt over the shards (before any step, so nothing is lost)."""
+        for m in (self.model, *frozen):
+            parallel.shard_model(m, self.rank.device, self.rank.world_size)
+        self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
+
+    def train_global_batches(
+        self,
+        token_mask: torch.Tensor,
+        sample_mask: torch.Tensor,
+        global_batch_size: int,
+        plan: Callable[[torch.Tensor], list[MicroBatch]],
+        max_grad_norm: float | None,
+        forward: Callable[[MicroBatch], torch.Tensor],
+        loss: MicroBatchLoss,
+        batch: dict[str, torch.Tensor],
+    ) -> dict[str, float]:
+        """One optimizer step per global batch of this rank's shard, then one scheduler step.
+
+        ``token_mask`` (B, T') is the loss's token mask (already sliced like the loss inputs) and
+        ``sample_mask`` (B,). ``plan(rows)`` cuts a global batch's rows into micro-batches
+        (``workers/packing.py``); per micro-batch ``mb``: ``loss(forward(mb), {k: v[mb.rows]},
+        sample_mask[mb.rows], global_valid_tokens, global_valid_seqs)``, ``forward`` returning (b, T') rows.
+        The loss is normalised by the global counts of each global batch (summed over micro-batches and
+        DP ranks), so the summed gradient is the global-batch mean, however the rows are cut.
+        Returns the reduced metrics plus ``grad_norm``, ``lr``, ``global_valid_toks/seqs``.
+        """
+        per_rank_gbs = global_batch_size // self.rank.world_size
+        num_gb = max(1, len(token_mask) // per_rank_gbs)
+        metrics_per_mb: list[dict[str, torch.Tensor]] = []
+        grad_norms, valid_counts = [], []
+        for g in range(num_gb):
+            gb = slice(g * per_rank_gbs, (g + 1) * per_rank_gbs)
+            tm = token_mask[gb].float() * sample_mask[gb, None]
+            counts = self.rank.all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
+            global_toks, global_seqs = counts[0], counts[1]
+            valid_counts.append(counts)
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
+                value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
+                                global_toks, global_seqs)
+                value.backward()
+                metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
+            parallel.sync_gradients(self.model, self.rank.group)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
+            grad_norms.append(parallel.as_float(norm))
+            self.optimizer.step()
+        self.scheduler.step()
+        out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
+        out["grad_norm"] = float(torch.stack(grad_norms).mean())
+        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        # Mean over the step's global batches, as grad_norm (NeMo RL reports their mean too).
+        mean_toks, mean_seqs = torch.stack(valid_counts).float().mean(0).tolist()
+        out["global_valid_toks"], out["global_valid_seqs"] = mean_toks, mean_seqs
+        return out
+
+    def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
+        """After a resume: the run's optimizer settings replace the saved ones that loading the optimizer
+        and scheduler state restored; the learning rate follows the schedule from its restored step."""
+        groups = self.optimizer.param_groups
+        for g in groups:
+            g.update(initial_lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        self.scheduler.base_lrs = [lr] * len(groups)
+        for g, factor in zip(groups, (f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas)):
+            g["lr"] = lr * factor
+        self.scheduler._last_lr = [g["lr"] for g in groups]
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def save(self, path: str, tokenizer, frozen: dict[str, torch.nn.Module]) -> None:
+        """HF weights + ``tokenizer`` to ``path/weights``, optimizer/scheduler state (and the ``frozen`` models'
+        weights, by name) to ``path/optimizer.pt``: rank 0 only. Under FSDP every rank gathers the weights
+        and writes its optimizer shard (``parallel.save_sharded_state``); the scheduler goes to ``scheduler.pt``."""
+        weights_dir = os.path.join(path, "weights")
+        if parallel.is_sharded(self.model):
+            weights = parallel.full_state_dict(self.model)
+            if self.rank.rank == 0:
+                self.model.save_pretrained(weights_dir, state_dict=weights, safe_serialization=True)
+                tokenizer.save_pretrained(weights_dir)
+                torch.save({"scheduler": self.scheduler.state_dict()}, os.path.join(path, "scheduler.pt"))
+            return parallel.save_sharded_state(path, self.model, self.optimizer, frozen)
+        if self.rank.rank != 0:
+            return
+        self.model.save_pretrained(weights_dir, safe_serialization=True)
+        tokenizer.save_pretrained(weights_dir)
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state.update({name: m.state_dict() for name, m in frozen.items()})
+        torch.save(state, os.path.join(path, "optimizer.pt"))
+
+    def load(self, path: str, load_weights: Callable[[str], None], frozen: dict[str, torch.nn.Module]) -> None:
+        """Resume what :meth:`save` wrote: ``load_weights(path/weights)`` puts the weights into the model (the
+        worker knows their kind: full or a LoRA adapter), then the optimizer, scheduler and ``frozen`` state."""
+        from rlplane.utils.checkpoint import load_torch_state
+
+        parallel.check_resume_layout(path, self.rank.world_size, parallel.is_sharded(self.model))
+        load_weights(os.path.join(path, "weights"))
+        if parallel.is_sharded(self.model):
+            parallel.load_sharded_state(path, self.model, self.optimizer, frozen)
+            state = load_torch_state(os.path.join(path, "scheduler.pt"))
+            return self.scheduler.load_state_dict(state["scheduler"])
+        state = load_torch_state(os.path.join(path, "optimizer.pt"))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name, m in frozen.items():
+            if name in state:
+                m.load_state_dict(state[name])
