@@ -13,12 +13,19 @@ Layout: each key gets a slot (an int) on first write; per field, one (2, capacit
 holds (chunk id, row in chunk) by slot, -1 where the field is not written. Requests of a thousand
 keys then cost one dict look-up per key plus numpy ops, not a Python loop per (key, field): the
 store actor answers every put and get, so this is on the step's critical path.
+
+Size. A cleared key's slot is reused by the next new key (oldest cleared first), and the key's
+tombstone (a write or read of it raises `ClearedKeyError`, not `MissingKeyError`) lives in that slot
+until then. A partition that is never re-registered (async GRPO's) so holds as many slots as it ever
+had live keys at once, and at most that many tombstones: O(live keys), however many steps pass.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,7 +41,7 @@ from .errors import (
     fmt_keys,
 )
 
-__all__ = ["PENDING", "LookupPlan", "PlaneIndex"]
+__all__ = ["PENDING", "Committed", "LookupPlan", "PlaneIndex", "WriteSpec"]
 
 
 class Pending:
@@ -60,10 +67,12 @@ class _Partition:
     num_samples: int
     task_name: str | None
     slot_of: dict[str, int] = dataclasses.field(default_factory=dict)  # live keys, first-write order
-    cleared: set[str] = dataclasses.field(default_factory=set)  # tombstones: writing these is an error
+    cleared: dict[str, int] = dataclasses.field(default_factory=dict)  # tombstones: key -> the slot it had
+    free: list[int] = dataclasses.field(default_factory=list)  # cleared slots, oldest first: reused first
     chunks: dict[int, list] = dataclasses.field(default_factory=dict)  # chunk id -> [payload, live rows]
     loc: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # field -> (2, cap): chunk, row
     seq_len: np.ndarray = dataclasses.field(default_factory=lambda: np.full(64, -1, dtype=np.int64))
+    key_at: np.ndarray = dataclasses.field(default_factory=lambda: np.full(64, None, dtype=object))  # slot -> key
     tags: list = dataclasses.field(default_factory=list)  # slot -> dict | None
     num_slots: int = 0
 
@@ -73,14 +82,68 @@ class _Partition:
             return
         new_cap = max(need, 2 * cap)
         self.seq_len = np.concatenate([self.seq_len, np.full(new_cap - cap, -1, dtype=np.int64)])
+        self.key_at = np.concatenate([self.key_at, np.full(new_cap - cap, None, dtype=object)])
         for f, arr in self.loc.items():
             self.loc[f] = np.concatenate([arr, np.full((2, new_cap - cap), -1, dtype=np.int64)], axis=1)
+
+    def take_slots(self, keys: list[str]) -> np.ndarray:
+        """Slots for new `keys`: cleared ones first (their tombstones go), then fresh ones at the end."""
+        reused = self.free[: len(keys)]
+        del self.free[: len(reused)]
+        if reused:
+            # the tombstones held in these slots go (a C-level loop: no Python frame per key)
+            collections.deque(map(self.cleared.pop, self.key_at[reused].tolist(), itertools.repeat(None)), 0)
+        num_new = len(keys) - len(reused)
+        self.grow(self.num_slots + num_new)
+        slots = np.concatenate([np.asarray(reused, dtype=np.int64),
+                                np.arange(self.num_slots, self.num_slots + num_new, dtype=np.int64)])
+        self.num_slots += num_new
+        self.tags.extend(itertools.repeat(None, num_new))
+        self.slot_of.update(zip(keys, slots.tolist()))
+        self.key_at[slots] = keys
+        return slots
+
+    def footprint(self) -> dict[str, int]:
+        """live keys, slots, tombstones, chunks, and the approximate bytes of the index's own structures
+        (containers, arrays, keys and tags; payloads not counted)."""
+        keys = sum(map(sys.getsizeof, self.slot_of)) + sum(map(sys.getsizeof, self.cleared))
+        containers = sum(map(sys.getsizeof, (self.slot_of, self.cleared, self.free, self.chunks, self.tags)))
+        arrays = self.seq_len.nbytes + self.key_at.nbytes + sum(a.nbytes for a in self.loc.values())
+        tags = sum(sys.getsizeof(t) for t in self.tags if t)
+        return {"live_keys": len(self.slot_of), "slots": self.num_slots, "tombstones": len(self.cleared),
+                "chunks": len(self.chunks), "bytes": keys + containers + arrays + tags}
 
     def field_loc(self, field: str) -> np.ndarray:
         arr = self.loc.get(field)
         if arr is None:
             arr = self.loc[field] = np.full((2, len(self.seq_len)), -1, dtype=np.int64)
         return arr
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteSpec:
+    """What a put states about its rows, checked by `PlaneIndex.commit` against what is stored.
+
+    token_lens: row lengths of the per-token fields in this put. seq_lens: this put's sequence
+    lengths (None: none known); `seq_lens_explicit` when the caller stated them (then they must agree
+    with any stored length), else derived from the put's token fields (then a stored length wins and
+    the rows must fit in it). tags: one dict per key to merge into the stored tags, or None."""
+
+    token_lens: dict[str, Any]
+    seq_lens: Sequence[int] | None
+    seq_lens_explicit: bool
+    tags: list[dict] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    """The index's answer to a commit: the keys' stored sequence lengths (None where unknown), their
+    tags (None when no key has any), the partition's task name and each field's new chunk id."""
+
+    seq_lens: list[int | None]
+    tags: list[dict] | None
+    task_name: str | None
+    chunks: dict[str, int]
 
 
 @dataclasses.dataclass
@@ -103,7 +166,6 @@ class PlaneIndex:
         # Payloads whose last row was released. The owner decides when to drop them: the Ray store
         # drops them after replying, since releasing ObjectRefs costs milliseconds it need not wait on.
         self.freed: list[Any] = []
-        self.last_chunks: dict[str, int] = {}  # field -> chunk id of the latest commit (for `attach`)
 
     # ---- partitions ----------------------------------------------------------------------------
 
@@ -154,33 +216,19 @@ class PlaneIndex:
         slots = self._slots(part, ids)
         return _lens_out(np.where(slots >= 0, part.seq_len[np.maximum(slots, 0)], -1))
 
-    def commit(
-        self,
-        pid: str,
-        ids: Sequence[str],
-        payloads: dict[str, Any],
-        token_lens: dict[str, Sequence[int]],
-        seq_lens: Sequence[int] | None,
-        seq_lens_explicit: bool,
-        tags: Sequence[dict] | None,
-    ) -> tuple[list[int | None], list[dict] | None, str | None]:
-        """Record that rows 0..n-1 of payloads[field] hold field for ids[0..n-1].
-
-        token_lens: row lengths of the per-token fields in this put (checked against seq lengths).
-        seq_lens: this put's sequence lengths; `seq_lens_explicit` when the caller stated them
-        (then they must agree with any stored length), else derived from this put's token fields
-        (then a stored length wins and the rows must fit in it).
-        Returns the stored (seq_lens, tags or None if no key has any, task_name) of ids.
-        """
+    def commit(self, pid: str, ids: Sequence[str], payloads: dict[str, Any], spec: WriteSpec) -> Committed:
+        """Record that rows 0..n-1 of payloads[field] hold field for ids[0..n-1], after checking `spec`
+        (the put's lengths and tags) against what is stored."""
         part = self.partition(pid)
         n = len(ids)
-        if part.cleared and not part.cleared.isdisjoint(ids):
+        if part.cleared and not part.cleared.keys().isdisjoint(ids):
             cleared = [s for s in ids if s in part.cleared]
             field = next(iter(payloads), "?")
             raise ClearedKeyError(
                 f"partition {pid!r}: keys {fmt_keys(cleared)} were cleared; writing field {field!r} "
                 "to a cleared key is refused (mint new keys for new samples)"
             )
+        token_lens, seq_lens, tags = spec.token_lens, spec.seq_lens, spec.tags
         unknown_fields = [f for f in payloads if f not in part.fields]
         if unknown_fields:
             raise MissingFieldError(
@@ -193,7 +241,7 @@ class PlaneIndex:
         final = stored.copy()
         if seq_lens is not None:
             new = np.asarray(seq_lens, dtype=np.int64)
-            if seq_lens_explicit:
+            if spec.seq_lens_explicit:
                 bad = np.nonzero((stored >= 0) & (new != stored))[0]
                 if len(bad):
                     i = int(bad[0])
@@ -213,22 +261,16 @@ class PlaneIndex:
                     f"for keys {fmt_keys([ids[j] for j in bad])} (key "
                     f"{ids[i]!r}: {int(lens_arr[i])} > {int(final[i])})"
                 )
-        # Validated: apply. New keys get fresh slots.
+        # Validated: apply. New keys get slots (cleared ones first).
         fresh = np.nonzero(~known)[0]
         if len(fresh):
-            part.grow(part.num_slots + len(fresh))
-            new_slots = np.arange(part.num_slots, part.num_slots + len(fresh))
-            fresh_ids = ids if len(fresh) == n else [ids[i] for i in fresh.tolist()]
-            part.slot_of.update(zip(fresh_ids, range(part.num_slots, part.num_slots + len(fresh))))
-            part.tags.extend(None for _ in range(len(fresh)))
-            slots[fresh] = new_slots
-            part.num_slots += len(fresh)
+            slots[fresh] = part.take_slots(list(ids) if len(fresh) == n else [ids[i] for i in fresh.tolist()])
         rows = np.arange(n, dtype=np.int64)
-        self.last_chunks = {}
+        chunks = {}
         for field, payload in payloads.items():
             arr = part.field_loc(field)
             self._release(part, arr[0, slots])
-            cid = self.last_chunks[field] = next(self._chunk_ids)
+            cid = chunks[field] = next(self._chunk_ids)
             part.chunks[cid] = [payload, n]
             arr[0, slots] = cid
             arr[1, slots] = rows
@@ -238,7 +280,7 @@ class PlaneIndex:
                 if t:
                     part.tags[slot] = {**(part.tags[slot] or {}), **t}
         out_tags = [part.tags[s] or {} for s in slots.tolist()]
-        return _lens_out(final), (out_tags if any(out_tags) else None), part.task_name
+        return Committed(_lens_out(final), out_tags if any(out_tags) else None, part.task_name, chunks)
 
     def attach(self, pid: str, chunks: dict[str, int], payloads: dict[str, Any]) -> None:
         """Put `payloads[field]` in place of the PENDING payload of chunk `chunks[field]`. A chunk
@@ -400,19 +442,26 @@ class PlaneIndex:
                 arr[:, : part.num_slots] = -1
             part.seq_len[: part.num_slots] = -1
             part.tags = [None] * len(part.tags)
-            part.cleared.update(ids)
+            part.cleared.update(part.slot_of)
+            part.free.extend(part.slot_of.values())
             part.slot_of.clear()
             return len(ids)
         for arr in part.loc.values():
             self._release(part, arr[0, slots])
             arr[:, slots] = -1
         part.seq_len[slots] = -1
-        for s, slot in zip(ids, slots.tolist()):
+        slot_list = slots.tolist()
+        for s, slot in zip(ids, slot_list):
             del part.slot_of[s]
             part.tags[slot] = None
-        part.cleared.update(ids)
+        part.cleared.update(zip(ids, slot_list))
+        part.free.extend(slot_list)
         return len(ids)
 
     def num_chunks(self, pid: str | None = None) -> int:
         pids = self._parts if pid is None else [pid]
         return sum(len(self._parts[p].chunks) for p in pids)
+
+    def footprint(self, pid: str) -> dict[str, int]:
+        """The partition's size (`_Partition.footprint`): what stays O(live keys) over any number of steps."""
+        return self.partition(pid).footprint()

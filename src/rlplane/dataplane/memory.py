@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
+from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, encoded
 from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError
@@ -35,8 +35,8 @@ class MemoryDataPlane(IndexedClient):
             self.index.freed.clear()
             return result
 
-    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        return dict(columns)
+    def _commit(self, pid, ids, columns, spec, bounds):
+        return self._index_call("commit", pid, ids, encoded(columns), spec), ()
 
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         return plan.parts

@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlplane.dataplane import KVBatchMeta, shard_meta_for_dp
+from rlplane.runtime.process_actor import ProcessActor
+from rlplane.runtime.worker_env import WORKER_ENV
 from rlplane.utils.heap import freeze_actor_heap
 
-WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 # An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
 
@@ -202,8 +203,6 @@ def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: flo
     ``process`` (local only): in a child process of its own (:class:`~rlplane.runtime.process_actor.ProcessActor`,
     off the driver's GIL; ``setup`` runs there first) instead of in this one. A Ray actor is a process anyway."""
     if runtime == "local" and process:
-        from rlplane.runtime.process_actor import ProcessActor
-
         return ProcessActor(cls, kwargs, setup=setup)
     if runtime == "local":
         return LocalActor(cls, kwargs)
