@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .client import DEFAULT_TOKEN_FIELDS, DataPlaneClient
 from .codec import Column
 from .errors import (
     ClearedKeyError,
@@ -26,6 +25,7 @@ from .errors import (
     ShapeError,
     UnknownPartitionError,
 )
+from .interface import DEFAULT_TOKEN_FIELDS, DataPlaneClient
 from .memory import MemoryDataPlane
 from .meta import GLOBAL_PAD_KEY, PAD_MULTIPLE_KEY, KVBatchMeta, concat_metas
 from .sharding import balance_rows, dp_shard_rows, global_pad_len, shard_meta_for_dp

@@ -22,11 +22,12 @@ import torch
 
 from rlplane.utils.shared_pickle import SMALL_TENSOR_BYTES, dumps
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, encoded
+from .client import IndexedClient, encoded
 from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError
 from .index import LookupPlan
+from .interface import DEFAULT_TOKEN_FIELDS
 
 __all__ = ["ForwardingDataPlane", "PlaneServer", "share_column"]
 

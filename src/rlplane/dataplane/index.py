@@ -12,20 +12,14 @@ raises leaves the index as it was.
 Layout: each key gets a slot (an int) on first write; per field, one (2, capacity) int64 array
 holds (chunk id, row in chunk) by slot, -1 where the field is not written. Requests of a thousand
 keys then cost one dict look-up per key plus numpy ops, not a Python loop per (key, field): the
-store actor answers every put and get, so this is on the step's critical path.
-
-Size. A cleared key's slot is reused by the next new key (oldest cleared first), and the key's
-tombstone (a write or read of it raises `ClearedKeyError`, not `MissingKeyError`) lives in that slot
-until then. A partition that is never re-registered (async GRPO's) so holds as many slots as it ever
-had live keys at once, and at most that many tombstones: O(live keys), however many steps pass.
+store actor answers every put and get, so this is on the step's critical path. A partition's table
+(slots, tombstones, arrays) is `partition.Partition`; its size stays O(live keys).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
-import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -40,84 +34,9 @@ from .errors import (
     UnknownPartitionError,
     fmt_keys,
 )
+from .partition import PENDING, Partition, Pending
 
-__all__ = ["PENDING", "Committed", "LookupPlan", "PlaneIndex", "WriteSpec"]
-
-
-class Pending:
-    """Payload of a chunk committed before its data was stored (the Ray backend commits while it
-    copies the data into the object store). `attach` replaces it; a reader that meets it retries."""
-
-    def __repr__(self) -> str:
-        return "PENDING"
-
-    def __eq__(self, other: object) -> bool:  # survives pickling to another process
-        return isinstance(other, Pending)
-
-    def __hash__(self) -> int:
-        return 0
-
-
-PENDING = Pending()
-
-
-@dataclasses.dataclass
-class _Partition:
-    fields: list[str]
-    num_samples: int
-    task_name: str | None
-    slot_of: dict[str, int] = dataclasses.field(default_factory=dict)  # live keys, first-write order
-    cleared: dict[str, int] = dataclasses.field(default_factory=dict)  # tombstones: key -> the slot it had
-    free: list[int] = dataclasses.field(default_factory=list)  # cleared slots, oldest first: reused first
-    chunks: dict[int, list] = dataclasses.field(default_factory=dict)  # chunk id -> [payload, live rows]
-    loc: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # field -> (2, cap): chunk, row
-    seq_len: np.ndarray = dataclasses.field(default_factory=lambda: np.full(64, -1, dtype=np.int64))
-    key_at: np.ndarray = dataclasses.field(default_factory=lambda: np.full(64, None, dtype=object))  # slot -> key
-    tags: list = dataclasses.field(default_factory=list)  # slot -> dict | None
-    num_slots: int = 0
-
-    def grow(self, need: int) -> None:
-        cap = len(self.seq_len)
-        if need <= cap:
-            return
-        new_cap = max(need, 2 * cap)
-        self.seq_len = np.concatenate([self.seq_len, np.full(new_cap - cap, -1, dtype=np.int64)])
-        self.key_at = np.concatenate([self.key_at, np.full(new_cap - cap, None, dtype=object)])
-        for f, arr in self.loc.items():
-            self.loc[f] = np.concatenate([arr, np.full((2, new_cap - cap), -1, dtype=np.int64)], axis=1)
-
-    def take_slots(self, keys: list[str]) -> np.ndarray:
-        """Slots for new `keys`: cleared ones first (their tombstones go), then fresh ones at the end."""
-        reused = self.free[: len(keys)]
-        del self.free[: len(reused)]
-        if reused:
-            # the tombstones held in these slots go (a C-level loop: no Python frame per key)
-            collections.deque(map(self.cleared.pop, self.key_at[reused].tolist(), itertools.repeat(None)), 0)
-        num_new = len(keys) - len(reused)
-        self.grow(self.num_slots + num_new)
-        slots = np.concatenate([np.asarray(reused, dtype=np.int64),
-                                np.arange(self.num_slots, self.num_slots + num_new, dtype=np.int64)])
-        self.num_slots += num_new
-        self.tags.extend(itertools.repeat(None, num_new))
-        self.slot_of.update(zip(keys, slots.tolist()))
-        self.key_at[slots] = keys
-        return slots
-
-    def footprint(self) -> dict[str, int]:
-        """live keys, slots, tombstones, chunks, and the approximate bytes of the index's own structures
-        (containers, arrays, keys and tags; payloads not counted)."""
-        keys = sum(map(sys.getsizeof, self.slot_of)) + sum(map(sys.getsizeof, self.cleared))
-        containers = sum(map(sys.getsizeof, (self.slot_of, self.cleared, self.free, self.chunks, self.tags)))
-        arrays = self.seq_len.nbytes + self.key_at.nbytes + sum(a.nbytes for a in self.loc.values())
-        tags = sum(sys.getsizeof(t) for t in self.tags if t)
-        return {"live_keys": len(self.slot_of), "slots": self.num_slots, "tombstones": len(self.cleared),
-                "chunks": len(self.chunks), "bytes": keys + containers + arrays + tags}
-
-    def field_loc(self, field: str) -> np.ndarray:
-        arr = self.loc.get(field)
-        if arr is None:
-            arr = self.loc[field] = np.full((2, len(self.seq_len)), -1, dtype=np.int64)
-        return arr
+__all__ = ["PENDING", "Committed", "LookupPlan", "Pending", "PlaneIndex", "WriteSpec"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +80,7 @@ class PlaneIndex:
     """Partitions, keys, per-(key, field) locations and production status."""
 
     def __init__(self) -> None:
-        self._parts: dict[str, _Partition] = {}
+        self._parts: dict[str, Partition] = {}
         self._chunk_ids = itertools.count()
         # Payloads whose last row was released. The owner decides when to drop them: the Ray store
         # drops them after replying, since releasing ObjectRefs costs milliseconds it need not wait on.
@@ -180,13 +99,13 @@ class PlaneIndex:
         if part is None or not part.slot_of:
             if part is not None:
                 self.freed.extend(p for p, _ in part.chunks.values())
-            self._parts[pid] = _Partition(fields, num_samples, task_name)
+            self._parts[pid] = Partition(fields, num_samples, task_name)
             return
         part.fields.extend(f for f in fields if f not in part.fields)
         part.num_samples = max(part.num_samples, num_samples)
         part.task_name = task_name if task_name is not None else part.task_name
 
-    def partition(self, pid: str) -> _Partition:
+    def partition(self, pid: str) -> Partition:
         part = self._parts.get(pid)
         if part is None:
             known = sorted(self._parts) or "none"
@@ -206,7 +125,7 @@ class PlaneIndex:
 
     # ---- writes --------------------------------------------------------------------------------
 
-    def _slots(self, part: _Partition, ids: Sequence[str]) -> np.ndarray:
+    def _slots(self, part: Partition, ids: Sequence[str]) -> np.ndarray:
         # map over dict.get: no Python frame per key (half the time of a generator, measured)
         return np.fromiter(map(part.slot_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
 
@@ -293,7 +212,7 @@ class PlaneIndex:
             else:
                 entry[0] = payloads[field]
 
-    def _release(self, part: _Partition, cids: np.ndarray) -> None:
+    def _release(self, part: Partition, cids: np.ndarray) -> None:
         cids = cids[cids >= 0]
         if not len(cids):
             return
@@ -305,7 +224,7 @@ class PlaneIndex:
 
     # ---- reads ---------------------------------------------------------------------------------
 
-    def _live_slots(self, pid: str, ids: Sequence[str], what: str) -> tuple[_Partition, np.ndarray]:
+    def _live_slots(self, pid: str, ids: Sequence[str], what: str) -> tuple[Partition, np.ndarray]:
         part = self.partition(pid)
         slots = self._slots(part, ids)
         if (slots < 0).any():
@@ -463,5 +382,5 @@ class PlaneIndex:
         return sum(len(self._parts[p].chunks) for p in pids)
 
     def footprint(self, pid: str) -> dict[str, int]:
-        """The partition's size (`_Partition.footprint`): what stays O(live keys) over any number of steps."""
+        """The partition's size (`Partition.footprint`): what stays O(live keys) over any number of steps."""
         return self.partition(pid).footprint()

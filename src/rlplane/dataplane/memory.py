@@ -12,11 +12,12 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, encoded
+from .client import IndexedClient, encoded
 from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError
 from .index import LookupPlan, PlaneIndex
+from .interface import DEFAULT_TOKEN_FIELDS
 
 __all__ = ["MemoryDataPlane"]
 

@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient, check_register, receipts_in, resolve
+from .client import IndexedClient, check_register, resolve
 from .columns import INPUT_IDS
 from .errors import DataPlaneError, MissingFieldError, fmt_keys
+from .interface import DEFAULT_TOKEN_FIELDS, receipts_in
 from .ray_index import DriverIndex, StoreIndex, WorkerIndex
 from .ray_objects import Background, Receipt, ReceiptBook, Snapshot, read_parts
 

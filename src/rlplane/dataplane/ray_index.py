@@ -237,7 +237,7 @@ class DriverIndex:
                     chunks = self.call("commit", receipt.pid, list(receipt.ids), payloads, spec).chunks
                 except DataPlaneError as err:
                     receipt.stored = None
-                    self.refused = type(err)(f"{err} (a worker's write, refused when the driver took its receipt)")
+                    self.refused = type(err)(f"{err} (a worker's write, refused when its receipt reached the driver)")
                     return
                 self._absorbed[uid] = chunks
                 if len(self._absorbed) > _ABSORBED_KEPT:
