@@ -81,7 +81,7 @@ class RayDataPlane(IndexedClient):
         """
         super().__init__(token_fields, seq_len_field)
         self.book = ReceiptBook()  # the receipts whose refs a clear or overwrite drops
-        self._background = Background()  # prefetch waits
+        self._background = Background()  # prefetch waits; with the index here, releases of freed objects
         if placement is not None:
             self.placement = placement
             return
@@ -90,7 +90,7 @@ class RayDataPlane(IndexedClient):
         if owner not in ("producer", "store"):
             raise DataPlaneError(f"data_plane owner = {owner!r}: use 'producer' or 'store'")
         if index == "driver":
-            self.placement = DriverIndex()
+            self.placement = DriverIndex(self._background)
         elif attach:
             if name is None:
                 raise DataPlaneError("attach=True needs the store actor's name=")

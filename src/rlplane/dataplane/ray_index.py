@@ -189,13 +189,14 @@ class StoreIndex:
 
 
 class DriverIndex:
-    """The index in this (the driver's) process. Index calls run one at a time under a lock (threads)."""
+    """The index in this (the driver's) process. Index calls run one at a time under a lock (threads);
+    the refs of freed chunks go on `background` (the client's one thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, background: Background) -> None:
         self.key = f"driver:{uuid.uuid4().hex}"
         self.index = PlaneIndex()
         self._lock = threading.RLock()
-        self._background = Background()  # releasing refs of freed chunks
+        self._background = background  # the client's: releases the refs of freed chunks
         self._absorbed: OrderedDict[str, dict[str, int]] = OrderedDict()  # write-back uid -> its chunk ids
         self.refused: DataPlaneError | None = None  # a worker's write the index refused, raised next call
 
@@ -253,7 +254,6 @@ class DriverIndex:
     def close(self) -> None:
         with self._lock:
             self.index = PlaneIndex()  # drops every ref the index held
-        self._background.close()
 
 
 class WorkerIndex:
