@@ -219,6 +219,10 @@ class KVBatchMeta:
             )
         return [t[name] for t in self.tags]
 
+    def with_locations(self, locations: Iterable[Any]) -> KVBatchMeta:
+        """The same rows with `locations` in place of this meta's (a backend's hints, see the attribute)."""
+        return self._derive(locations=tuple(locations))
+
     def with_extra_info(self, **info: Any) -> KVBatchMeta:
         """New meta with `info` merged into `extra_info`."""
         return self._derive(extra_info={**self.extra_info, **info})

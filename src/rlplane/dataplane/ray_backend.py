@@ -110,10 +110,7 @@ class RayDataPlane(IndexedClient):
 
     def _check_open(self) -> None:
         super()._check_open()
-        refused = getattr(self.placement, "refused", None)
-        if refused is not None:
-            self.placement.refused = None
-            raise refused
+        self.placement.raise_refused()  # a worker's write the driver's index refused: said once, here
 
     def _index_call(self, method: str, *args: Any) -> Any:
         return self.placement.call(method, *args)
@@ -146,7 +143,7 @@ class RayDataPlane(IndexedClient):
         if isinstance(self.placement, WorkerIndex):
             # Back to the driver without the snapshot it was handed: there the index knows better, and
             # its refs would cost a borrow round trip with their owner per step.
-            receipt = receipt._derive(locations=tuple(x for x in receipt.locations if not isinstance(x, Snapshot)))
+            receipt = receipt.with_locations(x for x in receipt.locations if not isinstance(x, Snapshot))
         return receipt
 
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
@@ -192,7 +189,7 @@ class RayDataPlane(IndexedClient):
         if not isinstance(self.placement, DriverIndex):
             return meta
         others = tuple(x for x in meta.locations if getattr(x, "store", None) != self._key)
-        return meta._derive(locations=(*others, self.placement.snapshot(meta.partition_id, meta.sample_ids)))
+        return meta.with_locations((*others, self.placement.snapshot(meta.partition_id, meta.sample_ids)))
 
     def commit_receipts(self, results):
         for meta in receipts_in(results):

@@ -183,6 +183,9 @@ class StoreIndex:
     def take(self, receipt: Receipt) -> None:
         """(The store took every write when it was made.)"""
 
+    def raise_refused(self) -> None:
+        """(A refused write raised when it was made.)"""
+
     def close(self) -> None:
         if self.owns:
             ray.kill(self.actor)  # drops every ref the index held
@@ -245,6 +248,12 @@ class DriverIndex:
                     self._absorbed.popitem(last=False)
         receipt.chunks = dict(chunks)
 
+    def raise_refused(self) -> None:
+        """Raise, once, the error of a worker's write this index refused in `take`."""
+        if self.refused is not None:
+            err, self.refused = self.refused, None
+            raise err
+
     def snapshot(self, pid: str, ids: tuple) -> Snapshot:
         """Where `ids`' fields are now (`RayDataPlane.located`)."""
         with self._lock:
@@ -282,6 +291,9 @@ class WorkerIndex:
         return committed, stored, WriteBack(uuid.uuid4().hex, spec)
 
     def take(self, receipt: Receipt) -> None:
+        """(A worker holds no index.)"""
+
+    def raise_refused(self) -> None:
         """(A worker holds no index.)"""
 
     def close(self) -> None:
