@@ -72,7 +72,9 @@ class DataPlaneClient(abc.ABC):
     @abc.abstractmethod
     def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None, *, wait: bool = True) -> int | None:
         """Forget `sample_ids` (every live key if None) and free their storage; returns the count.
-        A cleared key cannot be written or read again in this partition.
+        Writing or reading a cleared key raises `ClearedKeyError` until a new key takes its slot (so
+        the index stays O(live keys), `partition.py`); after that it is an unknown key. Mint new keys
+        for new samples.
 
         `wait=False` (a step's final clear, whose answer nobody needs) lets a remote backend return
         at once and return None; if the store refuses the clear, this client's next call raises
