@@ -16,7 +16,7 @@ One step (what a sync GRPO step asks of the data plane):
 Variants:
   ray        rlplane's `ray` backend with the index in the driver (`index="driver"`): a rank reads
              from where the meta it was sent says its rows are (no call), writes back, and returns
-             its receipt, which the driver's index takes when it arrives; the driver prefetches
+             its receipt, which the driver's index takes as it arrives; the driver prefetches
              each rank's column as its receipt comes (as raw's ray.wait pulls each rank's result),
              then reads from it.
              With --multi-node the driver's put is split by the ranks' DP shards
@@ -179,12 +179,13 @@ def plane_step(variant, client, ranks, batch, lens, ids, step, timings, split):
     meta = client.put_samples(ids, pid, batch, shards=dp_shard_rows(lens, len(ranks)) if split else None)
     t1 = time.perf_counter()
     metas, inverse = shard_meta_for_dp(meta, len(ranks))
-    calls = [r.plane_step.remote(variant, m) for r, m in zip(ranks, metas)]
+    calls = [r.plane_step.remote(variant, client.located(m)) for r, m in zip(ranks, metas)]  # as a RayGroup sends
     rank_of = {ref: i for i, ref in enumerate(calls)}
     written: list = [None] * len(calls)
     while calls:  # each rank's receipt as it comes: its column starts moving here while the other works
         done, calls = ray.wait(calls, num_returns=1)
         written[rank_of[done[0]]] = receipt = ray.get(done[0])
+        client.commit_receipts(receipt)  # into the driver's index (as a RayGroup does with its results)
         client.prefetch(receipt)
     t2 = time.perf_counter()
     # The ranks' receipts, in the original order: read from their objects (the store actor verifies

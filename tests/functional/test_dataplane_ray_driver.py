@@ -1,6 +1,7 @@
 """The Ray data plane with the index in the driver (`make_data_plane("ray", index="driver")`):
-actor DP ranks read what the meta they are sent locates, with no index to ask, and hand their
-write-backs back in receipts that the driver's index takes when they arrive."""
+actor DP ranks read what the meta they are sent locates (`client.located`), with no index to ask,
+and hand their write-backs back in receipts that the driver's index takes (`client.commit_receipts`;
+a worker group makes both calls, runtime/groups.py)."""
 
 import time
 
@@ -62,12 +63,6 @@ def ranks(ray_session):
             return sorted({ref.hex() for parts in plan.values() for stored, _, rows, pos in parts
                            for ref, _, _ in stored.locate(rows, pos)})
 
-        def read_passed_on(self, client, meta, fields):
-            """`read` of the meta as this worker would pass it on (pickled here)."""
-            import pickle
-
-            return self.read(client, pickle.loads(pickle.dumps(meta)), fields)
-
         def write(self, client, meta, fields):
             return client.put_samples(meta, None, fields)
 
@@ -102,7 +97,8 @@ def test_ranks_read_and_write_back_through_the_drivers_index(ray_session, ranks)
         meta = client.put_samples([f"k{i}" for i in range(n)], "train", cols)
         assert plasma_usage()[1] == before[1] + 1  # one object per put
         metas, inverse = shard_meta_for_dp(meta, 2)
-        written = ray.get([r.step.remote(client, m) for r, m in zip(ranks, metas)])
+        written = ray.get([r.step.remote(client, client.located(m)) for r, m in zip(ranks, metas)])
+        client.commit_receipts(written)
         # The receipts reached the driver: its index now knows prev_logprobs for every key.
         assert client.status("train", fields=["prev_logprobs"]) == {f"k{i}": {"prev_logprobs": True} for i in range(n)}
         for w in written:
@@ -134,15 +130,16 @@ def test_a_put_split_by_dp_shards_makes_each_rank_fetch_only_its_object(ray_sess
         refs = meta.locations[0].stored.refs
         assert len(refs) == 2
         metas, _ = shard_meta_for_dp(meta, 2)
-        fetched = ray.get([r.fetched_refs.remote(client, m, ["input_ids"]) for r, m in zip(ranks, metas)])
+        fetched = ray.get([r.fetched_refs.remote(client, client.located(m), ["input_ids"])
+                           for r, m in zip(ranks, metas)])
         assert fetched == [[refs[0].hex()], [refs[1].hex()]]
     finally:
         client.close()
 
 
 def test_a_meta_sent_after_the_driver_writes_reads_what_is_there_then(ray_session, ranks):
-    """The meta leaves the driver with where its keys are at that moment: an overwrite or a field
-    written by key list before it is sent is read; a clear before it is sent raises, saying so."""
+    """A located meta carries where its keys are at that moment: an overwrite or a field written by
+    key list before it is located is read; a clear before it is located raises, saying so."""
     ray = ray_session
     client = make_data_plane("ray", index="driver")
     try:
@@ -151,15 +148,16 @@ def test_a_meta_sent_after_the_driver_writes_reads_what_is_there_then(ray_sessio
                                                     "reward": torch.tensor([1.0, 2.0])})
         client.put_samples(["b"], "r", {"reward": torch.tensor([9.0])})  # this receipt is dropped
         client.put_samples(["a", "b"], "r", {"advantages": torch.tensor([0.5, -0.5])})
-        assert ray.get(ranks[0].read.remote(client, meta, ["reward", "advantages"])) == (
+        assert ray.get(ranks[0].read.remote(client, client.located(meta), ["reward", "advantages"])) == (
             "ok", {"reward": [1.0, 9.0], "advantages": [0.5, -0.5]})
         client.clear_samples(["b"], "r")
-        name, msg = ray.get(ranks[0].read.remote(client, meta, ["reward"]))
+        name, msg = ray.get(ranks[0].read.remote(client, client.located(meta), ["reward"]))
         assert name == "ClearedKeyError" and "keys ['b'] were cleared" in msg and "before it sent this meta" in msg
         # Rows of the meta that are still live read as before.
-        assert ray.get(ranks[0].read.remote(client, meta.slice(0, 1), ["reward"])) == ("ok", {"reward": [1.0]})
+        first = client.located(meta.slice(0, 1))
+        assert ray.get(ranks[0].read.remote(client, first, ["reward"])) == ("ok", {"reward": [1.0]})
         # What the meta does not locate (written after it was sent, or never) is named, not guessed.
-        name, msg = ray.get(ranks[0].read.remote(client, meta.slice(0, 1), ["input_ids", "nope"]))
+        name, msg = ray.get(ranks[0].read.remote(client, first, ["input_ids", "nope"]))
         assert name == "MissingFieldError" and "field 'nope' of keys ['a'] is not in the locations" in msg
     finally:
         client.close()
@@ -171,7 +169,7 @@ def test_a_worker_write_the_index_refuses_is_raised_by_the_drivers_next_call(ray
     try:
         client.register_partition("w", ["reward"], 2)
         meta = client.put_samples(["a", "b"], "w", {"reward": torch.tensor([1.0, 2.0])})
-        ray.get(ranks[0].write.remote(client, meta, {"bogus": torch.zeros(2)}))  # a field never registered
+        client.commit_receipts(ray.get(ranks[0].write.remote(client, meta, {"bogus": torch.zeros(2)})))  # unregistered
         with pytest.raises(MissingFieldError, match=r"fields \['bogus'\] are not registered.*refused when its "
                                                     r"receipt reached the driver"):
             client.list_samples("w")
@@ -202,8 +200,9 @@ def test_a_write_back_fetched_twice_is_taken_into_the_index_once(ray_session, ra
         client.register_partition("t", ["input_ids", "generation_logprobs", "prev_logprobs"], 4)
         _, cols = _batch(4)
         meta = client.put_samples(["a", "b", "c", "d"], "t", cols)
-        ref = ranks[0].step.remote(client, meta)
-        first, again = ray.get(ref), ray.get(ref)  # each get unpickles the receipt in the driver
+        ref = ranks[0].step.remote(client, client.located(meta))
+        first, again = ray.get(ref), ray.get(ref)  # two copies of one receipt
+        client.commit_receipts([first, again])
         assert client.num_objects() == 3  # input_ids, generation_logprobs, prev_logprobs: not 4
         lookups = []
         lookup = client._lookup
@@ -230,7 +229,8 @@ def test_clear_of_a_partition_frees_the_objects_its_worker_receipts_held(ray_ses
         client.register_partition("c", ["input_ids", "generation_logprobs", "prev_logprobs"], 4)
         _, cols = _batch(4, seed=1)
         meta = client.put_samples(["a", "b", "c", "d"], "c", cols)
-        written = ray.get(ranks[1].step.remote(client, meta))
+        written = ray.get(ranks[1].step.remote(client, client.located(meta)))
+        client.commit_receipts(written)
         client.clear_samples(meta, None)
         with pytest.raises(ClearedKeyError, match=r"keys \['a', 'b', 'c', 'd'\] were cleared"):
             client.get_samples(written, None, ["prev_logprobs"])
@@ -239,11 +239,9 @@ def test_clear_of_a_partition_frees_the_objects_its_worker_receipts_held(ray_ses
         client.close()
 
 
-def test_a_meta_leaves_the_driver_with_one_snapshot_of_its_own_keys(ray_session, ranks):
+def test_a_located_meta_carries_one_snapshot_of_its_own_keys(ray_session, ranks):
     """Each rank's meta carries where its own rows are (not the whole put's keys, not once per
     receipt), and a meta rebuilt by `meta_for` reads in a worker too."""
-    import pickle
-
     ray = ray_session
     client = make_data_plane("ray", index="driver")
     try:
@@ -251,30 +249,32 @@ def test_a_meta_leaves_the_driver_with_one_snapshot_of_its_own_keys(ray_session,
         meta = client.put_samples(["a", "b", "c", "d"], "o", {"input_ids": [torch.arange(i + 1) for i in range(4)]})
         meta = client.put_samples(meta, None, {"reward": torch.tensor([1.0, 2.0, 3.0, 4.0])})
         assert len(meta.locations) == 2  # two receipts in the driver ...
-        sent = pickle.loads(pickle.dumps(meta.slice(2)))  # (unpickled here, in the driver: emptied)
-        assert [type(loc).__name__ for loc in sent.locations] == ["_Snapshot"] and sent.locations[0].ids == ("c", "d")
-        rebuilt = client.meta_for("o", ["d", "a"])
+        sent = client.located(meta.slice(2))
+        assert [type(loc).__name__ for loc in sent.locations] == ["Snapshot"] and sent.locations[0].ids == ("c", "d")
+        rebuilt = client.located(client.meta_for("o", ["d", "a"]))
         assert ray.get(ranks[0].read.remote(client, rebuilt, ["input_ids", "reward"])) == (
             "ok", {"input_ids": [[0, 1, 2, 3], [0, 0, 0, 0]], "reward": [4.0, 1.0]})
     finally:
         client.close()
 
 
-def test_a_snapshot_is_good_for_one_hop(ray_session, ranks):
-    """A meta a worker passes on carries its snapshot empty (back in the driver it is not needed,
-    and its refs would cost a borrow round trip): a second worker must be sent the meta by the driver."""
+def test_a_write_back_goes_home_without_the_snapshot_it_was_handed(ray_session, ranks):
+    """A worker's receipt carries its own put, not the snapshot (back in the driver the index knows
+    better, and its refs would cost a borrow round trip): a second worker reads it once located again."""
     ray = ray_session
     client = make_data_plane("ray", index="driver")
     try:
         client.register_partition("h", ["input_ids", "generation_logprobs", "prev_logprobs"], 2)
         _, cols = _batch(2, seed=2)
         meta = client.put_samples(["a", "b"], "h", cols)
-        assert ray.get(ranks[1].read.remote(client, meta, ["generation_logprobs"]))[0] == "ok"  # from the driver
-        name, msg = ray.get(ranks[1].read_passed_on.remote(client, meta, ["generation_logprobs"]))
-        assert name == "MissingFieldError" and "send the meta after the write" in msg  # passed on: empty
-        # A worker's own receipts travel in full: the driver's index takes them, and sends them on.
-        written = ray.get(ranks[0].step.remote(client, meta))
-        name, cols_back = ray.get(ranks[1].read.remote(client, written, ["prev_logprobs", "generation_logprobs"]))
+        assert ray.get(ranks[1].read.remote(client, client.located(meta), ["generation_logprobs"]))[0] == "ok"
+        written = ray.get(ranks[0].step.remote(client, client.located(meta)))
+        assert [type(loc).__name__ for loc in written.locations] == ["Receipt"]
+        client.commit_receipts(written)
+        name, msg = ray.get(ranks[1].read.remote(client, written, ["generation_logprobs"]))
+        assert name == "MissingFieldError" and "send the meta after the write" in msg  # only its own put
+        name, cols_back = ray.get(ranks[1].read.remote(client, client.located(written),
+                                                       ["prev_logprobs", "generation_logprobs"]))
         assert name == "ok" and len(cols_back["prev_logprobs"]) == 2
     finally:
         client.close()

@@ -160,16 +160,15 @@ def test_grpo_ray_runtime_two_policy_workers(tmp_path, ray_session):
 def test_the_default_ray_grpo_session_keeps_the_data_plane_index_in_the_driver(tmp_path, ray_session, capsys):
     """data_plane.index: auto (the default) gives sync GRPO on the ray runtime the driver-held index
     (no store actor), and says so at start-up; `store` still gives the store actor."""
-    from rlplane.dataplane.ray_backend import RayDataPlane
-    from rlplane.dataplane.ray_driver import RayDriverPlane
+    from rlplane.dataplane.ray_index import DriverIndex, StoreIndex
     from rlplane.training import Session
 
     with Session(small_cfg(tmp_path / "auto", "runtime=ray", "data_plane.backend=ray")) as s:
-        assert type(s.data_plane) is RayDriverPlane
+        assert type(s.data_plane.placement) is DriverIndex
     assert "data_plane.index: auto -> driver (recipe grpo: the driver owns every key" in capsys.readouterr().out
     with Session(small_cfg(tmp_path / "store", "runtime=ray", "data_plane.backend=ray", "data_plane.index=store"),
                  quiet=True) as s:
-        assert type(s.data_plane) is RayDataPlane
+        assert type(s.data_plane.placement) is StoreIndex
 
 
 @pytest.mark.ray

@@ -8,14 +8,13 @@
     client.put_samples(metas[0], None, {"prev_logprobs": lp})    # lp (B0, T): trimmed to lengths
     client.clear_samples(meta, None)
 
-Only `ray_backend` imports Ray, and only when the `ray` backend is asked for.
+Only the `ray_*` modules import Ray, and only when the `ray` backend is asked for.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .client import DEFAULT_TOKEN_FIELDS, DataPlaneClient
 from .codec import Column
 from .errors import (
     ClearedKeyError,
@@ -26,6 +25,7 @@ from .errors import (
     ShapeError,
     UnknownPartitionError,
 )
+from .interface import DEFAULT_TOKEN_FIELDS, DataPlaneClient
 from .memory import MemoryDataPlane
 from .meta import GLOBAL_PAD_KEY, PAD_MULTIPLE_KEY, KVBatchMeta, concat_metas
 from .sharding import balance_rows, dp_shard_rows, global_pad_len, shard_meta_for_dp
@@ -61,22 +61,19 @@ def make_data_plane(backend: str = "memory", **options: Any) -> DataPlaneClient:
 
     Options (both): token_fields, seq_len_field. Ray only: index ("store": the key index in a store
     actor, the default; "driver": in the driver's client, for one driver whose workers read the metas
-    it sends and return their writes' receipts, see `ray_driver`), and with index="store": name,
+    it sends and return their writes' receipts, see `ray_index`), and with index="store": name,
     owner ("producer" | "store"), attach.
     """
     if backend == "memory":
         return MemoryDataPlane(**options)
     if backend == "ray":
-        index = options.pop("index", "store")
+        index = options.get("index", "store")
         if index == "driver":
-            extra = sorted(set(options) - {"token_fields", "seq_len_field"})
+            extra = sorted(set(options) - {"token_fields", "seq_len_field", "index"})
             if extra:
                 raise DataPlaneError(f"data_plane index = 'driver' takes no {extra}: the store actor's options "
                                      "(name, owner, attach) need index='store'")
-            from .ray_driver import RayDriverPlane
-
-            return RayDriverPlane(**options)
-        if index != "store":
+        elif index != "store":
             raise DataPlaneError(f"data_plane index = {index!r}: choose 'store' or 'driver'")
         from .ray_backend import RayDataPlane
 

@@ -1,8 +1,5 @@
-"""`DataPlaneClient`: the one interface every part of rlplane uses to move bulk per-sample data.
-
-The interface mirrors NeMo RL's `DataPlaneClient` (direct-by-key half) so a TransferQueue adapter
-can sit behind it later. `IndexedClient` implements all of it once over two hooks, where the
-backends differ: how a packed column is stored (`_store`/`_fetch`) and where the `PlaneIndex`
+"""`IndexedClient`: the `DataPlaneClient` (`interface.py`) implemented once over the hooks where the
+backends differ: how a packed column is stored (`_commit`/`_fetch`) and where the `PlaneIndex`
 lives (`_index_call`). Encoding (list of rows or padded tensor -> jagged column) and decoding
 (chunks -> padded tensor) run in the caller's process, so bulk data never passes through the
 index's owner.
@@ -26,115 +23,18 @@ import numpy as np
 import torch
 
 from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack_rows
-from .columns import INPUT_IDS, TOKEN_COLUMNS, pad_values as declared_pads
+from .columns import INPUT_IDS, pad_values as declared_pads
 from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
-from .index import LookupPlan
-from .meta import GLOBAL_PAD_KEY, KVBatchMeta, _rebuilt
+from .index import Committed, LookupPlan, WriteSpec
+from .interface import DEFAULT_TOKEN_FIELDS, DataPlaneClient, FieldValue, SampleIds
+from .meta import GLOBAL_PAD_KEY, KVBatchMeta
 
-__all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "IndexedClient"]
+__all__ = ["IndexedClient", "check_register", "encoded", "resolve"]
 
-# Per-token ("token-aligned") fields: jagged in storage, trimmed to the sequence length on write,
-# padded to a common length on read. Declared once, with the other columns, in `columns.py`.
-DEFAULT_TOKEN_FIELDS = TOKEN_COLUMNS
-
-FieldValue = torch.Tensor | Sequence[torch.Tensor]
 _DTYPE = operator.attrgetter("dtype")
-SampleIds = Sequence[str] | KVBatchMeta
 
 
-class DataPlaneClient(abc.ABC):
-    """Per-sample columns under string keys, grouped in partitions (one per step and stage)."""
-
-    @abc.abstractmethod
-    def register_partition(
-        self, partition_id: str, fields: Sequence[str], num_samples: int, *, task_name: str | None = None
-    ) -> None:
-        """Declare a partition and the fields it may hold. Re-registering widens the field list; an
-        empty partition (all keys cleared) starts afresh. `num_samples` is the expected number of
-        samples, used by `status`/`is_complete`; it is not a capacity limit."""
-
-    @abc.abstractmethod
-    def put_samples(
-        self,
-        sample_ids: SampleIds,
-        partition_id: str | None,
-        fields: Mapping[str, FieldValue],
-        tags: Sequence[Mapping[str, Any]] | None = None,
-        *,
-        seq_lens: Sequence[int] | torch.Tensor | None = None,
-        shards: Sequence[Sequence[int]] | None = None,
-    ) -> KVBatchMeta:
-        """Write `fields` for `sample_ids` (a list of keys, or a meta whose keys, lengths, tags and
-        extra_info are carried into the result). Each field is a (B, ...) tensor or a list of B
-        tensors of different first-dim lengths (jagged). Rewriting a field of a key replaces it.
-        `shards`: row indices of each part the readers will fetch (`dp_shard_rows` for DP ranks),
-        every row once; a backend across processes stores each part apart, so a reader fetches
-        only its own. Returns the receipt: fields = the meta's fields (if a meta was given) + the
-        fields written."""
-
-    @abc.abstractmethod
-    def get_samples(
-        self,
-        sample_ids: SampleIds,
-        partition_id: str | None,
-        select_fields: Sequence[str],
-        pad_values: Mapping[str, float | int | bool] | None = None,
-        pad_to: int | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """Fresh tensors for `select_fields` (required) in the order of `sample_ids`. Jagged fields come
-        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`).
-        Per-token fields share one T: `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`,
-        else the longest row."""
-
-    @abc.abstractmethod
-    def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None, *, wait: bool = True) -> int | None:
-        """Forget `sample_ids` (every live key if None) and free their storage; returns the count.
-        A cleared key cannot be written or read again in this partition.
-
-        `wait=False` (a step's final clear, whose answer nobody needs) lets a remote backend return
-        at once and return None; if the store refuses the clear, this client's next call raises
-        the error (same class and message). Local backends clear synchronously either way."""
-
-    @abc.abstractmethod
-    def list_samples(self, partition_id: str) -> list[str]:
-        """Live keys of the partition, in first-write order."""
-
-    @abc.abstractmethod
-    def meta_for(self, partition_id: str, sample_ids: Sequence[str] | None = None) -> KVBatchMeta:
-        """A receipt rebuilt from the index: the fields written for all of `sample_ids` (default: every
-        live key), their stored lengths and tags."""
-
-    @abc.abstractmethod
-    def status(
-        self, partition_id: str, sample_ids: Sequence[str] | None = None, fields: Sequence[str] | None = None
-    ) -> dict[str, dict[str, bool]]:
-        """Production status {key: {field: written?}} (default: live keys x registered fields)."""
-
-    @abc.abstractmethod
-    def ready_samples(self, partition_id: str, fields: Sequence[str]) -> list[str]:
-        """Live keys whose every field in `fields` is written (what a consumer may fetch now)."""
-
-    @abc.abstractmethod
-    def is_complete(self, partition_id: str, fields: Sequence[str]) -> bool:
-        """True once at least `num_samples` (as registered) keys have every one of `fields`."""
-
-    def prefetch(self, meta: KVBatchMeta) -> None:
-        """Start moving the data `meta`'s receipts locate to this process's node and return at once:
-        a hint that a `get_samples` of it follows (a driver handed a DP rank's write-back receipt
-        while the other ranks still work). Backends whose data is already here do nothing."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release the backend (idempotent)."""
-
-    def __enter__(self) -> DataPlaneClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _resolve(
+def resolve(
     sample_ids: SampleIds | None, partition_id: str | None
 ) -> tuple[list[str] | None, str, KVBatchMeta | None]:
     """(keys, partition, meta) from a meta or a key list; a meta's partition must agree if both given."""
@@ -155,7 +55,7 @@ def _resolve(
     return (None if sample_ids is None else [str(s) for s in sample_ids]), partition_id, None
 
 
-def _encoded(columns: Mapping[str, Column | Callable[[], Column]]) -> dict[str, Column]:
+def encoded(columns: Mapping[str, Column | Callable[[], Column]]) -> dict[str, Column]:
     """`columns` with the encodings `put_samples` deferred (callables) done."""
     return {name: col() if callable(col) else col for name, col in columns.items()}
 
@@ -187,7 +87,28 @@ def _rows_at(value: Any, order: list[int]) -> Any:
     return [rows[i] for i in order] if len(rows) == len(order) else rows
 
 
-def _check_register(partition_id: str, fields: Sequence[str], num_samples: int) -> tuple[str, list[str], int]:
+def _pack_rows(pid: str, ids: list[str], name: str, value: Sequence[Any]) -> Column:
+    """A field given as a list of rows, packed into one jagged column."""
+    rows = list(value)
+    if len(rows) != len(ids):
+        raise ShapeError(f"partition {pid!r}: field {name!r} has {len(rows)} rows for {len(ids)} keys {fmt_keys(ids)}")
+    if set(map(type, rows)) != {torch.Tensor}:  # (a C-level pass; the usual case)
+        rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
+    # One dtype (cat would silently promote); shapes are checked by the cat itself, and only a failed
+    # put pays for listing them (the common path stays one C call).
+    try:
+        if len(set(map(_DTYPE, rows))) > 1:
+            raise TypeError
+        return pack_rows(rows)
+    except (RuntimeError, TypeError):
+        kinds = {(f"{r.dim()}-D", tuple(r.shape[1:]), r.dtype) for r in rows}
+        raise ShapeError(
+            f"partition {pid!r}: field {name!r} rows disagree in rank, trailing shape or dtype "
+            f"{sorted(map(str, kinds))} (keys {fmt_keys(ids)}); rows must differ only in length"
+        ) from None
+
+
+def check_register(partition_id: str, fields: Sequence[str], num_samples: int) -> tuple[str, list[str], int]:
     if isinstance(fields, str):
         raise DataPlaneError(f"partition {partition_id!r}: fields is the string {fields!r}; pass a list of names")
     fields = list(dict.fromkeys(fields))
@@ -213,8 +134,11 @@ class IndexedClient(DataPlaneClient):
         """Call `PlaneIndex.<method>(*args)` wherever the index lives; re-raise its errors as is."""
 
     @abc.abstractmethod
-    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        """Persist packed columns; return one opaque payload per field for the index."""
+    def _commit(self, pid: str, ids: list[str], columns: dict[str, Column | Callable[[], Column]], spec: WriteSpec,
+                bounds: list[int] | None) -> tuple[Committed, tuple]:
+        """Store `columns` (some still to encode: `encoded`) and record them in the index; returns the
+        index's answer and the locations for the receipt (see `KVBatchMeta.locations`). `bounds`: where
+        each part of the put starts (rows bounds[k]:bounds[k + 1]), then n; None: one part."""
 
     @abc.abstractmethod
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
@@ -223,14 +147,6 @@ class IndexedClient(DataPlaneClient):
     #: Whether `_commit` stores the parts of a put (`put_samples(shards=...)`) apart; if not, a put's
     #: shards are only checked.
     _splits_puts = False
-
-    def _commit(self, pid: str, ids: list[str], columns: dict[str, Column], *rest: Any,
-                bounds: list[int] | None = None) -> tuple:
-        """Store `columns` and record them in the index; returns the index's `commit` answer
-        (seq_lens, tags, task_name) and the locations for the receipt (see `KVBatchMeta.locations`).
-        `rest` = (token_lens, seq_lens, seq_lens_explicit, tags) as `PlaneIndex.commit` takes them;
-        `bounds`: where each part of the put starts (rows bounds[k]:bounds[k + 1]), then n."""
-        return (*self._index_call("commit", pid, ids, self._store(_encoded(columns)), *rest)[:3], ())
 
     def _lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
         return self._index_call("lookup", pid, ids, fields)
@@ -243,31 +159,56 @@ class IndexedClient(DataPlaneClient):
 
     def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
         self._check_open()
-        self._index_call("register", *_check_register(partition_id, fields, num_samples), task_name)
+        self._index_call("register", *check_register(partition_id, fields, num_samples), task_name)
 
     def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None, shards=None):
+        """Check the request, pack the fields, settle the sequence lengths, trim padded per-token
+        fields to them, commit, and build the receipt: each step one method below."""
         self._check_open()
-        ids, pid, meta = _resolve(sample_ids, partition_id)
+        ids, pid, meta = resolve(sample_ids, partition_id)
         assert ids is not None
-        n = len(ids)
         bounds = None
         if shards is not None:
-            order, bounds = _shard_layout(pid, shards, n)
+            order, bounds = _shard_layout(pid, shards, len(ids))
             if not self._splits_puts:
                 bounds = None
-            elif order != list(range(n)):
-                # Stored in shard order, so each part is a run of rows; the receipt in the caller's.
-                inverse = np.empty(n, dtype=np.int64)
-                inverse[order] = np.arange(n)
-                explicit = None if seq_lens is None else torch.as_tensor(seq_lens).reshape(-1)
-                receipt = self.put_samples(
-                    [ids[i] for i in order] if meta is None else meta.subset(order), pid,
-                    {name: _rows_at(value, order) for name, value in fields.items()},
-                    None if tags is None else _rows_at(tags, order),
-                    seq_lens=None if explicit is None else _rows_at(explicit, order),
-                    shards=[range(a, b) for a, b in zip(bounds, bounds[1:])],
-                )
-                return receipt.subset(inverse.tolist())
+            elif order != list(range(len(ids))):
+                return self._put_in_shard_order(ids, pid, meta, fields, tags, seq_lens, order, bounds)
+        tags = self._check_put(pid, ids, fields, tags)
+        lens = self._stated_lens(pid, ids, meta, fields, seq_lens)
+        columns, token_lens, padded = self._pack(pid, ids, fields)
+        derived = lens is None and bool(token_lens)
+        if derived:
+            src = token_lens.get(self.seq_len_field)
+            lens = src if src is not None else np.max(np.stack(list(token_lens.values())), axis=0)
+        if padded:
+            known = lens if lens is not None and not derived else self._stored_lens(pid, ids, lens, padded[0])
+            for name in padded:
+                columns[name], token_lens[name] = self._trimmed(fields[name], known)
+        committed, located = self._commit(pid, ids, columns, WriteSpec(token_lens, lens, not derived, tags), bounds)
+        return self._receipt(pid, ids, meta, fields, committed, located)
+
+    def _put_in_shard_order(self, ids, pid, meta, fields, tags, seq_lens, order, bounds) -> KVBatchMeta:
+        """A put split by shards whose rows are not in shard order: stored in shard order, so each part
+        is a run of rows; the receipt in the caller's."""
+        n = len(ids)
+        inverse = np.empty(n, dtype=np.int64)
+        inverse[order] = np.arange(n)
+        explicit = None if seq_lens is None else torch.as_tensor(seq_lens).reshape(-1)
+        receipt = self.put_samples(
+            [ids[i] for i in order] if meta is None else meta.subset(order), pid,
+            {name: _rows_at(value, order) for name, value in fields.items()},
+            None if tags is None else _rows_at(tags, order),
+            seq_lens=None if explicit is None else _rows_at(explicit, order),
+            shards=[range(a, b) for a, b in zip(bounds, bounds[1:])],
+        )
+        return receipt.subset(inverse.tolist())
+
+    @staticmethod
+    def _check_put(pid: str, ids: list[str], fields: Mapping[str, FieldValue],
+                   tags: Sequence[Mapping[str, Any]] | None) -> list[dict] | None:
+        """Refuse a put with no fields or repeated keys; the tags as dicts, one per key."""
+        n = len(ids)
         if not fields:
             raise DataPlaneError(f"partition {pid!r}: put_samples with no fields (keys {fmt_keys(ids)})")
         if len(set(ids)) != n:
@@ -277,24 +218,35 @@ class IndexedClient(DataPlaneClient):
                 f"partition {pid!r}: keys {fmt_keys(dups)} appear more than once in one put "
                 f"(fields {list(fields)}); each key names one sample"
             )
-        if tags is not None:
-            tags = [dict(t) for t in tags]
-            if len(tags) != n:
-                raise DataPlaneError(
-                    f"partition {pid!r}: {len(tags)} tags for {n} keys {fmt_keys(ids)} (fields "
-                    f"{list(fields)}); give exactly one dict per key"
-                )
+        if tags is None:
+            return None
+        tags = [dict(t) for t in tags]
+        if len(tags) != n:
+            raise DataPlaneError(
+                f"partition {pid!r}: {len(tags)} tags for {n} keys {fmt_keys(ids)} (fields "
+                f"{list(fields)}); give exactly one dict per key"
+            )
+        return tags
 
+    @staticmethod
+    def _stated_lens(pid, ids, meta, fields, seq_lens) -> list[int] | None:
+        """The sequence lengths the put states: `seq_lens=`, else the meta's, else an `input_lengths` field."""
         explicit = seq_lens if seq_lens is not None else (meta.seq_lens if meta is not None else None)
         if explicit is None and "input_lengths" in fields and isinstance(fields["input_lengths"], torch.Tensor):
             explicit = fields["input_lengths"]
         lens = None if explicit is None else [int(x) for x in torch.as_tensor(explicit).reshape(-1).tolist()]
-        if lens is not None and len(lens) != n:
-            raise ShapeError(f"partition {pid!r}: {len(lens)} sequence lengths for {n} keys {fmt_keys(ids)}")
+        if lens is not None and len(lens) != len(ids):
+            raise ShapeError(f"partition {pid!r}: {len(lens)} sequence lengths for {len(ids)} keys {fmt_keys(ids)}")
+        return lens
 
-        columns: dict[str, Column] = {}
-        token_lens: dict[str, Any] = {}  # field -> (n,) int64 numpy row lengths
-        padded_token_fields = []
+    def _pack(self, pid: str, ids: list[str], fields: Mapping[str, FieldValue]
+              ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+        """(packed columns, field -> (n,) int64 numpy row lengths of the per-token ones, the per-token
+        fields given padded (B, T): packed later, once the lengths they are trimmed to are known)."""
+        n = len(ids)
+        columns: dict[str, Any] = {}
+        token_lens: dict[str, Any] = {}
+        padded = []
         for name, value in fields.items():
             if isinstance(value, torch.Tensor):
                 if value.dim() == 0 or value.shape[0] != n:
@@ -304,85 +256,65 @@ class IndexedClient(DataPlaneClient):
                         "the first dimension must be the number of keys"
                     )
                 if name in self.token_fields and value.dim() >= 2:
-                    padded_token_fields.append(name)
+                    padded.append(name)
                 else:
                     columns[name] = Column(value.detach().cpu().contiguous())
-            else:
-                rows = list(value)
-                if len(rows) != n:
-                    raise ShapeError(
-                        f"partition {pid!r}: field {name!r} has {len(rows)} rows for {n} keys {fmt_keys(ids)}"
-                    )
-                if set(map(type, rows)) != {torch.Tensor}:  # (a C-level pass; the usual case)
-                    rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
-                # One dtype (cat would silently promote); shapes are checked by the cat itself, and
-                # only a failed put pays for listing them (the common path stays one C call).
-                try:
-                    if len(set(map(_DTYPE, rows))) > 1:
-                        raise TypeError
-                    col = pack_rows(rows)
-                except (RuntimeError, TypeError):
-                    kinds = {(f"{r.dim()}-D", tuple(r.shape[1:]), r.dtype) for r in rows}
-                    raise ShapeError(
-                        f"partition {pid!r}: field {name!r} rows disagree in rank, trailing shape or dtype "
-                        f"{sorted(map(str, kinds))} (keys {fmt_keys(ids)}); rows must differ only in length"
-                    ) from None
-                columns[name] = col
-                if name in self.token_fields:
-                    token_lens[name] = col.row_lengths().numpy()
+                continue
+            col = _pack_rows(pid, ids, name, value)
+            columns[name] = col
+            if name in self.token_fields:
+                token_lens[name] = col.row_lengths().numpy()
+        return columns, token_lens, padded
 
-        derived = False
-        if lens is None and token_lens:
-            src = token_lens.get(self.seq_len_field)
-            lens = src if src is not None else np.max(np.stack(list(token_lens.values())), axis=0)
-            derived = True
-        if padded_token_fields:
-            # Trim padded per-token fields to each row's length: from this put, else the index.
-            known = lens
-            if known is None or derived:
-                stored = self._index_call("seq_lens", pid, ids)
-                known = [s if s is not None else (lens[i] if lens else None) for i, s in enumerate(stored)]
-            if any(k is None for k in known):
-                unknown = [s for s, k in zip(ids, known) if k is None]
-                raise ShapeError(
-                    f"partition {pid!r}: per-token field {padded_token_fields[0]!r} is padded but keys "
-                    f"{fmt_keys(unknown)} have no sequence length yet; pass seq_lens= or write "
-                    f"{self.seq_len_field!r} as a list of 1-D tensors first"
-                )
-            for name in padded_token_fields:
-                value = fields[name].detach().cpu()
-                trimmed = np.minimum(np.asarray(known, dtype=np.int64), value.shape[1])  # the jagged rows' lengths
-                # Encoded in the backend's _commit (`_encoded`): the ray backend does it while the store
-                # checks the commit. It cannot fail, so the commit may go first.
-                columns[name] = functools.partial(jagged_from_padded, value, torch.from_numpy(trimmed))
-                token_lens[name] = trimmed
+    def _stored_lens(self, pid: str, ids: list[str], lens: Any, field: str) -> list[int]:
+        """Each key's sequence length for trimming a padded per-token field: the stored one, else this
+        put's (derived from its rows); raises for keys with neither."""
+        stored = self._index_call("seq_lens", pid, ids)
+        known = [s if s is not None else (lens[i] if lens is not None else None) for i, s in enumerate(stored)]
+        if any(k is None for k in known):
+            unknown = [s for s, k in zip(ids, known) if k is None]
+            raise ShapeError(
+                f"partition {pid!r}: per-token field {field!r} is padded but keys "
+                f"{fmt_keys(unknown)} have no sequence length yet; pass seq_lens= or write "
+                f"{self.seq_len_field!r} as a list of 1-D tensors first"
+            )
+        return known
 
-        final_lens, final_tags, task_name, located = self._commit(pid, ids, columns, token_lens, lens, not derived,
-                                                                  tags, bounds=bounds)
-        out_lens = None if any(x is None for x in final_lens) else tuple(final_lens)
-        # The receipt is built from checked values (keys: strings, unique; lengths: ints from the
-        # index) without re-normalising every row, tags copied from the index.
-        if final_tags is None:  # no key carries tags: the store spares sending n empty dicts
+    @staticmethod
+    def _trimmed(value: torch.Tensor, lens: Any) -> tuple[Callable[[], Column], np.ndarray]:
+        """(the padded (B, T, ...) field's jagged column, to encode later, its row lengths)."""
+        value = value.detach().cpu()
+        trimmed = np.minimum(np.asarray(lens, dtype=np.int64), value.shape[1])  # the jagged rows' lengths
+        # Encoded in the backend's _commit (`encoded`): the ray backend does it while the store checks
+        # the commit. It cannot fail, so the commit may go first.
+        return functools.partial(jagged_from_padded, value, torch.from_numpy(trimmed)), trimmed
+
+    @staticmethod
+    def _receipt(pid, ids, meta, fields, committed: Committed, located: tuple) -> KVBatchMeta:
+        """The put's receipt, built from checked values (keys: strings, unique; lengths: ints from the
+        index) without re-normalising every row; tags copied from the index."""
+        out_lens = None if any(x is None for x in committed.seq_lens) else tuple(committed.seq_lens)
+        if committed.tags is None:  # no key carries tags: the store spares sending n empty dicts
             final_tags = [{} for _ in ids]
         else:
-            final_tags = [dict(t) for t in final_tags]
+            final_tags = [dict(t) for t in committed.tags]
         if meta is None:
-            return _rebuilt(pid, task_name, tuple(ids), tuple(fields), out_lens, tuple(final_tags), {}, tuple(located))
-        merged_tags = tuple({**old, **new} for old, new in zip(meta.tags, final_tags))
-        return _rebuilt(
+            return KVBatchMeta.trusted(pid, committed.task_name, tuple(ids), tuple(fields), out_lens,
+                                       tuple(final_tags), {}, tuple(located))
+        return KVBatchMeta.trusted(
             pid,
-            meta.task_name if meta.task_name is not None else task_name,
+            meta.task_name if meta.task_name is not None else committed.task_name,
             tuple(ids),
             tuple(dict.fromkeys([*meta.fields, *fields])),
             out_lens if out_lens is not None else meta.seq_lens,
-            merged_tags,
+            tuple({**old, **new} for old, new in zip(meta.tags, final_tags)),
             dict(meta.extra_info),
             (*meta.locations, *located),  # later locations win for a key both hold
         )
 
     def get_samples(self, sample_ids, partition_id, select_fields, pad_values=None, pad_to=None):
         self._check_open()
-        ids, pid, meta = _resolve(sample_ids, partition_id)
+        ids, pid, meta = resolve(sample_ids, partition_id)
         assert ids is not None
         if isinstance(select_fields, str):
             select_fields = [select_fields]
@@ -439,7 +371,7 @@ class IndexedClient(DataPlaneClient):
 
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
         self._check_open()
-        ids, pid, _ = _resolve(sample_ids, partition_id)
+        ids, pid, _ = resolve(sample_ids, partition_id)
         return self._index_call("clear", pid, ids)
 
     def list_samples(self, partition_id):
@@ -468,3 +400,7 @@ class IndexedClient(DataPlaneClient):
     def is_complete(self, partition_id, fields):
         self._check_open()
         return len(self.ready_samples(partition_id, fields)) >= self._index_call("expected", partition_id)
+
+    def footprint(self, partition_id):
+        self._check_open()
+        return self._index_call("footprint", partition_id)

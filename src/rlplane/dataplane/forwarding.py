@@ -22,18 +22,19 @@ import torch
 
 from rlplane.utils.shared_pickle import SMALL_TENSOR_BYTES, dumps
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
+from .client import IndexedClient, encoded
 from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError
 from .index import LookupPlan
+from .interface import DEFAULT_TOKEN_FIELDS
 
 __all__ = ["ForwardingDataPlane", "PlaneServer", "share_column"]
 
 # The `PlaneIndex` methods a remote client may call (as the Ray store actor allows).
 INDEX_METHODS = frozenset(
     {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
-     "num_chunks"}
+     "num_chunks", "footprint"}
 )
 
 
@@ -118,8 +119,9 @@ class ForwardingDataPlane(IndexedClient):
             raise value
         return value
 
-    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        return {name: share_column(col) for name, col in columns.items()}
+    def _commit(self, pid, ids, columns, spec, bounds):
+        shared = {name: share_column(col) for name, col in encoded(columns).items()}
+        return self._index_call("commit", pid, ids, shared, spec), ()
 
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         return plan.parts  # the columns came back with the lookup, mapped from shared memory

@@ -12,7 +12,8 @@ raises leaves the index as it was.
 Layout: each key gets a slot (an int) on first write; per field, one (2, capacity) int64 array
 holds (chunk id, row in chunk) by slot, -1 where the field is not written. Requests of a thousand
 keys then cost one dict look-up per key plus numpy ops, not a Python loop per (key, field): the
-store actor answers every put and get, so this is on the step's critical path.
+store actor answers every put and get, so this is on the step's critical path. A partition's table
+(slots, tombstones, arrays) is `partition.Partition`; its size stays O(live keys).
 """
 
 from __future__ import annotations
@@ -33,54 +34,35 @@ from .errors import (
     UnknownPartitionError,
     fmt_keys,
 )
+from .partition import PENDING, Partition, Pending
 
-__all__ = ["PENDING", "LookupPlan", "PlaneIndex"]
-
-
-class Pending:
-    """Payload of a chunk committed before its data was stored (the Ray backend commits while it
-    copies the data into the object store). `attach` replaces it; a reader that meets it retries."""
-
-    def __repr__(self) -> str:
-        return "PENDING"
-
-    def __eq__(self, other: object) -> bool:  # survives pickling to another process
-        return isinstance(other, Pending)
-
-    def __hash__(self) -> int:
-        return 0
+__all__ = ["PENDING", "Committed", "LookupPlan", "Pending", "PlaneIndex", "WriteSpec"]
 
 
-PENDING = Pending()
+@dataclasses.dataclass(frozen=True)
+class WriteSpec:
+    """What a put states about its rows, checked by `PlaneIndex.commit` against what is stored.
+
+    token_lens: row lengths of the per-token fields in this put. seq_lens: this put's sequence
+    lengths (None: none known); `seq_lens_explicit` when the caller stated them (then they must agree
+    with any stored length), else derived from the put's token fields (then a stored length wins and
+    the rows must fit in it). tags: one dict per key to merge into the stored tags, or None."""
+
+    token_lens: dict[str, Any]
+    seq_lens: Sequence[int] | None
+    seq_lens_explicit: bool
+    tags: list[dict] | None
 
 
-@dataclasses.dataclass
-class _Partition:
-    fields: list[str]
-    num_samples: int
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    """The index's answer to a commit: the keys' stored sequence lengths (None where unknown), their
+    tags (None when no key has any), the partition's task name and each field's new chunk id."""
+
+    seq_lens: list[int | None]
+    tags: list[dict] | None
     task_name: str | None
-    slot_of: dict[str, int] = dataclasses.field(default_factory=dict)  # live keys, first-write order
-    cleared: set[str] = dataclasses.field(default_factory=set)  # tombstones: writing these is an error
-    chunks: dict[int, list] = dataclasses.field(default_factory=dict)  # chunk id -> [payload, live rows]
-    loc: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # field -> (2, cap): chunk, row
-    seq_len: np.ndarray = dataclasses.field(default_factory=lambda: np.full(64, -1, dtype=np.int64))
-    tags: list = dataclasses.field(default_factory=list)  # slot -> dict | None
-    num_slots: int = 0
-
-    def grow(self, need: int) -> None:
-        cap = len(self.seq_len)
-        if need <= cap:
-            return
-        new_cap = max(need, 2 * cap)
-        self.seq_len = np.concatenate([self.seq_len, np.full(new_cap - cap, -1, dtype=np.int64)])
-        for f, arr in self.loc.items():
-            self.loc[f] = np.concatenate([arr, np.full((2, new_cap - cap), -1, dtype=np.int64)], axis=1)
-
-    def field_loc(self, field: str) -> np.ndarray:
-        arr = self.loc.get(field)
-        if arr is None:
-            arr = self.loc[field] = np.full((2, len(self.seq_len)), -1, dtype=np.int64)
-        return arr
+    chunks: dict[str, int]
 
 
 @dataclasses.dataclass
@@ -98,12 +80,11 @@ class PlaneIndex:
     """Partitions, keys, per-(key, field) locations and production status."""
 
     def __init__(self) -> None:
-        self._parts: dict[str, _Partition] = {}
+        self._parts: dict[str, Partition] = {}
         self._chunk_ids = itertools.count()
         # Payloads whose last row was released. The owner decides when to drop them: the Ray store
         # drops them after replying, since releasing ObjectRefs costs milliseconds it need not wait on.
         self.freed: list[Any] = []
-        self.last_chunks: dict[str, int] = {}  # field -> chunk id of the latest commit (for `attach`)
 
     # ---- partitions ----------------------------------------------------------------------------
 
@@ -118,13 +99,13 @@ class PlaneIndex:
         if part is None or not part.slot_of:
             if part is not None:
                 self.freed.extend(p for p, _ in part.chunks.values())
-            self._parts[pid] = _Partition(fields, num_samples, task_name)
+            self._parts[pid] = Partition(fields, num_samples, task_name)
             return
         part.fields.extend(f for f in fields if f not in part.fields)
         part.num_samples = max(part.num_samples, num_samples)
         part.task_name = task_name if task_name is not None else part.task_name
 
-    def partition(self, pid: str) -> _Partition:
+    def partition(self, pid: str) -> Partition:
         part = self._parts.get(pid)
         if part is None:
             known = sorted(self._parts) or "none"
@@ -144,8 +125,8 @@ class PlaneIndex:
 
     # ---- writes --------------------------------------------------------------------------------
 
-    def _slots(self, part: _Partition, ids: Sequence[str]) -> np.ndarray:
-        # map over dict.get: no Python frame per key, unlike a generator
+    def _slots(self, part: Partition, ids: Sequence[str]) -> np.ndarray:
+        # map over dict.get: no Python frame per key (half the time of a generator, measured)
         return np.fromiter(map(part.slot_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
 
     def seq_lens(self, pid: str, ids: Sequence[str]) -> list[int | None]:
@@ -154,33 +135,19 @@ class PlaneIndex:
         slots = self._slots(part, ids)
         return _lens_out(np.where(slots >= 0, part.seq_len[np.maximum(slots, 0)], -1))
 
-    def commit(
-        self,
-        pid: str,
-        ids: Sequence[str],
-        payloads: dict[str, Any],
-        token_lens: dict[str, Sequence[int]],
-        seq_lens: Sequence[int] | None,
-        seq_lens_explicit: bool,
-        tags: Sequence[dict] | None,
-    ) -> tuple[list[int | None], list[dict] | None, str | None]:
-        """Record that rows 0..n-1 of payloads[field] hold field for ids[0..n-1].
-
-        token_lens: row lengths of the per-token fields in this put (checked against seq lengths).
-        seq_lens: this put's sequence lengths; `seq_lens_explicit` when the caller stated them
-        (then they must agree with any stored length), else derived from this put's token fields
-        (then a stored length wins and the rows must fit in it).
-        Returns the stored (seq_lens, tags or None if no key has any, task_name) of ids.
-        """
+    def commit(self, pid: str, ids: Sequence[str], payloads: dict[str, Any], spec: WriteSpec) -> Committed:
+        """Record that rows 0..n-1 of payloads[field] hold field for ids[0..n-1], after checking `spec`
+        (the put's lengths and tags) against what is stored."""
         part = self.partition(pid)
         n = len(ids)
-        if part.cleared and not part.cleared.isdisjoint(ids):
+        if part.cleared and not part.cleared.keys().isdisjoint(ids):
             cleared = [s for s in ids if s in part.cleared]
             field = next(iter(payloads), "?")
             raise ClearedKeyError(
                 f"partition {pid!r}: keys {fmt_keys(cleared)} were cleared; writing field {field!r} "
                 "to a cleared key is refused (mint new keys for new samples)"
             )
+        token_lens, seq_lens, tags = spec.token_lens, spec.seq_lens, spec.tags
         unknown_fields = [f for f in payloads if f not in part.fields]
         if unknown_fields:
             raise MissingFieldError(
@@ -193,7 +160,7 @@ class PlaneIndex:
         final = stored.copy()
         if seq_lens is not None:
             new = np.asarray(seq_lens, dtype=np.int64)
-            if seq_lens_explicit:
+            if spec.seq_lens_explicit:
                 bad = np.nonzero((stored >= 0) & (new != stored))[0]
                 if len(bad):
                     i = int(bad[0])
@@ -213,22 +180,16 @@ class PlaneIndex:
                     f"for keys {fmt_keys([ids[j] for j in bad])} (key "
                     f"{ids[i]!r}: {int(lens_arr[i])} > {int(final[i])})"
                 )
-        # Validated: apply. New keys get fresh slots.
+        # Validated: apply. New keys get slots (cleared ones first).
         fresh = np.nonzero(~known)[0]
         if len(fresh):
-            part.grow(part.num_slots + len(fresh))
-            new_slots = np.arange(part.num_slots, part.num_slots + len(fresh))
-            fresh_ids = ids if len(fresh) == n else [ids[i] for i in fresh.tolist()]
-            part.slot_of.update(zip(fresh_ids, range(part.num_slots, part.num_slots + len(fresh))))
-            part.tags.extend(None for _ in range(len(fresh)))
-            slots[fresh] = new_slots
-            part.num_slots += len(fresh)
+            slots[fresh] = part.take_slots(list(ids) if len(fresh) == n else [ids[i] for i in fresh.tolist()])
         rows = np.arange(n, dtype=np.int64)
-        self.last_chunks = {}
+        chunks = {}
         for field, payload in payloads.items():
             arr = part.field_loc(field)
             self._release(part, arr[0, slots])
-            cid = self.last_chunks[field] = next(self._chunk_ids)
+            cid = chunks[field] = next(self._chunk_ids)
             part.chunks[cid] = [payload, n]
             arr[0, slots] = cid
             arr[1, slots] = rows
@@ -238,7 +199,7 @@ class PlaneIndex:
                 if t:
                     part.tags[slot] = {**(part.tags[slot] or {}), **t}
         out_tags = [part.tags[s] or {} for s in slots.tolist()]
-        return _lens_out(final), (out_tags if any(out_tags) else None), part.task_name
+        return Committed(_lens_out(final), out_tags if any(out_tags) else None, part.task_name, chunks)
 
     def attach(self, pid: str, chunks: dict[str, int], payloads: dict[str, Any]) -> None:
         """Put `payloads[field]` in place of the PENDING payload of chunk `chunks[field]`. A chunk
@@ -251,7 +212,7 @@ class PlaneIndex:
             else:
                 entry[0] = payloads[field]
 
-    def _release(self, part: _Partition, cids: np.ndarray) -> None:
+    def _release(self, part: Partition, cids: np.ndarray) -> None:
         cids = cids[cids >= 0]
         if not len(cids):
             return
@@ -263,7 +224,7 @@ class PlaneIndex:
 
     # ---- reads ---------------------------------------------------------------------------------
 
-    def _live_slots(self, pid: str, ids: Sequence[str], what: str) -> tuple[_Partition, np.ndarray]:
+    def _live_slots(self, pid: str, ids: Sequence[str], what: str) -> tuple[Partition, np.ndarray]:
         part = self.partition(pid)
         slots = self._slots(part, ids)
         if (slots < 0).any():
@@ -400,19 +361,26 @@ class PlaneIndex:
                 arr[:, : part.num_slots] = -1
             part.seq_len[: part.num_slots] = -1
             part.tags = [None] * len(part.tags)
-            part.cleared.update(ids)
+            part.cleared.update(part.slot_of)
+            part.free.extend(part.slot_of.values())
             part.slot_of.clear()
             return len(ids)
         for arr in part.loc.values():
             self._release(part, arr[0, slots])
             arr[:, slots] = -1
         part.seq_len[slots] = -1
-        for s, slot in zip(ids, slots.tolist()):
+        slot_list = slots.tolist()
+        for s, slot in zip(ids, slot_list):
             del part.slot_of[s]
             part.tags[slot] = None
-        part.cleared.update(ids)
+        part.cleared.update(zip(ids, slot_list))
+        part.free.extend(slot_list)
         return len(ids)
 
     def num_chunks(self, pid: str | None = None) -> int:
         pids = self._parts if pid is None else [pid]
         return sum(len(self._parts[p].chunks) for p in pids)
+
+    def footprint(self, pid: str) -> dict[str, int]:
+        """The partition's size (`Partition.footprint`): what stays O(live keys) over any number of steps."""
+        return self.partition(pid).footprint()

@@ -12,11 +12,12 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from .client import DEFAULT_TOKEN_FIELDS, IndexedClient
+from .client import IndexedClient, encoded
 from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError
 from .index import LookupPlan, PlaneIndex
+from .interface import DEFAULT_TOKEN_FIELDS
 
 __all__ = ["MemoryDataPlane"]
 
@@ -35,8 +36,8 @@ class MemoryDataPlane(IndexedClient):
             self.index.freed.clear()
             return result
 
-    def _store(self, columns: dict[str, Column]) -> dict[str, Any]:
-        return dict(columns)
+    def _commit(self, pid, ids, columns, spec, bounds):
+        return self._index_call("commit", pid, ids, encoded(columns), spec), ()
 
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         return plan.parts

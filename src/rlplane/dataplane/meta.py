@@ -45,10 +45,11 @@ class KVBatchMeta:
         seq_lens: unpadded per-row sequence length, or None when no per-token field was written.
         tags: per-row dicts of small scalars, 1:1 with `sample_ids` (empty dicts when untagged).
         extra_info: batch-level values, e.g. `global_forward_pad_seqlen`; copied by every op.
-        locations: where the backend put the rows (opaque; the ray backend's put receipts, so a
-            reader can fetch without asking the index first). A hint only: a reader still checks
-            it against the index, and a meta without it reads the same data. Kept by every op
-            that keeps rows (subset, concat), not compared, not shown.
+        locations: where the backend put the rows (opaque plain data; the ray backend's put
+            receipts and location snapshots, so a reader can fetch without asking the index
+            first). A hint only: a reader still checks it against the index, and a meta without it
+            reads the same data. Kept by every op that keeps rows (subset, concat), not compared,
+            not shown.
     """
 
     partition_id: str
@@ -95,12 +96,14 @@ class KVBatchMeta:
         return len(self.sample_ids)
 
     def __reduce__(self):
-        # A location may stand in for another when the meta leaves this process: `_outbound(meta,
-        # memo)` returns what to send (None: nothing). The ray backend's driver-held index sends
-        # where this meta's keys are now, once per store (`ray_driver`).
-        memo: dict = {}
-        sent = (loc._outbound(self, memo) if hasattr(loc, "_outbound") else loc for loc in self.locations)
-        return _rebuilt, (*(getattr(self, f) for f in _FIELD_NAMES[:-1]), tuple(x for x in sent if x is not None))
+        # Its values as they are (checked when it was made): no re-normalising of every row on arrival.
+        return _rebuilt, tuple(getattr(self, f) for f in _FIELD_NAMES)
+
+    @classmethod
+    def trusted(cls, *values: Any) -> KVBatchMeta:
+        """A meta from values in field order that are already normalised (a client's receipt: keys
+        checked strings, lengths ints from the index): no per-row pass."""
+        return _rebuilt(*values)
 
     def _derive(self, **changes: Any) -> KVBatchMeta:
         """`dataclasses.replace` for values taken from valid metas: no re-normalising of every row
@@ -215,6 +218,10 @@ class KVBatchMeta:
                 f"partition {self.partition_id!r}: tag {name!r} missing on keys {fmt_keys(missing)}"
             )
         return [t[name] for t in self.tags]
+
+    def with_locations(self, locations: Iterable[Any]) -> KVBatchMeta:
+        """The same rows with `locations` in place of this meta's (a backend's hints, see the attribute)."""
+        return self._derive(locations=tuple(locations))
 
     def with_extra_info(self, **info: Any) -> KVBatchMeta:
         """New meta with `info` merged into `extra_info`."""

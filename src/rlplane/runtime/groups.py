@@ -19,10 +19,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlplane.dataplane import KVBatchMeta, shard_meta_for_dp
+from rlplane.dataplane import DataPlaneClient, KVBatchMeta, shard_meta_for_dp
 from rlplane.fast.heap import freeze_actor_heap
+from rlplane.runtime.process_actor import ProcessActor
+from rlplane.runtime.worker_env import WORKER_ENV
 
-WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 # An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
 
@@ -67,12 +68,19 @@ class LocalGroup:
 
 class RayGroup:
     """One Ray actor per rank; calls are issued to all ranks at once and awaited together.
-    With ``distributed`` (and more than one rank) the ranks join one gloo group at start."""
+    With ``distributed`` (and more than one rank) the ranks join one gloo group at start.
+
+    ``data_plane``: the driver's client of the plane the workers write to. Metas go out through its
+    ``located`` (with the index in the driver: where their keys are now, since a worker has no index
+    to ask) and the workers' results come back through its ``commit_receipts`` (their writes' receipts
+    into that index) before a call returns."""
 
     def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0,
                  distributed: bool = False, num_gpus: float = 0.0, scheduling: list | None = None,
-                 env_vars: dict[str, str] | None = None):
+                 env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None):
         import ray
+
+        self.data_plane = data_plane
 
         remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus,
                                 runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})(cls)
@@ -97,14 +105,18 @@ class RayGroup:
             getattr(w, method).remote(*args, **kwargs, **(per_rank[i] if per_rank else {}))
             for i, w in enumerate(self.workers)
         ]
-        return ray.get(refs)
+        return self._received(ray.get(refs))
 
     def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
-        """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its shard."""
+        """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its
+        shard (located for it); the ranks' write receipts reach the driver's index before this returns."""
         import ray
 
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
-        return ray.get([getattr(w, method).remote(**kwargs, **shards[i]) for i, w in enumerate(self.workers)])
+        if self.data_plane is not None:
+            shards = [{"meta": self.data_plane.located(shard["meta"])} for shard in shards]
+        return self._received(ray.get([getattr(w, method).remote(**kwargs, **shards[i])
+                                       for i, w in enumerate(self.workers)]))
 
     def lazy(self, method: str, *args, rank: int = 0, **kwargs):
         return getattr(self.workers[rank], method).remote(*args, **kwargs)
@@ -113,7 +125,13 @@ class RayGroup:
         """The results of calls started with :meth:`lazy` (a deadline hit in an actor comes out as its one line)."""
         from rlplane.workers.deadlines import ray_get
 
-        return ray_get(handles)
+        return self._received(ray_get(handles))
+
+    def _received(self, results: list) -> list:
+        """``results`` after the driver's index took the write receipts in them."""
+        if self.data_plane is not None:
+            self.data_plane.commit_receipts(results)
+        return results
 
     def close(self) -> None:
         import ray
@@ -183,15 +201,18 @@ class RayActor:
 
 def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *, num_cpus: float = 1.0,
                num_gpus: float = 0.0, distributed: bool = False, scheduling: list | None = None,
-               env_vars: dict[str, str] | None = None) -> LocalGroup | RayGroup:
+               env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None
+               ) -> LocalGroup | RayGroup:
     """A group of ``cls`` workers, one per entry of ``per_rank_kwargs``, under ``runtime`` (local | ray);
     with ``distributed`` the Ray ranks join one process group at start (more than one rank, or FSDP).
-    Under Ray, ``scheduling`` places rank ``i`` (a placement-group bundle, :func:`placement.scheduling`)
-    and ``env_vars`` are set in the actors' processes."""
+    Under Ray, ``scheduling`` places rank ``i`` (a placement-group bundle, :func:`placement.scheduling`),
+    ``env_vars`` are set in the actors' processes and ``data_plane`` (the driver's client of the plane
+    the workers write to) locates the metas sent and takes the receipts returned (:class:`RayGroup`).
+    Locally the workers hold the driver's own client: their writes are in its index when made."""
     if runtime == "local":
         return LocalGroup(cls, per_rank_kwargs)
     return RayGroup(cls, per_rank_kwargs, num_cpus=num_cpus, num_gpus=num_gpus, distributed=distributed,
-                    scheduling=scheduling, env_vars=env_vars)
+                    scheduling=scheduling, env_vars=env_vars, data_plane=data_plane)
 
 
 def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
@@ -202,8 +223,6 @@ def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: flo
     ``process`` (local only): in a child process of its own (:class:`~rlplane.runtime.process_actor.ProcessActor`,
     off the driver's GIL; ``setup`` runs there first) instead of in this one. A Ray actor is a process anyway."""
     if runtime == "local" and process:
-        from rlplane.runtime.process_actor import ProcessActor
-
         return ProcessActor(cls, kwargs, setup=setup)
     if runtime == "local":
         return LocalActor(cls, kwargs)

@@ -42,7 +42,7 @@ import torch
 from rlplane.dataplane import MemoryDataPlane
 from rlplane.dataplane.forwarding import serve_to_other_process
 from rlplane.fast.heap import freeze_heap
-from rlplane.runtime.groups import WORKER_ENV
+from rlplane.runtime.worker_env import WORKER_ENV
 from rlplane.utils.shared_pickle import dumps
 
 __all__ = ["ProcessActor", "RemoteTraceback"]

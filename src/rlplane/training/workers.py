@@ -149,16 +149,17 @@ class Workers:
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
         self.policy = make_group(runtime, PolicyWorker, per_rank(policy_options(cfg), init_state),
                                  num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=gpus, distributed=distributed,
-                                 scheduling=slots.get("policy"))
+                                 scheduling=slots.get("policy"), data_plane=self.data_plane)
         if self.critic:
             # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
             self.value = make_group(runtime, ValueWorker, per_rank(value_options(cfg), init_state),
                                     num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=gpus, distributed=distributed,
-                                    scheduling=slots.get("value"))
+                                    scheduling=slots.get("value"), data_plane=self.data_plane)
         if self.teacher_cfg is not None:
             self.teacher = make_group(runtime, TeacherWorker,
                                       per_rank(teacher_options(self.teacher_cfg), teacher_state),
-                                      num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"))
+                                      num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"),
+                                      data_plane=self.data_plane)
         self.rollout = self._start_generators(slots.get("generators"))
 
     def _start_generators(self, scheduling: list | None) -> Generators:
@@ -178,7 +179,8 @@ class Workers:
                                [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j,
                                      shared_paths=self.shared_paths)
                                 for j in range(gen.num_generators)],
-                               num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env())
+                               num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env(),
+                               data_plane=self.data_plane)
         except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
             raise user_task_error_in(e) or e from None
         # Colocated under Ray: they share the policy's bundles, so they sleep while it trains; vLLM with

@@ -1,5 +1,5 @@
 """One behaviour suite run against every backend: the memory plane, its forwarding client (what a worker
-in a child process holds) and the Ray plane must agree."""
+in a child process holds) and the Ray plane, with its index in a store actor or in the driver, must agree."""
 
 import itertools
 
@@ -24,7 +24,8 @@ FIELDS = ["input_ids", "generation_logprobs", "token_mask", "reward", "prev_logp
 _pids = itertools.count()
 
 
-@pytest.fixture(scope="module", params=["memory", "forwarding", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.fixture(scope="module", params=["memory", "forwarding", pytest.param("ray", marks=pytest.mark.ray),
+                                        pytest.param("ray-driver", marks=pytest.mark.ray)])
 def client(request):
     if request.param == "forwarding":  # a memory plane's client for another process, used from this one
         import multiprocessing
@@ -39,9 +40,9 @@ def client(request):
         server.thread.join(timeout=5)
         assert not server.thread.is_alive()  # the server ends with its client's pipe
         return
-    if request.param == "ray":
+    if request.param.startswith("ray"):
         request.getfixturevalue("ray_session")
-    c = make_data_plane(request.param)
+    c = make_data_plane("ray", index="driver") if request.param == "ray-driver" else make_data_plane(request.param)
     yield c
     c.close()
 

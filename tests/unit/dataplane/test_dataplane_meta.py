@@ -13,7 +13,9 @@ from rlplane.dataplane import (
     concat_metas,
     shard_meta_for_dp,
 )
+from rlplane.dataplane.index import PENDING, PlaneIndex, WriteSpec
 
+NO_SPEC = WriteSpec({}, None, False, None)  # a commit that states no lengths or tags
 
 def make(ids=("a", "b", "c", "d"), pid="train", lens=(3, 5, 2, 7), **kw):
     tags = kw.pop("tags", tuple({"r": i} for i in range(len(ids))))
@@ -116,18 +118,14 @@ def test_meta_pickles():
 def test_index_attach_fills_a_pending_chunk_or_frees_a_released_one():
     import numpy as np
 
-    from rlplane.dataplane.index import PENDING, PlaneIndex
-
     ix = PlaneIndex()
     ix.register("p", ["x"], 2, None)
-    ix.commit("p", ["a", "b"], {"x": PENDING}, {}, None, False, None)
-    first = dict(ix.last_chunks)
+    first = ix.commit("p", ["a", "b"], {"x": PENDING}, NO_SPEC).chunks
     assert ix.lookup("p", ["a"], ["x"]).parts["x"][0][0] == PENDING
     ix.attach("p", first, {"x": "obj1"})
     assert ix.lookup("p", ["b"], ["x"]).parts["x"][0][0] == "obj1" and ix.freed == []
     # A chunk overwritten (or cleared) before its data arrives: the late data is freed at once.
-    ix.commit("p", ["a", "b"], {"x": PENDING}, {}, None, False, None)
-    second = dict(ix.last_chunks)
+    second = ix.commit("p", ["a", "b"], {"x": PENDING}, NO_SPEC).chunks
     ix.clear("p", None)
     ix.freed.clear()
     ix.attach("p", second, {"x": "obj2"})
@@ -139,16 +137,13 @@ def test_index_verify_says_whether_receipt_chunks_are_still_current():
     import numpy as np
 
     from rlplane.dataplane import ClearedKeyError
-    from rlplane.dataplane.index import PlaneIndex
-
     ix = PlaneIndex()
     ix.register("p", ["x", "y"], 2, None)
-    ix.commit("p", ["a", "b"], {"x": "o1", "y": "o1"}, {}, None, False, None)
-    chunks = dict(ix.last_chunks)
+    chunks = ix.commit("p", ["a", "b"], {"x": "o1", "y": "o1"}, NO_SPEC).chunks
     promised = {"x": np.full(2, chunks["x"]), "y": np.full(2, chunks["y"])}
     assert ix.verify("p", ["a", "b"], promised)
     assert ix.verify("p", ["b"], {"x": np.full(1, chunks["x"])})  # a subset (one DP rank's keys)
-    ix.commit("p", ["b"], {"x": "o2"}, {}, None, False, None)  # b's x is overwritten: its receipt is stale
+    ix.commit("p", ["b"], {"x": "o2"}, NO_SPEC)  # b's x is overwritten: its receipt is stale
     assert not ix.verify("p", ["a", "b"], promised)
     assert ix.verify("p", ["a", "b"], {"y": promised["y"]})  # ... but not for y
     ix.clear("p", ["a"])
@@ -161,12 +156,10 @@ def test_index_locate_says_where_every_field_of_the_keys_is_now():
     """What a driver-held index ships with a meta: per field, the payloads and, per key, which
     payload (-1: none) and which row in it; and the error for keys that are not live."""
     from rlplane.dataplane import ClearedKeyError, UnknownPartitionError
-    from rlplane.dataplane.index import PlaneIndex
-
     ix = PlaneIndex()
     ix.register("p", ["x", "y"], 3, None)
-    ix.commit("p", ["a", "b", "c"], {"x": "o1"}, {}, None, False, None)  # x of a, b, c: rows 0, 1, 2 of o1
-    ix.commit("p", ["c", "b"], {"x": "o2", "y": "o2"}, {}, None, False, None)  # c, b: rows 0, 1 of o2
+    ix.commit("p", ["a", "b", "c"], {"x": "o1"}, NO_SPEC)  # x of a, b, c: rows 0, 1, 2 of o1
+    ix.commit("p", ["c", "b"], {"x": "o2", "y": "o2"}, NO_SPEC)  # c, b: rows 0, 1 of o2
     ix.clear("p", ["a"])
     where, gone = ix.locate("p", ["b", "a", "c"])
     payloads, which, rows = where["x"]
@@ -174,7 +167,7 @@ def test_index_locate_says_where_every_field_of_the_keys_is_now():
     payloads, which, rows = where["y"]
     assert payloads == ["o2"] and which.tolist() == [0, -1, 0] and rows.tolist() == [1, -1, 0]
     assert isinstance(gone, ClearedKeyError) and "keys ['a'] were cleared" in str(gone)
-    ix.commit("p", ["d"], {"x": "o3"}, {}, None, False, None)
+    ix.commit("p", ["d"], {"x": "o3"}, NO_SPEC)
     where, gone = ix.locate("p", ["d", "b"])
     payloads, which, rows = where["x"]
     assert payloads == ["o2", "o3"] and which.tolist() == [1, 0] and rows.tolist() == [0, 1]

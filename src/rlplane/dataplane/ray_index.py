@@ -1,0 +1,300 @@
+"""Where the `ray` data plane keeps its `PlaneIndex`: the placement strategies of `RayDataPlane`.
+
+- `StoreIndex` (index="store", the default): in one long-lived `StoreActor` that every process
+  reaches by handle; any process may read, write and clear by key.
+- `DriverIndex` (index="driver"): in the driver's client, for runs with one driver whose workers read
+  the metas it hands them and hand their writes back. No read or write makes a round trip to an
+  actor that, on a machine of few cores, competes with the workers for them.
+- `WorkerIndex`: what a `DriverIndex` client becomes in a worker: no index to ask. A read uses the
+  snapshot the driver put in the meta (`RayDataPlane.located`); a write returns a receipt with its
+  commit pending, which the driver's index takes when the worker's group hands it the results
+  (`RayDataPlane.commit_receipts`, called by runtime/groups.py on the way back).
+
+Each offers `call` (wait for the answer), `send` (no answer needed), `commit` (store a put's columns
+and record them), `lookup`, `verifier` and `for_worker` (the placement a pickled client carries).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from .client import encoded
+from .errors import DataPlaneError, fmt_keys
+from .index import PENDING, Committed, LookupPlan, Pending, PlaneIndex, WriteSpec
+from .ray_objects import Background, Failed, Receipt, Snapshot, Stored, WriteBack, put_parts
+
+__all__ = ["DriverIndex", "StoreActor", "StoreIndex", "WorkerIndex"]
+
+_PENDING_TIMEOUT_S = 60.0  # a reader gives up on a committed chunk whose data never came
+_ABSORBED_KEPT = 4096  # uids of taken write-backs remembered (a receipt handed in twice is taken once)
+
+# The `PlaneIndex` methods a remote client may call.
+INDEX_METHODS = frozenset(
+    {"register", "seq_lens", "commit", "lookup", "verify", "list", "describe", "status", "ready", "expected",
+     "clear", "num_chunks", "footprint"}
+)
+
+
+class StoreActor:
+    """Holds the `PlaneIndex` (and so every column's ObjectRef). Runs one call at a time: a sync
+    actor, not an async one (its round trip measured faster here)."""
+
+    def __init__(self, adopt: bool) -> None:
+        self.index = PlaneIndex()
+        self.adopt = adopt
+        self._deferred: dict[str, DataPlaneError] = {}  # client id -> error of a call it did not wait on
+        self._background = Background()  # releasing refs: the reply need not wait on it
+
+    def call(self, method: str, *args: Any, client: str | None = None) -> Any:
+        if client is not None and client in self._deferred:
+            raise self._deferred.pop(client)  # a refused no-wait request: its caller hears it now
+        assert method in INDEX_METHODS, method
+        if method == "commit" and self.adopt:
+            pid, ids, payloads, spec = args
+            # Re-put so this actor owns the objects (they then outlive the producer's process).
+            mine = {stored.refs: Stored(tuple(ray.put(ray.get(ref)) for ref in stored.refs), stored.starts)
+                    for stored, _ in payloads.values()}
+            args = (pid, ids, {f: (mine[stored.refs], name) for f, (stored, name) in payloads.items()}, spec)
+        try:
+            return getattr(self.index, method)(*args)
+        finally:
+            self._drop_freed()
+
+    def _drop_freed(self) -> None:
+        if self.index.freed:
+            self._background.drop(self.index.freed)
+            self.index.freed = []
+
+    def attach(self, pid: str, chunks: dict[str, int], payload: Stored | Failed) -> None:
+        """The data of a commit answered earlier (one `Stored` for all of `chunks`' fields)."""
+        self.index.attach(pid, chunks, {f: payload if isinstance(payload, Failed) else (payload, f) for f in chunks})
+        self._drop_freed()
+
+    def call_nowait(self, method: str, *args: Any, client: str | None = None) -> None:
+        """Fire-and-forget twin of `call`: an error is kept for the client's next `call`. Ray runs
+        one caller's calls to an actor in submission order, so that next call comes after this."""
+        try:
+            self.call(method, *args, client=client)
+        except DataPlaneError as err:
+            if client is not None:
+                note = f"{err} (raised by an earlier {method} that returned without waiting: wait=False)"
+                self._deferred.setdefault(client, type(err)(note))
+
+    def ping(self) -> bool:
+        return True
+
+
+def _wait(answer: Any) -> Any:
+    try:
+        return ray.get(answer)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, DataPlaneError):
+            raise err.cause from None
+        raise
+
+
+class StoreIndex:
+    """The index in a `StoreActor`. `owns`: this client made the actor (and kills it on close).
+    `adopt` (owner="store"): the actor re-puts every column it is sent, so data outlives its producer
+    (a rollout worker that is restarted, say) at the cost of one more copy per put."""
+
+    def __init__(self, actor: Any, owns: bool, adopt: bool) -> None:
+        self.actor, self.owns, self.adopt = actor, owns, adopt
+        self.key = actor._actor_id.hex()  # names the store in receipts
+        self.client_id = uuid.uuid4().hex  # names this client to the store (for errors of no-wait calls)
+
+    @classmethod
+    def start(cls, name: str | None, adopt: bool) -> StoreIndex:
+        opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1}
+        if name is not None:
+            opts["name"] = name
+        actor = ray.remote(StoreActor).options(**opts).remote(adopt)
+        ray.get(actor.ping.remote())
+        return cls(actor, owns=True, adopt=adopt)
+
+    def for_worker(self) -> StoreIndex:
+        return StoreIndex(self.actor, owns=False, adopt=self.adopt)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return _wait(self.actor.call.remote(method, *args, client=self.client_id))
+
+    def send(self, method: str, *args: Any) -> None:
+        """No answer (a step's register and final clear: a round trip saved each). The store runs one
+        caller's calls in order, so this caller's next call sees it, and hears a refusal."""
+        self.actor.call_nowait.remote(method, *args, client=self.client_id)
+
+    def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
+               bounds: list[int] | None) -> tuple[Committed, Stored | None, WriteBack | None]:
+        if self.adopt:
+            # The store re-puts the data, and must have done so before this put returns (the producer
+            # may exit right after): nothing to overlap. No receipt: it would keep the producer's copy.
+            stored = put_parts(encoded(columns), bounds)
+            return self.call("commit", pid, ids, {f: (stored, f) for f in columns}, spec), None, None
+        # The commit (every check, and the index update with a PENDING payload) goes first, the columns
+        # are copied while the store answers, and the ref follows in a no-wait `attach`. The writer's
+        # later calls queue behind the attach; another process that reads the chunk before it arrives
+        # sees PENDING and asks again (`lookup`).
+        answer = self.actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, spec,
+                                        client=self.client_id)
+        try:
+            payload: Stored | Failed = put_parts(encoded(columns), bounds)
+        except Exception as err:  # noqa: BLE001 - e.g. the object store is full: readers must hear why, not wait
+            payload = Failed(f"{type(err).__name__}: {err}")
+        committed = _wait(answer)  # a refusal raises here; the objects just go
+        self.actor.attach.remote(pid, committed.chunks, payload)  # (refs inside an argument are not fetched)
+        if isinstance(payload, Failed):
+            raise DataPlaneError(f"partition {pid!r}: storing fields {list(columns)} "
+                                 f"of keys {fmt_keys(ids)} failed: {payload.reason}")
+        return committed, payload, None
+
+    def lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
+        deadline = time.monotonic() + _PENDING_TIMEOUT_S
+        while True:
+            plan = self.call("lookup", pid, ids, fields)
+            waiting = [f for f, parts in plan.parts.items() if any(isinstance(p, Pending) for p, _, _ in parts)]
+            failed = [(f, p.reason) for f, parts in plan.parts.items() for p, _, _ in parts if isinstance(p, Failed)]
+            if failed:
+                raise DataPlaneError(
+                    f"partition {pid!r}: field {failed[0][0]!r} of keys {fmt_keys(ids)} was never stored "
+                    f"({failed[0][1]}); write it again"
+                )
+            if not waiting:
+                return plan
+            if time.monotonic() > deadline:
+                raise DataPlaneError(
+                    f"partition {pid!r}: fields {waiting} of keys {fmt_keys(ids)} were committed but their "
+                    f"data has not arrived in {_PENDING_TIMEOUT_S:.0f} "
+                    "s (did the writer die mid-put?); write them again"
+                )
+            time.sleep(0.001)  # the writer's attach is on its way (a race between two callers)
+
+    def verifier(self, pid: str, ids: list[str], expected: dict) -> Callable[[], bool]:
+        """Starts the store's check that `expected` chunks are current; the answer when called."""
+        check = self.actor.call.remote("verify", pid, ids, expected, client=self.client_id)
+        return lambda: _wait(check)
+
+    def take(self, receipt: Receipt) -> None:
+        """(The store took every write when it was made.)"""
+
+    def raise_refused(self) -> None:
+        """(A refused write raised when it was made.)"""
+
+    def close(self) -> None:
+        if self.owns:
+            ray.kill(self.actor)  # drops every ref the index held
+
+
+class DriverIndex:
+    """The index in this (the driver's) process. Index calls run one at a time under a lock (threads);
+    the refs of freed chunks go on `background` (the client's one thread)."""
+
+    def __init__(self, background: Background) -> None:
+        self.key = f"driver:{uuid.uuid4().hex}"
+        self.index = PlaneIndex()
+        self._lock = threading.RLock()
+        self._background = background  # the client's: releases the refs of freed chunks
+        self._absorbed: OrderedDict[str, dict[str, int]] = OrderedDict()  # write-back uid -> its chunk ids
+        self.refused: DataPlaneError | None = None  # a worker's write the index refused, raised next call
+
+    def for_worker(self) -> WorkerIndex:
+        return WorkerIndex(self.key)
+
+    def call(self, method: str, *args: Any) -> Any:
+        with self._lock:
+            out = getattr(self.index, method)(*args)
+            freed, self.index.freed = self.index.freed, []
+        if freed:
+            self._background.drop(freed)
+        return out
+
+    send = call  # local: the answer costs nothing
+
+    def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
+               bounds: list[int] | None) -> tuple[Committed, Stored, None]:
+        stored = put_parts(encoded(columns), bounds)  # (a refused commit drops the objects)
+        return self.call("commit", pid, ids, {f: (stored, f) for f in columns}, spec), stored, None
+
+    def lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
+        return self.call("lookup", pid, ids, fields)
+
+    def verifier(self, pid: str, ids: list[str], expected: dict) -> Callable[[], bool]:
+        return lambda: self.call("verify", pid, ids, expected)  # local: a few numpy compares
+
+    def take(self, receipt: Receipt) -> None:
+        """Commit a worker's write (`receipt.pending`) to this index, as the store actor would have: the
+        receipt then names its chunks. One the index refuses (a key cleared meanwhile, a field never
+        registered) is kept in `refused` for the client's next call, and its receipt emptied."""
+        uid, spec = receipt.pending.uid, receipt.pending.spec
+        receipt.pending = None
+        with self._lock:
+            chunks = self._absorbed.get(uid)
+            if chunks is None:
+                payloads = {f: (receipt.stored, f) for f in receipt.chunks}
+                try:
+                    chunks = self.call("commit", receipt.pid, list(receipt.ids), payloads, spec).chunks
+                except DataPlaneError as err:
+                    receipt.stored = None
+                    self.refused = type(err)(f"{err} (a worker's write, refused when its receipt reached the driver)")
+                    return
+                self._absorbed[uid] = chunks
+                if len(self._absorbed) > _ABSORBED_KEPT:
+                    self._absorbed.popitem(last=False)
+        receipt.chunks = dict(chunks)
+
+    def raise_refused(self) -> None:
+        """Raise, once, the error of a worker's write this index refused in `take`."""
+        if self.refused is not None:
+            err, self.refused = self.refused, None
+            raise err
+
+    def snapshot(self, pid: str, ids: tuple) -> Snapshot:
+        """Where `ids`' fields are now (`RayDataPlane.located`)."""
+        with self._lock:
+            where, gone = self.index.locate(pid, ids)
+        return Snapshot(self.key, pid, ids, where, gone)
+
+    def close(self) -> None:
+        with self._lock:
+            self.index = PlaneIndex()  # drops every ref the index held
+
+
+class WorkerIndex:
+    """A worker's side of a `DriverIndex`: no index here. Writes go back in receipts; nothing else asks."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def for_worker(self) -> WorkerIndex:
+        return self
+
+    def call(self, method: str, *args: Any) -> Any:
+        raise DataPlaneError(
+            f"data_plane index = 'driver': the {method!r} request is answered by the driver only; a worker "
+            "reads the metas the driver hands it and writes under them (or use index='store')"
+        )
+
+    send = lookup = call
+
+    def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
+               bounds: list[int] | None) -> tuple[Committed, Stored, WriteBack]:
+        """The objects stored, the commit left for the driver's index (`DriverIndex.take`)."""
+        stored = put_parts(encoded(columns), bounds)
+        lens = [None] * len(ids) if spec.seq_lens is None else [int(x) for x in spec.seq_lens]
+        committed = Committed(lens, spec.tags, None, {f: -1 for f in columns})
+        return committed, stored, WriteBack(uuid.uuid4().hex, spec)
+
+    def take(self, receipt: Receipt) -> None:
+        """(A worker holds no index.)"""
+
+    def raise_refused(self) -> None:
+        """(A worker holds no index.)"""
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,196 @@
+"""What the `ray` data plane keeps in Ray's object store, and the plain data that says where.
+
+A put stores one object holding its packed columns (numpy arrays, so reads are zero-copy views of
+shared memory), or one per part when the writer names its readers' shards (`Stored`). A put's
+receipt (`Receipt`, inside `KVBatchMeta.locations`) holds those refs and each field's chunk id, so a
+reader handed the meta fetches at once. With the index in the driver, a meta the driver hands a
+worker carries a `Snapshot` of where each written field of its keys is at that moment instead. Both
+are plain data: nothing happens when they are pickled or unpickled.
+
+A receipt's ref keeps its object alive. So a client notes the receipts it holds (`ReceiptBook`) and
+drops their refs on a clear or an overwrite of their keys: the object goes when the index's ref goes.
+Releasing refs and waiting on prefetches cost milliseconds a caller need not wait on: each client
+(and the store actor) hands them to its one `Background` thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import ray
+
+from .codec import Column, from_wire, to_wire
+from .errors import DataPlaneError
+from .index import WriteSpec
+
+__all__ = ["Background", "Failed", "Receipt", "ReceiptBook", "Snapshot", "Stored", "WriteBack", "put_parts",
+           "read_parts"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """The objects one put stored: `refs[k]` (a dict field -> wire column) holds the put's rows
+    `starts[k]:starts[k + 1]`. One object, unless the put was split (`put_samples(shards=...)`) so
+    that each reader (a DP rank) fetches only the part it reads: across nodes, only its bytes move."""
+
+    refs: tuple
+    starts: tuple[int, ...]
+
+    def locate(self, rows: list[int], pos: list[int]) -> list[tuple[Any, list[int], list[int]]]:
+        """[(ref, rows in that object, output positions)] for the put's `rows` (read to `pos`)."""
+        if len(self.refs) == 1:
+            return [(self.refs[0], rows, pos)]
+        r, p = np.asarray(rows, dtype=np.int64), np.asarray(pos, dtype=np.int64)
+        part = np.searchsorted(self.starts, r, side="right") - 1
+        out = []
+        for k in np.unique(part).tolist():
+            sel = part == k
+            out.append((self.refs[k], (r[sel] - self.starts[k]).tolist(), p[sel].tolist()))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """Payload attached when the writer's copy into the object store failed after its commit."""
+
+    reason: str
+
+
+def put_parts(columns: dict[str, Column], bounds: list[int] | None) -> Stored:
+    """The columns in the object store: one object per part of `bounds` (all rows if None)."""
+    if bounds is None or len(bounds) <= 2:
+        return Stored((ray.put({name: to_wire(col) for name, col in columns.items()}),), (0,))
+    refs = tuple(ray.put({name: to_wire(col.rows(a, b)) for name, col in columns.items()})
+                 for a, b in zip(bounds, bounds[1:]))
+    return Stored(refs, tuple(bounds[:-1]))
+
+
+def read_parts(wanted: dict[str, list[tuple[Stored, str, list[int], list[int]]]]) -> dict[str, list]:
+    """field -> [(column, rows, positions)] for `wanted` field -> [(stored, name in it, rows, positions)]:
+    one batched fetch of only the objects holding those rows (numpy arrays: zero-copy views)."""
+    located = {f: [(ref, name, rows, pos) for stored, name, rows_, pos_ in parts
+                   for ref, rows, pos in stored.locate(rows_, pos_)] for f, parts in wanted.items()}
+    refs = list(dict.fromkeys(ref for parts in located.values() for ref, _, _, _ in parts))
+    objs = dict(zip(refs, ray.get(refs)))
+    return {f: [(from_wire(objs[ref][name]), rows, pos) for ref, name, rows, pos in parts]
+            for f, parts in located.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteBack:
+    """A write made where the index is not (a worker of a driver-held index): what the index's commit
+    takes, and a uid so that a receipt handed in twice is committed once."""
+
+    uid: str
+    spec: WriteSpec
+
+
+@dataclasses.dataclass(eq=False)
+class Receipt:
+    """Where one put stored its rows: `stored` (its objects; None once its keys are cleared or
+    overwritten here), the index's chunk id of each field (-1 until the index took a `pending` write),
+    and the put's keys in row order. `store` names the index it belongs to."""
+
+    store: str
+    pid: str
+    ids: tuple
+    chunks: dict[str, int]
+    stored: Stored | None
+    pending: WriteBack | None = None
+
+    def row_of(self) -> dict[str, int]:
+        return {key: row for row, key in enumerate(self.ids)}
+
+
+@dataclasses.dataclass(eq=False)
+class Snapshot:
+    """Where the keys `ids` had each written field when the driver handed them out:
+    `where[field] = (payloads, payload index per key or -1, row per key)`, and `gone`, the error a
+    read of the keys that were not live then raises (None if all were)."""
+
+    store: str
+    pid: str
+    ids: tuple
+    where: dict
+    gone: DataPlaneError | None
+
+    def row_of(self) -> dict[str, int]:
+        return {key: row for row, key in enumerate(self.ids)}
+
+
+class ReceiptBook:
+    """The receipts one client holds refs through, by partition (weakly: a receipt nobody holds goes)."""
+
+    def __init__(self) -> None:
+        self._by_pid: dict[str, weakref.WeakSet] = {}
+        self._lock = threading.Lock()  # threads of one process share a client
+
+    def note(self, receipt: Receipt) -> None:
+        with self._lock:
+            self._by_pid.setdefault(receipt.pid, weakref.WeakSet()).add(receipt)
+
+    def forget(self, pid: str | None, ids: Iterable[str] | None = None, fields: Iterable[str] | None = None) -> None:
+        """Drop the refs of the receipts whose rows go: a clear of `ids` (all keys if None) in `pid` (all
+        partitions if None) drops every receipt holding any of them; an overwrite of `fields` of `ids`
+        drops those it replaces whole (one replaced in part still has live rows in the index, and a
+        reader's check sees which). A receipt must not keep an object alive after the index lets it go."""
+        with self._lock:
+            for gone in [p for p, v in self._by_pid.items() if not v]:  # partitions of past steps
+                del self._by_pid[gone]
+            groups = [list(v) for p, v in self._by_pid.items() if pid is None or p == pid]
+        keys = None if ids is None else set(ids)
+        for receipts in groups:
+            for r in receipts:
+                if r.stored is None:
+                    continue
+                if fields is None:
+                    if keys is None or not keys.isdisjoint(r.ids):
+                        r.stored = None
+                elif r.chunks.keys() <= set(fields) and keys.issuperset(r.ids):
+                    r.stored = None
+
+
+class Background:
+    """One daemon thread, started on first use, for what a caller need not wait on: dropping the last
+    refs of freed objects (a release costs owner/borrower messages) and waiting, with `fetch_local`,
+    for prefetched objects (Ray pulls them to this node meanwhile). `close` ends it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def drop(self, payloads: list) -> None:
+        """Let `payloads` (and the refs inside) go on the thread, not here."""
+        self._submit(False, payloads)
+
+    def prefetch(self, refs: list) -> None:
+        self._submit(True, refs)
+
+    def _submit(self, fetch: bool | None, item: Any) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="data-plane-background", daemon=True)
+            self._thread.start()
+        self._queue.put((fetch, item))
+
+    def _run(self) -> None:
+        while True:
+            fetch, item = self._queue.get()
+            if fetch is None:
+                return
+            if fetch:
+                try:
+                    ray.wait(item, num_returns=len(item), fetch_local=True)
+                except Exception:  # noqa: BLE001 - a hint only: the read itself reports what went wrong
+                    pass
+            del item  # a dropped payload's refs go right here
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._submit(None, None)
+            self._thread = None
