@@ -131,6 +131,19 @@ def test_a_registry_dataset_is_refused_with_the_local_alternative():
         "data.dataset=arithmetic"]
 
 
+def test_show_config_prints_the_rlplane_config_it_became(tmp_path, capsys):
+    from rlplane.cli import main
+
+    assert main(["show-config", "--config", str(FIXTURES / "ppo_math_tiny.yaml"), *LOCAL]) == 0
+    out = capsys.readouterr()
+    assert "read as NeMo RL format" in out.err
+    dumped = tmp_path / "rlplane.yaml"
+    dumped.write_text(out.out)
+    back = load_config(str(dumped), [])
+    assert "NeMo" not in capsys.readouterr().err  # rlplane's own format
+    assert back == _load("ppo_math_tiny")
+
+
 def test_interpolation_resolver():
     tree = {"a": {"b": 2, "c": "${mul:${a.b}, 3}", "d": "x-${.b}", "e": "${max:${a.b}, 5}"}, "f": "${a.c}"}
     assert resolve_interpolations(tree) == {"a": {"b": 2, "c": 6, "d": "x-2", "e": 5}, "f": 6}
