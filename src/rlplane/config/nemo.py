@@ -375,7 +375,10 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
     path = Path(name)
     if not path.is_file() or path.resolve().parent == PRESET_DIR:
         return None
-    tree = load_nemo_chain(path)
+    try:
+        tree = load_nemo_chain(path)
+    except ConfigError:
+        return None  # a file rlplane's own loader cannot read either: its error says why
     if tree is None or not looks_like_nemo(tree):
         return None
     tree = resolve_interpolations(apply_hydra_overrides(tree, overrides))

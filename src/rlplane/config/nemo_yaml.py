@@ -43,8 +43,12 @@ _INTERP = re.compile(r"\$\{([^${}]*)\}")  # an innermost ${...}: no nested ${ in
 def _read(path: Path) -> dict:
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError([f"config {path}: cannot read it as YAML ({type(e).__name__}: {e})"]) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError([f"config {where}: not valid YAML ({getattr(e, 'problem', e)}); fix the syntax"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"config {path}: cannot read it as UTF-8 text ({type(e).__name__}); fix the file"]) from None
     if not isinstance(tree, dict):
         raise ConfigError([f"config {path}: the top level must be a mapping, got {type(tree).__name__}"])
     return tree
