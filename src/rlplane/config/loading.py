@@ -165,8 +165,12 @@ def build_config(tree: dict) -> RunConfig:
 
 def load_config(preset: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a preset (default: the embedded arithmetic job), apply overrides, validate."""
-    tree = load_yaml_tree(preset or "grpo_arithmetic")
-    return build_config(apply_overrides(tree, overrides or []))
+    from rlplane.config.nemo import read_nemo_config
+
+    tree = read_nemo_config(preset, overrides or [])  # NeMo RL's format: read and translated (config/nemo.py)
+    if tree is None:
+        tree = apply_overrides(load_yaml_tree(preset or "grpo_arithmetic"), overrides or [])
+    return build_config(tree)
 
 
 def dump_config(cfg: RunConfig) -> str:

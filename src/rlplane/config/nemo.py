@@ -1,0 +1,392 @@
+"""NeMo RL's YAML configs read as rlplane configs (``rlplane train --config a_nemo_rl_config.yaml``).
+
+Reading (``defaults:`` chains, ``${...}`` interpolation, Hydra-style overrides) is in
+:mod:`rlplane.config.nemo_yaml`, the tables of NeMo-only keys in :mod:`rlplane.config.nemo_keys`.
+A file is read this way when its merged tree has NeMo RL's shape: an interpolation or a key only
+NeMo RL has (:data:`NEMO_MARKERS`). The tree is then translated to rlplane's keys
+(``docs/nemo.md`` has the table): most keys are the same names; some move or change form
+(``policy.optimizer.kwargs`` -> ``policy.optimizer``, ``value_loss_fn`` -> ``value.loss_fn``);
+NeMo-only features that are off are dropped with one line of note each; NeMo-only features that
+are on (Megatron, tensor parallelism, sglang, ...) are refused, one line each naming the key and
+rlplane's alternative. Keys neither NeMo RL nor rlplane knows stay errors of the rlplane schema.
+"""
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlplane.config.loading import PRESET_DIR, ConfigError
+from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION
+from rlplane.config.nemo_yaml import (
+    apply_hydra_overrides,
+    get_key,
+    load_nemo_chain,
+    looks_like_nemo,
+    resolve_interpolations,
+)
+
+
+class _Translation:
+    """Pops NeMo RL keys from a copy of the tree, writes rlplane keys, collects notes and refusals."""
+
+    def __init__(self, tree: dict):
+        self.tree = copy.deepcopy(tree)
+        self.notes: list[str] = []
+        self.errors: list[str] = []
+        self.dropped: list[str] = []
+
+    def has(self, key: str) -> bool:
+        parents, _, last = key.rpartition(".")
+        node = get_key(self.tree, parents) if parents else self.tree
+        return isinstance(node, dict) and last in node
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        parents, _, last = key.rpartition(".")
+        node = get_key(self.tree, parents) if parents else self.tree
+        if not isinstance(node, dict) or last not in node:
+            return default
+        value = node.pop(last)
+        while parents and isinstance(get_key(self.tree, parents), dict) and not get_key(self.tree, parents):
+            parents, _, child = parents.rpartition(".")  # an emptied section goes too
+            (get_key(self.tree, parents) if parents else self.tree).pop(child)
+        return value
+
+    def put(self, key: str, value: Any) -> None:
+        node = self.tree
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+
+    def refuse(self, key: str, value: Any, rule: str) -> None:
+        self.errors.append(f"{key} = {value!r}: {rule}")
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
+
+
+def _optimizer(t: _Translation, section: str) -> None:
+    """NeMo RL's ``{name: torch.optim.AdamW, kwargs: {...}}`` -> rlplane's AdamW fields."""
+    opt = t.pop(f"{section}.optimizer")
+    if not isinstance(opt, dict) or "kwargs" not in opt and "name" not in opt:
+        if opt is not None:
+            t.put(f"{section}.optimizer", opt)  # already rlplane's shape
+        return
+    kwargs = dict(opt.get("kwargs") or {})
+    name = opt.get("name", "torch.optim.AdamW")
+    if name not in ("torch.optim.AdamW", "AdamW") and not (name in ("torch.optim.Adam", "Adam")
+                                                           and not kwargs.get("weight_decay")):
+        t.refuse(f"{section}.optimizer.name", name, "rlplane trains with AdamW; set torch.optim.AdamW")
+    kwargs.pop("foreach", None), kwargs.pop("fused", None)
+    kept = {k: kwargs.pop(k) for k in ("lr", "weight_decay", "betas", "eps") if k in kwargs}
+    kept.update({k: v for k, v in opt.items() if k not in ("name", "kwargs")})  # rlplane keys set by an override
+    for k, v in kwargs.items():
+        t.refuse(f"{section}.optimizer.kwargs.{k}", v, "not an rlplane optimizer setting (lr, weight_decay, betas, "
+                                                       "eps); remove it")
+    t.put(f"{section}.optimizer", kept)
+
+
+def _scheduler(t: _Translation, section: str) -> None:
+    """NeMo RL's [LinearLR warm-up, ConstantLR, {milestones}] -> rlplane's warmup_steps / warmup_start_factor."""
+    sched = t.pop(f"{section}.scheduler")
+    if sched is None or isinstance(sched, dict):
+        if sched is not None:
+            t.put(f"{section}.scheduler", sched)
+        return
+    stages = [s for s in sched if isinstance(s, dict) and "name" in s]
+    names = [s["name"].rsplit(".", 1)[-1] for s in stages]
+    linear = stages[0].get("kwargs", {}) if names[:1] == ["LinearLR"] else None
+    rest_constant = all(n == "ConstantLR" and float(s.get("kwargs", {}).get("factor", 1.0)) == 1.0
+                        for n, s in zip(names[1:], stages[1:]))
+    if not stages or (names == ["ConstantLR"] and rest_constant):
+        t.put(f"{section}.scheduler", {"warmup_steps": 0})
+    elif linear is not None and rest_constant and float(linear.get("end_factor", 1.0)) == 1.0:
+        t.put(f"{section}.scheduler", {"warmup_steps": int(linear.get("total_iters", 0)),
+                                       "warmup_start_factor": float(linear.get("start_factor", 1.0 / 3))})
+    else:
+        t.refuse(f"{section}.scheduler", names, "rlplane's schedule is a linear warm-up then constant (NeMo RL's "
+                                                "LinearLR + ConstantLR); set policy.scheduler.warmup_steps / "
+                                                "warmup_start_factor")
+
+
+def _model_section(t: _Translation, section: str) -> None:
+    """What policy, value and teacher share in NeMo RL: precision, tokenizer, parallelism, LoRA."""
+    tok = t.pop(f"{section}.tokenizer.name")
+    if tok is not None and tok != get_key(t.tree, f"{section}.model_name", tok):
+        t.refuse(f"{section}.tokenizer.name", tok, f"rlplane uses the model's own tokenizer ({section}.model_name); "
+                                                   "put the tokenizer files in the model directory")
+    precision = t.pop(f"{section}.precision")
+    if precision is not None:
+        if precision in PRECISION:
+            t.put(f"{section}.precision", PRECISION[precision])
+        else:
+            t.refuse(f"{section}.precision", precision, "rlplane runs bf16 autocast or fp32; set bfloat16 or float32")
+    if t.has(f"{section}.dtensor_cfg.activation_checkpointing"):
+        value = t.pop(f"{section}.dtensor_cfg.activation_checkpointing")
+        if not t.has(f"{section}.activation_checkpointing"):  # rlplane's own key, where given, wins
+            t.put(f"{section}.activation_checkpointing", value)
+    lora = t.pop(f"{section}.dtensor_cfg.lora_cfg")
+    if isinstance(lora, dict) and lora.get("enabled"):
+        out = {"enabled": True, "rank": lora.get("dim", 8), "alpha": lora.get("alpha", 32),
+               "dropout": lora.get("dropout", 0.0)}
+        if lora.get("target_modules") and not lora.get("match_all_linear", True):
+            out["target_modules"] = lora["target_modules"]
+        if lora.get("exclude_modules"):
+            t.refuse(f"{section}.dtensor_cfg.lora_cfg.exclude_modules", lora["exclude_modules"],
+                     "rlplane names the adapted layers instead: set policy.lora.target_modules")
+        t.put(f"{section}.lora", out)
+    elif lora is not None:
+        t.note(f"{section}.dtensor_cfg.lora_cfg: NeMo RL's LoRA, off here: ignored (rlplane: policy.lora)")
+    if t.has(f"{section}.dtensor_cfg.enabled"):
+        if t.pop(f"{section}.dtensor_cfg.enabled") and section == "policy" and not get_key(t.tree, "policy.dp_size"):
+            t.note(f"{section}.dtensor_cfg.enabled: NeMo RL's FSDP2 worker at its cluster's size; read as one "
+                   "unsharded rank (runtime: local); to shard set runtime=ray policy.dp_size=N "
+                   "policy.dtensor_cfg.enabled=true")
+
+
+def _features(t: _Translation) -> None:
+    """The NeMo-only features: refused when on; when off, dropped with one note per section."""
+    off: dict[str, list[str]] = {}
+    for key, is_off, what, instead in FEATURES:
+        # The policy's model settings exist in NeMo RL's value and teacher sections too.
+        for where in [key] + ([key.replace("policy.", f"{m}.", 1) for m in ("value", "teacher")]
+                              if key.startswith("policy.") and not key.startswith("policy.generation") else []):
+            if not t.has(where):
+                continue
+            value = t.pop(where)
+            if is_off(value):
+                off.setdefault(where.rpartition(".")[0], []).append(f"{where.rpartition('.')[2]} ({what})")
+            else:
+                shown = {k: v for k, v in value.items() if not is_off(v)} if isinstance(value, dict) else value
+                t.refuse(where, shown, f"NeMo RL's {what}, which rlplane does not have; {instead}")
+    for section, items in off.items():
+        t.note(f"{section + '.' if section else ''}{{{', '.join(items)}}}: NeMo RL features, off here: ignored")
+    no_effect = [k.replace("policy.", f"{m}.", 1) for k in NO_EFFECT for m in ("policy", "value", "teacher")
+                 if k.startswith("policy.") and not k.startswith("policy.generation")] + list(NO_EFFECT)
+    dropped = [key for key in dict.fromkeys(no_effect) if t.has(key)]
+    for key in dropped:
+        t.pop(key)
+    if dropped:
+        t.note(f"ignored, no rlplane counterpart and no effect on what it computes: {', '.join(dropped)}")
+
+
+def _generation(t: _Translation) -> None:
+    g = "policy.generation"
+    backend = get_key(t.tree, f"{g}.backend")
+    if backend is not None and backend not in GENERATION_BACKENDS:
+        t.refuse(f"{g}.backend", backend, "rlplane generates with hf (transformers) or vllm; set one of them")
+        t.pop(f"{g}.backend")
+    new, total = get_key(t.tree, f"{g}.max_new_tokens"), get_key(t.tree, "policy.max_total_sequence_length")
+    if isinstance(new, int) and isinstance(total, int) and new >= total:
+        t.put(f"{g}.max_new_tokens", max(1, total // 2))
+        t.note(f"{g}.max_new_tokens = {new}: NeMo RL caps prompt + response at max_model_len; rlplane's "
+               f"max_new_tokens must leave the prompt room: read as {max(1, total // 2)} (half of "
+               "policy.max_total_sequence_length); set it to choose")
+    for key in ("temperature", "top_p", "top_k"):
+        val = t.pop(f"{g}.val_{key}")
+        if val is not None and val != get_key(t.tree, f"{g}.{key}"):
+            t.note(f"{g}.val_{key} = {val}: ignored; rlplane validates greedily (pass@k samples with the "
+                   f"training {key})")
+    kv = t.pop(f"{g}.vllm_cfg.kv_cache_dtype")
+    if kv not in (None, "auto"):
+        t.refuse(f"{g}.vllm_cfg.kv_cache_dtype", kv, "rlplane's vLLM engine keeps the KV cache in the model dtype; "
+                                                     "set auto")
+
+
+def _grpo(t: _Translation) -> None:
+    for key in ("normalize_rewards", "use_leave_one_out_baseline"):
+        if not t.has(f"grpo.{key}"):
+            continue
+        value = t.pop(f"grpo.{key}")
+        est = f"grpo.adv_estimator.{key}"
+        if not t.has(est):
+            t.put(est, value)  # NeMo RL's older layout: the estimator reads the grpo-level key
+        elif get_key(t.tree, est) != value:
+            t.note(f"grpo.{key} = {value}: ignored; {est} = {get_key(t.tree, est)} is what the estimator reads")
+
+
+def _batch_multiplier(t: _Translation, loop: str) -> None:
+    value = get_key(t.tree, f"{loop}.batch_multiplier")
+    if isinstance(value, float):
+        if value.is_integer():
+            t.put(f"{loop}.batch_multiplier", int(value))
+        else:
+            t.pop(f"{loop}.batch_multiplier")
+            t.refuse(f"{loop}.batch_multiplier", value, "rlplane's dataloader batch is prompts × a whole number; "
+                                                        "set 1 (or an integer with use_dynamic_sampling)")
+
+
+def _async_grpo(t: _Translation) -> None:
+    from rlplane.config.schema import AsyncGRPOConfig
+
+    key = "grpo.async_grpo.max_generation_failures"
+    if t.has(key) and "max_generation_failures" not in AsyncGRPOConfig.model_fields:
+        value = t.pop(key)
+        t.note(f"{key} = {value}: ignored; rlplane's collector stops the run on a failed generation batch")
+
+
+def _value(t: _Translation) -> None:
+    if t.has("value_loss_fn"):
+        t.put("value.loss_fn", t.pop("value_loss_fn"))
+    if not isinstance(get_key(t.tree, "value"), dict):
+        return
+    model = t.pop("value.model_name")
+    if model is not None and model != get_key(t.tree, "policy.model_name"):
+        t.refuse("value.model_name", model, "rlplane's critic starts from the policy's weights "
+                                            "(policy.model_name); remove it")
+    _model_section(t, "value")
+    _optimizer(t, "value")
+    _scheduler(t, "value")
+    rm = t.pop("value.reward_model_cfg")
+    if isinstance(rm, dict) and rm.get("reward_model_type", "regression") != "regression":
+        t.refuse("value.reward_model_cfg.reward_model_type", rm["reward_model_type"],
+                 "rlplane's critic is a regression head (num_labels = 1); set regression")
+    same_as_policy = ("train_global_batch_size", "train_micro_batch_size", "max_total_sequence_length",
+                      "precision", "activation_checkpointing", "lora", "tokenizer", "dtensor_cfg", "megatron_cfg",
+                      "make_sequence_length_divisible_by", "hf_config_overrides")
+    moved = [k for k in same_as_policy if t.has(f"value.{k}")]
+    for k in moved:
+        t.pop(f"value.{k}")
+    if moved:
+        t.note(f"value.{{{', '.join(moved)}}}: ignored; rlplane's critic uses the policy's")
+
+
+def _teacher(t: _Translation) -> None:
+    if not isinstance(get_key(t.tree, "teacher"), dict):
+        return
+    _model_section(t, "teacher")
+    keep = {k: t.tree["teacher"].pop(k) for k in ("model_name", "tiny", "warmup") if k in t.tree["teacher"]}
+    rest = sorted(t.tree.pop("teacher"))
+    t.tree["teacher"] = keep
+    if rest:
+        t.note(f"teacher.{{{', '.join(rest)}}}: ignored; rlplane's teacher is frozen and runs with the policy's "
+               "batch sizes, precision and device")
+
+
+def _distillation_loss(t: _Translation) -> None:
+    kl = t.pop("loss_fn.kl_type")
+    if kl not in (None, "reverse"):
+        t.refuse("loss_fn.kl_type", kl, "rlplane's distillation minimises the sampled per-token reverse KL; set "
+                                        "reverse")
+    for key in ("mixed_kl_weight", "zero_outside_topk"):
+        if t.has(f"loss_fn.{key}"):
+            t.pop(f"loss_fn.{key}")
+    if t.has("distillation.topk_logits_k"):
+        k = t.pop("distillation.topk_logits_k")
+        t.note(f"distillation.topk_logits_k = {k}: ignored; rlplane's reverse KL uses the teacher's logprob of the "
+               "sampled token, no top-k logits")
+
+
+def _data(t: _Translation) -> None:
+    """NeMo RL's dataset keys -> ``data.dataset`` (a local JSONL through ResponseDataset), or dropped with a
+    note where rlplane's ``data.dataset`` is given."""
+    data = get_key(t.tree, "data")
+    if not isinstance(data, dict):
+        return
+    nemo_keys = [k for k in ("dataset_name", "train", "validation", "default", "prompt_file", "system_prompt_file",
+                             "train_data_path", "val_data_path", "input_key", "output_key", "split_validation_size",
+                             "train_split", "val_split") if k in data]
+    nemo_keys = [k for k in nemo_keys if not (k in ("train", "validation") and isinstance(data[k], dict)
+                                              and "path" in data[k])]
+    if not nemo_keys:
+        return
+    if "dataset" in data:
+        for k in nemo_keys:
+            data.pop(k)
+        t.note(f"data.{{{', '.join(nemo_keys)}}}: NeMo RL's dataset keys, ignored: data.dataset = "
+               f"{data['dataset']} is given")
+        return
+    nemo = {k: data.pop(k) for k in nemo_keys}
+    default = nemo.get("default") or {}
+    train, val = nemo.get("train") or {}, nemo.get("validation") or {}
+    name = train.get("dataset_name", default.get("dataset_name", nemo.get("dataset_name")))
+    path = train.get("data_path", nemo.get("train_data_path"))
+    if name in (None, "ResponseDataset") and path and Path(path).is_file():
+        spec = {"problem_key": train.get("input_key", default.get("input_key", nemo.get("input_key", "input"))),
+                "answer_key": train.get("output_key", default.get("output_key", nemo.get("output_key", "output"))),
+                "default_task_name": default.get("env_name", "math")}
+        t.put("data.dataset", "jsonl")
+        t.put("data.train", {"path": path, **spec})
+        val_path = val.get("data_path", nemo.get("val_data_path"))
+        if val_path:
+            t.put("data.validation", {"path": val_path, **spec})
+        if default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
+            t.put("data.prompt.processor", "math")
+        prompt = default.get("prompt_file", nemo.get("prompt_file"))
+        if prompt:
+            if Path(prompt).is_file():
+                t.put("data.prompt.template", Path(prompt).read_text(encoding="utf-8").replace("{}", "{problem}"))
+            else:
+                t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
+                                                             "data.prompt.template")
+        return
+    t.refuse("data.train.dataset_name" if "train" in nemo else "data.dataset_name", name or path,
+             "rlplane reads local files, not NeMo RL's dataset registry; save it as JSONL and set "
+             "data.dataset=jsonl data.train.path=FILE (data.train.problem_key/answer_key), or data.dataset=arithmetic")
+
+
+def _data_plane(t: _Translation) -> None:
+    enabled = t.pop("data_plane.enabled")
+    backend = t.pop("data_plane.backend") if get_key(t.tree, "data_plane.backend") not in ("memory", "ray") else None
+    if backend not in (None, "simple"):
+        t.refuse("data_plane.backend", backend, "rlplane's planes are memory (runtime: local) and ray (runtime: ray); "
+                                                "set data_plane.backend=ray")
+    if enabled:
+        t.note("data_plane.enabled: rlplane's steps always run through its data plane; read as "
+               f"data_plane.backend = {get_key(t.tree, 'data_plane.backend', 'memory')}")
+    elif enabled is not None:
+        t.note("data_plane.enabled = false: rlplane's steps always run through its data plane "
+               f"(data_plane.backend = {get_key(t.tree, 'data_plane.backend', 'memory')})")
+
+
+def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
+    """A resolved NeMo RL tree -> (rlplane tree, notes, refusals)."""
+    t = _Translation(tree)
+    algorithm = t.tree.get("algorithm") or next((a for a in ("ppo", "distillation") if a in t.tree), "grpo")
+    t.tree.setdefault("algorithm", algorithm)
+    if "warmup" not in t.tree:  # NeMo RL has no supervised warm-up stage
+        t.put("warmup.enabled", False)
+    if not t.has("policy.device"):  # NeMo RL runs on GPUs; "auto" runs on one where the worker sees it
+        t.put("policy.device", "auto")
+    _grpo(t)
+    _async_grpo(t)
+    _batch_multiplier(t, algorithm)
+    if algorithm == "distillation":
+        _distillation_loss(t)
+    _model_section(t, "policy")
+    _optimizer(t, "policy")
+    _scheduler(t, "policy")
+    _generation(t)
+    _data(t)
+    _data_plane(t)
+    _features(t)
+    _value(t)
+    _teacher(t)
+    return t.tree, t.notes, t.errors
+
+
+def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
+    """The rlplane tree of a NeMo RL config file with ``overrides`` applied; None when ``name`` is not one
+    (an rlplane preset, or a file of rlplane's own shape). Prints one line saying so, and its notes, on
+    stderr; raises :class:`ConfigError` with every refusal at once."""
+    if not name:
+        return None
+    path = Path(name)
+    if not path.is_file() or path.resolve().parent == PRESET_DIR:
+        return None
+    try:
+        tree = load_nemo_chain(path)
+    except ConfigError:
+        return None  # a file rlplane's own loader cannot read either: its error says why
+    if tree is None or not looks_like_nemo(tree):
+        return None
+    tree = resolve_interpolations(apply_hydra_overrides(tree, overrides))
+    out, notes, errors = translate(tree)
+    print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
+          f"--config {name}", file=sys.stderr)
+    for line in notes:
+        print(f"rlplane: note: {line}", file=sys.stderr)
+    if errors:
+        raise ConfigError(errors)
+    return out
