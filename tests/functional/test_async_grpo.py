@@ -68,7 +68,11 @@ def test_async_grpo_learns_from_one_step_old_trajectories(tmp_path, first_digit_
         for key in ("train/loss", "train/grad_norm", "timing/train/exposed_generation", "timing/train/weight_sync",
                     "timing/train/idle/refit_bubble", "timing/train/policy_training", "train/buffer_size"):
             assert key in r and math.isfinite(r[key]), key
-    assert "timing/train/idle/buffer_starvation" in rows[0]  # the first step waits for generation
+    # Whether a step waits for its batch is up to the threads' timing (the schedule's own tests script
+    # the orderings); when it does, the wait is part of the step's exposed generation.
+    for r in rows:
+        if "timing/train/idle/buffer_starvation" in r:
+            assert r["timing/train/idle/buffer_starvation"] <= r["timing/train/exposed_generation"]
     # One step old: generation and training logprobs differ (what the IS weight corrects) ...
     assert rows[1]["train/token_mult_prob_error"] > 1.01
     # ... and the policy still learns (reward: first odd digit).

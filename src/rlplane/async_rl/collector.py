@@ -151,7 +151,8 @@ class AsyncTrajectoryCollector:
     def sample(self, num_groups: int, current_version: int, timeout_s: float | None = 0.0) -> SampleResult | None:
         result = self.buffer.sample(num_groups, current_version, self.options.max_age_steps, timeout_s)
         if result is not None:
-            self._event(lambda: None)  # room in the buffer: a batch waiting for it goes on
+            with self._cond:
+                self._cond.notify_all()  # room in the buffer: a batch waiting for it goes on
         return result
 
     def loader_state(self) -> dict[str, Any]:
@@ -322,8 +323,10 @@ class AsyncTrajectoryCollector:
                          columns={GENERATION_VERSIONS: versions})
         except DeadlineExceeded as e:
             self._wait_to_land(job)  # a hung generator or environment: no retry, the run stops
-            self._put_back(datums)
-            self._event(self.schedule.deadline_passed, job.number, str(e))
+            with self._cond:
+                self._pending.extendleft(reversed(datums))
+                self.schedule.deadline_passed(job.number, str(e))
+                self._cond.notify_all()
             return
         except Exception as e:  # noqa: BLE001 - any generation error counts toward the limit
             self._wait_to_land(job)
@@ -374,10 +377,6 @@ class AsyncTrajectoryCollector:
                 self.counters["groups_generated"] += 1
             if i == 0:
                 kill_point("collector_generation")  # the batch half in the buffer
-
-    def _put_back(self, datums: list[DatumSpec]) -> None:
-        with self._cond:
-            self._pending.extendleft(reversed(datums))  # not lost: the next batch takes them first
 
 
 # The trainer's step is the critical path (generation only has to stay one step ahead), so under
