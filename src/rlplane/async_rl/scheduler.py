@@ -10,9 +10,13 @@ The rules are in ``docs/algorithms.md`` (async GRPO's schedule).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlplane.async_rl.buffer import BufferView, buffer_capacity
 from rlplane.async_rl.staleness import target_versions
+
+if TYPE_CHECKING:
+    from rlplane.config.schema import GRPOConfig
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class AsyncOptions:
     drop_failed_groups: bool  # grpo.rollout_failure_policy == drop_group
 
     @classmethod
-    def from_config(cls, grpo) -> AsyncOptions:
+    def from_config(cls, grpo: GRPOConfig) -> AsyncOptions:
         a = grpo.async_grpo
         return cls(grpo.num_prompts_per_step, grpo.num_generations_per_prompt, a.max_trajectory_age_steps,
                    a.max_generation_failures, a.in_flight_weight_updates, a.scoring_concurrency(),
@@ -71,7 +75,7 @@ class Retry:
 
 @dataclass(frozen=True)
 class Stop:
-    """Action: the collector gives up with ``error`` (one line; :meth:`Schedule.error`)."""
+    """Action: the collector gives up with ``error`` (one line, kept as :attr:`Schedule.error`)."""
 
     error: str
 
