@@ -152,7 +152,7 @@ KILL_DURING_GENERATION = textwrap.dedent(
     from rlplane.workers import rollout
 
     register_env("arithmetic", FirstDigitEnv)
-    real, calls = rollout.RolloutWorker.rollout, [0]
+    real, calls = rollout.RolloutWorker.generate, [0]
 
     def dying(self, *args, **kwargs):
         calls[0] += 1
@@ -160,7 +160,7 @@ KILL_DURING_GENERATION = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, *args, **kwargs)
 
-    rollout.RolloutWorker.rollout = dying
+    rollout.RolloutWorker.generate = dying
     async_grpo.train(load_config(None, sys.argv[1:]), quiet=True)
     """
 )

@@ -68,7 +68,11 @@ def test_async_grpo_learns_from_one_step_old_trajectories(tmp_path, first_digit_
         for key in ("train/loss", "train/grad_norm", "timing/train/exposed_generation", "timing/train/weight_sync",
                     "timing/train/idle/refit_bubble", "timing/train/policy_training", "train/buffer_size"):
             assert key in r and math.isfinite(r[key]), key
-    assert "timing/train/idle/buffer_starvation" in rows[0]  # the first step waits for generation
+    # Whether a step waits for its batch is up to the threads' timing (the schedule's own tests script
+    # the orderings); when it does, the wait is part of the step's exposed generation.
+    for r in rows:
+        if "timing/train/idle/buffer_starvation" in r:
+            assert r["timing/train/idle/buffer_starvation"] <= r["timing/train/exposed_generation"]
     # One step old: generation and training logprobs differ (what the IS weight corrects) ...
     assert rows[1]["train/token_mult_prob_error"] > 1.01
     # ... and the policy still learns (reward: first odd digit).
@@ -110,8 +114,8 @@ def test_save_and_resume_loses_and_repeats_no_prompt_and_keeps_learning(tmp_path
     # The session's dataloader.pt has the collector's position (its loader lives in the collector's
     # process), written just before the collector's own state: no later, and past the start.
     drawn = torch.load(split / "checkpoints" / "step_6" / "dataloader.pt", weights_only=True)
-    position = (drawn["epoch"], drawn["batches_done_in_epoch"])
-    assert (0, 0) < position <= (state["dataloader"]["epoch"], state["dataloader"]["batches_done_in_epoch"])
+    position = (drawn["epoch"], drawn["prompts_done_in_epoch"])
+    assert (0, 0) < position <= (state["dataloader"]["epoch"], state["dataloader"]["prompts_done_in_epoch"])
     # The resumed run continues learning from where it stopped.
     rows = steps_of(split)
     assert [r["step"] for r in rows] == list(range(1, 13))

@@ -134,6 +134,18 @@ class SampleResult:
     evicted_prompts: list[list[int]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class BufferView:
+    """What the collector's schedule reads of the buffer at one moment (:meth:`ReplayBuffer.view`)."""
+
+    counts: Mapping[int, int]  # groups per target step
+    last_target_sampled: int  # the highest step the trainer has taken: nothing is generated for it again
+
+    @property
+    def size(self) -> int:
+        return sum(self.counts.values())
+
+
 def buffer_capacity(num_prompts_per_step: int, max_trajectory_age_steps: int) -> int:
     """Groups the buffer holds at most: ``num_prompts_per_step × max_age × 2`` (the seeds' rule)."""
     return num_prompts_per_step * max_trajectory_age_steps * 2
@@ -164,6 +176,13 @@ class ReplayBuffer:
             self._groups.append(group)
             self._cond.notify_all()
             return True
+
+    def view(self) -> BufferView:
+        with self._cond:
+            counts: dict[int, int] = {}
+            for g in self._groups:
+                counts[g.target_version] = counts.get(g.target_version, 0) + 1
+            return BufferView(counts, self.last_target_sampled)
 
     def count_for_target(self, target_version: int) -> int:
         with self._cond:

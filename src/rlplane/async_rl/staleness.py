@@ -78,3 +78,36 @@ def target_versions(generation_version: int, max_age_steps: int) -> list[int]:
     first version and need a start-up barrier instead; serving it cannot deadlock.
     """
     return list(range(generation_version, generation_version + max_age_steps + 1))
+
+
+def token_versions(generation_versions: Sequence[torch.Tensor], token_mask: Sequence[torch.Tensor],
+                   version: int) -> list[torch.Tensor]:
+    """Each sample's per-token weight versions (the ``generation_versions`` column): the one the backend
+    stamped a generated token with (in-flight weight updates change it mid-response), else ``version``,
+    the rollout's; -1 off the mask. Jagged (L_i,) rows in, the same out."""
+    if not generation_versions:
+        return []
+    # On the rows laid end to end, then split back into views: one op per batch, not per sample.
+    lengths = [len(m) for m in token_mask]
+    flat_v, flat_m = torch.cat(list(generation_versions)), torch.cat(list(token_mask))
+    return list(torch.where((flat_v < 0) & (flat_m > 0), version, flat_v).split(lengths))
+
+
+def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.Tensor], default: int,
+                  span: int) -> dict[str, torch.Tensor]:
+    """Per sample: ``oldest_version`` (B,) of its generated tokens (``default`` when it has none) and
+    ``version_tokens/<k>`` (B,) for k = 0 .. span, its generated tokens sampled with version ``oldest + k``
+    (k = span takes any newer): (B,) carries, like every other one; ``versions``/``token_mask`` jagged
+    (L_i,) rows."""
+    # On the rows laid end to end: a few ops per batch, not a few per sample.
+    B = len(versions)
+    lengths = torch.tensor([len(m) for m in token_mask], dtype=torch.long)
+    on = torch.cat(list(token_mask)) > 0 if B else torch.zeros(0, dtype=torch.bool)
+    row = torch.repeat_interleave(torch.arange(B), lengths)[on]  # each generated token's sample
+    v = torch.cat(list(versions))[on].long() if B else torch.zeros(0, dtype=torch.long)
+    none = torch.iinfo(torch.long).max  # the min of a sample without generated tokens
+    oldest = torch.full((B,), none, dtype=torch.long).scatter_reduce(0, row, v, reduce="amin")
+    oldest = torch.where(oldest == none, default, oldest)
+    age = (v - oldest[row]).clamp(max=span)  # each token's age within its sample, >= 0
+    counts = torch.bincount(row * (span + 1) + age, minlength=B * (span + 1)).view(B, span + 1)
+    return {"oldest_version": oldest, **{f"version_tokens/{k}": counts[:, k] for k in range(span + 1)}}

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from rlplane.async_rl import AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
+from rlplane.async_rl import AsyncOptions, AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
 from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
 from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
@@ -78,9 +78,11 @@ class CollectorHandle:
     def __init__(self, s: Session, start_step: int):
         cfg = s.cfg
         policy = s.workers.policy
+        self.options = AsyncOptions.from_config(cfg.grpo)
         kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
                       data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
-                      init_weights=policy.lazy("get_weights"))  # straight from the rank-0 policy, not via the driver
+                      init_weights=policy.lazy("get_weights"),  # straight from the rank-0 policy, not via the driver
+                      options=self.options)
         # A child process builds its environments from its own registry: this one's entries go along.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
                                 max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
@@ -190,7 +192,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics["evicted_trajectory_groups"] = float(result.evicted)
     # The step's prompts.jsonl row (Session.end_step): what it trains, in the order it trains them.
     s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups], result.evicted_prompts)
-    metrics.update(token_age_metrics(*group_token_ages(result.groups, step), g.async_grpo.max_trajectory_age_steps))
+    metrics.update(token_age_metrics(*group_token_ages(result.groups, step), handle.options.max_age_steps))
     meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
 
     # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the

@@ -7,7 +7,7 @@ the code names those stretches with :func:`kill_point`. The points, in the order
     refit             Refit.if_stale, before the generator may get the policy's weights (a no-op
                       under runtime: local with hf, whose generator shares the policy's module)
                       async GRPO: CollectorHandle.refit, the collector paused, not yet updated
-    generation        RolloutWorker.rollout, responses generated and scored, not yet in the data plane
+    generation        RolloutWorker.finish, responses generated and scored, not yet in the data plane
     refill            collect_rollouts, before a dynamic-sampling (or drop_group) refill batch is drawn
     collector_generation  async GRPO: a collector batch's first group in the replay buffer, the rest not
     evict             async GRPO: ReplayBuffer.sample, stale groups out of the buffer, their keys not

@@ -20,10 +20,13 @@ Sampling is seeded per sample (with a backend that supports it: ``hf``): the sam
 whatever batch or worker generates it and in whatever order.
 
 Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
-:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response; with
-``version_span`` (async GRPO) also ``generation_versions``, the weight version of each generated
-token: the one the backend stamped it with (in-flight weight updates: it changes mid-response),
-else the rollout's ``weight_version``.
+:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response, plus any the caller
+adds (async GRPO: each generated token's weight version).
+
+:meth:`RolloutWorker.rollout` runs it all; its phases are methods of their own for a caller that
+does other work between them: :meth:`~RolloutWorker.generate` (every generate call),
+:meth:`~RolloutWorker.score` (the environment step that scores), :meth:`~RolloutWorker.finish`
+(columns, carry and metrics, in memory) and :meth:`~RolloutWorker.put` (into the data plane).
 """
 
 from __future__ import annotations
@@ -31,15 +34,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
-from rlplane.dataplane.columns import GENERATION_LOGPROBS, GENERATION_VERSIONS, INPUT_IDS, TOKEN_MASK
+from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
 from rlplane.fast.threads import set_worker_threads
@@ -48,7 +51,7 @@ from rlplane.generation.sampling import sample_seed
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
-from rlplane.workers.turns import run_turns
+from rlplane.workers.turns import EnvSteps, Turns, TurnsResult, generate_turns, score_turns, turns_result
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:
@@ -65,27 +68,6 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
     from 0 in their own set) apart.
     """
     return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
-
-
-def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.Tensor], default: int,
-                  span: int) -> dict[str, torch.Tensor]:
-    """Per sample: ``oldest_version`` (B,) of its generated tokens (``default`` when it has none) and
-    ``version_tokens/<k>`` (B,) for k = 0 .. span, its generated tokens sampled with version ``oldest + k``
-    (k = span takes any newer): (B,) carries, like every other one; ``versions``/``token_mask`` jagged
-    (L_i,) rows."""
-    # On the rows laid end to end: a few ops per batch, not a few per sample (this runs on the path
-    # from the judge to the trainer's next step).
-    B = len(versions)
-    lengths = torch.tensor([len(m) for m in token_mask], dtype=torch.long)
-    on = torch.cat(list(token_mask)) > 0 if B else torch.zeros(0, dtype=torch.bool)
-    row = torch.repeat_interleave(torch.arange(B), lengths)[on]  # each generated token's sample
-    v = torch.cat(list(versions))[on].long() if B else torch.zeros(0, dtype=torch.long)
-    none = torch.iinfo(torch.long).max  # the min of a sample without generated tokens
-    oldest = torch.full((B,), none, dtype=torch.long).scatter_reduce(0, row, v, reduce="amin")
-    oldest = torch.where(oldest == none, default, oldest)
-    age = (v - oldest[row]).clamp(max=span)  # each token's age within its sample, >= 0
-    counts = torch.bincount(row * (span + 1) + age, minlength=B * (span + 1)).view(B, span + 1)
-    return {"oldest_version": oldest, **{f"version_tokens/{k}": counts[:, k] for k in range(span + 1)}}
 
 
 class RolloutWorker:
@@ -218,9 +200,6 @@ class RolloutWorker:
         weight_version: int | None = None,
         keys: Sequence[str] | None = None,
         heldout: bool = False,
-        version_span: int | None = None,
-        on_generated: Callable[[], None] | None = None,
-        scoring: Callable[[], AbstractContextManager] | None = None,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
         """Generate ``group_size`` responses per datum and score them, over up to
         ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
@@ -230,31 +209,35 @@ class RolloutWorker:
         (warm-up and stand-alone evaluation) only the carry comes back. Sampling is seeded by each
         row's :func:`sample_keys` and ``weight_version`` (default: the one set by
         :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
-
-        ``version_span`` (async GRPO: ``max_trajectory_age_steps``) writes ``generation_versions`` and adds
-        to the carry each sample's
-        ``oldest_version`` (of its oldest generated token) and ``version_tokens/<k>`` (B,), k = 0 .. span: its
-        generated tokens sampled with version ``oldest + k`` (the last column takes any newer).
-
-        ``on_generated()``: called once generation is over and only scoring is left; ``scoring()``: a context
-        manager around the environment step that scores (:func:`run_turns`).
         """
+        if keys is not None and len(keys) != len(datums) * group_size:
+            raise ValueError(f"rollout: {len(keys)} keys for {len(datums)} prompts × {group_size} samples")
+        generated = self.generate(datums, group_size=group_size, greedy=greedy, weight_version=weight_version,
+                                  heldout=heldout or partition_id is None)
+        result, carry, metrics = self.finish(self.score(generated))
+        if partition_id is None:
+            return None, carry, metrics
+        keys = group_keys(len(datums), group_size) if keys is None else keys
+        return self.put(result, carry, partition_id, keys), carry, metrics
+
+    def generate(self, datums: Sequence[DatumSpec], *, group_size: int, greedy: bool = False,
+                 weight_version: int | None = None, heldout: bool = False) -> Generated:
+        """The first phase of :meth:`rollout`: every generate call (and the environment steps of the turns
+        before the last); the scoring is left to :meth:`score`."""
         gen = self.cfg.policy.generation
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
             raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
         rows = [d for d in datums for _ in range(group_size)]
-        if keys is not None and len(keys) != len(rows):
-            raise ValueError(f"rollout: {len(keys)} keys for {len(datums)} prompts × {group_size} samples")
         version = self.weight_version if weight_version is None else int(weight_version)
         row_seeds = None
         if getattr(self.backend, "supports_row_seeds", False) and not greedy:
-            stream = "heldout" if heldout or partition_id is None else "train"
+            stream = "heldout" if heldout else "train"
             row_seeds = [sample_seed(self.run_seed, k, version) for k in sample_keys(datums, group_size, stream)]
-        res = run_turns(
+        turns = generate_turns(
             self.backend,
             self.tokenizer,
             rows,
-            self.env,
+            self._env_steps(),
             max_turns=self.cfg.loop.max_rollout_turns,
             max_total_sequence_length=self.cfg.policy.max_total_sequence_length,
             max_new_tokens=gen.max_new_tokens,
@@ -265,28 +248,24 @@ class RolloutWorker:
             greedy=greedy,
             generator=self.generator,
             row_seeds=row_seeds,
-            renew_env=self.renew_env,
-            max_env_retries=self.cfg.loop.rollout_max_retries if self.cfg.loop.rollout_failure_policy == "retry" else 0,
-            env_step_timeout_s=self.cfg.env.step_timeout_s,
             generation_timeout_s=gen.timeout_s,
-            on_generated=on_generated,
-            scoring=scoring,
         )
+        return Generated(list(datums), rows, group_size, version, turns)
+
+    def score(self, generated: Generated) -> Generated:
+        """The second phase: the environment step that scores (none if every sample ended before the last turn)."""
+        score_turns(generated.turns, self._env_steps())
+        return generated
+
+    def finish(self, scored: Generated) -> tuple[TurnsResult, dict[str, torch.Tensor], dict[str, float]]:
+        """A scored rollout's per-token columns (:class:`TurnsResult`), (B,) carry and metrics."""
+        res = turns_result(scored.turns)
         kill_point("generation")
+        rows = scored.rows
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
-        # Tokens the backend did not stamp (it was never given a version) were sampled with `version`. Only
-        # async GRPO (version_span) reads them, so sync rollouts skip the column. (On the rows laid end to
-        # end, then split back into views: one op per batch, not per sample.)
-        versions = None
-        if version_span is not None and rows:
-            lengths = [len(m) for m in res.token_mask]
-            flat_v, flat_m = torch.cat(res.generation_versions), torch.cat(res.token_mask)
-            versions = list(torch.where((flat_v < 0) & (flat_m > 0), version, flat_v).split(lengths))
-        elif version_span is not None:
-            versions = []
         carry = {
             "rewards": res.rewards,
-            "group": torch.arange(len(datums)).repeat_interleave(group_size),
+            "group": torch.arange(len(scored.datums)).repeat_interleave(scored.group_size),
             "truncated": res.truncated,
             "env_failed": res.env_failed,  # for rollout_failure_policy: drop_group
             "loss_multiplier": torch.tensor([d.loss_multiplier for d in rows], dtype=torch.float32),
@@ -295,23 +274,47 @@ class RolloutWorker:
             # Trained tokens per sample (the token mask's ones): async GRPO weighs token ages by them.
             "generated_tokens": torch.tensor([st.gen_tokens for st in res.states]),  # = each token mask's sum
         }
-        if version_span is not None:
-            carry.update(version_carry(versions, res.token_mask, version, version_span))
         # Every component an environment of the batch declares, 0 where it gave none (a failed
         # sample): the carry's keys then depend on the tasks only, so batches concatenate.
-        declared = {n for d in datums for n in getattr(self._any_env(d.task_name), "reward_component_names", ())}
+        declared = {n for d in scored.datums for n in getattr(self._any_env(d.task_name), "reward_component_names", ())}
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
         metrics = {**res.metrics, "rollout_failures": res.metrics["env_errors"],
                    "rollout_retries": res.metrics["env_retries"]}
-        if partition_id is None:
-            return None, carry, metrics
-        meta = self.dp.put_samples(
-            group_keys(len(datums), group_size) if keys is None else list(keys),
+        return res, carry, metrics
+
+    def put(self, result: TurnsResult, carry: Mapping[str, torch.Tensor], partition_id: str, keys: Sequence[str],
+            columns: Mapping[str, list[torch.Tensor]] | None = None) -> KVBatchMeta:
+        """Write a finished rollout's columns (and the caller's own ``columns``) under ``keys`` (one per
+        row, group-major); returns the receipt."""
+        return self.dp.put_samples(
+            list(keys),
             partition_id,
-            {INPUT_IDS: res.input_ids, TOKEN_MASK: res.token_mask, GENERATION_LOGPROBS: res.generation_logprobs,
-             **({} if version_span is None else {GENERATION_VERSIONS: versions})},
+            {INPUT_IDS: result.input_ids, TOKEN_MASK: result.token_mask,
+             GENERATION_LOGPROBS: result.generation_logprobs, **(columns or {})},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
-        return meta, carry, metrics
+
+    def _env_steps(self) -> EnvSteps:
+        loop = self.cfg.loop
+        return EnvSteps(self.env, self.renew_env,
+                        loop.rollout_max_retries if loop.rollout_failure_policy == "retry" else 0,
+                        self.cfg.env.step_timeout_s)
+
+
+@dataclass
+class Generated:
+    """A rollout between :meth:`RolloutWorker.generate` and :meth:`RolloutWorker.score`: its prompts, their
+    rows (each prompt ``group_size`` times), the weight version that sampled it and its turns so far."""
+
+    datums: list[DatumSpec]
+    rows: list[DatumSpec]
+    group_size: int
+    version: int
+    turns: Turns
+
+    @property
+    def needs_scoring(self) -> bool:
+        """Whether an environment step is left (not when every sample ended before the last turn)."""
+        return bool(self.turns.active)

@@ -24,6 +24,11 @@ holds their sampler logprobs at the same positions (0 on prompt and observation 
 With one turn this is the single-turn rollout: one ``generate`` call with the same arguments, the
 environment stepped once, nothing appended.
 
+A rollout runs in two phases: :func:`generate_turns` makes every ``generate`` call (stepping the
+environments of the turns before the last), :func:`score_turns` steps the last turn's environments,
+which score; a caller may do other work in between (free the weights, start another generation).
+:func:`run_turns` runs both.
+
 Metrics (means are over the batch's samples):
   mean_gen_tokens_per_sample / max_gen_tokens_per_sample   tokens the model generated
   mean_env_tokens_per_sample                               observation tokens appended
@@ -43,7 +48,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,44 +120,51 @@ class TurnsResult:
     states: list[SampleState]
 
 
-def run_turns(
+@dataclass(frozen=True)
+class EnvSteps:
+    """How a rollout steps its environments. ``env_for(task_name)`` returns that task's environment;
+    ``renew_env(task_name)`` a fresh one for the ``max_retries`` re-runs of a failed step
+    (``rollout_failure_policy: retry``); a step past ``timeout_s`` raises :class:`DeadlineExceeded`."""
+
+    env_for: Callable[[str], Any]
+    renew_env: Callable[[str], Any] | None = None
+    max_retries: int = 0
+    timeout_s: float | None = None
+
+
+@dataclass
+class Turns:
+    """A rollout between its two phases: every generate call made; the environment step of the last
+    turn (the scoring) still due for the ``active`` samples (none when every sample ended before it)."""
+
+    states: list[SampleState]
+    active: list[int]
+    max_turns: int
+    env_errors: int = 0
+    env_retries: int = 0
+
+
+def generate_turns(
     backend: GenerationBackend,
     tokenizer,
     datums: Sequence[DatumSpec],
-    env_for: Callable[[str], Any],
+    envs: EnvSteps,
     *,
     max_turns: int,
     max_total_sequence_length: int,
     max_new_tokens: int,
     stop_strings: Sequence[str] | None = None,
     row_seeds: Sequence[int] | None = None,
-    renew_env: Callable[[str], Any] | None = None,
-    max_env_retries: int = 0,
-    env_step_timeout_s: float | None = None,
     generation_timeout_s: float | None = None,
-    on_generated: Callable[[], None] | None = None,
-    scoring: Callable[[], AbstractContextManager] | None = None,
     **sampling: Any,
-) -> TurnsResult:
-    """Roll out ``datums`` (one sample each) for up to ``max_turns`` turns.
+) -> Turns:
+    """Roll out ``datums`` (one sample each) up to the last turn's environment step (:func:`score_turns`).
 
-    ``env_for(task_name)`` returns that task's environment; ``sampling`` goes to ``backend.generate``
-    (temperature, top_p, top_k, greedy, generator). ``row_seeds`` (one per datum) go with their rows
-    to every turn's call: the backend draws by position in the sequence, which grows across turns.
-    ``renew_env(task_name)`` gives a fresh environment for the ``max_env_retries`` re-runs of a
-    failed environment step (``rollout_failure_policy: retry``). A ``generate`` call or an
-    environment step that runs past its timeout raises :class:`DeadlineExceeded`
-    (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
-
-    ``on_generated()`` is called once the backend will not be asked for more tokens (after the last
-    turn's ``generate``, or when every sample is done): what is left is scoring, so the caller (the
-    async collector) may change the weights or start the next batch's generation while the
-    environment works. It may block (it returns before the scoring starts).
-
-    ``scoring()``: a context manager around the last turn's environment step (the scoring), and
-    around nothing else: the async collector's scoring turn (one batch's environment at a time, in
-    start order) then holds no decoding before it and no column assembly after it, which it would
-    serialize for nothing.
+    ``sampling`` goes to ``backend.generate`` (temperature, top_p, top_k, greedy, generator).
+    ``row_seeds`` (one per datum) go with their rows to every turn's call: the backend draws by
+    position in the sequence, which grows across turns. The environments of the turns before the
+    last are stepped here (``envs``). A ``generate`` call past ``generation_timeout_s`` raises
+    :class:`DeadlineExceeded` (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -179,7 +190,7 @@ def run_turns(
         s.versions.append(zero_versions[: s.prompt_length])
         if s.prompt_length >= max_total:  # no room to generate anything
             s.done = s.truncated = True
-    env_errors = env_retries = 0
+    turns = Turns(states, [], max_turns)
     for turn in range(max_turns):
         active = [i for i, s in enumerate(states) if not s.done]
         if not active:
@@ -197,9 +208,6 @@ def run_turns(
             generation_timeout_s, f"rollout worker: generation of {len(active)} samples (turn {turn + 1})",
             "policy.generation.timeout_s",
         )
-        if turn == max_turns - 1 and on_generated is not None:  # the last generate call: scoring is left
-            on_generated()
-            on_generated = None
         versions = out.versions or [None] * len(active)
         for i, room, ids, lps, vs, reason in zip(active, rooms, out.output_ids, out.logprobs, versions,
                                                  out.finish_reasons):
@@ -212,16 +220,13 @@ def run_turns(
             s.finish_reason = reason
             s.message_log.append({"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True),
                                   "token_ids": list(ids), "generation_logprobs": lps})
-        with (scoring() if scoring is not None and turn == max_turns - 1 else nullcontext()):
-            failed, retried = _step_envs(states, active, env_for, renew_env, max_env_retries, env_step_timeout_s)
-        env_errors, env_retries = env_errors + failed, env_retries + retried
-        last_turn = turn == max_turns - 1
+        if turn == max_turns - 1:  # the last generate call: its environment step is the scoring
+            turns.active = active
+            break
+        _step_turn(turns, active, envs)
         for i in active:
             s = states[i]
             if s.done:  # terminated or failed in _step_envs
-                continue
-            if last_turn:
-                s.done = True
                 continue
             room = max_total - len(s.input_ids)
             obs = s.message_log[-1].get("content", "") if s.message_log[-1].get("role") != "assistant" else ""
@@ -230,9 +235,45 @@ def run_turns(
                 obs_ids = obs_ids[:room]
                 s.done = s.truncated = True
             s.append(obs_ids, None)
-    if on_generated is not None:  # every sample ended before the last turn (or none could generate)
-        on_generated()
-    return _result(states, env_errors, env_retries, max_turns)
+    return turns
+
+
+def score_turns(turns: Turns, envs: EnvSteps) -> Turns:
+    """Step the environments of the last turn (the scoring) on ``turns.active``; every sample is then done."""
+    active, turns.active = turns.active, []
+    if active:
+        _step_turn(turns, active, envs)
+    for i in active:
+        turns.states[i].done = True
+    return turns
+
+
+def _step_turn(turns: Turns, active: list[int], envs: EnvSteps) -> None:
+    failed, retried = _step_envs(turns.states, active, envs.env_for, envs.renew_env, envs.max_retries, envs.timeout_s)
+    turns.env_errors += failed
+    turns.env_retries += retried
+
+
+def turns_result(turns: Turns) -> TurnsResult:
+    """The columns and outcome of a scored rollout (:func:`score_turns`)."""
+    return _result(turns.states, turns.env_errors, turns.env_retries, turns.max_turns)
+
+
+def run_turns(
+    backend: GenerationBackend,
+    tokenizer,
+    datums: Sequence[DatumSpec],
+    env_for: Callable[[str], Any],
+    *,
+    renew_env: Callable[[str], Any] | None = None,
+    max_env_retries: int = 0,
+    env_step_timeout_s: float | None = None,
+    **kwargs: Any,
+) -> TurnsResult:
+    """Roll out ``datums`` for up to ``max_turns`` turns and score them: :func:`generate_turns` then
+    :func:`score_turns` (``kwargs``: those of :func:`generate_turns`)."""
+    envs = EnvSteps(env_for, renew_env, max_env_retries, env_step_timeout_s)
+    return turns_result(score_turns(generate_turns(backend, tokenizer, datums, envs, **kwargs), envs))
 
 
 def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | None]):

@@ -207,7 +207,7 @@ def test_state_dict_restores_buffer_loader_and_pending_prompts(tmp_path):
         c3, loader3 = make_collector()
         assert ids == [x.idx for _ in range(3) for x in next(loader3)]
         # The batch counter went on from the checkpoint's: no key of the new batch repeats an old one.
-        assert {k for g in d.buffer._groups for k in g.meta.sample_ids}.isdisjoint(saved) and d._batches == 3
+        assert {k for g in d.buffer._groups for k in g.meta.sample_ids}.isdisjoint(saved) and d.schedule.started == 3
     finally:
         d.stop()
 
@@ -298,7 +298,7 @@ def test_in_flight_refit_lands_mid_generation_and_tokens_record_their_version():
         assert reached.wait(20)
         t0 = time.monotonic()
         c.prepare_for_refit(next_version=1)  # returns at once: the batch in flight keeps going
-        assert c._busy and time.monotonic() - t0 < 1.0
+        assert c.schedule.generating is not None and time.monotonic() - t0 < 1.0
         c.update_weights({k: v.clone() for k, v in model.state_dict().items()}, version=1)
         c.set_weight_version(1)
         c.resume_after_refit()
@@ -498,7 +498,7 @@ def test_two_batches_are_scored_at_once_and_still_buffered_in_start_order():
 
 def test_a_batch_failing_after_its_scoring_does_not_hold_up_the_next():
     c, loader2 = make_collector("grpo.async_grpo.max_concurrent_scoring=2")[0], make_collector()[1]
-    judge, real, n = TrackingJudge(c), c.worker.rollout, {"calls": 0}
+    judge, real, n = TrackingJudge(c), c.worker.score, {"calls": 0}
 
     def first_fails(*args, **kwargs):
         n["calls"] += 1
@@ -508,7 +508,7 @@ def test_a_batch_failing_after_its_scoring_does_not_hold_up_the_next():
             raise RuntimeError("lost after scoring")
         return out
 
-    c.worker.rollout = first_fails
+    c.worker.score = first_fails
     try:
         c.start()
         wait_until(lambda: judge.ended == [2])  # batch 2 scored, waiting for batch 1's turn

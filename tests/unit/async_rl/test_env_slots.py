@@ -127,7 +127,7 @@ def test_a_multi_turn_batch_generating_beside_a_scored_one_steps_another_instanc
 
 
 def test_the_collector_scores_as_many_batches_at_once_as_its_age_bound_by_default():
-    assert make_collector()[0].max_concurrent_scoring == 1
-    assert make_collector("grpo.async_grpo.max_trajectory_age_steps=2")[0].max_concurrent_scoring == 2
+    assert make_collector()[0].options.max_concurrent_scoring == 1
+    assert make_collector("grpo.async_grpo.max_trajectory_age_steps=2")[0].options.max_concurrent_scoring == 2
     assert make_collector("grpo.async_grpo.max_trajectory_age_steps=2",
-                          "grpo.async_grpo.max_concurrent_scoring=1")[0].max_concurrent_scoring == 1
+                          "grpo.async_grpo.max_concurrent_scoring=1")[0].options.max_concurrent_scoring == 1

@@ -111,8 +111,9 @@ def test_retry_only_reruns_the_failed_samples(flaky):
 def generate_batch(collector, target: int, needed: int) -> None:
     """One generation batch of the collector's, in this thread, as its loop starts it."""
     with collector._cond:
-        batch = collector._start_batch(target, needed)
-    collector._run_batch(batch)
+        job = collector.schedule.start_batch(target, needed)
+        datums = collector._take_prompts(needed)
+    collector._run_batch(job, datums)
 
 
 def test_async_collector_drops_groups_with_a_failed_sample(flaky):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlplane.workers.rollout import version_carry
+from rlplane.async_rl.staleness import version_carry
 
 
 def test_oldest_version_and_tokens_per_version():
