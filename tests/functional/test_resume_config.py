@@ -59,7 +59,7 @@ def test_new_prompts_per_step_trains_each_prompt_of_the_epoch_once(first_two_ste
     run_dir, done = resumed_copy(first_two_steps, tmp_path, f"grpo.num_prompts_per_step={per_step}",
                                  f"grpo.max_num_steps={steps}")
     assert done.returncode == 0, done.stderr[-3000:]
-    log = done.stdout
+    log = done.stdout + done.stderr  # the run's messages go to stderr beside its progress
     assert f"resume: grpo.num_prompts_per_step: 4 -> {per_step} (convertible)" in log
     assert f"resume: prompts per batch 4 -> {per_step}: epoch 0 continues at its prompt 9 of {NUM_PROMPTS}" in log
     ledger = rows(run_dir, "prompts.jsonl")
@@ -74,7 +74,7 @@ def test_free_change_takes_effect(first_two_steps, tmp_path):
     run_dir, done = resumed_copy(first_two_steps, tmp_path, "grpo.num_prompts_per_step=4", "grpo.max_num_steps=3",
                                  "policy.optimizer.lr=1e-05")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resume: policy.optimizer.lr: 0.0002 -> 1e-05 (free)" in done.stdout
+    assert "resume: policy.optimizer.lr: 0.0002 -> 1e-05 (free)" in done.stdout + done.stderr
     lrs = {r["step"]: r["train/lr"] for r in rows(run_dir, "metrics.jsonl") if "train/lr" in r}
     assert lrs == {1: 2e-4, 2: 2e-4, 3: 1e-5}
 
