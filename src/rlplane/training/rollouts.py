@@ -168,7 +168,8 @@ def mask_logprob_errors(
 ) -> tuple[KVBatchMeta, torch.Tensor]:
     """``seq_logprob_error_threshold``: drop sequences whose generation and prev logprobs disagree.
     The one place the driver reads per-token columns (masking needs whole sequences' errors), and
-    only when the config asks for it. Returns the re-stamped receipt and the new (B,) mask."""
+    only when the config asks for it (without it the loss computes the statistics, see
+    :data:`SEQ_ERROR_STATS`). Returns the re-stamped receipt and the new (B,) mask."""
     cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, [GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK])
     sample_mask, seq_metrics = seq_logprob_error_mask(
         cols[GENERATION_LOGPROBS][:, 1:], cols[PREV_LOGPROBS][:, 1:], cols[TOKEN_MASK][:, 1:].float(),
@@ -176,6 +177,18 @@ def mask_logprob_errors(
     )
     metrics.update({k: float(v) for k, v in seq_metrics.items()})
     return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
+
+
+#: Sequence logprob-error statistics the loss computes on every step (over the trained sequences, from
+#: the tokens in the policy workers); with seq_logprob_error_threshold the driver computes them before
+#: its mask, as NeMo RL logs them, and those are kept.
+SEQ_ERROR_STATS = ("max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error")
+
+
+def add_train_metrics(metrics: dict[str, float], train: dict[str, float]) -> None:
+    """Add the policy training's merged metrics to the step's, keeping the driver's sequence
+    logprob-error statistics where :func:`mask_logprob_errors` computed them."""
+    metrics.update({k: v for k, v in train.items() if k not in SEQ_ERROR_STATS or k not in metrics})
 
 
 def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[str, float]:
