@@ -72,7 +72,9 @@ def collect_rollouts(
     refilled the same way (:mod:`rlplane.workers.failures`, which documents the failure metrics).
 
     Returns the receipt and the (B,) carry (``rewards`` shaped, ``group`` distinct across batches),
-    B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw, first batch),
+    B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw: before scaling,
+    shaping and the selection; the mean over every generation batch of the step, as NeMo RL's
+    ``pending_unfiltered_rewards``),
     the generation metrics and, with dynamic sampling, ``dynamic_sampling_num_gen_batches`` and
     ``dynamic_sampling_num_discarded_valid_samples`` (samples with reward spread beyond the target,
     cut by the final slice; NeMo RL's meaning). Raises :class:`DataExhausted` when the loader has
@@ -82,6 +84,7 @@ def collect_rollouts(
     G = g.num_generations_per_prompt
     target = g.num_prompts_per_step * G
     metas, carries, keep_masks, num_groups = [], [], [], 0
+    raw_rewards = []  # (B_i,) per generation batch, before scaling, shaping and the selection
     drop_failed = g.rollout_failure_policy == "drop_group"  # failed groups are dropped and refilled too
     failures = dict.fromkeys(FAILURE_COUNTS, 0.0)
     while True:
@@ -94,7 +97,8 @@ def collect_rollouts(
         datums = s.prompts.next()
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
-        metrics.setdefault("reward", float(c["rewards"].mean()))  # before scaling and shaping, first batch
+        raw_rewards.append(c["rewards"])
+        metrics["reward"] = float(torch.cat(raw_rewards).mean())
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
         unshaped, c["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, c)

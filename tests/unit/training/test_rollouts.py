@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import KVBatchMeta
-from rlplane.training.rollouts import SEQ_ERROR_STATS, add_train_metrics
+from rlplane.training.loop import Timer
+from rlplane.training.rollouts import SEQ_ERROR_STATS, add_train_metrics, collect_rollouts
 
 
 class _Loader:
@@ -46,6 +48,24 @@ def _session(batches, *extra):
         cfg=cfg, prompts=prompts, workers=SimpleNamespace(rollout=_ScriptedRollout(batches)),
         data_plane=SimpleNamespace(clear_samples=lambda ids, partition, **kw: cleared.append(ids)),
     )
+
+
+def test_reward_counts_every_dynamic_sampling_batch():
+    # Batch 1: group [1, 1] has no signal (dropped), [0, 1] kept; batch 2: [0, 0] dropped, [1, 0] kept.
+    s = _session([[1, 1, 0, 1], [0, 0, 1, 0]], "grpo.use_dynamic_sampling=true")
+    metrics = {}
+    meta, carry = collect_rollouts(s, Timer(), metrics)
+    assert s.workers.rollout.calls == 2 and metrics["dynamic_sampling_num_gen_batches"] == 2
+    assert meta.sample_ids == ("b1_2", "b1_3", "b2_2", "b2_3")
+    # every generated sample of the step, before the selection: 4 of 8 rewards are 1 (the first batch alone: 0.75)
+    assert metrics["reward"] == pytest.approx(0.5)
+
+
+def test_reward_without_dynamic_sampling_is_the_one_batch():
+    s = _session([[1, 1, 0, 1]])
+    metrics = {}
+    collect_rollouts(s, Timer(), metrics)
+    assert metrics["reward"] == pytest.approx(0.75)
 
 
 def test_train_metrics_keep_the_drivers_sequence_logprob_errors():
