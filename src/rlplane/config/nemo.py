@@ -11,6 +11,8 @@ are on (Megatron, tensor parallelism, sglang, ...) are refused, one line each na
 rlplane's alternative. Keys neither NeMo RL nor rlplane knows stay errors of the rlplane schema.
 """
 
+from __future__ import annotations
+
 import copy
 import sys
 from pathlib import Path
@@ -34,7 +36,6 @@ class _Translation:
         self.tree = copy.deepcopy(tree)
         self.notes: list[str] = []
         self.errors: list[str] = []
-        self.dropped: list[str] = []
 
     def has(self, key: str) -> bool:
         parents, _, last = key.rpartition(".")
