@@ -170,7 +170,6 @@ def test_nemo_configs_train_three_steps(tmp_path, name, loop, extra):
     import rlplane
 
     cfg = _load(name, *TRAIN, f"{loop}.max_num_steps=3", f"run_dir={tmp_path / 'run'}", *extra)
-    summary = rlplane.train(cfg, quiet=True)
-    assert summary["steps"] == 3 if "steps" in summary else True
+    rlplane.train(cfg, quiet=True)
     rows = (tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()
     assert sum('"timing/train/total_step_time"' in r for r in rows) == 3
