@@ -51,7 +51,17 @@ def _read(path: Path) -> dict:
         raise ConfigError([f"config {path}: cannot read it as UTF-8 text ({type(e).__name__}); fix the file"]) from None
     if not isinstance(tree, dict):
         raise ConfigError([f"config {path}: the top level must be a mapping, got {type(tree).__name__}"])
-    return tree
+    return _unshared(tree)
+
+
+def _unshared(node: Any) -> Any:
+    """A copy in which no two keys share a dict or list: YAML anchors (``<<: *BASE``) alias them, so an
+    override of ``policy.x`` would otherwise change ``teacher.x`` too."""
+    if isinstance(node, dict):
+        return {k: _unshared(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unshared(v) for v in node]
+    return node
 
 
 def _merge(base: dict, top: dict) -> dict:
