@@ -47,9 +47,9 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
         tree = dict(config)
         parent = tree.pop("defaults", None)
         if parent:
-            from rlplane.config.loading import _deep_merge
+            from rlplane.config.yaml_tree import deep_merge
 
-            tree = _deep_merge(load_yaml_tree(parent), tree)
+            tree = deep_merge(load_yaml_tree(parent), tree)
     else:
         tree = load_yaml_tree(config or "grpo_arithmetic")
     return build_config(apply_overrides(tree, list(overrides or [])))

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlplane.config.loading import PRESET_DIR, ConfigError
 from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION, is_off
 from rlplane.config.nemo_yaml import (
     apply_hydra_overrides,
@@ -27,6 +26,8 @@ from rlplane.config.nemo_yaml import (
     looks_like_nemo,
     resolve_interpolations,
 )
+from rlplane.config.yaml_tree import PRESET_DIR
+from rlplane.errors import ConfigError
 
 
 class _Translation:

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import yaml
 
-from rlplane.config.loading import ConfigError, _deep_merge, apply_overrides
+from rlplane.config.yaml_tree import apply_overrides, deep_merge
+from rlplane.errors import ConfigError
 
 NEMO_MARKERS = (
     "grpo.normalize_rewards", "grpo.use_leave_one_out_baseline", "grpo.val_start_at", "grpo.stop_at_validation_metric",
@@ -71,7 +72,7 @@ def _merge(base: dict, top: dict) -> dict:
         if isinstance(value, dict) and value.get("_override_"):
             top[key] = {k: v for k, v in value.items() if k != "_override_"}
             base.pop(key, None)
-    return _deep_merge(base, top)
+    return deep_merge(base, top)
 
 
 def load_nemo_chain(path: Path, _seen: tuple[Path, ...] = ()) -> dict | None:
