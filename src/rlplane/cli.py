@@ -300,7 +300,9 @@ def cmd_plot(args) -> int:
 
     from rlplane.utils.plot import plot_runs
 
-    output = args.output or (Path(args.run_dirs[0]) / "plot.png" if len(args.run_dirs) == 1 else "plot.png")
+    first = Path(args.run_dirs[0])
+    output = args.output or ((first if first.is_dir() else first.parent) / "plot.png" if len(args.run_dirs) == 1
+                             else "plot.png")
     png, page = plot_runs(args.run_dirs, output, say=lambda m: print(m, file=sys.stderr))
     print(f"wrote {png} and {page}")
     return 0
