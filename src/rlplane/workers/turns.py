@@ -56,7 +56,7 @@ import torch
 from rlplane.data.datum import DatumSpec
 from rlplane.envs.user import EnvReturnError
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
-from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
+from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def generate_turns(
     ``row_seeds`` (one per datum) go with their rows to every turn's call: the backend draws by
     position in the sequence, which grows across turns. The environments of the turns before the
     last are stepped here (``envs``). A ``generate`` call past ``generation_timeout_s`` raises
-    :class:`DeadlineExceeded` (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
+    :class:`DeadlineExceeded` (:mod:`rlplane.runtime.deadlines`): not a sample failure, the end of the run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
