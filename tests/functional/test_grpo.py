@@ -55,6 +55,9 @@ def test_grpo_local_runs_and_logs_finite_metrics(tmp_path):
             assert key in r and math.isfinite(r[key]), key
         # On-policy, fresh weights: generation and training logprobs agree.
         assert abs(r["train/token_mult_prob_error"] - 1.0) < 0.02
+        # The sequence logprob-error statistics, without seq_logprob_error_threshold (from the loss).
+        lo, mean, hi = (r[f"train/{k}_seq_mult_prob_error"] for k in ("min", "mean", "max"))
+        assert 1.0 <= lo <= mean <= hi < 1.1
     assert "validation/accuracy" in steps[1] and summary["accuracy_after"] is not None
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts == ["step_2", "step_3"]

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from rlplane.algorithms._ops import as_tensor_like, masked_mean, masked_sum, safe_div
 from rlplane.algorithms.advantages import opd_advantages
+from rlplane.algorithms.filters import seq_mult_prob_error
 from rlplane.algorithms.kl import kl_estimate
 from rlplane.algorithms.loss_options import ClippedPGOptions
 
@@ -46,6 +47,9 @@ CLIPPED_PG_METRIC_REDUCTIONS: dict[str, str] = {
     "gen_kl_error": "sum",
     "policy_kl_error": "sum",
     "js_divergence_error": "sum",
+    "mean_seq_mult_prob_error": "sum",
+    "min_seq_mult_prob_error": "min",
+    "max_seq_mult_prob_error": "max",
     "sampling_importance_ratio": "sum",
     "is_oob_ratio": "sum",
     "approx_entropy": "sum",
@@ -239,6 +243,11 @@ def _diagnostics(x: _Masked, o: ClippedPGOptions, ratio: Tensor, ratio_c: Tensor
     log_mix = torch.logaddexp(p, g) - math.log(2.0)  # log ½(p_prev + p_gen)
     js = 0.5 * (torch.expm1(p - log_mix) - (p - log_mix)) + 0.5 * (torch.expm1(g - log_mix) - (g - log_mix))
     metrics["js_divergence_error"] = tm(js)
+    # Per sequence (NeMo RL's seq_mult_prob_error), over the trained sequences with a valid token; the
+    # mean is normalised by the global valid sequences, so it sums over micro-batches and ranks.
+    seq_err, alive = seq_mult_prob_error(g, p, x.tm, x.sm), x.valid.any(dim=-1)  # (B,), (B,)
+    metrics["mean_seq_mult_prob_error"] = safe_div(masked_sum(seq_err, alive.to(dtype)), x.n_seq)
+    metrics["min_seq_mult_prob_error"], metrics["max_seq_mult_prob_error"] = _extrema(seq_err, alive)
     if o.sequence_level_importance_ratios:
         metrics["sampling_importance_ratio"] = safe_div(masked_sum(is_w[:, 0], x.sm), x.n_seq)
     else:

@@ -88,6 +88,11 @@ class AsyncTrajectoryCollector:
     def weight_version(self) -> int:
         return self.schedule.version
 
+    def get_weight_version(self) -> int:
+        """The weight version the generator holds (NeMo RL's name); a method, so the trainer can ask a
+        collector in a child process or a Ray actor too."""
+        return self.schedule.version
+
     # ---- control (called by the trainer) ----------------------------------------------------------
     def start(self) -> None:
         """Start (or resume) the collection loop."""

@@ -75,7 +75,8 @@ def target_versions(generation_version: int, max_age_steps: int) -> list[int]:
     Step ``v`` itself is normally sampled by the trainer before the generator reaches version ``v``
     and is then skipped; it is served only when still short (the first step of a run or of a
     resume, or a refit that came before the collector got to it). The seeds leave it out after the
-    first version and need a start-up barrier instead; serving it cannot deadlock.
+    first version and need a start-up barrier instead; serving it cannot deadlock. A deliberate
+    difference, and why: ``docs/algorithms.md``, "Async GRPO's schedule", Targets.
     """
     return list(range(generation_version, generation_version + max_age_steps + 1))
 

@@ -273,6 +273,18 @@ def kl_in_reward_needs_reference(cfg) -> list[str]:
     return []
 
 
+def kl_penalty_needs_reference(cfg) -> list[str]:
+    """The loss's KL term (β ≠ 0, not moved into the reward) reads the reference logprobs the skip leaves out."""
+    lf, loop = cfg.loss_fn, cfg.loop
+    if (cfg.algorithm in ("grpo", "ppo") and loop.skip_reference_policy_logprobs_calculation
+            and lf.reference_policy_kl_penalty != 0 and not lf.use_kl_in_reward):
+        return [f"{cfg.algorithm}.skip_reference_policy_logprobs_calculation with "
+                f"loss_fn.reference_policy_kl_penalty = {lf.reference_policy_kl_penalty}: the loss's KL term needs "
+                f"reference logprobs; set loss_fn.reference_policy_kl_penalty=0 or "
+                f"{cfg.algorithm}.skip_reference_policy_logprobs_calculation=false"]
+    return []
+
+
 def on_policy_ratio_one_epoch(cfg) -> list[str]:
     if cfg.loss_fn.force_on_policy_ratio and cfg.algorithm == "ppo" and cfg.ppo.ppo_epochs > 1:
         return [f"loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = "
@@ -354,6 +366,7 @@ RULES: list[Rule] = [
     logprob_filter_needs_prev,
     on_policy_ratio_one_step,
     kl_in_reward_needs_reference,
+    kl_penalty_needs_reference,
     on_policy_ratio_one_epoch,
     distillation_one_step,
     async_needs_is_correction,

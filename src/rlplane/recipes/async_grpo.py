@@ -32,6 +32,9 @@ restored on resume (the columns written back under the same keys).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from rlplane.async_rl import AsyncOptions, AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
@@ -53,6 +56,7 @@ from rlplane.training import Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
+    add_train_metrics,
     policy_logprobs,
     rollout_metrics,
     stamp_sample_mask,
@@ -103,6 +107,15 @@ class CollectorHandle:
 
     def call(self, method: str, *args, **kwargs):
         return self.actor.call(method, *args, **kwargs)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No collector batch starts meanwhile, and none is in flight (validation's generation runs alone)."""
+        self.call("pause")
+        try:
+            yield
+        finally:
+            self.call("resume")
 
     def refit(self, version: int, timer: Timer) -> tuple[int, dict[str, float]]:
         """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
@@ -216,7 +229,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     s.data_plane.clear_samples(meta, None, wait=False)
     buffered, collector_seconds = handle.refit(step + 1, timer)
 
-    metrics.update(merge_rank_metrics(results))
+    add_train_metrics(metrics, merge_rank_metrics(results))
     metrics.update(rollout_metrics(carry, meta.seq_lens))
     metrics["buffer_size"] = float(buffered)
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics(),
@@ -231,6 +244,7 @@ def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
         start = s.start()
         handle = CollectorHandle(s, start_step=start)
         s.on_close(handle.stop)
+        s.while_validating = handle.paused
         s.checkpoints.add_part(CHECKPOINT_FILE, lambda path: handle.call("save_state", str(path)))
         for step in range(start, s.last_step()):
             s.begin_step(step)

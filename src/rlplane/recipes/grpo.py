@@ -27,6 +27,7 @@ from rlplane.training import DataExhausted, Session, Timer
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
+    add_train_metrics,
     collect_rollouts,
     policy_logprobs,
     rollout_metrics,
@@ -74,7 +75,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     s.refit.mark_stale()
     s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 
-    metrics.update(merge_rank_metrics(results))
+    add_train_metrics(metrics, merge_rank_metrics(results))
     metrics.update(rollout_metrics(carry, meta.seq_lens))
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 

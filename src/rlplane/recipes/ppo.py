@@ -34,6 +34,7 @@ from rlplane.dataplane.columns import (
 from rlplane.training import DataExhausted, Session, Timer
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
+    add_train_metrics,
     collect_rollouts,
     policy_logprobs,
     rollout_metrics,
@@ -170,7 +171,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
         s.refit.mark_stale()
     s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 
-    metrics.update(mean_over_epochs(actor_passes))
+    add_train_metrics(metrics, mean_over_epochs(actor_passes))
     cm = critic_metrics(critic_passes)
     explained = cm.pop("critic/explained_var", None)
     metrics.update(cm)

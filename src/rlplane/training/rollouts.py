@@ -72,7 +72,9 @@ def collect_rollouts(
     refilled the same way (:mod:`rlplane.workers.failures`, which documents the failure metrics).
 
     Returns the receipt and the (B,) carry (``rewards`` shaped, ``group`` distinct across batches),
-    B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw, first batch),
+    B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw: before scaling,
+    shaping and the selection; the mean over every generation batch of the step, as NeMo RL's
+    ``pending_unfiltered_rewards``),
     the generation metrics and, with dynamic sampling, ``dynamic_sampling_num_gen_batches`` and
     ``dynamic_sampling_num_discarded_valid_samples`` (samples with reward spread beyond the target,
     cut by the final slice; NeMo RL's meaning). Raises :class:`DataExhausted` when the loader has
@@ -82,6 +84,7 @@ def collect_rollouts(
     G = g.num_generations_per_prompt
     target = g.num_prompts_per_step * G
     metas, carries, keep_masks, num_groups = [], [], [], 0
+    raw_rewards = []  # (B_i,) per generation batch, before scaling, shaping and the selection
     drop_failed = g.rollout_failure_policy == "drop_group"  # failed groups are dropped and refilled too
     failures = dict.fromkeys(FAILURE_COUNTS, 0.0)
     while True:
@@ -94,7 +97,8 @@ def collect_rollouts(
         datums = s.prompts.next()
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
-        metrics.setdefault("reward", float(c["rewards"].mean()))  # before scaling and shaping, first batch
+        raw_rewards.append(c["rewards"])
+        metrics["reward"] = float(torch.cat(raw_rewards).mean())
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
         unshaped, c["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, c)
@@ -168,7 +172,8 @@ def mask_logprob_errors(
 ) -> tuple[KVBatchMeta, torch.Tensor]:
     """``seq_logprob_error_threshold``: drop sequences whose generation and prev logprobs disagree.
     The one place the driver reads per-token columns (masking needs whole sequences' errors), and
-    only when the config asks for it. Returns the re-stamped receipt and the new (B,) mask."""
+    only when the config asks for it (without it the loss computes the statistics, see
+    :data:`SEQ_ERROR_STATS`). Returns the re-stamped receipt and the new (B,) mask."""
     cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, [GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK])
     sample_mask, seq_metrics = seq_logprob_error_mask(
         cols[GENERATION_LOGPROBS][:, 1:], cols[PREV_LOGPROBS][:, 1:], cols[TOKEN_MASK][:, 1:].float(),
@@ -176,6 +181,18 @@ def mask_logprob_errors(
     )
     metrics.update({k: float(v) for k, v in seq_metrics.items()})
     return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
+
+
+#: Sequence logprob-error statistics the loss computes on every step (over the trained sequences, from
+#: the tokens in the policy workers); with seq_logprob_error_threshold the driver computes them before
+#: its mask, as NeMo RL logs them, and those are kept.
+SEQ_ERROR_STATS = ("max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error")
+
+
+def add_train_metrics(metrics: dict[str, float], train: dict[str, float]) -> None:
+    """Add the policy training's merged metrics to the step's, keeping the driver's sequence
+    logprob-error statistics where :func:`mask_logprob_errors` computed them."""
+    metrics.update({k: v for k, v in train.items() if k not in SEQ_ERROR_STATS or k not in metrics})
 
 
 def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[str, float]:

@@ -20,6 +20,7 @@ import gc
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from rlplane.config.loading import dump_config
@@ -109,6 +110,8 @@ class Session:
         self.teacher_warmup_result: dict[str, float] = {}
         self.last_validation: dict[str, float] = {}
         self._closers: list[Callable[[], None]] = []
+        # Entered around every validation (async GRPO: its collector paused; NeMo RL pauses generation too).
+        self.while_validating: Callable[[], AbstractContextManager] = nullcontext
 
     def say(self, msg: str) -> None:
         self.log.say(msg)
@@ -211,7 +214,9 @@ class Session:
         """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
         answers go to samples.jsonl with the next log."""
         self.refit.if_stale()
-        metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums, self.data_plane)
+        with self.while_validating():
+            metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums,
+                                        self.data_plane)
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 

@@ -3,10 +3,10 @@
 Loss-function metrics arrive already normalised by global counts, so a plain sum over the
 micro-batches of one global batch gives that global batch's value; with several global batches
 per step the sum is divided by their number, giving the mean over global batches (as NeMo RL).
-Extrema (`*_min`, `*_max`) are reduced with min/max, ignoring infinities (a micro-batch with no
-valid token reports +-inf). A rank with no value keeps the neutral element (+inf for a min, -inf for a
-max) until the ranks are merged; only the merged value, if still none, is reported as -1, so a real
--1 is never taken for "no value".
+Extrema (`*_min`, `*_max`, and NeMo RL's `min_*`, `max_*`) are reduced with min/max, ignoring
+infinities (a micro-batch with no valid token reports +-inf). A rank with no value keeps the
+neutral element (+inf for a min, -inf for a max) until the ranks are merged; only the merged
+value, if still none, is reported as -1, so a real -1 is never taken for "no value".
 """
 
 from __future__ import annotations
@@ -16,18 +16,27 @@ import math
 import torch
 
 
+def _extremum(key: str) -> str | None:
+    """``"min"`` or ``"max"`` for an extremum's key (``*_min``/``min_*``, ``*_max``/``max_*``), else None."""
+    for kind in ("min", "max"):
+        if key.endswith(f"_{kind}") or key.startswith(f"{kind}_"):
+            return kind
+    return None
+
+
 def reduce_microbatch_metrics(per_mb: list[dict[str, torch.Tensor]], num_global_batches: int = 1) -> dict[str, float]:
     out: dict[str, float] = {}
     if not per_mb:
         return out
     for key in per_mb[0]:
         vals = torch.stack([torch.as_tensor(m[key], dtype=torch.float64).reshape(()) for m in per_mb])
-        if key.endswith(("_min", "_max")):
+        kind = _extremum(key)
+        if kind is not None:
             finite = vals[torch.isfinite(vals)]
             if finite.numel() == 0:
-                out[key] = math.inf if key.endswith("_min") else -math.inf
+                out[key] = math.inf if kind == "min" else -math.inf
             else:
-                out[key] = float(finite.min() if key.endswith("_min") else finite.max())
+                out[key] = float(finite.min() if kind == "min" else finite.max())
         else:
             out[key] = float(vals.sum() / num_global_batches)
     return out
@@ -42,9 +51,9 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         vals = [r[key] for r in per_rank]
         if key in same_on_every_rank:
             out[key] = first
-        elif key.endswith(("_min", "_max")):
+        elif _extremum(key) is not None:
             finite = [v for v in vals if math.isfinite(v)]
-            out[key] = (min(finite) if key.endswith("_min") else max(finite)) if finite else -1.0
+            out[key] = (min(finite) if _extremum(key) == "min" else max(finite)) if finite else -1.0
         else:
             out[key] = float(sum(vals)) if len(vals) > 1 else first
     return out

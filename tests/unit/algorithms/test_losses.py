@@ -378,3 +378,19 @@ def test_kl_estimate_importance_weight_detached_only_where_clamped():
     kl = kl_estimate(lp, torch.zeros(2), "k1", input_clamp_value=2.0, importance_weights=w)
     kl.sum().backward()
     close(lp.grad, [0.5 * math.exp(-0.5), 0.0])
+
+
+def test_sequence_logprob_error_metrics_every_step():
+    # |gen − prev| per token: row 0 [ln2, 0] -> (2 + 1)/2 = 1.5; row 1 [0 (masked), ln4] -> 4;
+    # row 2 has sample_mask 0 (not counted); row 3 has no valid token (not counted, but in n_seq).
+    prev = [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+    gen = [[LN2, 0.0], [5.0, -L(4.0)], [1.0, 1.0], [0.0, 0.0]]
+    tm = [[1, 1], [0, 1], [1, 1], [0, 0]]
+    sm = [1.0, 1.0, 0.0, 1.0]
+    _, m, _ = pg([[0.0, 0.0]] * 4, [[0.0, 0.0]] * 4, prev=prev, gen=gen, tm=tm, sm=sm)
+    close([m["min_seq_mult_prob_error"], m["max_seq_mult_prob_error"]], [1.5, 4.0])
+    close(m["mean_seq_mult_prob_error"], (1.5 + 4.0) / 3)  # over the global valid sequences (n_seq = 3)
+    # no valid sequence: neutral extrema (the reducers skip them), mean 0
+    _, m, _ = pg([[0.0, 0.0]], [[0.0, 0.0]], prev=[[0.0, 0.0]], gen=[[1.0, 1.0]], sm=[0.0], n_seq=1.0)
+    assert (m["min_seq_mult_prob_error"], m["max_seq_mult_prob_error"]) == (math.inf, -math.inf)
+    close(m["mean_seq_mult_prob_error"], 0.0)

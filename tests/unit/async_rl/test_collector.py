@@ -573,3 +573,14 @@ def test_the_next_batch_scores_while_one_writes_its_columns_and_they_still_buffe
     finally:
         release.set()
         c.stop()
+
+
+def test_get_weight_version_follows_the_swaps():
+    # NeMo RL's collector method: the version the generator holds (the start version, then each swap's).
+    c, _ = make_collector(start_version=3)
+    try:
+        assert c.get_weight_version() == 3
+        c.set_weight_version(4)
+        assert c.get_weight_version() == 4
+    finally:
+        c.stop()

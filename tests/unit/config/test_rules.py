@@ -106,6 +106,18 @@ CASES = [
      {"grpo.skip_reference_policy_logprobs_calculation": True},
      "loss_fn.use_kl_in_reward needs reference logprobs, which grpo.skip_reference_policy_logprobs_calculation "
      "skips; unset one of them"),
+    (rules.kl_penalty_needs_reference, "grpo",
+     {"grpo.skip_reference_policy_logprobs_calculation": True, "loss_fn.reference_policy_kl_penalty": 0},
+     {"loss_fn.reference_policy_kl_penalty": 0.01},
+     "grpo.skip_reference_policy_logprobs_calculation with loss_fn.reference_policy_kl_penalty = 0.01: the loss's "
+     "KL term needs reference logprobs; set loss_fn.reference_policy_kl_penalty=0 or "
+     "grpo.skip_reference_policy_logprobs_calculation=false"),
+    (rules.kl_penalty_needs_reference, "ppo",
+     {"ppo.skip_reference_policy_logprobs_calculation": True, "loss_fn.reference_policy_kl_penalty": 0},
+     {"loss_fn.reference_policy_kl_penalty": 0.05},
+     "ppo.skip_reference_policy_logprobs_calculation with loss_fn.reference_policy_kl_penalty = 0.05: the loss's "
+     "KL term needs reference logprobs; set loss_fn.reference_policy_kl_penalty=0 or "
+     "ppo.skip_reference_policy_logprobs_calculation=false"),
     (rules.on_policy_ratio_one_epoch, "ppo", {"loss_fn.force_on_policy_ratio": True, "ppo.ppo_epochs": 1},
      {"ppo.ppo_epochs": 4},
      "loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = 4; set "

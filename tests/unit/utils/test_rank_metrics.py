@@ -45,3 +45,13 @@ def test_global_valid_counts_are_the_mean_over_global_batches():
         lambda mb: w.model(x[mb.rows]).squeeze(-1), _Loss(), {"token_mask": token_mask.float()})
     assert out["global_valid_toks"] == (5 + 1) / 2
     assert out["global_valid_seqs"] == (2 + 1) / 2
+
+
+def test_nemo_named_extrema_reduce_by_min_and_max():
+    # max_*/min_* (NeMo RL's names, e.g. max_seq_mult_prob_error) are extrema like *_max/*_min.
+    mb = [{"max_e": _t(2.0), "min_e": _t(1.5), "mean_e": _t(0.5)},
+          {"max_e": _t(float("-inf")), "min_e": _t(float("inf")), "mean_e": _t(0.25)}]
+    rank0 = reduce_microbatch_metrics(mb)
+    assert rank0 == {"max_e": 2.0, "min_e": 1.5, "mean_e": 0.75}
+    rank1 = {"max_e": 3.0, "min_e": 1.2, "mean_e": 0.5}
+    assert merge_rank_metrics([rank0, rank1]) == {"max_e": 3.0, "min_e": 1.2, "mean_e": 1.25}
