@@ -101,7 +101,7 @@ def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
         return save_dir
     out = save_dir or tmp / "warm"
     cfg = load_config(None, [*base, f"run_dir={tmp / 'sft'}"])
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     state, result = warm_up(cfg, Prompts(cfg.dataset_options(), tok), lambda msg: None)
     model.load_state_dict(state)
     model.save_pretrained(out)

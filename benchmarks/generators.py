@@ -76,7 +76,7 @@ def main() -> None:
 
     init_ray(num_cpus=args.cores)
     cfg = config(args, 1, load_config)
-    model, tok = load_configured_policy(cfg)
+    model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     datums = next(loader)  # the same prompts for every setting
     import ray

@@ -42,7 +42,7 @@ class FloorLoop:
 
     def __init__(self, cfg, init_state):
         self.cfg = cfg
-        self.model, self.tok = load_configured_policy(cfg)
+        self.model, self.tok = load_configured_policy(cfg.policy, cfg.loop.seed)
         self.model.load_state_dict(init_state)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.policy.optimizer.lr, weight_decay=0.0)

@@ -140,7 +140,7 @@ def prompt_rows(warm_dir: str, steps: int, threads: int) -> list[dict]:
         cfg = rlplane_config(tmp, threads, "warmup.enabled=false", f"policy.model_name={warm_dir}")
         from rlplane.models.configured import load_configured_policy
 
-        _, tok = load_configured_policy(cfg)
+        _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
         loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     rows, it = [], iter(loader)
     for _ in range(steps):
