@@ -83,8 +83,6 @@ def test_resume_with_another_age_bound_respans_the_version_carries():
     state = saved_after_step_0()
     d = make_collector(2, "grpo.async_grpo.max_trajectory_age_steps=2", start_version=1)
     assert d.load_state_dict(state, current_version=1) == 0 and len(d.buffer) == P
-    assert d.restore_note() == (f"; {P} groups' token version counts re-spanned to 3 versions "
-                                "(grpo.async_grpo.max_trajectory_age_steps changed)")
     try:
         d.start()  # steps 2 and 3 generated at the new bound beside the restored step 1
         wait_until(lambda: d.counters["groups_generated"] == 2 * P)
@@ -98,6 +96,8 @@ def test_resume_with_another_age_bound_respans_the_version_carries():
         assert len(ages) == len(groups) * 2 * 3 and float(tokens.sum()) > 0
     finally:
         d.stop()
+    assert d.restore_note() == (f"; {P} groups' token version counts re-spanned to 3 versions "
+                                "(grpo.async_grpo.max_trajectory_age_steps changed)")
 
 
 class FailsOnSomeAnswers:
