@@ -47,9 +47,9 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
         tree = dict(config)
         parent = tree.pop("defaults", None)
         if parent:
-            from rlplane.config.loading import _deep_merge
+            from rlplane.config.yaml_tree import deep_merge
 
-            tree = _deep_merge(load_yaml_tree(parent), tree)
+            tree = deep_merge(load_yaml_tree(parent), tree)
     else:
         tree = load_yaml_tree(config or "grpo_arithmetic")
     return build_config(apply_overrides(tree, list(overrides or [])))
@@ -68,7 +68,7 @@ def _import_path(obj: Any) -> str | None:
 
 def _user_task_overrides(cfg: RunConfig, envs: Mapping | None, reward_fns: Mapping | None):
     """(overrides naming importable tasks by path, {task: factory} to register in this process)."""
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
 
     overrides, local = [], {}
     for kind, given in (("reward_fn", reward_fns or {}), ("class", envs or {})):
@@ -171,7 +171,7 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
     ``model``: a ``policy.model_name``; ``checkpoint``: a run directory (its latest checkpoint, whose saved
     config is the default ``config``) or a ``step_N`` checkpoint. Returns the result dict."""
     from rlplane.cli import _checkpoint_weights
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
     from rlplane.evaluation import evaluate as run
 
     problems = [f"{name} = {value!r}: must be an integer >= 1" for name, value in

@@ -21,15 +21,15 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from rlplane.config.loading import ConfigError
     from rlplane.data.errors import DatasetError
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.envs.sandbox import SandboxUnavailable
+    from rlplane.errors import ConfigError
     from rlplane.models.loading import ModelLoadError
+    from rlplane.runtime.deadlines import DeadlineExceeded
     from rlplane.training import TrainingStopped
     from rlplane.utils.checkpoint import CheckpointError
-    from rlplane.workers.deadlines import DeadlineExceeded
 
     return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
             CheckpointError, DeadlineExceeded, SandboxUnavailable)
@@ -145,7 +145,7 @@ def _checkpoint_weights(path: str):
     ``step_N`` checkpoint, or a plain HF model directory."""
     from pathlib import Path
 
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
     from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
 
     p = Path(path)
@@ -173,7 +173,7 @@ def _checkpoint_weights(path: str):
 def _dataset_overrides(spec: str) -> list[str]:
     """``--dataset`` shorthand -> ``data.*`` overrides: ``arithmetic``, ``reasoning_gym:TASK[,TASK]``,
     or a file (``.jsonl`` read directly; ``.json``/``.parquet``/``.csv`` through HF datasets)."""
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
 
     if spec == "arithmetic":
         return ["data.dataset=arithmetic"]
@@ -190,7 +190,8 @@ def _dataset_overrides(spec: str) -> list[str]:
 def cmd_eval(args) -> int:
     from pathlib import Path
 
-    from rlplane.config.loading import ConfigError, load_config
+    from rlplane.config.loading import load_config
+    from rlplane.errors import ConfigError
     from rlplane.evaluation import evaluate
 
     if bool(args.checkpoint) == bool(args.model):
@@ -240,7 +241,7 @@ def _check_output_file(out) -> None:
     replaced (that is what naming it asks for); a directory is refused."""
     import tempfile
 
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
 
     if out.is_dir():
         raise ConfigError([f"--output {out}: is a directory; name a file, e.g. {out / 'eval.json'}"])
@@ -262,7 +263,7 @@ def cmd_export(args) -> int:
     import shutil
     from pathlib import Path
 
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
 
     weights, ckpt = _checkpoint_weights(args.checkpoint)
     out = Path(args.output).expanduser().absolute()
@@ -277,7 +278,7 @@ def cmd_export(args) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         if (weights / "adapter_config.json").is_file():  # a LoRA checkpoint: merge it into its base model
             from rlplane.config.loading import load_config
-            from rlplane.models.lora import export_merged
+            from rlplane.models.export import export_merged
 
             run_cfg = load_config(str(ckpt / "config.yaml"), [])
             export_merged(str(ckpt), str(tmp), run_cfg.policy, run_cfg.loop.seed)
@@ -300,7 +301,9 @@ def cmd_plot(args) -> int:
 
     from rlplane.utils.plot import plot_runs
 
-    output = args.output or (Path(args.run_dirs[0]) / "plot.png" if len(args.run_dirs) == 1 else "plot.png")
+    first = Path(args.run_dirs[0])
+    output = args.output or ((first if first.is_dir() else first.parent) / "plot.png" if len(args.run_dirs) == 1
+                             else "plot.png")
     png, page = plot_runs(args.run_dirs, output, say=lambda m: print(m, file=sys.stderr))
     print(f"wrote {png} and {page}")
     return 0

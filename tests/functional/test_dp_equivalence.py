@@ -51,8 +51,8 @@ def test_one_and_two_dp_workers_give_the_same_step(ray_session):
     single.compute_logprobs(meta, out_field="prev_logprobs")
     one = single.train(meta, loss)
 
-    group = RayGroup(PolicyWorker, [dict(cfg=cfg, data_plane=client, rank=r, world_size=2, init_state=init)
-                                    for r in range(2)], num_cpus=0.5)
+    group = RayGroup(PolicyWorker, [dict(options=policy_options(cfg), data_plane=client, rank=r, world_size=2,
+                                         init_state=init) for r in range(2)], num_cpus=0.5)
     try:
         import ray
 

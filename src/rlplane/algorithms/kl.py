@@ -9,16 +9,14 @@ Samples come from the policy whose logprobs are ``logprobs``; ``log r = logprobs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from rlplane.algorithms.loss_options import KLInReward
+from rlplane.algorithms.loss_options import KL_TYPES, KLInReward  # noqa: F401 (KL_TYPES: re-exported)
 
 KLType = Literal["k1", "k2", "k3"]
-KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3")
 
 
 def kl_estimate(

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from rlplane.algorithms.kl import KL_TYPES
+#: The KL estimators :func:`rlplane.algorithms.kl.kl_estimate` knows (here, beside the options that name them).
+KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3")
 
 TIS_TYPES: tuple[str, ...] = ("tis", "icepop", "seq-mask-tis")
 

@@ -33,8 +33,8 @@ from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
 from rlplane.fast.threads import lower_thread_priority
+from rlplane.runtime.deadlines import DeadlineExceeded
 from rlplane.utils.kill_points import kill_point
-from rlplane.workers.deadlines import DeadlineExceeded
 from rlplane.workers.rollout import RolloutWorker
 
 

@@ -11,13 +11,14 @@ are on (Megatron, tensor parallelism, sglang, ...) are refused, one line each na
 rlplane's alternative. Keys neither NeMo RL nor rlplane knows stay errors of the rlplane schema.
 """
 
+from __future__ import annotations
+
 import copy
 import sys
 from pathlib import Path
 from typing import Any
 
-from rlplane.config.loading import PRESET_DIR, ConfigError
-from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION
+from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION, is_off
 from rlplane.config.nemo_yaml import (
     apply_hydra_overrides,
     get_key,
@@ -25,6 +26,8 @@ from rlplane.config.nemo_yaml import (
     looks_like_nemo,
     resolve_interpolations,
 )
+from rlplane.config.yaml_tree import PRESET_DIR
+from rlplane.errors import ConfigError
 
 
 class _Translation:
@@ -34,7 +37,6 @@ class _Translation:
         self.tree = copy.deepcopy(tree)
         self.notes: list[str] = []
         self.errors: list[str] = []
-        self.dropped: list[str] = []
 
     def has(self, key: str) -> bool:
         parents, _, last = key.rpartition(".")
@@ -148,18 +150,22 @@ def _model_section(t: _Translation, section: str) -> None:
 def _features(t: _Translation) -> None:
     """The NeMo-only features: refused when on; when off, dropped with one note per section."""
     off: dict[str, list[str]] = {}
-    for key, is_off, what, instead in FEATURES:
+    for key, off_when, what, instead in FEATURES:
         # The policy's model settings exist in NeMo RL's value and teacher sections too.
         for where in [key] + ([key.replace("policy.", f"{m}.", 1) for m in ("value", "teacher")]
                               if key.startswith("policy.") and not key.startswith("policy.generation") else []):
             if not t.has(where):
                 continue
             value = t.pop(where)
-            if is_off(value):
+            if off_when(value):
                 off.setdefault(where.rpartition(".")[0], []).append(f"{where.rpartition('.')[2]} ({what})")
+                continue
+            rule = f"NeMo RL's {what}, which rlplane does not have; {instead}"
+            if isinstance(value, dict) and "enabled" in value:  # a section switched on: name its switch
+                t.refuse(f"{where}.enabled", value["enabled"], rule)
             else:
-                shown = {k: v for k, v in value.items() if not is_off(v)} if isinstance(value, dict) else value
-                t.refuse(where, shown, f"NeMo RL's {what}, which rlplane does not have; {instead}")
+                t.refuse(where, {k: v for k, v in value.items() if not is_off(v)} if isinstance(value, dict) else value,
+                         rule)
     for section, items in off.items():
         t.note(f"{section + '.' if section else ''}{{{', '.join(items)}}}: NeMo RL features, off here: ignored")
     no_effect = [k.replace("policy.", f"{m}.", 1) for k in NO_EFFECT for m in ("policy", "value", "teacher")
@@ -242,14 +248,13 @@ def _value(t: _Translation) -> None:
     if isinstance(rm, dict) and rm.get("reward_model_type", "regression") != "regression":
         t.refuse("value.reward_model_cfg.reward_model_type", rm["reward_model_type"],
                  "rlplane's critic is a regression head (num_labels = 1); set regression")
-    same_as_policy = ("train_global_batch_size", "train_micro_batch_size", "max_total_sequence_length",
-                      "precision", "activation_checkpointing", "lora", "tokenizer", "dtensor_cfg", "megatron_cfg",
-                      "make_sequence_length_divisible_by", "hf_config_overrides")
-    moved = [k for k in same_as_policy if t.has(f"value.{k}")]
-    for k in moved:
+    keep = ("optimizer", "scheduler", "max_grad_norm", "loss_fn")
+    rest = sorted(k for k in t.tree["value"] if k not in keep)
+    for k in rest:
         t.pop(f"value.{k}")
-    if moved:
-        t.note(f"value.{{{', '.join(moved)}}}: ignored; rlplane's critic uses the policy's")
+    if rest:
+        t.note(f"value.{{{', '.join(rest)}}}: ignored; rlplane's critic has the policy's architecture, batch sizes, "
+               "precision and device")
 
 
 def _teacher(t: _Translation) -> None:
@@ -381,7 +386,11 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
         return None  # a file rlplane's own loader cannot read either: its error says why
     if tree is None or not looks_like_nemo(tree):
         return None
-    tree = resolve_interpolations(apply_hydra_overrides(tree, overrides))
+    # A model named by an override brings its own tokenizer, as its files hold it (NeMo RL keeps the file's).
+    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    follow = [f"{m}.tokenizer.name=${{{m}.model_name}}" for m in ("policy", "value", "teacher")
+              if f"{m}.model_name" in given and f"{m}.tokenizer.name" not in given and get_key(tree, f"{m}.tokenizer")]
+    tree = resolve_interpolations(apply_hydra_overrides(tree, [*overrides, *follow]))
     out, notes, errors = translate(tree)
     print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
           f"--config {name}", file=sys.stderr)

@@ -57,6 +57,8 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("grpo.async_grpo.recompute_kv_cache_after_weight_updates", is_off, "KV-cache recompute after a refit",
      "grpo.async_grpo.in_flight_weight_updates=false (a refit waits for the generation in flight)"),
     ("ppo.async_ppo", is_off, "asynchronous PPO", "grpo.async_grpo (asynchronous GRPO) or synchronous PPO"),
+    ("on_policy_distillation", is_off, "multi-teacher on-policy distillation",
+     "algorithm: distillation (one teacher, teacher.model_name)"),
     ("reward_penalties", is_off, "NeMo-Gym reward penalties", "an environment's reward"),
     ("data.use_multiple_dataloader", is_off, "multiple dataloaders", "one data source (data.dataset)"),
     ("checkpointing.checkpoint_must_save_by", is_off, "save-by deadline", "checkpointing.save_period"),

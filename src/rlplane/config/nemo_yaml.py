@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import yaml
 
-from rlplane.config.loading import ConfigError, _deep_merge, apply_overrides
+from rlplane.config.yaml_tree import apply_overrides, deep_merge
+from rlplane.errors import ConfigError
 
 NEMO_MARKERS = (
     "grpo.normalize_rewards", "grpo.use_leave_one_out_baseline", "grpo.val_start_at", "grpo.stop_at_validation_metric",
@@ -51,7 +52,17 @@ def _read(path: Path) -> dict:
         raise ConfigError([f"config {path}: cannot read it as UTF-8 text ({type(e).__name__}); fix the file"]) from None
     if not isinstance(tree, dict):
         raise ConfigError([f"config {path}: the top level must be a mapping, got {type(tree).__name__}"])
-    return tree
+    return _unshared(tree)
+
+
+def _unshared(node: Any) -> Any:
+    """A copy in which no two keys share a dict or list: YAML anchors (``<<: *BASE``) alias them, so an
+    override of ``policy.x`` would otherwise change ``teacher.x`` too."""
+    if isinstance(node, dict):
+        return {k: _unshared(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unshared(v) for v in node]
+    return node
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -61,7 +72,7 @@ def _merge(base: dict, top: dict) -> dict:
         if isinstance(value, dict) and value.get("_override_"):
             top[key] = {k: v for k, v in value.items() if k != "_override_"}
             base.pop(key, None)
-    return _deep_merge(base, top)
+    return deep_merge(base, top)
 
 
 def load_nemo_chain(path: Path, _seen: tuple[Path, ...] = ()) -> dict | None:

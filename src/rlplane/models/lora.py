@@ -10,7 +10,7 @@ from full training, each handled here:
 - checkpoints: ``save_pretrained`` of a ``PeftModel`` writes the adapter only
   (``adapter_config.json`` + ``adapter_model.safetensors``); :func:`load_policy_weights` reads
   either kind of checkpoint back;
-- export: :func:`export_merged` rebuilds the base from the run's config, loads the adapter, and
+- export: :func:`rlplane.models.export.export_merged` rebuilds the base from the run's config, loads the adapter, and
   writes a plain merged HF model directory.
 
 Colocated generation (the ``hf`` backend sharing the trainer's module) samples through the adapter
@@ -20,7 +20,6 @@ layers unmerged: the same function, with no refit.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -111,18 +110,3 @@ def load_policy_weights(model: torch.nn.Module, weights_dir: str) -> None:
     missing, _ = model.load_state_dict(weights, strict=False)
     if not all("lm_head" in k for k in missing):
         raise ValueError(f"checkpoint {weights_dir} lacks weights: {missing[:5]}")
-
-
-def export_merged(checkpoint: str, output: str, policy: Any, seed: int) -> None:
-    """Write the merged model of the LoRA checkpoint ``checkpoint`` (a ``step_N`` directory) to ``output``.
-
-    ``policy`` and ``seed`` are the run's ``policy`` section and seed (the checkpoint's ``config.yaml``): they name
-    the base model. The directory loads with ``AutoModelForCausalLM.from_pretrained`` like any HF model.
-    """
-    from rlplane.models.configured import load_configured_policy
-
-    model, tokenizer = load_configured_policy(policy, seed, trainable=True)
-    load_policy_weights(model, os.path.join(checkpoint, "policy", "weights"))
-    merged = model.merge_and_unload()
-    merged.save_pretrained(output, safe_serialization=True)
-    tokenizer.save_pretrained(output)

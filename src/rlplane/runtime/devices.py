@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -123,7 +123,7 @@ class RayGroup:
 
     def wait(self, handles: list) -> list:
         """The results of calls started with :meth:`lazy` (a deadline hit in an actor comes out as its one line)."""
-        from rlplane.workers.deadlines import ray_get
+        from rlplane.runtime.deadlines import ray_get
 
         return self._received(ray_get(handles))
 
@@ -181,7 +181,7 @@ class RayActor:
         self.handle.__ray_call__.remote(freeze_actor_heap)
 
     def call(self, method: str, *args, **kwargs):
-        from rlplane.workers.deadlines import ray_get
+        from rlplane.runtime.deadlines import ray_get
 
         # A deadline hit inside the actor comes out as its own one line, not Ray's traceback.
         return ray_get(getattr(self.handle, method).remote(*args, **kwargs))
@@ -234,7 +234,7 @@ def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None
     ``timeout_s`` instead of a hang when one can never be scheduled."""
     import ray
 
-    from rlplane.config.loading import ConfigError
+    from rlplane.errors import ConfigError
 
     refs = [a.ping.remote() for a in actors]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 # Seconds to wait for a placement group that passed :func:`check_bundles_fit` (others' actors may hold resources).
 RESERVE_TIMEOUT_S = 120.0

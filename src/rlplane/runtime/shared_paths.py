@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 PROBE_NAME = ".rlplane-node-probe"
 SHARED_STORAGE_FIX = ("put it on storage every node mounts at the same path (NFS, a shared volume) or run on one "

@@ -8,10 +8,10 @@ local``) or as Ray actors (``runtime: ray``), where they are placed in placement
 
 from __future__ import annotations
 
-from rlplane.config.loading import ConfigError
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.envs.user import import_path_env, user_task_error_in
+from rlplane.errors import ConfigError
 from rlplane.runtime import placement
 from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
 from rlplane.runtime.groups import (

@@ -47,7 +47,7 @@ def _read_metrics(path: Path, say) -> list[dict]:
     except OSError as e:
         raise ConfigError([f"rlplane plot {path}: cannot read it ({e.strerror or type(e).__name__})"]) from None
     lines = data.split(b"\n")
-    rows = []
+    rows, skipped = [], None
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -60,13 +60,16 @@ def _read_metrics(path: Path, say) -> list[dict]:
             raise ConfigError([f"rlplane plot {path}, line {i}: not UTF-8 text (byte 0x{raw[e.start]:02x}); "
                                "is it a metrics.jsonl that rlplane wrote?"]) from None
         except ValueError:
-            if last:  # cut short by a run still writing or killed mid-line
-                if say is not None:
-                    say(f"rlplane plot: {path}, line {i}: incomplete last line, skipped")
+            if last and rows:  # cut short by a run still writing or killed mid-line
+                skipped = f"rlplane plot: {path}, line {i}: incomplete last line, skipped"
                 continue
             raise ConfigError([f"rlplane plot {path}, line {i}: not a metrics row (JSON object with a step); "
                                "is it a metrics.jsonl that rlplane wrote?"]) from None
         rows.append(row)
+    if not rows:
+        raise ConfigError([f"rlplane plot {path}: no metrics rows in it; pass a run directory"])
+    if skipped and say is not None:
+        say(skipped)
     return rows
 
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 
 RUN_FILES = ("config.yaml", "summary.json")
 METRICS_FILE = "metrics.jsonl"

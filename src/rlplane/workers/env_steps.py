@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlplane.envs.user import EnvReturnError
-from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
+from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 
 if TYPE_CHECKING:
     from rlplane.workers.turns import SampleState

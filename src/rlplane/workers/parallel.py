@@ -23,7 +23,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlplane.config.loading import ConfigError
+from rlplane.errors import ConfigError
 from rlplane.runtime.devices import dist_backend
 
 BUCKET_BYTES = 25 * 2**20  # as torch DDP's default bucket_cap_mb

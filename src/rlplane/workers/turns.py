@@ -53,7 +53,7 @@ import torch
 
 from rlplane.data.datum import DatumSpec
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
-from rlplane.workers.deadlines import call_with_deadline
+from rlplane.runtime.deadlines import call_with_deadline
 from rlplane.workers.env_steps import EnvSteps, step_envs
 
 
@@ -148,7 +148,7 @@ def generate_turns(
     ``row_seeds`` (one per datum) go with their rows to every turn's call: the backend draws by
     position in the sequence, which grows across turns. The environments of the turns before the
     last are stepped here (``envs``). A ``generate`` call past ``generation_timeout_s`` raises
-    :class:`DeadlineExceeded` (:mod:`rlplane.workers.deadlines`): not a sample failure, the end of the run.
+    :class:`DeadlineExceeded` (:mod:`rlplane.runtime.deadlines`): not a sample failure, the end of the run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")

@@ -1,9 +1,10 @@
-"""A hostile-but-ordinary user's bad commands (issue 16, item 14), run through the CLI in-process.
+"""A hostile-but-ordinary user's bad commands, run through the CLI in-process (and the Python API's).
 
 Each case asserts: exit status 2, stderr is exactly one line starting ``rlplane: error:``, no
 traceback, nothing the user had was changed or removed, and (for ``train``) no checkpoint was
-written: the error came before training. ``test_matrix_counts`` prints the tally:
-one-line errors / tracebacks / wrong behaviours. A few cases run the installed ``rlplane``
+written: the error came before training. ``test_matrix_counts`` prints the tally, in all and per
+surface (the case id's first part): one-line errors / tracebacks / wrong behaviours (as JSON too, to
+the file named by ``RLPLANE_MATRIX_JSON``). A few cases run the installed ``rlplane``
 console script in a subprocess, to check the real entry point too.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import rlplane
 from rlplane.cli import main
 
 # Tiny and fast: a run that does start trains 2 steps of a 1-layer model in well under a second.
@@ -32,6 +34,32 @@ TINY = [
 ]
 GOOD_ROW = '{"problem": "1+1=", "answer": "2"}\n'
 RESULTS: dict[str, str] = {}  # case id -> "one-line" | "traceback" | "wrong: why"
+USER_MODULE = """
+import sys
+
+def exits(prompt, completion, extra):
+    sys.exit(0)
+
+def raises(prompt, completion, extra):
+    raise KeyError("ground_truth")
+
+def score(prompt, completion, extra):
+    return 1.0
+
+class BrokenEnv:
+    def __init__(self):
+        raise ValueError("no judge configured")
+
+    def step(self, message_logs, metadata):
+        raise AssertionError
+
+class ExitingEnv:
+    def __init__(self):
+        sys.exit(3)
+
+    def step(self, message_logs, metadata):
+        raise AssertionError
+"""
 
 
 # ---- the world a user has: files, a finished run, a model directory ----------------------------------
@@ -72,7 +100,22 @@ def world(tmp_path_factory):
     model_trunc = w / "model_trunc"
     shutil.copytree(w / "model", model_trunc)
     _truncate(model_trunc / "model.safetensors")
-    return w
+    for name, answer in [("null", "null"), ("object", '{"x": 1}'), ("list", "[2]"), ("bool", "true"),
+                         ("empty", '""'), ("blank", '" "')]:
+        (w / f"answer_{name}.jsonl").write_text(GOOD_ROW + f'{{"problem": "2+2=", "answer": {answer}}}\n')
+    (w / "dup_key.yaml").write_text("defaults: grpo_arithmetic\ngrpo:\n  max_num_steps: 5\n  max_num_steps: 7\n")
+    (w / "dup_section.yaml").write_text("defaults: grpo_arithmetic\npolicy: {}\npolicy: {}\n")
+    (w / "matrix_user.py").write_text(USER_MODULE)
+    row = json.dumps({"step": 1, "train/reward": 0.5})
+    for name, body in [("plot_not_utf8", row.encode() + b'\n{"step": 2, "x": "\xff"}\n' + row.encode()),
+                       ("plot_garbage", b"{oops\n" + row.encode()), ("plot_list", b"[1, 2]\n" + row.encode()),
+                       ("plot_no_step", b'{"train/reward": 1}\n' + row.encode()), ("plot_ok", row.encode())]:
+        (w / name / "logs").mkdir(parents=True)
+        (w / name / "logs" / "metrics.jsonl").write_bytes(body)
+    sys.path.insert(0, str(w))  # matrix_user importable, as from the working directory
+    yield w
+    sys.path.remove(str(w))
+    sys.modules.pop("matrix_user", None)
 
 
 def _truncate(path: Path) -> None:
@@ -287,6 +330,82 @@ for cid, ov in [("path/run-dir-proc", "run_dir=/proc/nope/run"), ("path/run-dir-
 case("path/sft-run-dir-proc", ["sft", "--quiet", *TINY, "run_dir=/proc/nope/run"])
 case("path/resume-run-dir-is-file", ["train", *T, "run_dir={w}/afile", "checkpointing.resume=true"])
 
+# config rules that used to pass and do harm
+for cid, ov in [("config/max-grad-norm-negative", "policy.max_grad_norm=-1"),
+                ("config/max-grad-norm-zero", "policy.max_grad_norm=0"),
+                ("config/max-grad-norm-small-negative", "policy.max_grad_norm=-0.5"),
+                ("config/seed-beyond-64-bits", f"grpo.seed={2**64}"),
+                ("config/seed-below-64-bits", f"grpo.seed={-(2**63) - 1}"),
+                ("config/one-generation-per-prompt", "grpo.num_generations_per_prompt=1"),
+                ("config/env-max-error-rate-above-1", "env.max_error_rate=1.5"),
+                ("config/env-error-window-zero", "env.error_window_steps=0")]:
+    sizes = ["policy.train_global_batch_size=2", "policy.train_micro_batch_size=2", "policy.logprob_batch_size=2"]
+    case(cid, ["train", *T, ov, *(sizes if cid == "config/one-generation-per-prompt" else [])])
+case("config/ppo-value-max-grad-norm-negative", ["train", "-c", "ppo_arithmetic", "--quiet", "run_dir={t}/r",
+                                                 "value.max_grad_norm=-1"])
+case("config/yaml-duplicate-key", ["train", "-c", "{w}/dup_key.yaml", *T])
+case("config/yaml-duplicate-section", ["train", "-c", "{w}/dup_section.yaml", *T])
+
+# data: reference answers that are not text or numbers
+for name in ("null", "object", "list", "bool", "empty", "blank"):
+    case(f"data/answer-{name}", ["train", *T, *J, f"data.train.path={{w}}/answer_{name}.jsonl"])
+case("eval/dataset-answer-null", [*E, "--dataset", "{w}/answer_null.jsonl"])
+
+# user code: reward functions and environment classes named in the config
+for cid, ov in [("user/reward-sys-exit", "env.arithmetic.reward_fn=matrix_user:exits"),
+                ("user/reward-raises", "env.arithmetic.reward_fn=matrix_user:raises"),
+                ("user/env-init-raises", "env.arithmetic.class=matrix_user:BrokenEnv"),
+                ("user/env-init-sys-exit", "env.arithmetic.class=matrix_user:ExitingEnv"),
+                ("user/reward-misspelt-task", "env.arithmetc.reward_fn=matrix_user:score"),
+                ("user/env-misspelt-task", "env.arithmetc.class=matrix_user:BrokenEnv"),
+                ("user/reward-no-such-function", "env.arithmetic.reward_fn=matrix_user:nope"),
+                ("user/reward-no-such-module", "env.arithmetic.reward_fn=no_such_module_x:score")]:
+    case(cid, ["train", *T, ov])
+
+
+# run directories: a run in use, and what --overwrite may delete
+def _locked(world, t):
+    """Another run holds t/r: an flock on its lock file from a separate open (as another process would)."""
+    import fcntl
+
+    (t / "r").mkdir()
+    fd = os.open(t / "r" / ".rlplane.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": 4242, "host": "elsewhere", "started": "today"}).encode())
+    _HELD_FDS.append(fd)
+
+
+def _users_config(world, t):
+    (t / "r").mkdir()
+    (t / "r" / "config.yaml").write_text("my: own config\n")
+
+
+def _users_metrics(world, t):
+    (t / "logs").mkdir()
+    (t / "logs" / "metrics.jsonl").write_text("my own numbers\n")
+
+
+_HELD_FDS: list[int] = []
+case("run_dir/in-use", ["train", *T], _locked)
+case("run_dir/in-use-overwrite", ["train", "--overwrite", *T], _locked)
+case("run_dir/in-use-sft", ["sft", "--quiet", *TINY, "run_dir={t}/r"], _locked)
+case("run_dir/users-config-yaml", ["train", *T], _users_config)
+case("run_dir/users-config-yaml-overwrite", ["train", "--overwrite", *T], _users_config)
+case("run_dir/users-log-dir-overwrite", ["train", "--overwrite", *T, "logger.log_dir={t}/logs"], _users_metrics)
+case("run_dir/other-runs-checkpoints-overwrite",
+     ["train", "--overwrite", *T, "checkpointing.checkpoint_dir={t}/run/checkpoints"], _existing_run)
+
+# plot
+for cid, argv in [("plot/missing", ["{t}/nope"]), ("plot/file-as-run-dir", ["{w}/afile"]),
+                  ("plot/empty-dir", ["{w}/emptydir"]), ("plot/not-utf8", ["{w}/plot_not_utf8"]),
+                  ("plot/garbage-line", ["{w}/plot_garbage"]), ("plot/row-not-object", ["{w}/plot_list"]),
+                  ("plot/row-without-step", ["{w}/plot_no_step"]),
+                  ("plot/output-unknown-extension", ["{w}/plot_ok", "-o", "{t}/p.xyz"]),
+                  ("plot/output-proc", ["{w}/plot_ok", "-o", "/proc/nope/p.png"]),
+                  ("plot/output-is-dir", ["{w}/plot_ok", "-o", "{t}"]),
+                  ("plot/output-under-file", ["{w}/plot_ok", "-o", "{w}/afile/p.png"])]:
+    case(cid, ["plot", *argv])
+
 # usage
 case("usage/no-command", [])
 case("usage/unknown-command", ["fly"])
@@ -301,7 +420,7 @@ def _snapshot(*roots: Path) -> dict[str, str]:
     for root in roots:
         for dirpath, _, files in os.walk(root):
             for f in files:
-                if f == ".rlplane.lock":  # the run-dir lock: rlplane's own, rewritten by every run that takes it
+                if f == ".rlplane.lock":  # rlplane's own: a run rewrites its holder's pid there
                     continue
                 p = os.path.join(dirpath, f)
                 with open(p, "rb") as fh:
@@ -379,12 +498,78 @@ def test_console_script_gives_the_same_one_line(cid, argv, world, tmp_path):
     assert ok, proc.stderr[-1500:]
 
 
+def _tiny_reward(prompt, completion, extra):
+    return 1.0
+
+
+def _exits(prompt, completion, extra):
+    sys.exit(0)
+
+
+API_CASES = [
+    ("api/evaluate-num-problems-0", lambda w, t: rlplane.evaluate(model="embedded:tiny-llama", num_problems=0)),
+    ("api/evaluate-num-problems-negative", lambda w, t: rlplane.evaluate(model="embedded:tiny-llama", num_problems=-5)),
+    ("api/evaluate-k-0", lambda w, t: rlplane.evaluate(model="embedded:tiny-llama", k=0)),
+    ("api/evaluate-batch-size-0", lambda w, t: rlplane.evaluate(model="embedded:tiny-llama", batch_size=0)),
+    ("api/evaluate-num-problems-float", lambda w, t: rlplane.evaluate(model="embedded:tiny-llama", num_problems=1.5)),
+    ("api/evaluate-checkpoint-and-model",
+     lambda w, t: rlplane.evaluate(model="embedded:tiny-llama", checkpoint=str(w / "run"))),
+    ("api/evaluate-checkpoint-missing", lambda w, t: rlplane.evaluate(checkpoint=str(t / "nope"))),
+    ("api/train-unknown-key", lambda w, t: rlplane.train(overrides=[*TINY, f"run_dir={t}/r", "grpo.nope=1"])),
+    ("api/train-reward-for-no-task", lambda w, t: rlplane.train(
+        overrides=[*TINY, f"run_dir={t}/r"], reward_fns={"no_such_task": _tiny_reward}, quiet=True)),
+    ("api/train-local-reward-for-no-task", lambda w, t: rlplane.train(
+        overrides=[*TINY, f"run_dir={t}/r"], reward_fns={"no_such_task": lambda p, c, e: 1.0}, quiet=True)),
+    ("api/train-reward-sys-exit", lambda w, t: rlplane.train(
+        overrides=[*TINY, f"run_dir={t}/r"], reward_fns={"arithmetic": _exits}, quiet=True)),
+    ("api/train-max-grad-norm-negative", lambda w, t: rlplane.train(
+        overrides=[*TINY, f"run_dir={t}/r", "policy.max_grad_norm=-1"], quiet=True)),
+]
+
+
+@pytest.mark.parametrize("cid, call", API_CASES, ids=[c[0] for c in API_CASES])
+def test_python_api_mistake_is_one_line_exception(cid, call, world, tmp_path):
+    """The Python entry points: an rlplane error whose message is one line, raised before any training."""
+    from rlplane.cli import _user_errors
+
+    before = _snapshot(world, tmp_path)
+    try:
+        call(world, tmp_path)
+        verdict = "wrong: returned normally"
+    except _user_errors() as e:
+        lines = str(e).strip().splitlines()
+        verdict = "one-line" if len(lines) == 1 else f"wrong: message is {len(lines)} lines"
+    except BaseException:  # noqa: BLE001 - the point is to see it
+        verdict = "traceback"
+    after = _snapshot(world, tmp_path)
+    if verdict == "one-line" and any(after.get(p) != h for p, h in before.items()):
+        verdict = "wrong: changed the user's files"
+    if verdict == "one-line" and any("/checkpoints/step_" in p for p in after if p not in before):
+        verdict = "wrong: trained before failing"
+    RESULTS[cid] = verdict
+    assert verdict == "one-line", f"{cid}: {verdict}"
+
+
+def surface_counts(results: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Per surface (the case id's first part): one-line errors, tracebacks, wrong behaviours."""
+    out: dict[str, dict[str, int]] = {}
+    for cid, verdict in sorted(results.items()):
+        row = out.setdefault(cid.split("/")[0], {"one-line": 0, "traceback": 0, "wrong": 0})
+        row["wrong" if verdict.startswith("wrong") else verdict] += 1
+    return out
+
+
 def test_matrix_counts():
     """Runs last in this file: the tally the issue asks for (printed with -s, and in the failure)."""
     one = sum(v == "one-line" for v in RESULTS.values())
     tb = sum(v == "traceback" for v in RESULTS.values())
     wrong = {k: v for k, v in RESULTS.items() if v.startswith("wrong")}
     print(f"\nbad-input matrix: {len(RESULTS)} commands, {one} one-line errors, {tb} tracebacks, {len(wrong)} wrong")
-    if len(RESULTS) >= len(CASES):  # the whole file ran (not a -k selection)
-        assert len(RESULTS) >= 100
+    for surface, row in surface_counts(RESULTS).items():
+        print(f"  {surface:10s} {sum(row.values()):4d} inputs: {row['one-line']} one-line errors, "
+              f"{row['traceback']} tracebacks, {row['wrong']} wrong")
+    if os.environ.get("RLPLANE_MATRIX_JSON"):  # for a report: the same tally as JSON
+        Path(os.environ["RLPLANE_MATRIX_JSON"]).write_text(json.dumps(surface_counts(RESULTS), indent=1) + "\n")
+    if len(RESULTS) >= len(CASES) + len(API_CASES):  # the whole file ran (not a -k selection)
+        assert len(RESULTS) >= 200
         assert tb == 0 and not wrong, json.dumps({k: v for k, v in RESULTS.items() if v != "one-line"}, indent=1)

@@ -82,7 +82,7 @@ def test_nemo_only_features_that_are_on_are_refused_one_line_each():
     with pytest.raises(ConfigError) as e:
         load_config(str(FIXTURES / "grpo_math_tiny.yaml"), [*LOCAL, *on])
     problems = e.value.problems
-    for key in [o.split("=")[0].removesuffix(".enabled") for o in on]:  # a section is refused by its name
+    for key in [o.split("=")[0] for o in on]:
         lines = [p for p in problems if p.startswith(key + " = ")]
         assert len(lines) == 1, (key, problems)
     assert len(problems) == len(on)
@@ -170,7 +170,6 @@ def test_nemo_configs_train_three_steps(tmp_path, name, loop, extra):
     import rlplane
 
     cfg = _load(name, *TRAIN, f"{loop}.max_num_steps=3", f"run_dir={tmp_path / 'run'}", *extra)
-    summary = rlplane.train(cfg, quiet=True)
-    assert summary["steps"] == 3 if "steps" in summary else True
+    rlplane.train(cfg, quiet=True)
     rows = (tmp_path / "run" / "logs" / "metrics.jsonl").read_text().splitlines()
     assert sum('"timing/train/total_step_time"' in r for r in rows) == 3

@@ -13,7 +13,7 @@ from rlplane.config.loading import load_config
 from rlplane.datasets import build_datasets
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.models.configured import load_configured_policy
-from rlplane.workers.deadlines import DeadlineExceeded, call_with_deadline
+from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.workers.rollout import RolloutWorker
 
 FOREVER = threading.Event()  # never set: waiting on it is a hang
@@ -93,7 +93,7 @@ def test_quick_calls_are_unchanged_by_the_deadline(env_class):
 
 
 def test_ray_get_deadline_and_unwrapped_error(ray_session):
-    from rlplane.workers.deadlines import ray_get
+    from rlplane.runtime.deadlines import ray_get
 
     @ray_session.remote(num_cpus=0)
     class Actor:
