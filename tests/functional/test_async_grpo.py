@@ -189,3 +189,34 @@ def test_async_resumes_a_sync_checkpoint(tmp_path, first_digit_env):
     rows = steps_of(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["train/avg_trajectory_age"] for r in rows[2:]] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("change, note", [
+    (["grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+      "policy.logprob_batch_size=16"],
+     "restored 0 trajectory groups (0 stale dropped); {n} groups of 4 samples left out, their prompts drawn again "
+     "at 2 (grpo.num_generations_per_prompt changed)"),
+    (["grpo.async_grpo.max_trajectory_age_steps=2"],
+     "restored {n} trajectory groups (0 stale dropped); {n} groups' token version counts re-spanned to 3 versions "
+     "(grpo.async_grpo.max_trajectory_age_steps changed)"),
+], ids=["group_size", "age_bound"])
+def test_resume_with_another_group_size_or_age_bound_fits_the_buffer(tmp_path, first_digit_env, capsys, change, note):
+    import json
+
+    async_grpo.train(cfg_for(tmp_path, "grpo.max_num_steps=2", "checkpointing.save_period=2"), quiet=True)
+    groups = torch.load(tmp_path / "checkpoints" / "step_2" / "replay_buffer.pt",
+                        weights_only=True)["replay_buffer"]["groups"]
+    next_step = sorted([g["epoch"], g["prompt_idx"]] for g in groups if g["target_version"] == 2)
+    assert len(next_step) == P
+    capsys.readouterr()
+    async_grpo.train(cfg_for(tmp_path, "grpo.max_num_steps=4", "checkpointing.save_period=2",
+                             "checkpointing.resume=true", *change))
+    restored = [line for line in capsys.readouterr().err.splitlines() if line.startswith("restored ")]
+    assert restored == [note.format(n=len(groups))]
+    rows = steps_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(math.isfinite(r["train/loss"]) for r in rows)
+    ledger = [json.loads(line) for line in (tmp_path / "logs" / "prompts.jsonl").read_text().splitlines()]
+    drawn = [tuple(p) for r in ledger for p in r["drawn"]]
+    assert [r["step"] for r in ledger] == [1, 2, 3, 4] and len(set(drawn)) == len(drawn) == 4 * P
+    assert all(r["trained"] == r["drawn"] for r in ledger)
+    assert sorted(ledger[2]["trained"]) == next_step  # the saved step's prompts, trained at either size

@@ -132,6 +132,9 @@ class SampleResult:
     # Their prompt draws [epoch, idx], in the order they were evicted: never trained (the collector
     # generates the step's groups from new prompts), logged in the step's prompts.jsonl row.
     evicted_prompts: list[list[int]] = field(default_factory=list)
+    # Prompt draws whose groups the collector dropped (drop_group: a sample's environment failed) since the
+    # last sample that returned: drawn, never trained (their steps' groups came from the next prompts).
+    dropped_prompts: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ class ReplayBuffer:
         self.last_target_sampled = -1
         # Evicted by calls of sample() that returned None: reported by the next one that returns groups.
         self._unreported: list[TrajectoryGroup] = []
+        self._dropped_prompts: list[list[int]] = []  # [epoch, idx] of dropped groups, reported likewise
         self._cond = threading.Condition()
 
     # ---- producer side -------------------------------------------------------------------------
@@ -176,6 +180,12 @@ class ReplayBuffer:
             self._groups.append(group)
             self._cond.notify_all()
             return True
+
+    def note_dropped(self, prompts: Sequence[Sequence[int]]) -> None:
+        """The draws ``[epoch, idx]`` of groups dropped before they got here: the next :meth:`sample` that
+        returns reports them (and a checkpoint keeps them until then)."""
+        with self._cond:
+            self._dropped_prompts += [[int(e), int(i)] for e, i in prompts]
 
     def view(self) -> BufferView:
         with self._cond:
@@ -238,6 +248,7 @@ class ReplayBuffer:
                 self._groups = [g for i, g in enumerate(self._groups) if i not in take]
                 self.last_target_sampled = max(self.last_target_sampled, current_version)
                 reported, self._unreported = [*self._unreported, *evicted], []
+                dropped, self._dropped_prompts = self._dropped_prompts, []
                 self._cond.notify_all()  # room for the producer
         finally:
             if evicted:
@@ -246,13 +257,13 @@ class ReplayBuffer:
                     self.release([g.meta for g in evicted])
         ages = [current_version - g.generation_version for g in groups]
         return SampleResult(groups, sum(ages) / len(ages), max(ages), len(reported),
-                            [[g.epoch, g.prompt_idx] for g in reported])
+                            [[g.epoch, g.prompt_idx] for g in reported], dropped)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         with self._cond:
             return {"groups": [g.to_state() for g in self._groups], "last_target_sampled": self.last_target_sampled,
-                    "max_size": self.max_size}
+                    "max_size": self.max_size, "dropped_prompts": [list(p) for p in self._dropped_prompts]}
 
     def load_state_dict(self, state: dict[str, Any], current_version: int, max_age_steps: int,
                         restore: Callable[[dict[str, Any]], TrajectoryGroup] = TrajectoryGroup.from_state) -> int:
@@ -281,6 +292,7 @@ class ReplayBuffer:
         with self._cond:
             self._groups = groups
             self._unreported = dropped
+            self._dropped_prompts = [[int(e), int(i)] for e, i in state.get("dropped_prompts", [])]
             self.last_target_sampled = current_version - 1
             self._cond.notify_all()
         return len(dropped)

@@ -27,7 +27,7 @@ import torch
 
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, batch_groups
 from rlplane.async_rl.scheduler import AsyncOptions, Retry, Schedule, StartBatch, Stop
-from rlplane.async_rl.staleness import token_versions, version_carry
+from rlplane.async_rl.staleness import respan_version_carry, token_versions, version_carry
 from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
@@ -79,6 +79,7 @@ class AsyncTrajectoryCollector:
         self._thread: threading.Thread | None = None
         self._batch_threads: list[threading.Thread] = []
         self._traceback = ""
+        self._restore_note = ""  # what a restore converted (load_state_dict), for the resume line
         # generation_seconds: batches generating; scoring_seconds: scoring (the environment step); score_wait_seconds:
         # a generated batch waiting for the one before it to finish scoring (with overlapped scoring).
         self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "scoring_seconds": 0.0,
@@ -207,13 +208,51 @@ class AsyncTrajectoryCollector:
 
     def load_state_dict(self, state: dict[str, Any], current_version: int) -> int:
         """Restore before :meth:`start`: the groups still servable at ``current_version`` are written
-        back into the data plane; returns how many saved groups were dropped (stale or past)."""
+        back into the data plane; returns how many saved groups were dropped (stale or past).
+
+        Saved with other settings (:meth:`restore_note` says what came of it): groups of another
+        ``num_generations_per_prompt`` are left out and their prompts drawn again first, at the new
+        size; version carries of another ``max_trajectory_age_steps`` are re-spanned to the new bound."""
         self.loader.load_state_dict(state["dataloader"])
         self._pending = deque(DatumSpec(**d) for d in state["pending_prompts"])
         self.worker.set_rng_state(state["rng"])
         self.schedule.started = int(state.get("batches", 0))
-        return self.buffer.load_state_dict(state["replay_buffer"], current_version, self.options.max_age_steps,
+        buffer = self._fit_saved_groups(state["replay_buffer"])
+        return self.buffer.load_state_dict(buffer, current_version, self.options.max_age_steps,
                                            restore=self._restore_group)
+
+    def restore_note(self) -> str:
+        """What :meth:`load_state_dict` converted, as a clause for the resume line ("" if nothing)."""
+        return self._restore_note
+
+    def _fit_saved_groups(self, buffer: dict[str, Any]) -> dict[str, Any]:
+        """``buffer`` (a saved replay buffer) fitted to this run's group size and age bound: a group of
+        another size cannot join a step's batch (advantages are per group of G), so its prompt goes back
+        to be drawn again ahead of the pending ones (it was drawn before them); a version carry of another
+        span is re-spanned (the columns stay valid: the age bound itself is checked on load)."""
+        G, span = self.options.group_size, self.options.max_age_steps
+        kept, redrawn, respanned, notes = [], [], 0, []
+        for g in buffer["groups"]:
+            n = len(g["carry"]["loss_multiplier"])
+            if n != G:
+                redrawn.append((g, n))
+                continue
+            carry = respan_version_carry(g["carry"], span)
+            respanned += carry.keys() != g["carry"].keys()
+            kept.append({**g, "carry": carry})
+        if redrawn:
+            dataset = self.loader.dataset
+            self._pending.extendleft(reversed([dataclasses.replace(dataset[int(g["prompt_idx"])],
+                                                                   epoch=int(g.get("epoch", 0)))
+                                               for g, _ in redrawn]))
+            sizes = "/".join(str(n) for n in sorted({n for _, n in redrawn}))
+            notes.append(f"{len(redrawn)} groups of {sizes} samples left out, their prompts drawn again at {G} "
+                         "(grpo.num_generations_per_prompt changed)")
+        if respanned:
+            notes.append(f"{respanned} groups' token version counts re-spanned to {span + 1} versions "
+                         "(grpo.async_grpo.max_trajectory_age_steps changed)")
+        self._restore_note = "".join(f"; {n}" for n in notes)
+        return {**buffer, "groups": kept}
 
     def save_state(self, path: str) -> None:
         """:meth:`state_dict` written to ``path`` from this process (the driver never holds the columns)."""
@@ -362,6 +401,8 @@ class AsyncTrajectoryCollector:
         self._wait_to_land(job)
         with self._cond:
             self.counters["dropped_groups"] += sum(failed)
+            # Drawn and never trained: the prompts.jsonl row of the next step that samples names them.
+            self.buffer.note_dropped([[d.epoch, d.idx] for d, f in zip(datums, failed) if f])
             for k, v in times.items():
                 self.counters[f"{k}_seconds"] += v
         if any(failed):

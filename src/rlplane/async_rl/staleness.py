@@ -112,3 +112,23 @@ def version_carry(versions: Sequence[torch.Tensor], token_mask: Sequence[torch.T
     age = (v - oldest[row]).clamp(max=span)  # each token's age within its sample, >= 0
     counts = torch.bincount(row * (span + 1) + age, minlength=B * (span + 1)).view(B, span + 1)
     return {"oldest_version": oldest, **{f"version_tokens/{k}": counts[:, k] for k in range(span + 1)}}
+
+
+def respan_version_carry(carry: dict[str, torch.Tensor], span: int) -> dict[str, torch.Tensor]:
+    """``carry`` with its ``version_tokens/<k>`` re-spanned to k = 0 .. ``span`` (a resume with another
+    ``max_trajectory_age_steps``). Lowered: the counts at k >= span add up in k = span, which is what
+    :func:`version_carry` computes with the new span. Raised: the new columns are zero (the old last
+    column keeps what it held, "that version or newer"). A carry without the columns comes back as is."""
+    if "version_tokens/0" not in carry:
+        return dict(carry)
+    counts = version_token_counts(carry)  # (G, K)
+    if counts.shape[1] == span + 1:
+        return dict(carry)
+    out = {k: v for k, v in carry.items() if not k.startswith("version_tokens/")}
+    folded = torch.zeros(counts.shape[0], span + 1, dtype=counts.dtype)  # (G, span + 1)
+    if counts.shape[1] > span + 1:  # lowered
+        folded[:, :span] = counts[:, :span]
+        folded[:, span] = counts[:, span:].sum(dim=1)
+    else:  # raised
+        folded[:, : counts.shape[1]] = counts
+    return {**out, **{f"version_tokens/{k}": folded[:, k].clone() for k in range(span + 1)}}

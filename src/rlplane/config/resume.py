@@ -6,7 +6,8 @@ Classes (the table is :data:`RULES`; docs/resume.md explains each entry):
 - ``free``: takes effect from the resumed step on (learning rate, step budget, logging, cadences, ...).
 - ``convertible``: the checkpoint's state is carried over to the new value. The prompts per step
   (``num_prompts_per_step``, ``batch_multiplier``): the loader's position is counted in prompts, so
-  the epoch continues at the exact next draw at the new batch size.
+  the epoch continues at the exact next draw at the new batch size. Async GRPO's replay buffer
+  (``num_generations_per_prompt``, ``max_trajectory_age_steps``): fitted by the collector on load.
 - ``refused``: the checkpoint cannot honour the new value (another model or dataset, another
   permutation of the prompts, weights of another shape): one line names the key, the old and new
   values and the way out.
@@ -42,6 +43,10 @@ _TABLE: list[tuple[str, str, str]] = [
     ("{loop}.num_prompts_per_step", CONVERTIBLE, "the loader's position is counted in prompts"),
     ("{loop}.batch_multiplier", CONVERTIBLE, "the loader's position is counted in prompts"),
     ("{loop}.seed", REFUSED, "it fixes the order of the prompts and every sample's random stream"),
+    ("grpo.num_generations_per_prompt", CONVERTIBLE, "async GRPO's buffered groups of the saved size are left "
+                                                     "out and their prompts drawn again at the new size"),
+    ("grpo.async_grpo.max_trajectory_age_steps", CONVERTIBLE, "async GRPO's buffered groups keep their columns; "
+                                                              "their token version counts are re-spanned"),
     ("grpo.async_grpo.enabled", FREE, "a synchronous checkpoint feeds an asynchronous run "
                                       "(asynchronous to synchronous is refused: see below)"),
     ("value", FREE, "the critic's training settings"),

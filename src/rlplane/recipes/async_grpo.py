@@ -102,7 +102,7 @@ class CollectorHandle:
             s.say(f"{resumed} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
         elif resumed is not None:  # read by the collector itself: its columns never pass the driver
             restored, dropped = self.call("load_state", str(resumed / CHECKPOINT_FILE), start_step)
-            s.say(f"restored {restored} trajectory groups ({dropped} stale dropped)")
+            s.say(f"restored {restored} trajectory groups ({dropped} stale dropped){self.call('restore_note')}")
         self.call("start")
 
     def call(self, method: str, *args, **kwargs):
@@ -169,10 +169,9 @@ def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer
 
 def step_carry(groups: list[TrajectoryGroup]) -> dict[str, torch.Tensor]:
     """The step's (B,) carry, B = groups × G, group-major like the concatenated receipt; ``group``
-    numbers the groups 0.. in that order."""
-    G = len(groups[0].meta)
+    numbers the groups 0.. in that order (each labels its own samples)."""
     carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each
-    carry["group"] = torch.arange(len(groups)).repeat_interleave(G)
+    carry["group"] = torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.meta) for g in groups]))
     return carry
 
 
@@ -204,7 +203,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
     # The step's prompts.jsonl row (Session.end_step): what it trains, in the order it trains them.
-    s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups], result.evicted_prompts)
+    s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups],
+                          [*result.evicted_prompts, *result.dropped_prompts])
     metrics.update(token_age_metrics(*group_token_ages(result.groups, step), handle.options.max_age_steps))
     meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
 

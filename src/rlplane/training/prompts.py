@@ -44,9 +44,10 @@ class Prompts:
 
     def note_served(self, trained: list[list[int]], evicted: list[list[int]]) -> None:
         """Async GRPO: the step drew no batch here (the collector drew from the loader); it trained the
-        collector's groups ``trained`` ([epoch, idx], prompt order) and the buffer evicted ``evicted``
-        (stale, never trained; the step's groups came from other prompts). Recorded as drawn =
-        evicted then trained, so a row reads as a sync step's that dropped the evicted groups."""
+        collector's groups ``trained`` ([epoch, idx], prompt order); ``evicted`` were drawn and never
+        trained (stale in the buffer, or dropped by drop_group; the step's groups came from other
+        prompts). Recorded as drawn = evicted then trained, so a row reads as a sync step's that dropped
+        the evicted groups."""
         self._drawn = [*evicted, *trained]
         self._trained = list(range(len(evicted), len(self._drawn)))
 

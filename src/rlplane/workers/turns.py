@@ -27,7 +27,7 @@ environment stepped once, nothing appended.
 A rollout runs in two phases: :func:`generate_turns` makes every ``generate`` call (stepping the
 environments of the turns before the last), :func:`score_turns` steps the last turn's environments,
 which score; a caller may do other work in between (free the weights, start another generation).
-:func:`run_turns` runs both.
+:func:`run_turns` runs both. The environment step (3.) is :mod:`rlplane.workers.env_steps`.
 
 Metrics (means are over the batch's samples):
   mean_gen_tokens_per_sample / max_gen_tokens_per_sample   tokens the model generated
@@ -45,8 +45,6 @@ Metrics (means are over the batch's samples):
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,11 +52,9 @@ from typing import Any
 import torch
 
 from rlplane.data.datum import DatumSpec
-from rlplane.envs.user import EnvReturnError
 from rlplane.generation.interface import FINISH_LENGTH, GenerationBackend
-from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
-
-log = logging.getLogger(__name__)
+from rlplane.runtime.deadlines import call_with_deadline
+from rlplane.workers.env_steps import EnvSteps, step_envs
 
 
 @dataclass
@@ -118,18 +114,6 @@ class TurnsResult:
     response_lengths: torch.Tensor  # (B,) everything after the prompt (generated + observations)
     metrics: dict[str, float]
     states: list[SampleState]
-
-
-@dataclass(frozen=True)
-class EnvSteps:
-    """How a rollout steps its environments. ``env_for(task_name)`` returns that task's environment;
-    ``renew_env(task_name)`` a fresh one for the ``max_retries`` re-runs of a failed step
-    (``rollout_failure_policy: retry``); a step past ``timeout_s`` raises :class:`DeadlineExceeded`."""
-
-    env_for: Callable[[str], Any]
-    renew_env: Callable[[str], Any] | None = None
-    max_retries: int = 0
-    timeout_s: float | None = None
 
 
 @dataclass
@@ -226,7 +210,7 @@ def generate_turns(
         _step_turn(turns, active, envs)
         for i in active:
             s = states[i]
-            if s.done:  # terminated or failed in _step_envs
+            if s.done:  # terminated or failed in step_envs
                 continue
             room = max_total - len(s.input_ids)
             obs = s.message_log[-1].get("content", "") if s.message_log[-1].get("role") != "assistant" else ""
@@ -249,7 +233,7 @@ def score_turns(turns: Turns, envs: EnvSteps) -> Turns:
 
 
 def _step_turn(turns: Turns, active: list[int], envs: EnvSteps) -> None:
-    failed, retried = _step_envs(turns.states, active, envs.env_for, envs.renew_env, envs.max_retries, envs.timeout_s)
+    failed, retried = step_envs(turns.states, active, envs.env_for, envs.renew_env, envs.max_retries, envs.timeout_s)
     turns.env_errors += failed
     turns.env_retries += retried
 
@@ -281,147 +265,6 @@ def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | No
     if not any(per_row):
         return list(common) if common else common
     return [[*(common or []), *(r or [])] for r in per_row]
-
-
-def _step_envs(
-    states: list[SampleState],
-    active: list[int],
-    env_for: Callable[[str], Any],
-    renew_env: Callable[[str], Any] | None = None,
-    max_retries: int = 0,
-    timeout_s: float | None = None,
-) -> tuple[int, int]:
-    """Step each task's environment on its active samples; returns ``(failed, retried)`` sample counts.
-
-    A sample fails when its environment raises on it or returns something malformed for it (see
-    :func:`_check_return`). When a task's whole batch raises or comes back malformed as a batch
-    (wrong lengths), its samples are stepped one by one, so only the ones that break the
-    environment fail. With ``max_retries`` > 0 (``rollout_failure_policy: retry``) the failed samples
-    are stepped again, up to that many times, each time on a fresh environment from ``renew_env``;
-    the ones still failing then: reward 0, done, one warning line per task. A step that does not
-    return within ``timeout_s`` raises :class:`DeadlineExceeded` (never retried: the run stops).
-    """
-    by_task: dict[str, list[int]] = {}
-    for i in active:
-        by_task.setdefault(states[i].task_name, []).append(i)
-    failed = retried = 0
-    for task, rows in by_task.items():
-        problems = _step_task(env_for(task), task, states, rows, timeout_s)
-        for _ in range(max_retries if renew_env is not None else 0):
-            if not problems:
-                break
-            retried += len(problems)
-            problems = _step_task(renew_env(task), task, states, list(problems), timeout_s)
-        for i in problems:
-            s = states[i]
-            s.reward, s.env_error, s.done = 0.0, True, True
-            s.reward_components = {}  # a failed sample scores 0 in every component too
-        if problems:
-            first, why = next(iter(problems.items()))
-            log.warning(
-                "environment %r failed on %d of %d samples (scored 0, counted in env_errors); first, sample %d: %s",
-                task, len(problems), len(rows), first, why,
-            )
-        failed += len(problems)
-    return failed, retried
-
-
-def _step_task(env, task: str, states: list[SampleState], rows: list[int], timeout_s: float | None) -> dict[int, str]:
-    """Step ``env`` on the samples ``rows`` of ``task``, apply the good returns; the failed samples -> why."""
-
-    def step(batch: list[SampleState]):
-        return call_with_deadline(lambda: _checked_step(env, task, batch), timeout_s,
-                                  f"environment {task!r}: step on {len(batch)} samples", "env.step_timeout_s")
-
-    problems: dict[int, str] = {}
-    try:
-        outcomes = [(rows, step([states[i] for i in rows]))]
-    except (DeadlineExceeded, EnvReturnError):
-        raise
-    except Exception:  # isolate the samples that break the environment
-        outcomes = []
-        for i in rows:
-            try:
-                outcomes.append(([i], step([states[i]])))
-            except DeadlineExceeded:
-                raise
-            except Exception as e:
-                problems[i] = f"{type(e).__name__}: {e}"
-    for group, (ret, rewards, terminated, sample_problems, components) in outcomes:
-        for j, i in enumerate(group):
-            if sample_problems[j]:
-                problems[i] = sample_problems[j]
-            else:
-                _apply(states[i], ret, j, rewards[j], terminated[j], components)
-    return problems
-
-
-def _checked_step(env, task: str, batch: list[SampleState]):
-    """Step ``env`` on ``batch``; ``(ret, rewards, terminated, problems, components)`` with per-sample
-    problems ("" where the sample's return is well formed) and the reward components as lists of
-    floats. Raises when the return is malformed as a whole."""
-    ret = env.step([s.message_log for s in batch], [s.env_info for s in batch])
-    n = len(batch)
-    fields = ("observations", "metadata", "next_stop_strings", "rewards", "terminateds")
-    if not all(hasattr(ret, f) for f in fields):
-        raise TypeError(f"environment {task!r} returned a {type(ret).__name__}, not an EnvironmentReturn")
-    rewards = torch.as_tensor(ret.rewards, dtype=torch.float32).reshape(-1).tolist()
-    if len(rewards) == 1 and n > 1:  # a batch-level score: stepping each sample alone would hand it to each
-        raise EnvReturnError(f"environment {task!r} ({type(env).__module__}.{type(env).__qualname__}) returned one "
-                             f"reward for {n} samples; return one reward per sample (shape ({n},))")
-    terminated = torch.as_tensor(ret.terminateds, dtype=torch.bool).reshape(-1).tolist()
-    lengths = {"rewards": len(rewards), "terminateds": len(terminated), "observations": _len(ret.observations)}
-    for optional in ("metadata", "next_stop_strings"):  # None means "unchanged" / "no stop strings"
-        if getattr(ret, optional) is not None:
-            lengths[optional] = _len(getattr(ret, optional))
-    wrong = {k: v for k, v in lengths.items() if v != n}
-    if wrong:
-        raise ValueError(f"environment {task!r} returned " + ", ".join(f"{v} {k}" for k, v in wrong.items())
-                         + f" for {n} samples; every list needs one entry per sample")
-    # As Python floats once per batch, not float() of each element per sample.
-    components = {name: torch.as_tensor(values).reshape(-1).tolist()
-                  for name, values in (getattr(ret, "reward_components", None) or {}).items()}
-    for name, values in components.items():
-        if len(values) != n:
-            raise ValueError(f"environment {task!r} returned reward component {name!r} for "
-                             f"{len(values)} of {n} samples")
-    problems = [_sample_problem(ret, j, rewards[j], terminated[j]) for j in range(n)]
-    return ret, rewards, terminated, problems, components
-
-
-def _len(x) -> int:
-    return len(x) if isinstance(x, (list, tuple)) else -1  # -1: not a list at all
-
-
-def _sample_problem(ret, j: int, reward: float, terminated: bool) -> str:
-    """Why sample ``j`` of an environment's return is malformed ("" if it is not)."""
-    if not math.isfinite(reward):
-        return f"rewards[{j}] = {reward}, not a finite number"
-    if terminated:  # nothing else of a finished sample is read
-        return ""
-    obs = ret.observations[j]
-    if obs is not None and not isinstance(obs, dict):
-        return f"observations[{j}] is a {type(obs).__name__}, not a dict {{'role': ..., 'content': ...}}"
-    stops = ret.next_stop_strings[j] if ret.next_stop_strings is not None else None
-    if stops is not None and not (isinstance(stops, (list, tuple)) and all(isinstance(x, str) for x in stops)):
-        return f"next_stop_strings[{j}] = {stops!r}, not None or a list of strings"
-    return ""
-
-
-def _apply(s: SampleState, ret, j: int, reward: float, terminated: bool, components: dict[str, list[float]]) -> None:
-    """Add entry ``j`` of a (checked) environment return (``components``: its reward components) to sample ``s``."""
-    s.reward += reward
-    for name, values in components.items():
-        s.reward_components[name] = s.reward_components.get(name, 0.0) + values[j]
-    if terminated:
-        s.done = s.terminated = True
-        return
-    obs = ret.observations[j] or {}
-    s.message_log.append({"role": obs.get("role", "environment"), "content": str(obs.get("content", ""))})
-    if ret.metadata is not None:
-        s.env_info = ret.metadata[j]
-    s.stop_strings = (list(ret.next_stop_strings[j])
-                      if ret.next_stop_strings is not None and ret.next_stop_strings[j] else None)
 
 
 def _rows(flat: list, lengths: list[int], dtype: torch.dtype | None = None) -> list[torch.Tensor]:

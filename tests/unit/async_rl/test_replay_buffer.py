@@ -194,3 +194,16 @@ def test_evictions_of_a_starved_wait_are_reported_with_their_prompts():
     buf.add(group(8, gen=2, target=3))
     out = buf.sample(1, current_version=3, max_age_steps=1, timeout_s=0)
     assert out.evicted == 0 and out.evicted_prompts == []
+
+
+def test_dropped_draws_are_reported_once_and_kept_by_a_checkpoint():
+    buf = ReplayBuffer(max_size=10)
+    buf.note_dropped([[0, 7], [0, 9]])
+    saved = buf.state_dict()
+    back = ReplayBuffer(max_size=10)
+    back.load_state_dict(saved, current_version=0, max_age_steps=1)
+    for b in (buf, back):
+        b.add(group(1, gen=0, target=0))
+        assert b.sample(1, current_version=0, max_age_steps=1).dropped_prompts == [[0, 7], [0, 9]]
+        b.add(group(2, gen=0, target=1))
+        assert b.sample(1, current_version=1, max_age_steps=1).dropped_prompts == []

@@ -59,3 +59,21 @@ def test_token_ages_per_version_when_a_response_spans_a_refit():
     # 10 tokens: age 2: 2, age 1: 4 + 4 = 8. mean = (2·2 + 1·8) / 10 = 1.2; p50 = 1; max = 2.
     assert abs(m["token_age/mean"] - 1.2) < 1e-12 and m["token_age/p50"] == 1.0 and m["token_age/max"] == 2.0
     assert [round(m[f"tokens_from_version_minus_{k}"], 12) for k in range(3)] == [0.0, 0.8, 0.2]
+
+
+def test_respan_version_carry_folds_when_lowered_and_pads_when_raised():
+    from rlplane.async_rl.staleness import respan_version_carry, version_carry, version_token_counts
+
+    # Two samples: versions 3,4,5,5 (oldest 3) and 7 (oldest 7); span 2: counts [1,1,2] and [1,0,0].
+    versions = [torch.tensor([3, 4, 5, 5, -1]), torch.tensor([7, -1])]
+    mask = [torch.tensor([1, 1, 1, 1, 0]), torch.tensor([1, 0])]
+    carry = {"rewards": torch.tensor([1.0, 0.0]), **version_carry(versions, mask, 0, span=2)}
+    assert version_token_counts(carry).tolist() == [[1, 1, 2], [1, 0, 0]]
+    lowered = respan_version_carry(carry, 1)  # k >= 1 add up in k = 1: as version_carry with span 1
+    assert version_token_counts(lowered).tolist() == [[1, 3], [1, 0]]
+    assert set(lowered) == {"rewards", "oldest_version", "version_tokens/0", "version_tokens/1"}
+    assert version_token_counts(lowered).tolist() == version_token_counts(version_carry(versions, mask, 0, 1)).tolist()
+    raised = respan_version_carry(carry, 4)  # new columns zero
+    assert version_token_counts(raised).tolist() == [[1, 1, 2, 0, 0], [1, 0, 0, 0, 0]]
+    assert torch.equal(raised["oldest_version"], carry["oldest_version"])
+    assert respan_version_carry({"rewards": torch.ones(2)}, 3).keys() == {"rewards"}  # no columns: as is

@@ -15,7 +15,7 @@ import rlplane
 from rlplane.cli import main
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.envs.user import EnvErrorWindow, EnvReturnError, UserTaskError
-from rlplane.workers.turns import _step_task
+from rlplane.workers.env_steps import step_task
 
 TINY = [
     "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
@@ -121,7 +121,7 @@ def test_one_reward_for_a_whole_batch_stops_naming_the_environment_class():
     """Each sample used to be re-stepped alone, so the batch's one number reached every sample."""
     states = [SimpleNamespace(message_log=[{"role": "user", "content": "1+1="}], env_info={}) for _ in range(4)]
     with pytest.raises(EnvReturnError) as e:
-        _step_task(OneRewardForTheBatch(), "judge", states, [0, 1, 2, 3], None)
+        step_task(OneRewardForTheBatch(), "judge", states, [0, 1, 2, 3], None)
     assert str(e.value) == (f"environment 'judge' ({__name__}.OneRewardForTheBatch) returned one reward for 4 "
                             "samples; return one reward per sample (shape (4,))")
 
