@@ -9,15 +9,13 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rlplane.envs.user import EnvReturnError
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
-
-if TYPE_CHECKING:
-    from rlplane.workers.turns import SampleState
+from rlplane.workers.sample_state import SampleState
 
 # The rollout's warnings keep the turn loop's logger name (what users filter on).
 log = logging.getLogger("rlplane.workers.turns")
