@@ -92,7 +92,9 @@ def test_dynamic_sampling_refills_after_a_first_batch_dropped_whole(tmp_path, sa
     assert [r["train/dynamic_sampling_num_gen_batches"] for r in rows] == [2, 1, 1]
     assert [r["train/dynamic_sampling_num_discarded_valid_samples"] for r in rows] == [0, 0, 0]
     assert all(r["train/num_samples"] == P * G and r["train/global_valid_seqs"] == P * G for r in rows)
-    assert rows[0]["train/reward"] == 0.0 and rows[0]["train/filtered_reward"] == 1 / G
+    # train/reward: the raw mean over every generation batch of the step (NeMo RL's pending_unfiltered_rewards):
+    # batch 1 all 0, batch 2 1/G, same size -> (0 + 1/G) / 2; filtered_reward: what was trained, 1/G.
+    assert rows[0]["train/reward"] == 1 / (2 * G) and rows[0]["train/filtered_reward"] == 1 / G
     assert all(math.isfinite(r["train/loss"]) for r in rows)
 
 
