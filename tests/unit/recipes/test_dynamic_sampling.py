@@ -99,7 +99,9 @@ def test_first_batch_dropped_whole_then_refilled_to_exactly_the_target():
     assert metrics["dynamic_sampling_num_gen_batches"] == 3
     # NeMo RL: kept (non-zero std) samples beyond the target, cut by the final slice: 6 - 4 = 2.
     assert metrics["dynamic_sampling_num_discarded_valid_samples"] == 2
-    assert metrics["reward"] == 0.5  # raw mean of the first batch: (1+1+0+0)/4
+    # Raw mean over every generation batch (NeMo RL's pending_unfiltered_rewards):
+    # (1+1+0+0 + 1+0+0+0 + 0+1+1+0) / 12 = 5/12.
+    assert metrics["reward"] == pytest.approx(5 / 12)
     # Only the trained samples are left in the store: dropped and overflow keys are cleared.
     assert sorted(s.data_plane.list_samples(TRAIN_PARTITION)) == sorted(meta.sample_ids)
 
