@@ -27,6 +27,7 @@ import inspect
 import math
 import os
 import sys
+import sysconfig
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -211,12 +212,23 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
+def _library_file(path: str) -> bool:
+    """Whether ``path`` is an installed package's or the standard library's (not the user's code)."""
+    return "site-packages" in path or "dist-packages" in path or path.startswith(sysconfig.get_paths()["stdlib"])
+
+
 def user_exit_message(e: SystemExit) -> str:
     """One line for a ``SystemExit`` that user code raised inside a run (``sys.exit()`` in a reward
-    function or environment): where it came from, by the innermost frame of its traceback."""
+    function or environment): where it came from, by the innermost frame of the user's code in its traceback."""
     tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
+    # The deepest frame that is the user's: a library may wrap sys.exit (wandb's exit hook does), and
+    # its wrapper would otherwise be named as the caller.
+    user_tb = None
+    while tb is not None:
+        if not _library_file(tb.tb_frame.f_code.co_filename):
+            user_tb = tb
+        last, tb = tb, tb.tb_next
+    tb = user_tb or (last if e.__traceback__ is not None else None)
     frame = tb.tb_frame if tb is not None else None
     where = (f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name} ({frame.f_code.co_filename}:"
              f"{tb.tb_lineno})" if frame is not None else "user code")
