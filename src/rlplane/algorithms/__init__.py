@@ -35,11 +35,10 @@ from rlplane.algorithms.losses import (
     NLL_METRIC_REDUCTIONS,
     VALUE_METRIC_REDUCTIONS,
     clipped_pg_loss,
-    explained_variance,
     nll_loss,
     reverse_kl_loss,
-    value_loss,
 )
+from rlplane.algorithms.value_loss import explained_variance, value_loss
 
 __all__ = [
     "CLIPPED_PG_METRIC_REDUCTIONS",

@@ -50,3 +50,11 @@ def masked_whiten(x: Tensor, mask: Tensor, *, unbiased: bool, eps: float, clamp_
     var = (centered.square() * m).sum() / den
     scale = torch.rsqrt(torch.clamp(var, min=eps)) if clamp_var else torch.rsqrt(var + eps)
     return centered * scale
+
+
+def masked_extrema(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """(min, max) of ``x`` over ``valid`` positions; (+inf, −inf) when there are none."""
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return inf, -inf
+    return torch.where(valid, x, inf).amin(), torch.where(valid, x, -inf).amax()

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rlplane.algorithms._ops import as_tensor_like, masked_mean, masked_sum, safe_div
+from rlplane.algorithms._ops import as_tensor_like, masked_extrema, masked_mean, masked_sum, safe_div
 from rlplane.algorithms.advantages import opd_advantages
 from rlplane.algorithms.filters import seq_mult_prob_error
 from rlplane.algorithms.kl import kl_estimate
@@ -72,14 +72,6 @@ VALUE_METRIC_REDUCTIONS: dict[str, str] = {
 
 #: How each :func:`nll_loss` metric combines across micro-batches.
 NLL_METRIC_REDUCTIONS: dict[str, str] = {"loss": "sum", "num_unmasked_tokens": "sum", "num_valid_samples": "sum"}
-
-
-def _extrema(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """(min, max) of ``x`` over ``valid`` positions; (+inf, −inf) when there are none."""
-    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
-        return inf, -inf
-    return torch.where(valid, x, inf).amin(), torch.where(valid, x, -inf).amax()
 
 
 def _reduce(
@@ -220,8 +212,8 @@ def _diagnostics(x: _Masked, o: ClippedPGOptions, ratio: Tensor, ratio_c: Tensor
     r, rc = ratio.detach(), ratio_c.detach()
     metrics["probs_ratio"] = tm(r)
     metrics["probs_ratio_clamped"] = tm(rc)
-    metrics["probs_ratio_min"], metrics["probs_ratio_max"] = _extrema(r, valid)
-    metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"] = _extrema(rc, valid)
+    metrics["probs_ratio_min"], metrics["probs_ratio_max"] = masked_extrema(r, valid)
+    metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"] = masked_extrema(rc, valid)
     zero = torch.zeros((), dtype=dtype, device=x.curr.device)
     if not o.disable_ppo_ratio and not o.force_on_policy_ratio:
         below, above = r < 1.0 - o.ratio_clip_min, r > 1.0 + o.ratio_clip_max
@@ -247,7 +239,7 @@ def _diagnostics(x: _Masked, o: ClippedPGOptions, ratio: Tensor, ratio_c: Tensor
     # mean is normalised by the global valid sequences, so it sums over micro-batches and ranks.
     seq_err, alive = seq_mult_prob_error(g, p, x.tm, x.sm), x.valid.any(dim=-1)  # (B,), (B,)
     metrics["mean_seq_mult_prob_error"] = safe_div(masked_sum(seq_err, alive.to(dtype)), x.n_seq)
-    metrics["min_seq_mult_prob_error"], metrics["max_seq_mult_prob_error"] = _extrema(seq_err, alive)
+    metrics["min_seq_mult_prob_error"], metrics["max_seq_mult_prob_error"] = masked_extrema(seq_err, alive)
     if o.sequence_level_importance_ratios:
         metrics["sampling_importance_ratio"] = safe_div(masked_sum(is_w[:, 0], x.sm), x.n_seq)
     else:
@@ -420,81 +412,3 @@ def nll_loss(
     loss = safe_div(masked_sum(-logprobs.to(dtype), m), as_tensor_like(global_valid_tokens, m))
     metrics = {"loss": loss.detach(), "num_unmasked_tokens": m.sum(), "num_valid_samples": sm.sum()}
     return loss, metrics
-
-
-def value_loss(
-    values: Tensor,
-    old_values: Tensor,
-    returns: Tensor,
-    token_mask: Tensor,
-    global_valid_tokens: float | Tensor,
-    clip_range: float | None = None,
-    *,
-    sample_mask: Tensor | None = None,
-    scale: float = 1.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped MSE value loss (PPO critic). ``value_loss_fn: {scale, cliprange}`` in NeMo RL.
-
-    With ``m = token_mask·sample_mask`` and N = ``global_valid_tokens``:
-    ``L = 0.5·scale·Σ (v − R)²·m / N``, or with ``clip_range = ε > 0``:
-    ``v_clip = clamp(v, v_old − ε, v_old + ε)``, ``L = 0.5·scale·Σ max((v − R)², (v_clip − R)²)·m / N``.
-
-    Metrics (token-normalised sums unless noted): ``vf_clipfrac = Σ [(v_clip − R)² > (v − R)²]·m / N``,
-    ``returns_mean``, ``returns_sq_mean``, ``values_mean``, ``residual_sq_mean = Σ (R − v)²·m / N``,
-    ``values_min/max`` (min/max), ``num_valid_samples``. Explained variance is not summable across
-    micro-batches: compute it from the summed metrics with :func:`explained_variance`.
-
-    Shapes: values, old_values, returns, token_mask (B, T) (values already right-shifted so that
-    position t holds V(s_t)); sample_mask (B,) or None.
-    """
-    dtype = torch.promote_types(values.dtype, torch.float32)
-    sm = torch.ones(values.shape[0], dtype=dtype,
-                    device=values.device) if sample_mask is None else sample_mask.to(dtype)
-    m = token_mask.to(dtype) * sm[:, None]
-    valid = m != 0
-    n_tok = as_tensor_like(global_valid_tokens, m)
-
-    def clean(x: Tensor) -> Tensor:
-        return torch.where(valid, x.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
-
-    v, v_old, ret = clean(values), clean(old_values), clean(returns)
-    sq = (v - ret).square()
-    if clip_range is not None and clip_range > 0:
-        v_clip = torch.clamp(v, v_old - clip_range, v_old + clip_range)
-        sq_clip = (v_clip - ret).square()
-        per_token = torch.maximum(sq, sq_clip)
-        clipfrac = safe_div(masked_sum((sq_clip > sq).to(dtype), m), n_tok)
-    else:
-        per_token = sq
-        clipfrac = torch.zeros((), dtype=dtype, device=values.device)
-    loss = 0.5 * scale * safe_div(masked_sum(per_token, m), n_tok)
-    with torch.no_grad():
-        vd = v.detach()
-        vmin, vmax = _extrema(vd, valid)
-        metrics = {
-            "loss": loss.detach(),
-            "vf_clipfrac": clipfrac.detach(),
-            "returns_mean": safe_div(masked_sum(ret, m), n_tok),
-            "returns_sq_mean": safe_div(masked_sum(ret.square(), m), n_tok),
-            "values_mean": safe_div(masked_sum(vd, m), n_tok),
-            "residual_sq_mean": safe_div(masked_sum((ret - vd).square(), m), n_tok),
-            "values_min": vmin,
-            "values_max": vmax,
-            "num_valid_samples": sm.sum(),
-        }
-    return loss, metrics
-
-
-def explained_variance(
-    returns_mean: Tensor | float, values_mean: Tensor | float, returns_sq_mean: Tensor | float,
-    residual_sq_mean: Tensor | float,
-) -> Tensor:
-    """Critic explained variance from (summed) :func:`value_loss` metrics.
-
-    ``EV = 1 − Var(R − V) / Var(R) = 1 − (E[(R − V)²] − (μ_R − μ_V)²) / max(E[R²] − μ_R², 1e-8)``.
-    1 is a perfect critic, 0 predicts no better than a constant, < 0 is worse.
-    """
-    mu_r, mu_v = torch.as_tensor(returns_mean, dtype=torch.float64), torch.as_tensor(values_mean, dtype=torch.float64)
-    var_resid = torch.as_tensor(residual_sq_mean, dtype=torch.float64) - (mu_r - mu_v).square()
-    var_r = torch.clamp(torch.as_tensor(returns_sq_mean, dtype=torch.float64) - mu_r.square(), min=1e-8)
-    return 1.0 - var_resid / var_r

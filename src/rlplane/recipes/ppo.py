@@ -18,7 +18,7 @@ import torch
 
 from rlplane.algorithms.advantages import raw_reward_advantages
 from rlplane.algorithms.gae import compute_gae
-from rlplane.algorithms.losses import explained_variance
+from rlplane.algorithms.value_loss import explained_variance
 from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import (

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from rlplane.algorithms.losses import value_loss
+from rlplane.algorithms.value_loss import value_loss
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, RETURNS, TOKEN_MASK, VALUES
 from rlplane.models.configured import build_value_model
