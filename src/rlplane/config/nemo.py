@@ -318,10 +318,13 @@ def _data(t: _Translation) -> None:
             t.put("data.validation", {"path": val_path, **spec})
         if default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
             t.put("data.prompt.processor", "math")
+        system = default.get("system_prompt_file", nemo.get("system_prompt_file"))
+        if system:
+            t.put("data.prompt.system_prompt_file", system)
         prompt = default.get("prompt_file", nemo.get("prompt_file"))
         if prompt:
             if Path(prompt).is_file():
-                t.put("data.prompt.template", Path(prompt).read_text(encoding="utf-8").replace("{}", "{problem}"))
+                t.put("data.prompt.prompt_file", prompt)  # NeMo RL's {} (and {{}} for a literal) read as such
             else:
                 t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
                                                              "data.prompt.template")

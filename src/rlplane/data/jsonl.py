@@ -12,11 +12,12 @@ import json
 import os
 from dataclasses import dataclass
 
-from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from rlplane.data.datum import DatumSpec, PromptFormat, make_prompt_datum
+from rlplane.data.datum import PromptFormat
 from rlplane.data.errors import DatasetError
+from rlplane.data.processors import prompt_data_processor
+from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def answer_text(value, key: str, path: str, line_no: int) -> str:
 
 def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped),
-    plus ``extra_env_info`` holding the row's other fields when it has any."""
+    plus ``extra_env_info`` holding the row's other fields when it has any (also kept at the top level)."""
     if not os.path.isfile(path):
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
@@ -80,7 +81,9 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
                     f"dataset {path}, line {line_no}: missing field {missing[0]!r} (row has: {have}); "
                     f"fix the row or set the field name in the data config"
                 )
+            # The line's own fields too (a processor function reads them, as NeMo RL's datum_dict).
             row = {
+                **{k: v for k, v in obj.items() if k not in ("problem", "answer", "task_name", "line")},
                 "problem": str(obj[fields.problem]),
                 "answer": answer_text(obj[fields.answer], fields.answer, path, line_no),
                 "task_name": str(obj.get(fields.task_name) or fields.default_task_name),
@@ -96,11 +99,11 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
     return rows
 
 
-class PromptDataset(Dataset):
-    """Prompts tokenized up front into ``DatumSpec`` records.
-
-    Prompts longer than ``max_prompt_length`` tokens are dropped and counted in
-    ``num_skipped_overlong`` (``on_overlong="skip"``) or raise ``DatasetError`` (``"error"``).
+class PromptDataset(AllTaskProcessedDataset):
+    """``{problem, answer, task_name}`` rows through one prompt format, tokenized up front into
+    ``DatumSpec`` records. Prompts longer than ``max_prompt_length`` tokens are dropped and counted in
+    ``num_skipped_overlong`` (``on_overlong="skip"``), kept with ``loss_multiplier = 0``
+    (``"zero_loss"``) or raise ``DatasetError`` (``"error"``).
     """
 
     def __init__(
@@ -113,37 +116,8 @@ class PromptDataset(Dataset):
         prompt_format: PromptFormat = PromptFormat(),
         source: str = "dataset",
     ):
-        if on_overlong not in ("skip", "error"):
-            raise DatasetError(f"on_overlong = {on_overlong!r}: must be 'skip' or 'error'")
-        self.datums: list[DatumSpec] = []
-        self.num_skipped_overlong = 0
-        for row in rows:
-            datum = make_prompt_datum(
-                row["problem"], row["answer"], tokenizer,
-                idx=len(self.datums), task_name=row["task_name"], prompt_format=prompt_format,
-                extra_env_info=row.get("extra_env_info"),
-            )
-            if max_prompt_length is not None and datum.length > max_prompt_length:
-                if on_overlong == "error":
-                    where = f"{source}, line {row['line']}" if "line" in row else source
-                    raise DatasetError(
-                        f"{where}: prompt is {datum.length} tokens, over max_prompt_length = {max_prompt_length}; "
-                        "shorten it, raise the maximum, or skip such prompts (on_overlong: skip)"
-                    )
-                self.num_skipped_overlong += 1
-                continue
-            self.datums.append(datum)
-        if not self.datums:
-            raise DatasetError(
-                f"{source}: no prompts left ({self.num_skipped_overlong} of {len(rows)} longer than "
-                f"max_prompt_length = {max_prompt_length}); raise the maximum"
-            )
-
-    def __len__(self) -> int:
-        return len(self.datums)
-
-    def __getitem__(self, idx: int) -> DatumSpec:
-        return self.datums[idx]
+        super().__init__(rows, tokenizer, TaskDataSpec(base_format=prompt_format), prompt_data_processor,
+                         max_seq_length=max_prompt_length, on_overlong=on_overlong, source=source)
 
 
 def load_jsonl_dataset(

@@ -84,6 +84,10 @@ class Session:
         if self.prompts.stats.get("skipped_overlong"):
             self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than "
                      "policy.max_total_sequence_length")
+        if self.prompts.stats.get("zero_loss_overlong"):
+            self.say(f"kept {self.prompts.stats['zero_loss_overlong']} prompts longer than "
+                     "policy.max_total_sequence_length with loss_multiplier 0, cut to a few tokens "
+                     "(data.on_overlong_prompt: zero_loss; skip drops them)")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":
