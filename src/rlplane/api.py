@@ -36,8 +36,10 @@ for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", 
 
 def load_config(config: str | dict | RunConfig | None = None, overrides: Sequence[str] | None = None) -> RunConfig:
     """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict shaped
-    like the YAML, or a ``RunConfig``, with dotted ``overrides`` (``["grpo.max_num_steps=20"]``)."""
-    from rlplane.config.loading import apply_overrides, build_config, dump_config, load_yaml_tree
+    like the YAML, or a ``RunConfig``, with dotted ``overrides`` (``["grpo.max_num_steps=20"]``). A NeMo RL
+    file (``defaults:`` chain, ``${...}``) is read and translated as ``rlplane train --config`` reads it."""
+    from rlplane.config.loading import apply_overrides, build_config, dump_config, load_config as load_file
+    from rlplane.config.loading import load_yaml_tree
 
     if isinstance(config, RunConfig):
         import yaml
@@ -51,7 +53,7 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
 
             tree = deep_merge(load_yaml_tree(parent), tree)
     else:
-        tree = load_yaml_tree(config or "grpo_arithmetic")
+        return load_file(config or "grpo_arithmetic", list(overrides or []))
     return build_config(apply_overrides(tree, list(overrides or [])))
 
 
