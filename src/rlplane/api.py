@@ -38,8 +38,13 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
     """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict shaped
     like the YAML, or a ``RunConfig``, with dotted ``overrides`` (``["grpo.max_num_steps=20"]``). A NeMo RL
     file (``defaults:`` chain, ``${...}``) is read and translated as ``rlplane train --config`` reads it."""
-    from rlplane.config.loading import apply_overrides, build_config, dump_config, load_config as load_file
-    from rlplane.config.loading import load_yaml_tree
+    from rlplane.config.loading import (
+        apply_overrides,
+        build_config,
+        dump_config,
+        load_config as load_file,
+        load_yaml_tree,
+    )
 
     if isinstance(config, RunConfig):
         import yaml
