@@ -11,6 +11,7 @@ from rlplane.config.loops import RolloutLoopConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.runtime.groups import LocalActor, RayActor
+from rlplane.training.samples import val_samples
 
 VAL_PARTITION = "val"  # validation rollouts' columns, cleared after each validation
 
@@ -42,35 +43,36 @@ class Timer:
 
 
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
-             data_plane: DataPlaneClient) -> tuple[dict[str, float], list[dict]]:
+             data_plane: DataPlaneClient, tokenizer) -> tuple[dict[str, float], list[dict]]:
     """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
     the greedy answers as text (rows for samples.jsonl).
 
-    As NeMo RL's ``validate_sync``: the rollout worker writes the samples' columns under keys of
-    ``VAL_PARTITION``; the driver reads the rewards of the small carry only, and clears the partition.
+    As NeMo RL's ``validate_sync``, per validation batch: register ``VAL_PARTITION``, the rollout worker
+    writes the samples' columns under its keys, the driver reads the rewards of the small carry and
+    the text from the plane (``input_ids``, ``token_mask``), then clears the partition.
     ``loop``: the recipe's loop section (``max_val_samples``, ``val_batch_size``, ``val_num_generations_per_prompt``).
     """
     g = loop
     datums = datums[: g.max_val_samples]
     k = g.val_num_generations_per_prompt
-    data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(datums) * (1 + (k > 1) * k))
-    # A round trip: under Ray the register above is sent without waiting, and Ray does not order it with
-    # the rollout worker's puts (another caller); our own later call is answered only after it.
-    data_plane.list_samples(VAL_PARTITION)
     correct, passed, samples = [], [], []
-    try:
-        for i in range(0, len(datums), g.val_batch_size):
-            batch = datums[i : i + g.val_batch_size]
-            _, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,
-                                       heldout=True)
+    for i in range(0, len(datums), g.val_batch_size):
+        batch = datums[i : i + g.val_batch_size]
+        data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(batch) * (1 + (k > 1) * k))
+        # A round trip: under Ray the register above is sent without waiting, and Ray does not order it with
+        # the rollout worker's puts (another caller); our own later call is answered only after it.
+        data_plane.list_samples(VAL_PARTITION)
+        try:
+            meta, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,
+                                          heldout=True)
             correct.append(carry["rewards"])
-            samples += rollout.call("last_samples")
+            samples += val_samples(data_plane, meta, carry, batch, tokenizer)
             if k > 1:
                 _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=VAL_PARTITION, greedy=False,
                                            heldout=True)
                 passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
-    finally:
-        data_plane.clear_samples(None, VAL_PARTITION)
+        finally:
+            data_plane.clear_samples(None, VAL_PARTITION)
     out = {"accuracy": float(torch.cat(correct).double().mean())}
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())

@@ -1,8 +1,8 @@
 """What the model wrote: training samples as text, with their rewards and advantages.
 
-Validation samples come from the rollout worker (:meth:`RolloutWorker.last_samples`); training
-samples are decoded here from the step's ``input_ids`` in the data plane, so they line up with the
-driver's (B,) carry and advantages after dynamic sampling. Both go to ``logs/samples.jsonl``
+Both are decoded here from the samples' columns in the data plane (NeMo RL's validation reads its
+message logs from the plane too): training samples line up with the driver's (B,) carry and
+advantages after dynamic sampling. Both go to ``logs/samples.jsonl``
 through :meth:`Session.log` (``logger.log_train_samples_every``, ``logger.num_val_samples_to_print``).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rlplane.dataplane import KVBatchMeta
+from rlplane.dataplane.columns import INPUT_IDS, TOKEN_MASK
 
 
 def train_samples(s, meta: KVBatchMeta, carry: dict[str, torch.Tensor], advantages: torch.Tensor,
@@ -29,4 +30,24 @@ def train_samples(s, meta: KVBatchMeta, carry: dict[str, torch.Tensor], advantag
             "reward": float(carry["rewards"][i]),
             "advantage": float(advantages[i]),
         })
+    return rows
+
+
+def val_samples(data_plane, meta: KVBatchMeta, carry: dict[str, torch.Tensor], datums: list, tokenizer) -> list[dict]:
+    """One row per greedy validation sample (one per datum): task, prompt, completion, reward, reference
+    answer. The completion is every token after the prompt: generated stretches as text, observation
+    stretches (``token_mask`` 0) on lines of their own tagged ``[observation]``."""
+    cols = data_plane.get_samples(meta, meta.partition_id, [INPUT_IDS, TOKEN_MASK])
+    rows = []
+    for i, (d, n, p) in enumerate(zip(datums, meta.seq_lens, carry["prompt_lengths"].tolist())):
+        ids, mask = cols[INPUT_IDS][i, :n].tolist(), cols[TOKEN_MASK][i, :n].tolist()
+        parts, start = [], p
+        for t in range(p + 1, n + 1):  # cut where the mask changes: generated vs observation stretches
+            if t == n or mask[t] != mask[start]:
+                text = tokenizer.decode(ids[start:t], skip_special_tokens=True)
+                parts.append(text if mask[start] else f"[observation] {text}")
+                start = t
+        rows.append({"task_name": d.task_name, "prompt": tokenizer.decode(ids[:p], skip_special_tokens=True),
+                     "completion": "\n".join(parts), "reward": float(carry["rewards"][i]),
+                     "ground_truth": d.ground_truth})
     return rows

@@ -220,7 +220,7 @@ class Session:
         self.refit.if_stale()
         with self.while_validating():
             metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums,
-                                        self.data_plane)
+                                        self.data_plane, self.tokenizer)
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 
