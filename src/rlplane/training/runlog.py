@@ -12,15 +12,17 @@ from rlplane.utils.trackers import make_trackers
 
 class RunLog:
     """``logger``: the ``logger`` section; ``max_num_steps`` and ``algorithm`` label the progress line;
-    ``run_config``: the whole run config as plain data, which the trackers record with the run."""
+    ``run_config``: the whole run config as plain data, which the trackers record with the run; ``sinks``:
+    more metric sinks (a user's logger)."""
 
     def __init__(self, logger: LoggerConfig, paths: RunPaths, *, max_num_steps: int, algorithm: str,
-                 run_config: dict, quiet: bool = False):
+                 run_config: dict, quiet: bool = False, sinks: list | None = None):
         self.options, self.quiet = logger, quiet
         self.progress = Progress(max_num_steps, algorithm, logger.log_every_n_steps,
                                  enabled=not quiet, bar=logger.progress_bar)
         trackers = make_trackers(logger, paths.run_dir.name, paths.log_dir, run_config)
-        self.logger = MetricsLogger(paths.log_dir, logger.jsonl_enabled, logger.tensorboard_enabled, trackers)
+        self.logger = MetricsLogger(paths.log_dir, logger.jsonl_enabled, logger.tensorboard_enabled,
+                                    [*trackers, *(sinks or [])])
         # (kind, rows) sample tables waiting for the next log() (validation and training samples), and
         # the last step logged (training samples are due by step).
         self.pending_samples: list[tuple[str, list[dict]]] = []
