@@ -17,7 +17,7 @@ from rlplane.data import (
     read_jsonl_rows,
 )
 from rlplane.data.hf_files import read_hf_rows
-from rlplane.data.processors import resolve_processor, resolve_prompt_format
+from rlplane.data.processors import prompt_data_processor, resolve_processor, resolve_prompt_format
 from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 from rlplane.envs import check_task_names
@@ -45,6 +45,9 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
     register_user_tasks(options.env)  # user task names are known environments from here on
     max_prompt = options.max_prompt_length
     default_spec, processors = task_processors(d, tokenizer)
+    # A processor function reads its rows' own fields: their problem/answer fields are then not required.
+    reads_own_rows = any(resolve_processor(p.processor)[1] is not prompt_data_processor
+                         for p in (d.prompt, *d.tasks.values()))
     fmt = default_spec.prompt_format
     stats: dict[str, int] = {"skipped_overlong": 0, "zero_loss_overlong": 0}
     train_ds = None
@@ -86,7 +89,7 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
                                  default_task_name=j.default_task_name)
             if d.dataset == "hf":
                 return read_hf_rows(j.path, fields, j.format, j.split)
-            return read_jsonl_rows(j.path, fields)
+            return read_jsonl_rows(j.path, fields, require=not reads_own_rows)
 
         train_source = f"dataset {d.train.path}"
         if train or d.validation is None:

@@ -54,9 +54,10 @@ def answer_text(value, key: str, path: str, line_no: int) -> str:
                        "non-empty string or a number")
 
 
-def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
+def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: bool = True) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped),
-    plus ``extra_env_info`` holding the row's other fields when it has any (also kept at the top level)."""
+    plus ``extra_env_info`` holding the row's other fields when it has any (also kept at the top level).
+    ``require=False``: a row may lack the problem and answer fields (a processor function reads its own)."""
     if not os.path.isfile(path):
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
@@ -74,29 +75,32 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
                 ) from None
             if not isinstance(obj, dict):
                 raise DatasetError(f"dataset {path}, line {line_no}: expected a JSON object, got {type(obj).__name__}")
-            missing = [k for k in (fields.problem, fields.answer) if k not in obj]
-            if missing:
-                have = ", ".join(sorted(obj)) or "none"
-                raise DatasetError(
-                    f"dataset {path}, line {line_no}: missing field {missing[0]!r} (row has: {have}); "
-                    f"fix the row or set the field name in the data config"
-                )
-            # The line's own fields too (a processor function reads them, as NeMo RL's datum_dict).
-            row = {
-                **{k: v for k, v in obj.items() if k not in ("problem", "answer", "task_name", "line")},
-                "problem": str(obj[fields.problem]),
-                "answer": answer_text(obj[fields.answer], fields.answer, path, line_no),
-                "task_name": str(obj.get(fields.task_name) or fields.default_task_name),
-                "line": line_no,
-            }
-            # The row's other fields reach the environment (a user reward function's `extra`).
-            extra = {k: v for k, v in obj.items() if k not in (fields.problem, fields.answer, fields.task_name)}
-            if extra:
-                row["extra_env_info"] = extra
-            rows.append(row)
+            rows.append(_row(obj, fields, path, line_no, require))
     if not rows:
         raise DatasetError(f"dataset {path}: empty (no rows); add at least one JSON object per line")
     return rows
+
+
+def _row(obj: dict, fields: JsonlFields, path: str, line_no: int, require: bool) -> dict:
+    missing = [k for k in (fields.problem, fields.answer) if k not in obj]
+    if missing and require:
+        have = ", ".join(sorted(obj)) or "none"
+        raise DatasetError(
+            f"dataset {path}, line {line_no}: missing field {missing[0]!r} (row has: {have}); "
+            f"fix the row or set the field name in the data config"
+        )
+    # The line's own fields too (a processor function reads them, as NeMo RL's datum_dict).
+    row = {k: v for k, v in obj.items() if k not in ("problem", "answer", "task_name", "line")}
+    if not missing:
+        row["problem"] = str(obj[fields.problem])
+        row["answer"] = answer_text(obj[fields.answer], fields.answer, path, line_no)
+    row["task_name"] = str(obj.get(fields.task_name) or fields.default_task_name)
+    row["line"] = line_no
+    # The row's other fields reach the environment (a user reward function's `extra`).
+    extra = {k: v for k, v in obj.items() if k not in (fields.problem, fields.answer, fields.task_name)}
+    if extra:
+        row["extra_env_info"] = extra
+    return row
 
 
 class PromptDataset(AllTaskProcessedDataset):

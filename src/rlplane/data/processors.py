@@ -41,6 +41,11 @@ PROCESSORS: dict[str, PromptFormat] = {
 def prompt_data_processor(row: dict, spec: TaskDataSpec, tokenizer: PreTrainedTokenizerBase,
                           max_seq_length: int | None, idx: int) -> DatumSpec:
     """A ``{"problem", "answer", "task_name"[, "extra_env_info"]}`` row through its task's prompt format."""
+    if "problem" not in row or "answer" not in row:
+        where = f"line {row['line']}: " if "line" in row else ""
+        raise DatasetError(f"{where}task {row.get('task_name', spec.task_name)!r}: the row has no problem/answer "
+                           f"(has: {', '.join(sorted(map(str, row)))}); give its task a processor function "
+                           "(data.tasks.<task>.processor) or add the fields")
     return make_prompt_datum(str(row["problem"]), str(row["answer"]), tokenizer, idx=idx,
                              task_name=row.get("task_name", spec.task_name), prompt_format=spec.prompt_format,
                              extra_env_info=row.get("extra_env_info"))

@@ -159,3 +159,19 @@ def _trained(rows, sample_mask, token_mask):
     metrics = trainer.train_global_batches(token_mask, sample_mask, len(rows), lambda r: [MicroBatch(r)], None,
                                            lambda mb: model(x[mb.rows]), loss, {"adv": adv, "tm": token_mask})
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics["global_valid_toks"]
+
+
+def test_nemo_messages_rows_from_a_jsonl_file_through_math_hf_data_processor(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2="}, {"role": "assistant",
+                                                                                  "content": "4"}]}) + "\n")
+    cfg = load_config(None, ["grpo.num_prompts_per_step=1", "policy.train_global_batch_size=8",
+                             "data.dataset=jsonl", f"data.train.path={data}",
+                             "data.prompt.processor=math_hf_data_processor", "data.prompt.template=Q {problem}"])
+    loader, val, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer())
+    (d,) = loader.dataset.datums
+    assert d.message_log[0]["content"] == "Q 2+2=" and d.ground_truth == "4" and d.task_name == "arithmetic"
+    # the default processor on such a row: one line naming it
+    with pytest.raises(DatasetError, match=r"line 1: task 'arithmetic': the row has no problem/answer"):
+        AllTaskProcessedDataset([{"messages": [], "task_name": "arithmetic", "line": 1}], build_char_tokenizer(),
+                                TaskDataSpec())
