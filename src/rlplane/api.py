@@ -1,20 +1,9 @@
-"""The Python entry points: ``rlplane.train``, ``rlplane.evaluate``, ``rlplane.load_config``.
-
-They run the same code as the ``rlplane`` command and return what it prints: the run summary
-(``accuracy_before``, ``accuracy_after``, ``run_dir``, ``wall_seconds``, ``warmup``) or the
-evaluation result. User tasks come as config keys (``env.<task>.reward_fn`` / ``class``) or as
-``reward_fns`` / ``envs`` mappings of task name to an import path or a Python object::
-
-    import rlplane
-
-    def score(prompt, completion, extra):
-        return float(completion.strip() == extra["ground_truth"])
+"""The Python entry points ``rlplane.train``, ``rlplane.evaluate``, ``rlplane.load_config``, as the command::
 
     summary = rlplane.train("grpo_arithmetic", overrides=["grpo.max_num_steps=20"],
-                            reward_fns={"arithmetic": score})
+                            reward_fns={"arithmetic": score})  # score(prompt, completion, extra) -> float
 
-An object whose module can be imported (not ``__main__``, not a lambda) is passed on as its import
-path, so it works with ``runtime: ray`` too (the rollout actor imports it). Any other object is
+An importable task object is passed on by import path (works with ``runtime: ray``); any other is
 registered in this process and needs ``runtime: local``.
 """
 
@@ -28,16 +17,15 @@ from typing import Any
 
 from rlplane.config.schema import RunConfig
 
-# As the command sets them: quiet Hugging Face progress bars (they flood captured logs), no telemetry.
+# As the command: quiet Hugging Face progress bars, no telemetry.
 for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0"),
                ("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error")):
     os.environ.setdefault(_k, _v)
 
 
 def load_config(config: str | dict | RunConfig | None = None, overrides: Sequence[str] | None = None) -> RunConfig:
-    """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict shaped
-    like the YAML, or a ``RunConfig``, with dotted ``overrides`` (``["grpo.max_num_steps=20"]``). A NeMo RL
-    file (``defaults:`` chain, ``${...}``) is read and translated as ``rlplane train --config`` reads it."""
+    """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict or a ``RunConfig``,
+    with dotted ``overrides``; a NeMo RL file is read as ``rlplane train --config`` reads it."""
     from rlplane.config.loading import (
         apply_overrides,
         build_config,
@@ -124,8 +112,7 @@ def _env_factory(cls: type, task: str) -> Callable:
 
 @contextmanager
 def _user_code_exit():
-    """``sys.exit()`` in a user's reward function or environment ends the run as the user's failure
-    (a :class:`UserTaskError` naming where), never as the caller's own exit."""
+    """``sys.exit()`` in user task code ends the run as a :class:`UserTaskError` naming where."""
     from rlplane.envs.user import UserTaskError, user_exit_message
 
     try:
@@ -160,14 +147,12 @@ def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[s
           envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
           quiet: bool = False, loss_fn: Any = None, task_to_env: Mapping[str, Any] | None = None,
           dataset: Any = None, val_dataset: Any = None, dataloader: Any = None, logger: Any = None) -> dict:
-    """Warm-up (if enabled) and the config's recipe (``config/recipes.py``) as ``rlplane train`` runs it. ``reward_fns``
-    maps a task name to ``fn(prompt, completion, extra) -> float`` (or its ``"module:function"``),
-    ``envs`` to an :class:`rlplane.envs.Environment` class (or ``"module:Class"``). Returns the summary.
+    """Warm-up (if enabled) and the config's recipe, as ``rlplane train``; returns the summary.
 
-    Parts given as objects, as NeMo RL's ``grpo_train`` takes them (:mod:`rlplane.training.components`):
-    ``loss_fn`` (the policy's loss), ``task_to_env`` (task name -> an environment object; ``runtime: local``),
-    ``dataset`` / ``val_dataset`` (``DatumSpec`` records) or ``dataloader`` (a ``PromptDataLoader``), ``logger``
-    (``log_metrics(metrics, step)``)."""
+    ``reward_fns``: task -> ``fn(prompt, completion, extra) -> float`` or ``"module:function"``; ``envs``: task
+    -> :class:`rlplane.envs.Environment` class or ``"module:Class"``. Parts as objects, as NeMo RL's ``grpo_train``
+    takes them (:mod:`rlplane.training.components`): ``loss_fn``, ``task_to_env`` (task -> environment object,
+    ``runtime: local``), ``dataset`` / ``val_dataset`` or ``dataloader``, ``logger`` (``log_metrics``)."""
     from rlplane.config.recipes import recipe_for, train_function
     from rlplane.errors import ConfigError
     from rlplane.training.components import Components
@@ -203,9 +188,9 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
              model: str | None = None, checkpoint: str | None = None, envs: Mapping[str, Any] | None = None,
              reward_fns: Mapping[str, Any] | None = None, num_problems: int | None = None, k: int = 1,
              batch_size: int = 32, progress: bool = False) -> dict:
-    """Greedy accuracy (and pass@k when ``k > 1``) on the config's held-out problems, as ``rlplane eval``.
-    ``model``: a ``policy.model_name``; ``checkpoint``: a run directory (its latest checkpoint, whose saved
-    config is the default ``config``) or a ``step_N`` checkpoint. Returns the result dict."""
+    """Greedy accuracy (and pass@k when ``k > 1``) on the held-out problems, as ``rlplane eval``.
+
+    ``checkpoint``: a run directory (its latest checkpoint and saved config) or a ``step_N`` directory."""
     from rlplane.cli import _checkpoint_weights
     from rlplane.errors import ConfigError
     from rlplane.evaluation import evaluate as run

@@ -1,12 +1,7 @@
-"""Data processors, per task (NeMo RL's ``PROCESSOR_REGISTRY``), and prompt formats.
-
-Two kinds share one namespace of names: a :class:`PromptFormat` (a template with ``{problem}`` and an
-optional system prompt, applied to a ``{problem, answer}`` row by :func:`prompt_data_processor`), and a
-function ``fn(row, task_data_spec, tokenizer, max_seq_length, idx) -> DatumSpec`` (NeMo RL's processor
-signature) that builds the message log, ``loss_multiplier`` and ``extra_env_info`` itself.
-``data.prompt.processor`` (the default task) and ``data.tasks.<task>.processor`` pick one by name or
-``module:function`` path; ``register_processor`` adds either kind.
-"""
+"""Data processors, per task (NeMo RL's ``PROCESSOR_REGISTRY``): a :class:`PromptFormat` (a template with
+``{problem}``, applied to ``{problem, answer}`` rows) or a function with NeMo RL's signature
+``fn(row, task_data_spec, tokenizer, max_seq_length, idx) -> DatumSpec``. ``data.prompt.processor`` and
+``data.tasks.<task>.processor`` pick one by name or ``module:function``."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ if TYPE_CHECKING:
 # (raw row, its task's TaskDataSpec, tokenizer, max prompt tokens or None, index) -> DatumSpec
 DataProcessor = Callable[[dict, "TaskDataSpec", PreTrainedTokenizerBase, "int | None", int], DatumSpec]
 
-# The chain-of-thought prompt of the math processor: reason, then give the answer in \boxed{},
-# which the math environment's verifier (math-verify) extracts first.
+# The math processor's chain-of-thought prompt: the answer in \boxed{}, which math-verify extracts first.
 MATH_COT_TEMPLATE = (
     "Solve the following problem. Think step by step, then put your final answer within \\boxed{{}}.\n\n{problem}"
 )

@@ -1,11 +1,7 @@
-"""Per-task data processing (NeMo RL's ``TaskDataSpec`` and ``AllTaskProcessedDataset``).
-
-Each raw row names its task (``task_name``); the task's processor turns it into a :class:`DatumSpec`
-with the task's :class:`TaskDataSpec` (prompt template or file, system prompt). A prompt longer than
-``max_seq_length`` tokens is, by ``on_overlong``: kept with ``loss_multiplier = 0`` and its messages cut
-to a few tokens (``zero_loss``, NeMo RL's behaviour: it is generated and scored, never trained on),
-dropped and counted (``skip``), or an error (``error``).
-"""
+"""Per-task data processing (NeMo RL's ``TaskDataSpec``, ``AllTaskProcessedDataset``): each row's
+``task_name`` picks its processor and prompt. An over-long prompt is kept with ``loss_multiplier = 0`` and
+its messages cut short (``zero_loss``, NeMo RL's: generated and scored, never trained on), dropped and
+counted (``skip``), or an error."""
 
 from __future__ import annotations
 
@@ -44,9 +40,8 @@ def _read(path: str, key: str) -> str:
 
 @dataclass
 class TaskDataSpec:
-    """One task's prompt settings. ``prompt`` (or the text of ``prompt_file``) is a template with
-    ``{problem}`` (NeMo RL's ``{}`` accepted); ``system_prompt`` (or ``system_prompt_file``) a system
-    message; ``base_format`` the processor's format they override (chat template use included)."""
+    """One task's prompt: ``prompt`` (or ``prompt_file``'s text) a template with ``{problem}`` (or NeMo RL's
+    ``{}``), ``system_prompt`` (or ``system_prompt_file``); they override ``base_format``."""
 
     task_name: str = "default"
     prompt_file: str | None = None
@@ -86,12 +81,11 @@ def zero_loss_datum(datum: DatumSpec, max_seq_length: int) -> DatumSpec:
 
 
 class AllTaskProcessedDataset(Dataset):
-    """Rows processed by their task's processor into :class:`DatumSpec` records, up front.
+    """Rows processed up front into :class:`DatumSpec` records by their task's processor.
 
-    ``task_data_processors``: one processor for every row, or ``{task_name: (TaskDataSpec, processor)}``;
-    a task not in it uses ``default_task_data_spec`` with :func:`prompt_data_processor`. ``idx`` counts
-    the kept rows. ``num_skipped_overlong`` / ``num_zero_loss_overlong`` count the over-long prompts.
-    """
+    ``task_data_processors``: one processor for all rows, or ``{task_name: (TaskDataSpec, processor)}`` (a
+    ``defaultdict`` supplies its own fallback, else the default spec with :func:`prompt_data_processor`).
+    ``idx`` counts kept rows; ``num_skipped_overlong`` / ``num_zero_loss_overlong`` count over-long prompts."""
 
     def __init__(
         self,
@@ -149,8 +143,7 @@ class AllTaskProcessedDataset(Dataset):
 
 
 def _dispatcher(default: TaskDataSpec, processors) -> Callable[[str | None], tuple[TaskDataSpec, DataProcessor]]:
-    """task name -> (spec, processor), NeMo RL's dispatch by ``task_name`` (a ``defaultdict`` supplies its own
-    fallback, as NeMo RL's examples build it)."""
+    """task name -> (spec, processor), NeMo RL's dispatch by ``task_name``."""
     if processors is None or callable(processors):
         fn = processors or prompt_data_processor
         return lambda _task: (default, fn)

@@ -1,15 +1,9 @@
-"""Parts of a run given as Python objects instead of config keys (NeMo RL's ``grpo_train(policy, ...,
-dataloader, ..., loss_fn, task_to_env, logger, ...)`` arguments that map onto a session's parts).
+"""Parts of a run given as objects (NeMo RL's ``grpo_train`` arguments that map onto a session's parts).
 
-``loss_fn``: the policy's loss (the ``columns()`` / ``__call__`` protocol of
-:class:`rlplane.workers.policy.PolicyLoss`), instead of the recipe's own. ``dataset`` (``DatumSpec``
-records, e.g. an :class:`~rlplane.data.tasks.AllTaskProcessedDataset`) or ``dataloader`` (a
-:class:`~rlplane.data.PromptDataLoader`): the training prompts instead of ``data.*``; ``val_dataset``
-the held-out ones (default: the first ``max_val_samples`` of the training prompts). ``logger``: an
-object with NeMo RL's ``log_metrics(metrics, step, prefix="")`` (or ``log(metrics, step)``), sent every
-logged row besides rlplane's own sinks. Environment objects (``task_to_env``) are registered by
-``rlplane.train`` for the run (``runtime: local``).
-"""
+``loss_fn``: the policy's loss (:class:`rlplane.workers.policy.PolicyLoss`); ``dataset`` (``DatumSpec``
+records) or ``dataloader`` (a ``PromptDataLoader``) instead of ``data.*``, ``val_dataset`` (default: the
+first ``max_val_samples`` training prompts); ``logger``: ``log_metrics(metrics, step)`` or
+``log(metrics, step)``, besides rlplane's sinks. ``rlplane.train`` registers ``task_to_env`` objects."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ class Components:
 
 
 class LoggerSink:
-    """A user's logger as one more metrics sink: metrics rows only (rlplane's keys keep their
-    ``train/`` / ``validation/`` prefixes); sample tables stay in samples.jsonl; closing is the owner's."""
+    """A user's logger as one more metrics sink: metric rows only (keys keep their ``train/`` prefixes)."""
 
     def __init__(self, logger: Any):
         self.logger = logger

@@ -44,13 +44,10 @@ class Timer:
 
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
              data_plane: DataPlaneClient, tokenizer) -> tuple[dict[str, float], list[dict]]:
-    """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
-    the greedy answers as text (rows for samples.jsonl).
+    """Greedy accuracy on the held-out set (pass@k when k > 1) and the greedy answers as samples.jsonl rows.
 
-    As NeMo RL's ``validate_sync``, per validation batch: register ``VAL_PARTITION``, the rollout worker
-    writes the samples' columns under its keys, the driver reads the rewards of the small carry and
-    the text from the plane (``input_ids``, ``token_mask``), then clears the partition.
-    ``loop``: the recipe's loop section (``max_val_samples``, ``val_batch_size``, ``val_num_generations_per_prompt``).
+    As NeMo RL's ``validate_sync``, per batch: ``VAL_PARTITION`` registered, the samples put under its keys,
+    the driver reads the carry and the samples' text from the plane, the partition cleared.
     """
     g = loop
     datums = datums[: g.max_val_samples]
@@ -59,8 +56,7 @@ def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: li
     for i in range(0, len(datums), g.val_batch_size):
         batch = datums[i : i + g.val_batch_size]
         data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(batch) * (1 + (k > 1) * k))
-        # A round trip: under Ray the register above is sent without waiting, and Ray does not order it with
-        # the rollout worker's puts (another caller); our own later call is answered only after it.
+        # A round trip, so Ray orders the register above before the rollout worker's puts.
         data_plane.list_samples(VAL_PARTITION)
         try:
             meta, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,

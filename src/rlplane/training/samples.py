@@ -1,10 +1,5 @@
-"""What the model wrote: training samples as text, with their rewards and advantages.
-
-Both are decoded here from the samples' columns in the data plane (NeMo RL's validation reads its
-message logs from the plane too): training samples line up with the driver's (B,) carry and
-advantages after dynamic sampling. Both go to ``logs/samples.jsonl``
-through :meth:`Session.log` (``logger.log_train_samples_every``, ``logger.num_val_samples_to_print``).
-"""
+"""Training and validation samples as text, decoded from their columns in the data plane (training ones
+line up with the driver's carry after dynamic sampling; NeMo RL's validation reads the plane too)."""
 
 from __future__ import annotations
 
@@ -16,8 +11,7 @@ from rlplane.dataplane.columns import INPUT_IDS, TOKEN_MASK
 
 def train_samples(s, meta: KVBatchMeta, carry: dict[str, torch.Tensor], advantages: torch.Tensor,
                   partition_id: str) -> list[dict]:
-    """One row per sample of the step: prompt, completion (every generated and observation token
-    after the prompt), shaped reward, advantage and prompt group."""
+    """One row per sample: prompt, completion (every token after the prompt), shaped reward, advantage, group."""
     ids = s.data_plane.get_samples(meta, partition_id, ["input_ids"])["input_ids"]  # (B, T) padded
     tok = s.tokenizer
     rows = []
