@@ -59,3 +59,13 @@ def test_a_nemo_prompt_file_reaches_the_prompt_with_its_literal_braces(tmp_path)
     spec, _ = task_processors(cfg.data, build_char_tokenizer())
     assert spec.prompt_format.template.format(problem="1+1=") == "Answer in \\boxed{}:\n1+1="
     assert spec.prompt_format.system_prompt == "You are exact."
+
+
+def test_a_nemo_processor_name_reaches_data_prompt_processor(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1=", "expected": "2"}\n')
+    cfg = load_config(str(FIXTURES / "grpo_math_tiny.yaml"), [
+        "policy.model_name=embedded:tiny-llama", "policy.generation.backend=hf", f"data.train.data_path={data}",
+        "data.train.dataset_name=ResponseDataset", "data.default.prompt_file=null",
+        "data.default.processor=tests.unit.data.test_task_processing:two_turn_processor"])
+    assert cfg.data.prompt.processor == "tests.unit.data.test_task_processing:two_turn_processor"
