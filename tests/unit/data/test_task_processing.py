@@ -93,7 +93,10 @@ def test_nemo_prompt_files_keep_their_literal_braces(tmp_path):
         TaskDataSpec("t", prompt="no placeholder")
 
 
-def test_config_tasks_pick_processors_and_prompts_per_task(tmp_path):
+def test_config_tasks_pick_processors_and_prompts_per_task(tmp_path, monkeypatch):
+    from rlplane.data import processors
+
+    monkeypatch.setattr(processors, "DATA_PROCESSORS", dict(processors.DATA_PROCESSORS))
     register_processor("two_turn", two_turn_processor)
     rows = [{"problem": "1+1=", "answer": "2"},
             {"problem": "?", "answer": "x", "question": "g?", "gold": "9.8", "unit": "m/s2", "weight": 0,
