@@ -25,8 +25,14 @@ for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", 
 
 def load_config(config: str | dict | RunConfig | None = None, overrides: Sequence[str] | None = None) -> RunConfig:
     """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict or a ``RunConfig``,
-    with dotted ``overrides``."""
-    from rlplane.config.loading import apply_overrides, build_config, dump_config, load_yaml_tree
+    with dotted ``overrides``; a NeMo RL file is read as ``rlplane train --config`` reads it."""
+    from rlplane.config.loading import (
+        apply_overrides,
+        build_config,
+        dump_config,
+        load_config as load_file,
+        load_yaml_tree,
+    )
 
     if isinstance(config, RunConfig):
         import yaml
@@ -40,7 +46,7 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
 
             tree = deep_merge(load_yaml_tree(parent), tree)
     else:
-        tree = load_yaml_tree(config or "grpo_arithmetic")
+        return load_file(config or "grpo_arithmetic", list(overrides or []))
     return build_config(apply_overrides(tree, list(overrides or [])))
 
 
@@ -139,17 +145,43 @@ def _prepare(config, overrides, envs, reward_fns) -> tuple[RunConfig, dict]:
 
 def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
           envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
-          quiet: bool = False) -> dict:
+          quiet: bool = False, loss_fn: Any = None, task_to_env: Mapping[str, Any] | None = None,
+          dataset: Any = None, val_dataset: Any = None, dataloader: Any = None, logger: Any = None) -> dict:
     """Warm-up (if enabled) and the config's recipe, as ``rlplane train``; returns the summary.
 
     ``reward_fns``: task -> ``fn(prompt, completion, extra) -> float`` or ``"module:function"``; ``envs``: task
-    -> :class:`rlplane.envs.Environment` class or ``"module:Class"``."""
+    -> :class:`rlplane.envs.Environment` class or ``"module:Class"``. Parts as objects, as NeMo RL's ``grpo_train``
+    takes them (:mod:`rlplane.training.components`): ``loss_fn``, ``task_to_env`` (task -> environment object,
+    ``runtime: local``), ``dataset`` / ``val_dataset`` or ``dataloader``, ``logger`` (``log_metrics``)."""
     from rlplane.config.recipes import recipe_for, train_function
+    from rlplane.errors import ConfigError
+    from rlplane.training.components import Components
 
     cfg, local = _prepare(config, overrides, envs, reward_fns)
+    if dataset is not None and dataloader is not None:
+        raise ConfigError(["rlplane.train: give dataset or dataloader, not both"])
+    for task, env in (task_to_env or {}).items():
+        if cfg.runtime != "local":
+            raise ConfigError([f"task_to_env[{task!r}]: an environment object lives in this process; use "
+                               "runtime: local, or pass its class as envs={...} (or env.<task>.class)"])
+        local[task] = _object_factory(env, task)
     run = train_function(recipe_for(cfg))
+    parts = Components(loss_fn=loss_fn, dataset=dataset, val_dataset=val_dataset, dataloader=dataloader,
+                       logger=logger)
     with _registered(local), _user_code_exit():
-        return run(cfg, quiet=quiet)
+        return run(cfg, quiet=quiet, components=parts)
+
+
+def _object_factory(env: Any, task: str) -> Callable:
+    """A registry factory that hands out the given environment object itself (kwargs of the config unused)."""
+    from rlplane.envs.user import LOCAL_TASK_ATTR
+
+    def factory(**_kwargs):
+        return env
+
+    factory.reward_component_names = tuple(getattr(env, "reward_component_names", ()))
+    setattr(factory, LOCAL_TASK_ATTR, f"task_to_env[{task!r}]")
+    return factory
 
 
 def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,

@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from rlplane.config.data import DatasetOptions
 from rlplane.data import (
     ArithmeticDataset,
     ArithmeticSpec,
     JsonlFields,
     PromptDataLoader,
-    PromptDataset,
     build_eval_set,
     read_jsonl_rows,
 )
 from rlplane.data.hf_files import read_hf_rows
-from rlplane.data.processors import resolve_prompt_format
+from rlplane.data.processors import prompt_data_processor, resolve_processor, resolve_prompt_format
 from rlplane.data.reasoning_gym import reasoning_gym_rows
+from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 from rlplane.envs import check_task_names
 from rlplane.envs.user import register_user_tasks
+
+
+def _task_spec(name: str, prompt_cfg, tokenizer, key: str):
+    """(TaskDataSpec, processor) of one ``data.prompt`` / ``data.tasks.<name>`` entry."""
+    _, fn = resolve_processor(prompt_cfg.processor, f"{key}.processor")
+    return TaskDataSpec(name, prompt_file=prompt_cfg.prompt_file, system_prompt_file=prompt_cfg.system_prompt_file,
+                        base_format=resolve_prompt_format(prompt_cfg, tokenizer, key)), fn
+
+
+def task_processors(data, tokenizer):
+    """(default TaskDataSpec, {task_name: (TaskDataSpec, processor)}) of ``data.prompt`` and ``data.tasks``."""
+    default, default_fn = _task_spec("default", data.prompt, tokenizer, "data.prompt")
+    table = {name: _task_spec(name, p, tokenizer, f"data.tasks.{name}") for name, p in data.tasks.items()}
+    return default, defaultdict(lambda: (default, default_fn), table)
 
 
 def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
@@ -24,14 +40,19 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
     d = options.data
     register_user_tasks(options.env)  # user task names are known environments from here on
     max_prompt = options.max_prompt_length
-    fmt = resolve_prompt_format(d.prompt, tokenizer)
-    stats: dict[str, int] = {"skipped_overlong": 0}
+    default_spec, processors = task_processors(d, tokenizer)
+    # A processor function reads its rows' own fields: their problem/answer fields are then not required.
+    reads_own_rows = any(resolve_processor(p.processor)[1] is not prompt_data_processor
+                         for p in (d.prompt, *d.tasks.values()))
+    fmt = default_spec.prompt_format
+    stats: dict[str, int] = {"skipped_overlong": 0, "zero_loss_overlong": 0}
     train_ds = None
 
     def tokenized(rows, source):
-        ds = PromptDataset(rows, tokenizer, max_prompt_length=max_prompt, on_overlong=d.on_overlong_prompt,
-                           prompt_format=fmt, source=source)
+        ds = AllTaskProcessedDataset(rows, tokenizer, default_spec, processors, max_seq_length=max_prompt,
+                                     on_overlong=d.on_overlong_prompt, source=source)
         stats["skipped_overlong"] += ds.num_skipped_overlong
+        stats["zero_loss_overlong"] += ds.num_zero_loss_overlong
         return ds
 
     if d.dataset == "arithmetic":
@@ -64,7 +85,7 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
                                  default_task_name=j.default_task_name)
             if d.dataset == "hf":
                 return read_hf_rows(j.path, fields, j.format, j.split)
-            return read_jsonl_rows(j.path, fields)
+            return read_jsonl_rows(j.path, fields, require=not reads_own_rows)
 
         train_source = f"dataset {d.train.path}"
         if train or d.validation is None:

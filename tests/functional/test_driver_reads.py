@@ -170,8 +170,9 @@ def test_async_grpo_driver_reads_and_receives_no_per_token_column(tmp_path, firs
 
 
 def test_validation_goes_through_the_val_partition(tmp_path, first_digit_env):
-    """NeMo RL's validate_sync: the rollout worker writes under ``val`` keys, the driver reads rewards
-    and lengths only, and the partition is cleared after."""
+    """NeMo RL's validate_sync: the rollout worker writes under ``val`` keys, the driver reads the rewards
+    of the carry and the greedy samples' tokens for their text (NeMo RL reads their message logs from the
+    plane), writes nothing per token, and the partition is cleared after."""
     from rlplane.training.loop import VAL_PARTITION
 
     cfg = load_config(None, [*(f"grpo.{x}" for x in SMALL), *COMMON, f"run_dir={tmp_path}",
@@ -182,7 +183,7 @@ def test_validation_goes_through_the_val_partition(tmp_path, first_digit_env):
         s.data_plane = client = RecordingClient(plane)
         metrics = s.validate()
         assert 0.0 <= metrics["validation/accuracy"] <= 1.0 and "validation/pass@2" in metrics
-        assert per_token_reads(client) == set() and per_token(client.writes) == set()
+        assert per_token_reads(client) == {"input_ids", "token_mask"} and per_token(client.writes) == set()
         # 8 greedy samples and 8 prompts × 2 sampled ones were written there, and are gone.
         assert plane.list_samples(VAL_PARTITION) == []
         assert len(plane.index.partition(VAL_PARTITION).cleared) == 8 + 16

@@ -65,18 +65,30 @@ class ReasoningGymDataConfig(StrictModel):
 
 
 class PromptConfig(StrictModel):
-    """How a problem becomes a prompt (a data processor, NeMo RL's ``data.default.processor``)."""
+    """How a problem becomes a prompt: a data processor and the task's prompt (NeMo RL's ``TaskDataSpec``:
+    ``data.prompt`` for every task, ``data.tasks.<task>`` for one)."""
 
     processor: str = Field(
-        "default", description="`default` (the problem as is) or `math` (chain-of-thought, answer in \\boxed{})."
+        "default", description="`default` (the problem as is), `math` (chain-of-thought, answer in \\boxed{}), "
+        "`math_hf_data_processor` (NeMo RL's messages rows), a registered name or a `module:function` processor."
     )
     template: str | None = Field(None, description="Override the processor's template "
                                                    "(a format string with {problem}).")
+    prompt_file: str | None = Field(None, description="Read the template from this file (NeMo RL's prompt_file: "
+                                                      "{} or {problem} for the problem).")
     system_prompt: str | None = Field(None, description="System message (chat templates "
                                                         "only; null: the model's default).")
+    system_prompt_file: str | None = Field(None, description="Read the system message from this file.")
     chat_template: Literal["auto"] | bool = Field(
         "auto", description="Render with the tokenizer's chat template: true, false, or auto (when it has one)."
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "PromptConfig":
+        for inline, path in (("template", "prompt_file"), ("system_prompt", "system_prompt_file")):
+            if getattr(self, inline) is not None and getattr(self, path) is not None:
+                raise ValueError(f"{inline} and {path} are both set; keep one")
+        return self
 
 
 class DataConfig(StrictModel):
@@ -92,10 +104,15 @@ class DataConfig(StrictModel):
         default_factory=ReasoningGymDataConfig, description="Procedural reasoning-gym tasks (dataset: reasoning_gym)."
     )
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and chat template.")
+    tasks: dict[str, PromptConfig] = Field(
+        default_factory=dict, description="Per task_name: its own processor and prompt (rows of other tasks use "
+        "data.prompt)."
+    )
     num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
     shuffle: bool = Field(True, description="Shuffle each epoch.")
-    on_overlong_prompt: Literal["skip", "error"] = Field(
-        "skip", description="A prompt longer than policy.max_total_sequence_length: skip and count it, or fail."
+    on_overlong_prompt: Literal["zero_loss", "skip", "error"] = Field(
+        "zero_loss", description="A prompt longer than policy.max_total_sequence_length: keep it with loss_multiplier "
+        "0 and its messages cut to a few tokens (NeMo RL), skip and count it, or fail."
     )
 
     @model_validator(mode="after")

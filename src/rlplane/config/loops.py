@@ -111,6 +111,12 @@ class GRPOConfig(RolloutLoopConfig):
     advantage_clip_high: float | None = Field(None, description="Clamp advantages above (null = off).")
     adv_estimator: GRPOAdvEstimatorConfig = Field(default_factory=GRPOAdvEstimatorConfig, description="Advantages.")
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig, description="Asynchronous generation.")
+    invalid_tool_call_advantage: float | None = Field(
+        None, description="NeMo RL's message-level penalty; refused when set, as NeMo RL's data-plane trainer does."
+    )
+    malformed_thinking_advantage: float | None = Field(
+        None, description="NeMo RL's message-level penalty; refused when set, as NeMo RL's data-plane trainer does."
+    )
 
     @model_validator(mode="after")
     def _clip_order(self) -> "GRPOConfig":
@@ -118,6 +124,20 @@ class GRPOConfig(RolloutLoopConfig):
         if lo is not None and hi is not None and lo >= hi:
             raise ValueError(f"advantage_clip_low = {lo} >= advantage_clip_high = {hi}; make low < high")
         return self
+
+    @model_validator(mode="after")
+    def _no_message_level_penalties(self) -> "GRPOConfig":
+        # NeMo RL's grpo_train_sync raises NotImplementedError on these: the penalties need the legacy
+        # trainer's message logs on the driver; a data-plane trainer holds receipts and (B,) tensors.
+        given = [f"grpo.{k} = {v}" for k in PENALTY_KEYS if (v := getattr(self, k)) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: message-level advantage penalties are not supported by the "
+                             "data-plane GRPO trainer (NeMo RL's grpo_train_sync refuses them too); score invalid "
+                             "tool calls or malformed thinking in the environment's reward, or set them to null")
+        return self
+
+
+PENALTY_KEYS = ("invalid_tool_call_advantage", "malformed_thinking_advantage")
 
 
 class PPOConfig(RolloutLoopConfig):

@@ -316,12 +316,16 @@ def _data(t: _Translation) -> None:
         val_path = val.get("data_path", nemo.get("val_data_path"))
         if val_path:
             t.put("data.validation", {"path": val_path, **spec})
-        if default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
-            t.put("data.prompt.processor", "math")
+        processor = default.get("processor", "math_hf_data_processor")
+        # ResponseDataset rows are read by key here; math_hf_data_processor's prompt is the math format.
+        t.put("data.prompt.processor", "math" if processor == "math_hf_data_processor" else processor)
+        system = default.get("system_prompt_file", nemo.get("system_prompt_file"))
+        if system:
+            t.put("data.prompt.system_prompt_file", system)
         prompt = default.get("prompt_file", nemo.get("prompt_file"))
         if prompt:
             if Path(prompt).is_file():
-                t.put("data.prompt.template", Path(prompt).read_text(encoding="utf-8").replace("{}", "{problem}"))
+                t.put("data.prompt.prompt_file", prompt)  # NeMo RL's {} (and {{}} for a literal) read as such
             else:
                 t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
                                                              "data.prompt.template")

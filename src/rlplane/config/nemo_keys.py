@@ -51,9 +51,6 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
      "validation every grpo.val_period steps from the start (grpo.val_at_start=false skips step 0)"),
     ("grpo.stop_at_validation_metric", is_off, "early stop on a validation metric", "grpo.max_num_steps"),
     ("grpo.stop_at_validation_threshold", is_off, "early stop on a validation metric", "grpo.max_num_steps"),
-    ("grpo.invalid_tool_call_advantage", is_off, "fixed advantage for invalid tool calls", "an environment's reward"),
-    ("grpo.malformed_thinking_advantage", is_off, "fixed advantage for malformed think tags", "an environment's "
-                                                                                              "reward"),
     ("grpo.async_grpo.recompute_kv_cache_after_weight_updates", is_off, "KV-cache recompute after a refit",
      "grpo.async_grpo.in_flight_weight_updates=false (a refit waits for the generation in flight)"),
     ("ppo.async_ppo", is_off, "asynchronous PPO", "grpo.async_grpo (asynchronous GRPO) or synchronous PPO"),

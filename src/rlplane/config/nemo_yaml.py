@@ -20,8 +20,8 @@ from rlplane.errors import ConfigError
 
 NEMO_MARKERS = (
     "grpo.normalize_rewards", "grpo.use_leave_one_out_baseline", "grpo.val_start_at", "grpo.stop_at_validation_metric",
-    "grpo.stop_at_validation_threshold", "grpo.calculate_advantages_on_gpu", "grpo.invalid_tool_call_advantage",
-    "grpo.malformed_thinking_advantage", "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+    "grpo.stop_at_validation_threshold", "grpo.calculate_advantages_on_gpu",
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
     "ppo.async_ppo", "ppo.calculate_advantages_on_gpu", "value_loss_fn", "value.model_name", "value.reward_model_cfg",
     "data_plane.enabled", "data_plane.impl", "data_plane.storage_capacity", "data_plane.num_storage_units",
     "policy.dtensor_cfg._v2", "policy.dtensor_cfg.tensor_parallel_size", "policy.megatron_cfg", "policy.tokenizer",

@@ -11,8 +11,10 @@ from rlplane.data.dataloader import PromptDataLoader
 from rlplane.data.datum import DatumSpec, Message, PromptFormat, make_prompt_datum
 from rlplane.data.errors import DatasetError
 from rlplane.data.jsonl import JsonlFields, PromptDataset, load_jsonl_dataset, read_jsonl_rows
+from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
 __all__ = [
+    "AllTaskProcessedDataset",
     "ARITHMETIC_TASK",
     "ArithmeticDataset",
     "ArithmeticSpec",
@@ -23,6 +25,7 @@ __all__ = [
     "PromptDataLoader",
     "PromptDataset",
     "PromptFormat",
+    "TaskDataSpec",
     "build_eval_set",
     "is_heldout",
     "load_jsonl_dataset",

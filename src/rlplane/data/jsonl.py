@@ -7,11 +7,12 @@ import json
 import os
 from dataclasses import dataclass
 
-from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from rlplane.data.datum import DatumSpec, PromptFormat, make_prompt_datum
+from rlplane.data.datum import PromptFormat
 from rlplane.data.errors import DatasetError
+from rlplane.data.processors import prompt_data_processor
+from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,9 @@ def answer_text(value, key: str, path: str, line_no: int) -> str:
                        "non-empty string or a number")
 
 
-def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
+def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: bool = True) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` (1-based; blanks skipped), with ``extra_env_info``
-    holding any other fields."""
+    holding any other fields (also kept at the top level); ``require=False``: problem and answer may be absent."""
     if not os.path.isfile(path):
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
@@ -66,32 +67,37 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
                 ) from None
             if not isinstance(obj, dict):
                 raise DatasetError(f"dataset {path}, line {line_no}: expected a JSON object, got {type(obj).__name__}")
-            missing = [k for k in (fields.problem, fields.answer) if k not in obj]
-            if missing:
-                have = ", ".join(sorted(obj)) or "none"
-                raise DatasetError(
-                    f"dataset {path}, line {line_no}: missing field {missing[0]!r} (row has: {have}); "
-                    f"fix the row or set the field name in the data config"
-                )
-            row = {
-                "problem": str(obj[fields.problem]),
-                "answer": answer_text(obj[fields.answer], fields.answer, path, line_no),
-                "task_name": str(obj.get(fields.task_name) or fields.default_task_name),
-                "line": line_no,
-            }
-            # The row's other fields reach the environment (a user reward function's `extra`).
-            extra = {k: v for k, v in obj.items() if k not in (fields.problem, fields.answer, fields.task_name)}
-            if extra:
-                row["extra_env_info"] = extra
-            rows.append(row)
+            rows.append(_row(obj, fields, path, line_no, require))
     if not rows:
         raise DatasetError(f"dataset {path}: empty (no rows); add at least one JSON object per line")
     return rows
 
 
-class PromptDataset(Dataset):
-    """Prompts tokenized up front into ``DatumSpec``; overlong ones are skipped and counted
-    (``num_skipped_overlong``) or raise (``on_overlong="error"``)."""
+def _row(obj: dict, fields: JsonlFields, path: str, line_no: int, require: bool) -> dict:
+    missing = [k for k in (fields.problem, fields.answer) if k not in obj]
+    if missing and require:
+        have = ", ".join(sorted(obj)) or "none"
+        raise DatasetError(
+            f"dataset {path}, line {line_no}: missing field {missing[0]!r} (row has: {have}); "
+            f"fix the row or set the field name in the data config"
+        )
+    # The line's own fields too (a processor function reads them, as NeMo RL's datum_dict).
+    row = {k: v for k, v in obj.items() if k not in ("problem", "answer", "task_name", "line")}
+    if not missing:
+        row["problem"] = str(obj[fields.problem])
+        row["answer"] = answer_text(obj[fields.answer], fields.answer, path, line_no)
+    row["task_name"] = str(obj.get(fields.task_name) or fields.default_task_name)
+    row["line"] = line_no
+    # The row's other fields reach the environment (a user reward function's `extra`).
+    extra = {k: v for k, v in obj.items() if k not in (fields.problem, fields.answer, fields.task_name)}
+    if extra:
+        row["extra_env_info"] = extra
+    return row
+
+
+class PromptDataset(AllTaskProcessedDataset):
+    """``{problem, answer, task_name}`` rows through one prompt format; overlong prompts skipped and counted
+    (``num_skipped_overlong``), kept with ``loss_multiplier = 0`` (``"zero_loss"``) or an error (``"error"``)."""
 
     def __init__(
         self,
@@ -103,37 +109,8 @@ class PromptDataset(Dataset):
         prompt_format: PromptFormat = PromptFormat(),
         source: str = "dataset",
     ):
-        if on_overlong not in ("skip", "error"):
-            raise DatasetError(f"on_overlong = {on_overlong!r}: must be 'skip' or 'error'")
-        self.datums: list[DatumSpec] = []
-        self.num_skipped_overlong = 0
-        for row in rows:
-            datum = make_prompt_datum(
-                row["problem"], row["answer"], tokenizer,
-                idx=len(self.datums), task_name=row["task_name"], prompt_format=prompt_format,
-                extra_env_info=row.get("extra_env_info"),
-            )
-            if max_prompt_length is not None and datum.length > max_prompt_length:
-                if on_overlong == "error":
-                    where = f"{source}, line {row['line']}" if "line" in row else source
-                    raise DatasetError(
-                        f"{where}: prompt is {datum.length} tokens, over max_prompt_length = {max_prompt_length}; "
-                        "shorten it, raise the maximum, or skip such prompts (on_overlong: skip)"
-                    )
-                self.num_skipped_overlong += 1
-                continue
-            self.datums.append(datum)
-        if not self.datums:
-            raise DatasetError(
-                f"{source}: no prompts left ({self.num_skipped_overlong} of {len(rows)} longer than "
-                f"max_prompt_length = {max_prompt_length}); raise the maximum"
-            )
-
-    def __len__(self) -> int:
-        return len(self.datums)
-
-    def __getitem__(self, idx: int) -> DatumSpec:
-        return self.datums[idx]
+        super().__init__(rows, tokenizer, TaskDataSpec(base_format=prompt_format), prompt_data_processor,
+                         max_seq_length=max_prompt_length, on_overlong=on_overlong, source=source)
 
 
 def load_jsonl_dataset(

@@ -1,14 +1,25 @@
-"""Data processors: how a problem string becomes a prompt, per task (NeMo RL's ``PROCESSOR_REGISTRY``);
-``data.prompt.processor`` picks one, ``template`` and ``system_prompt`` override its parts."""
+"""Data processors, per task (NeMo RL's ``PROCESSOR_REGISTRY``): a :class:`PromptFormat` (a template with
+``{problem}``, applied to ``{problem, answer}`` rows) or a function with NeMo RL's signature
+``fn(row, task_data_spec, tokenizer, max_seq_length, idx) -> DatumSpec``. ``data.prompt.processor`` and
+``data.tasks.<task>.processor`` pick one by name or ``module:function``."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlplane.data.datum import PromptFormat
+from rlplane.data.datum import DatumSpec, PromptFormat, make_prompt_datum
 from rlplane.data.errors import DatasetError
+
+if TYPE_CHECKING:
+    from rlplane.data.tasks import TaskDataSpec
+
+# (raw row, its task's TaskDataSpec, tokenizer, max prompt tokens or None, index) -> DatumSpec
+DataProcessor = Callable[[dict, "TaskDataSpec", PreTrainedTokenizerBase, "int | None", int], DatumSpec]
 
 # The math processor's chain-of-thought prompt: the answer in \boxed{}, which math-verify extracts first.
 MATH_COT_TEMPLATE = (
@@ -21,33 +32,84 @@ PROCESSORS: dict[str, PromptFormat] = {
 }
 
 
-def register_processor(name: str, prompt_format: PromptFormat) -> None:
-    """Make ``data.prompt.processor: NAME`` resolve to ``prompt_format``."""
-    PROCESSORS[name] = prompt_format
+def prompt_data_processor(row: dict, spec: TaskDataSpec, tokenizer: PreTrainedTokenizerBase,
+                          max_seq_length: int | None, idx: int) -> DatumSpec:
+    """A ``{"problem", "answer", "task_name"[, "extra_env_info"]}`` row through its task's prompt format."""
+    if "problem" not in row or "answer" not in row:
+        where = f"line {row['line']}: " if "line" in row else ""
+        raise DatasetError(f"{where}task {row.get('task_name', spec.task_name)!r}: the row has no problem/answer "
+                           f"(has: {', '.join(sorted(map(str, row)))}); give its task a processor function "
+                           "(data.tasks.<task>.processor) or add the fields")
+    return make_prompt_datum(str(row["problem"]), str(row["answer"]), tokenizer, idx=idx,
+                             task_name=row.get("task_name", spec.task_name), prompt_format=spec.prompt_format,
+                             extra_env_info=row.get("extra_env_info"))
+
+
+def math_hf_data_processor(row: dict, spec: TaskDataSpec, tokenizer: PreTrainedTokenizerBase,
+                           max_seq_length: int | None, idx: int) -> DatumSpec:
+    """NeMo RL's row shape ``{"messages": [{"content": problem}, {"content": ground truth}], "task_name"}``."""
+    messages = row["messages"]
+    return prompt_data_processor({"problem": messages[0]["content"], "answer": messages[1]["content"],
+                                  "task_name": row.get("task_name", spec.task_name)},
+                                 spec, tokenizer, max_seq_length, idx)
+
+
+DATA_PROCESSORS: dict[str, DataProcessor] = {"math_hf_data_processor": math_hf_data_processor}
+
+
+def register_processor(name: str, processor: PromptFormat | DataProcessor) -> None:
+    """Make ``processor: NAME`` resolve to ``processor``: a :class:`PromptFormat` or a processor function."""
+    if isinstance(processor, PromptFormat):
+        PROCESSORS[name] = processor
+        DATA_PROCESSORS.pop(name, None)
+    elif callable(processor):
+        DATA_PROCESSORS[name] = processor
+        PROCESSORS.pop(name, None)
+    else:
+        raise DatasetError(f"register_processor({name!r}, {processor!r}): give a PromptFormat or a function "
+                           "(row, task_data_spec, tokenizer, max_seq_length, idx) -> DatumSpec")
+
+
+def known_processors() -> list[str]:
+    return sorted({*PROCESSORS, *DATA_PROCESSORS})
+
+
+def resolve_processor(name: str, key: str = "data.prompt.processor") -> tuple[PromptFormat | None, DataProcessor]:
+    """``(its prompt format or None, the function)`` of processor ``name`` (a registered name or ``module:fn``)."""
+    if name in PROCESSORS:
+        return PROCESSORS[name], prompt_data_processor
+    if name in DATA_PROCESSORS:
+        return None, DATA_PROCESSORS[name]
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            fn: Any = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise DatasetError(f"{key} = {name!r}: cannot import it ({type(e).__name__}: {e})") from None
+        if not callable(fn):
+            raise DatasetError(f"{key} = {name!r}: not a function")
+        return None, fn
+    raise DatasetError(f"{key} = {name!r}: unknown processor; known: {', '.join(known_processors())} "
+                       "(or module:function)")
 
 
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def resolve_prompt_format(prompt_cfg, tokenizer: PreTrainedTokenizerBase) -> PromptFormat:
-    """The :class:`PromptFormat` that ``data.prompt`` (a ``PromptConfig``) asks for, for ``tokenizer``."""
-    base = PROCESSORS.get(prompt_cfg.processor)
-    if base is None:
-        raise DatasetError(
-            f"data.prompt.processor = {prompt_cfg.processor!r}: unknown processor; known: "
-            f"{', '.join(sorted(PROCESSORS))}"
-        )
+def resolve_prompt_format(prompt_cfg, tokenizer: PreTrainedTokenizerBase, key: str = "data.prompt") -> PromptFormat:
+    """The :class:`PromptFormat` that ``prompt_cfg`` (``data.prompt`` or a ``data.tasks`` entry) asks for."""
+    base, _ = resolve_processor(prompt_cfg.processor, f"{key}.processor")
     use_chat = has_chat_template(tokenizer) if prompt_cfg.chat_template == "auto" else bool(prompt_cfg.chat_template)
     if use_chat and not has_chat_template(tokenizer):
         raise DatasetError(
-            "data.prompt.chat_template = true, but the tokenizer has no chat template; set it to auto or false"
+            f"{key}.chat_template = true, but the tokenizer has no chat template; set it to auto or false"
         )
-    fmt = replace(base, use_chat_template=use_chat)
+    fmt = replace(base or PromptFormat(), use_chat_template=use_chat)
     if prompt_cfg.template is not None:
         if "{problem}" not in prompt_cfg.template:
             raise DatasetError(
-                f"data.prompt.template = {prompt_cfg.template!r}: needs a {{problem}} placeholder"
+                f"{key}.template = {prompt_cfg.template!r}: needs a {{problem}} placeholder"
             )
         fmt = replace(fmt, template=prompt_cfg.template)
     if prompt_cfg.system_prompt is not None:

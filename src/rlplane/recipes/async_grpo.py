@@ -31,7 +31,7 @@ from rlplane.dataplane.columns import (
 )
 from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
 from rlplane.runtime.groups import make_actor
-from rlplane.training import Session, Timer, TrainingStopped
+from rlplane.training import Components, Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
@@ -208,11 +208,11 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
             **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
     """Run the whole async job: warm-up (or resume), async GRPO steps, validation, checkpoints."""
-    with Session(cfg, quiet) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
-                             prev_from_forward=skips_prev_logprob_forward(cfg))
+    with Session(cfg, quiet, components=components) as s:
+        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                                                     prev_from_forward=skips_prev_logprob_forward(cfg))
         start = s.start()
         handle = CollectorHandle(s, start_step=start)
         s.on_close(handle.stop)

@@ -19,7 +19,7 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
-from rlplane.training import DataExhausted, Session, Timer
+from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
@@ -76,11 +76,11 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
     """Run the whole job: warm-up (or resume), GRPO steps, validation, checkpoints. Returns a summary."""
-    with Session(cfg, quiet) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
-                             prev_from_forward=skips_prev_logprob_forward(cfg))
+    with Session(cfg, quiet, components=components) as s:
+        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                                                     prev_from_forward=skips_prev_logprob_forward(cfg))
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             try:

@@ -25,7 +25,7 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
     VALUES,
 )
-from rlplane.training import DataExhausted, Session, Timer
+from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     add_train_metrics,
@@ -122,7 +122,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     # ---- advantages and returns (token level): GAE runs on the driver (whitening is a batch statistic)
     with timer("advantages"):
         est = g.adv_estimator
-        kl_in_reward = loss.options.kl_in_reward
+        kl_in_reward = getattr(loss, "options", s.cfg.loss_fn.options()).kl_in_reward
         fields = [TOKEN_MASK] + [VALUES] * (critic is not None)
         fields += [PREV_LOGPROBS, REFERENCE_LOGPROBS] * (kl_in_reward is not None)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, fields)  # (B, T) each
@@ -169,13 +169,13 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     return {**out, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
     """Run the whole job: warm-up (or resume), PPO steps, validation, checkpoints. Returns a summary."""
     if cfg.algorithm != "ppo":
         raise ValueError(f"recipes.ppo.train needs algorithm: ppo, got {cfg.algorithm!r}")
-    with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae") as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
-                             prev_from_forward=skips_prev_logprob_forward(cfg))
+    with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae", components=components) as s:
+        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+                                                     prev_from_forward=skips_prev_logprob_forward(cfg))
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             try:

@@ -11,6 +11,7 @@ from rlplane.config.loops import RolloutLoopConfig
 from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.runtime.groups import LocalActor, RayActor
+from rlplane.training.samples import val_samples
 
 VAL_PARTITION = "val"  # validation rollouts' columns, cleared after each validation
 
@@ -42,31 +43,32 @@ class Timer:
 
 
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
-             data_plane: DataPlaneClient) -> tuple[dict[str, float], list[dict]]:
+             data_plane: DataPlaneClient, tokenizer) -> tuple[dict[str, float], list[dict]]:
     """Greedy accuracy on the held-out set (pass@k when k > 1) and the greedy answers as samples.jsonl rows.
 
-    As NeMo RL's ``validate_sync``: samples go under ``VAL_PARTITION`` keys, the driver reads only the carry.
+    As NeMo RL's ``validate_sync``, per batch: ``VAL_PARTITION`` registered, the samples put under its keys,
+    the driver reads the carry and the samples' text from the plane, the partition cleared.
     """
     g = loop
     datums = datums[: g.max_val_samples]
     k = g.val_num_generations_per_prompt
-    data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(datums) * (1 + (k > 1) * k))
-    # A round trip, so Ray orders the register above before the rollout worker's puts.
-    data_plane.list_samples(VAL_PARTITION)
     correct, passed, samples = [], [], []
-    try:
-        for i in range(0, len(datums), g.val_batch_size):
-            batch = datums[i : i + g.val_batch_size]
-            _, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,
-                                       heldout=True)
+    for i in range(0, len(datums), g.val_batch_size):
+        batch = datums[i : i + g.val_batch_size]
+        data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(batch) * (1 + (k > 1) * k))
+        # A round trip, so Ray orders the register above before the rollout worker's puts.
+        data_plane.list_samples(VAL_PARTITION)
+        try:
+            meta, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,
+                                          heldout=True)
             correct.append(carry["rewards"])
-            samples += rollout.call("last_samples")
+            samples += val_samples(data_plane, meta, carry, batch, tokenizer)
             if k > 1:
                 _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=VAL_PARTITION, greedy=False,
                                            heldout=True)
                 passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
-    finally:
-        data_plane.clear_samples(None, VAL_PARTITION)
+        finally:
+            data_plane.clear_samples(None, VAL_PARTITION)
     out = {"accuracy": float(torch.cat(correct).double().mean())}
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())

@@ -7,12 +7,28 @@ that every prompt was trained exactly once.
 from __future__ import annotations
 
 from rlplane.config.data import DatasetOptions
+from rlplane.data import PromptDataLoader
 from rlplane.datasets import build_datasets
+from rlplane.envs import check_task_names
 
 
 class Prompts:
-    def __init__(self, options: DatasetOptions, tokenizer):
-        self.loader, self.val_datums, self.stats = build_datasets(options, tokenizer)
+    """``dataset`` / ``dataloader`` / ``val_dataset``: given objects instead of ``data.*`` (``Components``)."""
+
+    def __init__(self, options: DatasetOptions, tokenizer, *, dataset=None, dataloader=None, val_dataset=None):
+        if dataset is None and dataloader is None:
+            self.loader, self.val_datums, self.stats = build_datasets(options, tokenizer)
+        else:
+            self.loader = dataloader or PromptDataLoader(dataset, options.prompts_per_batch, seed=options.seed,
+                                                         shuffle=options.data.shuffle)
+            self.stats = {}
+        if val_dataset is not None or dataset is not None or dataloader is not None:
+            val = val_dataset if val_dataset is not None else self.loader.dataset
+            self.val_datums = [val[i] for i in range(min(len(val), options.max_val_samples))]
+            check_task_names((d.task_name for d in self.val_datums), "val_dataset")
+            if dataset is not None or dataloader is not None:
+                check_task_names((self.loader.dataset[i].task_name for i in range(len(self.loader.dataset))),
+                                 "dataset")
         self._iter = iter(self.loader)
         self._drawn: list[list[int]] = []  # this step's draws, [epoch, idx]
         self._trained: list[int] | None = None  # positions in _drawn of the prompts trained on (None: all)

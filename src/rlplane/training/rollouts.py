@@ -141,10 +141,16 @@ def policy_logprobs(
 ) -> tuple[KVBatchMeta, torch.Tensor]:
     """Prev and reference logprobs written back by the policy workers (no prev forward when
     ``loss.prev_from_forward``, see ``config/plan.py``), then the logprob-error mask."""
+    # A loss given as an object (rlplane.train(loss_fn=...)) may lack these flags: prev is computed, the
+    # reference when the loss reads it.
+    prev_from_forward = getattr(loss, "prev_from_forward", False)
+    reference = getattr(loss, "reference", None)
+    if reference is None:
+        reference = REFERENCE_LOGPROBS in loss.columns()
     with timer("logprobs"):
-        if not loss.prev_from_forward:
+        if not prev_from_forward:
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
-        if loss.reference:
+        if reference:
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
     if s.cfg.loop.seq_logprob_error_threshold is not None:
         meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)

@@ -10,15 +10,17 @@ from rlplane.utils.trackers import make_trackers
 
 
 class RunLog:
-    """``max_num_steps`` and ``algorithm`` label the progress line; ``run_config`` goes to the trackers."""
+    """``max_num_steps`` and ``algorithm`` label the progress line; ``run_config`` goes to the trackers;
+    ``sinks``: more metric sinks (a user's logger)."""
 
     def __init__(self, logger: LoggerConfig, paths: RunPaths, *, max_num_steps: int, algorithm: str,
-                 run_config: dict, quiet: bool = False):
+                 run_config: dict, quiet: bool = False, sinks: list | None = None):
         self.options, self.quiet = logger, quiet
         self.progress = Progress(max_num_steps, algorithm, logger.log_every_n_steps,
                                  enabled=not quiet, bar=logger.progress_bar)
         trackers = make_trackers(logger, paths.run_dir.name, paths.log_dir, run_config)
-        self.logger = MetricsLogger(paths.log_dir, logger.jsonl_enabled, logger.tensorboard_enabled, trackers)
+        self.logger = MetricsLogger(paths.log_dir, logger.jsonl_enabled, logger.tensorboard_enabled,
+                                    [*trackers, *(sinks or [])])
         # Sample tables waiting for the next log(), and the last step logged.
         self.pending_samples: list[tuple[str, list[dict]]] = []
         self.last_logged_step = 0

@@ -29,6 +29,7 @@ from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
+from rlplane.training.components import Components, LoggerSink
 from rlplane.training.loop import validate
 from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
@@ -41,11 +42,13 @@ from rlplane.utils.seeding import seed_everything
 
 
 class Session:
-    """``critic``: train a value model; ``teacher_cfg``: a frozen teacher's run config (``teacher_logprobs``)."""
+    """``critic``: train a value model; ``teacher_cfg``: a frozen teacher's run config (``teacher_logprobs``);
+    ``components``: parts given as objects (:mod:`rlplane.training.components`)."""
 
     def __init__(self, cfg: RunConfig, quiet: bool = False, *, critic: bool = False,
-                 teacher_cfg: RunConfig | None = None):
+                 teacher_cfg: RunConfig | None = None, components: Components | None = None):
         self.cfg = cfg
+        self.components = c = components or Components()
         # Run paths absolute, writable, no earlier run unless resuming: checked first.
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
@@ -67,16 +70,22 @@ class Session:
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)
         del model
-        self.prompts = Prompts(cfg.dataset_options(), self.tokenizer)
+        self.prompts = Prompts(cfg.dataset_options(), self.tokenizer, dataset=c.dataset, dataloader=c.dataloader,
+                               val_dataset=c.val_dataset)
         self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
-                          run_config=cfg.model_dump(mode="json"), quiet=quiet)
+                          run_config=cfg.model_dump(mode="json"), quiet=quiet,
+                          sinks=[LoggerSink(c.logger)] if c.logger is not None else None)
         for msg in self._early_messages:
             self.say(msg)
         if self.prompts.stats.get("skipped_overlong"):
             self.say(f"skipped {self.prompts.stats['skipped_overlong']} prompts longer than "
                      "policy.max_total_sequence_length")
+        if self.prompts.stats.get("zero_loss_overlong"):
+            self.say(f"kept {self.prompts.stats['zero_loss_overlong']} prompts longer than "
+                     "policy.max_total_sequence_length with loss_multiplier 0, cut to a few tokens "
+                     "(data.on_overlong_prompt: zero_loss; skip drops them)")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
         if cfg.runtime == "ray":
@@ -201,7 +210,7 @@ class Session:
         self.refit.if_stale()
         with self.while_validating():
             metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums,
-                                        self.data_plane)
+                                        self.data_plane, self.tokenizer)
         self.log.add_samples("validation", samples)
         return {f"validation/{k}": v for k, v in metrics.items()}
 

@@ -24,7 +24,7 @@ def test_overlong_prompts_with_a_progress_bar_do_not_crash_the_session(tmp_path,
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "1+1=", "answer": "2"}\n' * 2 + '{"problem": "' + "1" * 40 + '+1=", "answer": "2"}\n')
     cfg = load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "data.dataset=jsonl", f"data.train.path={data}",
-                             "logger.progress_bar=true"])
+                             "logger.progress_bar=true", "data.on_overlong_prompt=skip"])
     s = Session(cfg, quiet=False)
     s.close()
     assert "skipped 1 prompts longer than policy.max_total_sequence_length" in capsys.readouterr().err
