@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlplane.models.fingerprint import Fingerprint, fingerprint
+
 FINISH_STOP = "stop"  # an eos / stop token id, or a stop string, ended the row
 FINISH_LENGTH = "length"  # max_new_tokens reached first
 
@@ -147,6 +149,11 @@ class GenerationBackend(abc.ABC):
         stamps the tokens sampled with them (:attr:`GenerationOutput.versions`). Safe to call while
         another thread generates (:class:`WeightSwap`): ``hf`` swaps at the next token, ``vllm`` once
         the request in flight ends."""
+
+    def fingerprint(self, names: Sequence[str] | None = None) -> Fingerprint:
+        """The fingerprint of the weights the engine holds now, under HF names (only ``names`` when given;
+        :mod:`rlplane.models.fingerprint`): a refit's check compares it with the fingerprint of what was sent."""
+        return fingerprint(self.model.state_dict(), names)
 
     def sleep(self) -> None:
         """Release the accelerator memory the backend holds while the policy trains on the same device

@@ -109,10 +109,14 @@ class Generators:
         states = state if isinstance(state, list) else [state]
         self.group.wait([self.group.lazy("set_rng_state", s, rank=r) for r, s in enumerate(states[: len(self)])])
 
-    def update_weights(self, weights) -> None:
+    def update_weights(self, weights, version: int | None = None) -> None:
         """Every generator loads ``weights`` (under Ray an object reference: one object in the store,
-        resolved in each generator's process)."""
-        self.group.run("update_weights", weights)
+        resolved in each generator's process) as weight version ``version``."""
+        self.group.run("update_weights", weights, version=version)
+
+    def weight_reports(self, probe: bool) -> list:
+        """Each generator's :class:`~rlplane.workers.weight_sync.GeneratorReport`, in generator order."""
+        return self.group.run("weight_report", probe)
 
     def close(self) -> None:
         if isinstance(self.group, LocalGroup):  # a Ray actor's environments go with its processes

@@ -33,6 +33,7 @@ from rlplane.dataplane.columns import (
 )
 from rlplane.generation.sampling import filtering_on
 from rlplane.models.configured import load_configured_policy
+from rlplane.models.fingerprint import fingerprint
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers import parallel, rank as rank_block, shared_prefix
@@ -41,6 +42,7 @@ from rlplane.workers.packing import MicroBatch, microbatch_planner
 from rlplane.workers.rank import DPRank
 from rlplane.workers.scorer import Scorer, shard_logprobs
 from rlplane.workers.trainer import Trainer
+from rlplane.workers.weight_sync import model_precision, score_probes
 
 if TYPE_CHECKING:
     from rlplane.config.policy import PolicyConfig
@@ -208,9 +210,19 @@ class PolicyWorker:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """What a generator loads: host copies of the weights under HF names (merged, under LoRA;
         under FSDP a gather every rank calls, rank 0 gets them)."""
-        if parallel.is_sharded(self.model):
-            return parallel.full_state_dict(self.model)
-        return policy_weights(self.model)
+        sharded = parallel.is_sharded(self.model)
+        weights = parallel.full_state_dict(self.model) if sharded else policy_weights(self.model)
+        if self.policy.generation.verify_weights != "off":
+            self._sent = fingerprint(weights)  # what a weight-sync check expects the generators to hold
+        return weights
+
+    def weight_check(self, probes: list[tuple[list[int], list[int]]], shared: bool = False) -> dict:
+        """The trainer's half of a weight-sync check: the fingerprint of the weights last sent (``shared``:
+        of the module itself, which the generator samples from), the precision of its forward, and its
+        logprobs of each generator's probe tokens (a forward every rank takes part in under FSDP)."""
+        sent = fingerprint(self.model.state_dict()) if shared else getattr(self, "_sent", None)
+        scores = score_probes(self.model, probes, self.policy.generation, self.pad_id) if probes else []
+        return {"fingerprint": sent, "precision": model_precision(self.model), "probe_logprobs": scores}
 
     def save(self, path: str) -> None:
         """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler (and reference) state

@@ -52,6 +52,7 @@ from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.turns import EnvSteps, Turns, TurnsResult, generate_turns, score_turns, turns_result
+from rlplane.workers.weight_sync import GeneratorReport, model_precision, run_probe
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:
@@ -98,13 +99,28 @@ class RolloutWorker:
         return 0
 
     # ---- weights and RNG -------------------------------------------------------------------------
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int | None:
         """Load the policy's weights (waking the engine after :meth:`sleep`); ``version`` stamps the
-        tokens the new weights sample (may land mid-generation: in-flight updates)."""
+        tokens the new weights sample (may land mid-generation: in-flight updates). Returns the version
+        held before (None: never refit), which a weight-sync check compares with the one it last saw."""
+        held = self._held_before = getattr(self.backend, "weight_version", None)
+        self._refit_names = list(state_dict)
         if version is None:
             self.backend.update_weights(state_dict)
         else:
             self.backend.update_weights(state_dict, version=version)
+        return held
+
+    def weight_report(self, probe: bool = True) -> GeneratorReport:
+        """The weight version and fingerprint the engine holds now (over the tensors the last refit named)
+        and, with ``probe``, the fixed probe's greedy tokens and logprobs (:mod:`rlplane.workers.weight_sync`)."""
+        return GeneratorReport(
+            version=getattr(self.backend, "weight_version", None),
+            fingerprint=self.backend.fingerprint(getattr(self, "_refit_names", None)),
+            precision=model_precision(getattr(self.backend, "model", None)),
+            probe=run_probe(self.backend, self.tokenizer, self.cfg.policy.generation) if probe else None,
+            previous_version=getattr(self, "_held_before", None),
+        )
 
     def sleep(self) -> None:
         """Release the engine's memory until the next :meth:`update_weights` (colocated placement: the

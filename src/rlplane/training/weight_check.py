@@ -1,0 +1,105 @@
+"""Verified weight sync, the driver's half: after the policy's weights change and reach the generators,
+each generator reports what it holds and the trainer compares (docs/weight_sync.md).
+
+Per generator: the version it held before this refit is the one last verified (a restarted generator
+holds none), the version it holds now is the one sent, its fingerprint is that of the tensors sent
+(:mod:`rlplane.models.fingerprint`), and its probe's ``token_mult_prob_error`` against the trainer's
+score of the same tokens is within the precision's tolerance (:mod:`rlplane.workers.weight_sync`). A
+generator that samples from the policy's own module has no version of its own: its fingerprint and
+probe are checked. ``policy.generation.verify_weights``: ``fail`` raises :class:`WeightSyncError`
+(one line), ``warn`` says the line and goes on, ``off`` checks nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rlplane.models.fingerprint import difference
+from rlplane.training.loop import TrainingStopped
+from rlplane.workers.weight_sync import GeneratorReport, probe_error, tolerance
+
+
+class WeightSyncError(TrainingStopped):
+    """A generator does not hold the weights the trainer sent (one line)."""
+
+
+def _version(v) -> str:
+    return "none" if v is None else str(v)
+
+
+class WeightCheck:
+    """``generation``: the ``policy.generation`` section; ``say``: where ``warn`` mode's lines go."""
+
+    def __init__(self, generation, say: Callable[[str], None] = print):
+        self.mode, self.probe_every, self.say = generation.verify_weights, generation.verify_probe_every, say
+        self.checks = 0
+        self.verified: dict[int, int | None] = {}  # generator -> the version last verified there
+        self.metrics: dict[str, float] = {}  # since the last take_metrics
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def run(self, workers, version: int, shared: bool) -> None:
+        """Check every generator of ``workers`` against the trainer after weights of ``version`` were
+        pushed to them (``shared``: they sample from the policy's own module, nothing was pushed)."""
+        t0 = time.perf_counter()
+        probe = bool(self.probe_every) and self.checks % self.probe_every == 0
+        self.checks += 1
+        reports: list[GeneratorReport] = workers.rollout.weight_reports(probe)
+        probes = [r.probe[:2] for r in reports if r.probe is not None]
+        policy = workers.policy
+        if policy_sharded(workers):  # under FSDP the probe's forward needs every rank
+            trainer = policy.run("weight_check", probes, shared=shared)[0]
+        else:
+            trainer = policy.wait([policy.lazy("weight_check", probes, shared=shared)])[0]
+        scores = iter(trainer["probe_logprobs"])
+        errors = []
+        for i, r in enumerate(reports):
+            err = probe_error(r.probe[2], next(scores)) if r.probe is not None else None
+            if err is not None:
+                errors.append(err)
+            problem = self._problem(i, r, trainer, version, shared, err)
+            if problem is not None:
+                self._mismatch(i, len(reports), r, trainer, version, shared, problem)
+            self.verified[i] = version
+        if errors:
+            self.metrics["weight_sync/probe_token_mult_prob_error"] = max(errors)
+        self.metrics["timing/weight_sync/check"] = self.metrics.get("timing/weight_sync/check", 0.0) \
+            + time.perf_counter() - t0
+
+    def _problem(self, i: int, r: GeneratorReport, trainer: dict, version: int, shared: bool,
+                 err: float | None) -> str | None:
+        if not shared:
+            if r.previous_version != self.verified.get(i):
+                return (f"it held version {_version(r.previous_version)} before this refit, not the "
+                        f"{_version(self.verified.get(i))} verified last (restarted, or its weights replaced)")
+            if r.version != version:
+                return "the refit did not reach it"
+        if trainer["fingerprint"] is not None and (diff := difference(trainer["fingerprint"], r.fingerprint)):
+            return diff
+        if err is not None:
+            tol = tolerance(r.precision, trainer["precision"])
+            if not err <= tol:  # NaN fails too
+                return f"probe token_mult_prob_error {err:.6g} > {tol:g} ({r.precision} / {trainer['precision']})"
+        return None
+
+    def _mismatch(self, i: int, n: int, r: GeneratorReport, trainer: dict, version: int, shared: bool,
+                  problem: str) -> None:
+        sent = trainer["fingerprint"]
+        held = "the policy's module" if shared else f"version {_version(r.version)}"
+        line = (f"weight sync: generator {i} of {n} holds {held} (fingerprint {r.fingerprint.digest}), the trainer "
+                f"is at version {version} (fingerprint {sent.digest if sent is not None else 'none'}): {problem}")
+        self.metrics["weight_sync/mismatches"] = self.metrics.get("weight_sync/mismatches", 0.0) + 1
+        if self.mode == "fail":
+            raise WeightSyncError(f"{line}; policy.generation.verify_weights=warn goes on regardless")
+        self.say(line)
+
+    def take_metrics(self) -> dict[str, float]:
+        out, self.metrics = self.metrics, {}
+        return out
+
+
+def policy_sharded(workers) -> bool:
+    return workers.cfg.policy.dtensor_cfg.enabled and len(workers.policy) > 1

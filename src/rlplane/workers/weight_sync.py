@@ -1,0 +1,89 @@
+"""The two halves of a weight-sync check: what a generator reports after a refit, and the trainer's
+score of the generator's probe.
+
+A generator reports the weight version it holds, the fingerprint of its weights
+(:mod:`rlplane.models.fingerprint`) and a probe: ``PROBE_TOKENS`` greedy tokens after the fixed
+prompt ``PROBE_TEXT`` with their processed logprobs. The trainer scores the same tokens with its own
+forward under the same sampling distribution; :func:`probe_error` is ``token_mult_prob_error`` of the
+two, which must stay within the precision's :data:`PROBE_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlplane.models.fingerprint import Fingerprint
+from rlplane.workers.logprobs import token_logprobs
+
+PROBE_TEXT = "12+34="
+PROBE_TOKENS = 4
+# Largest probe token_mult_prob_error accepted, by the coarser precision of trainer and generator. fp32:
+# the two forwards differ by float rounding only (1.000003 measured on sampled tokens). bf16 matmuls
+# (fp32 lm_head): 1.014-1.016 measured on sampled tokens, the probe's greedy tokens sit lower.
+PROBE_TOLERANCE = {"fp32": 1.001, "bf16": 1.05}
+
+
+@dataclass(frozen=True)
+class GeneratorReport:
+    """What a generator holds after a refit: ``version`` (None: never refit), ``fingerprint``,
+    ``precision`` of its forward, the probe (prompt ids, generated ids, their logprobs; None when not
+    probed this time) and the version it held before that refit."""
+
+    version: int | None
+    fingerprint: Fingerprint
+    precision: str
+    probe: tuple[list[int], list[int], torch.Tensor] | None = None
+    previous_version: int | None = None  # the version held before the last refit
+
+
+def probe_prompt(tokenizer) -> list[int]:
+    """The probe's prompt ids (at least one token)."""
+    ids = list(tokenizer(PROBE_TEXT)["input_ids"])
+    return ids or [tokenizer.eos_token_id or 0]
+
+
+def model_precision(model) -> str:
+    return "bf16" if getattr(model, "rlplane_autocast_dtype", None) is torch.bfloat16 else "fp32"
+
+
+def run_probe(backend, tokenizer, generation) -> tuple[list[int], list[int], torch.Tensor]:
+    """Greedy ``PROBE_TOKENS`` after the probe prompt under ``generation``'s sampling settings."""
+    prompt = probe_prompt(tokenizer)
+    out = backend.generate([prompt], max_new_tokens=PROBE_TOKENS, greedy=True, temperature=generation.temperature,
+                           top_p=generation.top_p, top_k=generation.top_k, seed=0)
+    return prompt, list(out.output_ids[0]), out.logprobs[0].float()
+
+
+@torch.no_grad()
+def score_probes(model, probes: Sequence[tuple[list[int], list[int]]], generation, pad_id: int) -> list[torch.Tensor]:
+    """The trainer's logprobs of each probe's generated tokens (a list of (T_i,) float32), one forward."""
+    seqs = [list(p) + list(g) for p, g in probes]
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s)
+        mask[i, : len(s)] = 1
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()  # no dropout: the probe draws no random numbers
+    try:
+        lp = token_logprobs(model, ids.to(device), mask.to(device), generation.temperature, generation.top_k,
+                            generation.top_p).float().cpu()  # (N, W)
+    finally:
+        model.train(was_training)
+    return [lp[i, len(p): len(p) + len(g)] for i, (p, g) in enumerate(probes)]
+
+
+def probe_error(generator_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor) -> float:
+    """``token_mult_prob_error`` of the probe: mean over its tokens of exp(|generator - trainer|); 1 = equal."""
+    if generator_logprobs.numel() == 0:
+        return 1.0
+    return float(torch.exp((generator_logprobs.float() - trainer_logprobs.float()).abs()).mean())
+
+
+def tolerance(*precisions: str) -> float:
+    return max(PROBE_TOLERANCE[p] for p in precisions)
