@@ -63,7 +63,7 @@ class WeightCheck:
             problem = self._problem(i, r, trainer, version, shared, err)
             if problem is not None:
                 self._mismatch(i, len(reports), r, trainer, version, shared, problem)
-            self.verified[i] = version
+            self.verified[i] = r.version  # what it holds, right or not: a later refit compares with it
         if errors:
             self.metrics["weight_sync/probe_token_mult_prob_error"] = max(errors)
         self.metrics["timing/weight_sync/check"] = self.metrics.get("timing/weight_sync/check", 0.0) \
