@@ -114,9 +114,9 @@ class Generators:
         resolved in each generator's process) as weight version ``version``."""
         self.group.run("update_weights", weights, version=version)
 
-    def weight_reports(self, probe: bool) -> list:
+    def weight_reports(self, probe: bool, fingerprint: bool = True) -> list:
         """Each generator's :class:`~rlplane.workers.weight_sync.GeneratorReport`, in generator order."""
-        return self.group.run("weight_report", probe)
+        return self.group.run("weight_report", probe, fingerprint)
 
     def close(self) -> None:
         if isinstance(self.group, LocalGroup):  # a Ray actor's environments go with its processes

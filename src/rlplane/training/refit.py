@@ -52,7 +52,9 @@ class Refit:
             self.stale = False
             self.unverified = True
         if self.unverified and self.check.enabled:
-            self.check.run(self.workers, self.version, shared=self.workers.generator_shares_weights)
+            w = self.workers
+            self.check.run(w.rollout.weight_reports, w.policy, self.version, shared=w.generator_shares_weights,
+                           sharded=w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1)
         self.unverified = False
 
     def take_metrics(self) -> dict[str, float]:

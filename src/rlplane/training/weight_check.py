@@ -28,11 +28,20 @@ def _version(v) -> str:
     return "none" if v is None else str(v)
 
 
-class WeightCheck:
-    """``generation``: the ``policy.generation`` section; ``say``: where ``warn`` mode's lines go."""
+def _weights(version, fingerprint, shared: bool) -> str:
+    if shared:
+        return "the policy's own module"
+    return f"version {_version(version)} (fingerprint {fingerprint.digest if fingerprint is not None else 'none'})"
 
-    def __init__(self, generation, say: Callable[[str], None] = print):
+
+class WeightCheck:
+    """``generation``: the ``policy.generation`` section; ``say``: where ``warn`` mode's lines go; ``label``
+    names the generators in them, ``prefix`` starts the names of the metrics."""
+
+    def __init__(self, generation, say: Callable[[str], None] = print, label: str = "generator",
+                 prefix: str = "weight_sync/"):
         self.mode, self.probe_every, self.say = generation.verify_weights, generation.verify_probe_every, say
+        self.label, self.prefix = label, prefix
         self.checks = 0
         self.verified: dict[int, int | None] = {}  # generator -> the version last verified there
         self.metrics: dict[str, float] = {}  # since the last take_metrics
@@ -41,33 +50,39 @@ class WeightCheck:
     def enabled(self) -> bool:
         return self.mode != "off"
 
-    def run(self, workers, version: int, shared: bool) -> None:
-        """Check every generator of ``workers`` against the trainer after weights of ``version`` were
-        pushed to them (``shared``: they sample from the policy's own module, nothing was pushed)."""
+    def run(self, reports: Callable[[bool], list[GeneratorReport]], policy, version: int, *, shared: bool = False,
+            sharded: bool = False, probe: bool = True) -> None:
+        """Check every generator against the trainer after weights of ``version`` were pushed to them.
+
+        ``reports(probe, fingerprint)``: each generator's report; ``policy``: the policy's worker group; ``shared``: the
+        generators sample from the policy's own module (nothing was pushed); ``sharded``: under FSDP the
+        probe's forward needs every rank; ``probe``: False where a probe cannot run now (a generation in flight).
+        """
         t0 = time.perf_counter()
-        probe = bool(self.probe_every) and self.checks % self.probe_every == 0
+        probe = probe and bool(self.probe_every) and self.checks % self.probe_every == 0
         self.checks += 1
-        reports: list[GeneratorReport] = workers.rollout.weight_reports(probe)
-        probes = [r.probe[:2] for r in reports if r.probe is not None]
-        policy = workers.policy
-        if policy_sharded(workers):  # under FSDP the probe's forward needs every rank
+        if shared and not probe:  # nothing was copied: the probe is all there is to check
+            return
+        got = reports(probe, not shared)
+        probes = [r.probe[:2] for r in got if r.probe is not None]
+        if sharded:
             trainer = policy.run("weight_check", probes, shared=shared)[0]
         else:
             trainer = policy.wait([policy.lazy("weight_check", probes, shared=shared)])[0]
         scores = iter(trainer["probe_logprobs"])
         errors = []
-        for i, r in enumerate(reports):
+        for i, r in enumerate(got):
             err = probe_error(r.probe[2], next(scores)) if r.probe is not None else None
             if err is not None:
                 errors.append(err)
             problem = self._problem(i, r, trainer, version, shared, err)
             if problem is not None:
-                self._mismatch(i, len(reports), r, trainer, version, shared, problem)
+                self._mismatch(i, len(got), r, trainer, version, shared, problem)
             self.verified[i] = r.version  # what it holds, right or not: a later refit compares with it
         if errors:
-            self.metrics["weight_sync/probe_token_mult_prob_error"] = max(errors)
-        self.metrics["timing/weight_sync/check"] = self.metrics.get("timing/weight_sync/check", 0.0) \
-            + time.perf_counter() - t0
+            self.metrics[f"{self.prefix}probe_token_mult_prob_error"] = max(errors)
+        key = f"timing/{self.prefix}check"
+        self.metrics[key] = self.metrics.get(key, 0.0) + time.perf_counter() - t0
 
     def _problem(self, i: int, r: GeneratorReport, trainer: dict, version: int, shared: bool,
                  err: float | None) -> str | None:
@@ -77,8 +92,10 @@ class WeightCheck:
                         f"{_version(self.verified.get(i))} verified last (restarted, or its weights replaced)")
             if r.version != version:
                 return "the refit did not reach it"
-        if trainer["fingerprint"] is not None and (diff := difference(trainer["fingerprint"], r.fingerprint)):
-            return diff
+            if trainer["fingerprint"] is None:
+                return "the trainer has no fingerprint of what it sent"
+            if diff := difference(trainer["fingerprint"], r.fingerprint):
+                return diff
         if err is not None:
             tol = tolerance(r.precision, trainer["precision"])
             if not err <= tol:  # NaN fails too
@@ -87,11 +104,11 @@ class WeightCheck:
 
     def _mismatch(self, i: int, n: int, r: GeneratorReport, trainer: dict, version: int, shared: bool,
                   problem: str) -> None:
-        sent = trainer["fingerprint"]
-        held = "the policy's module" if shared else f"version {_version(r.version)}"
-        line = (f"weight sync: generator {i} of {n} holds {held} (fingerprint {r.fingerprint.digest}), the trainer "
-                f"is at version {version} (fingerprint {sent.digest if sent is not None else 'none'}): {problem}")
-        self.metrics["weight_sync/mismatches"] = self.metrics.get("weight_sync/mismatches", 0.0) + 1
+        held, sent = (r.version, r.fingerprint), (version, trainer["fingerprint"])
+        line = (f"weight sync: {self.label} {i} of {n} holds {_weights(*held, shared)}, the trainer is at "
+                f"{_weights(*sent, False)}: {problem}")
+        key = f"{self.prefix}mismatches"
+        self.metrics[key] = self.metrics.get(key, 0.0) + 1
         if self.mode == "fail":
             raise WeightSyncError(f"{line}; policy.generation.verify_weights=warn goes on regardless")
         self.say(line)
@@ -99,7 +116,3 @@ class WeightCheck:
     def take_metrics(self) -> dict[str, float]:
         out, self.metrics = self.metrics, {}
         return out
-
-
-def policy_sharded(workers) -> bool:
-    return workers.cfg.policy.dtensor_cfg.enabled and len(workers.policy) > 1

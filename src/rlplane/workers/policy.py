@@ -217,10 +217,10 @@ class PolicyWorker:
         return weights
 
     def weight_check(self, probes: list[tuple[list[int], list[int]]], shared: bool = False) -> dict:
-        """The trainer's half of a weight-sync check: the fingerprint of the weights last sent (``shared``:
-        of the module itself, which the generator samples from), the precision of its forward, and its
+        """The trainer's half of a weight-sync check: the fingerprint of the weights last sent (None when
+        ``shared``: the generator samples from this very module), the precision of its forward, and its
         logprobs of each generator's probe tokens (a forward every rank takes part in under FSDP)."""
-        sent = fingerprint(self.model.state_dict()) if shared else getattr(self, "_sent", None)
+        sent = None if shared else getattr(self, "_sent", None)
         scores = score_probes(self.model, probes, self.policy.generation, self.pad_id) if probes else []
         return {"fingerprint": sent, "precision": model_precision(self.model), "probe_logprobs": scores}
 

@@ -111,12 +111,12 @@ class RolloutWorker:
             self.backend.update_weights(state_dict, version=version)
         return held
 
-    def weight_report(self, probe: bool = True) -> GeneratorReport:
-        """The weight version and fingerprint the engine holds now (over the tensors the last refit named)
-        and, with ``probe``, the fixed probe's greedy tokens and logprobs (:mod:`rlplane.workers.weight_sync`)."""
+    def weight_report(self, probe: bool = True, fingerprint: bool = True) -> GeneratorReport:
+        """The weight version and (``fingerprint``) the fingerprint the engine holds now, over the tensors the
+        last refit named, and (``probe``) the fixed probe's greedy tokens and logprobs (``workers/weight_sync.py``)."""
         return GeneratorReport(
             version=getattr(self.backend, "weight_version", None),
-            fingerprint=self.backend.fingerprint(getattr(self, "_refit_names", None)),
+            fingerprint=self.backend.fingerprint(getattr(self, "_refit_names", None)) if fingerprint else None,
             precision=model_precision(getattr(self.backend, "model", None)),
             probe=run_probe(self.backend, self.tokenizer, self.cfg.policy.generation) if probe else None,
             previous_version=getattr(self, "_held_before", None),

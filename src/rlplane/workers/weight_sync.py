@@ -33,7 +33,7 @@ class GeneratorReport:
     probed this time) and the version it held before that refit."""
 
     version: int | None
-    fingerprint: Fingerprint
+    fingerprint: Fingerprint | None  # None: not asked (the generator samples from the trainer's own module)
     precision: str
     probe: tuple[list[int], list[int], torch.Tensor] | None = None
     previous_version: int | None = None  # the version held before the last refit
