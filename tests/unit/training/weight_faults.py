@@ -72,11 +72,29 @@ def _first_matrix(sd: dict) -> str:
     return next(k for k, v in sd.items() if v.dim() == 2 and "embed" not in k and "lm_head" not in k)
 
 
-def faulty_worker(schedule: dict[int, str], generator: int = 1) -> type:
-    """A rollout worker class whose generator ``generator`` suffers ``schedule``."""
+class OddFirstDigit:
+    """Reward 1 when the response starts with an odd digit: rewards vary even from random weights, so the
+    policy (and a LoRA adapter) trains."""
+
+    def step(self, message_logs, metadata):
+        from rlplane.envs import EnvironmentReturn, last_assistant_content
+
+        texts = [last_assistant_content(m) for m in message_logs]
+        rewards = torch.tensor([float(t[:1] in "13579" and t[:1] != "") for t in texts])
+        n = len(texts)
+        return EnvironmentReturn([{}] * n, [None] * n, [None] * n, rewards, torch.ones(n, dtype=torch.bool), None)
+
+
+def faulty_worker(schedule: dict[int, str], generator: int = 1, varied_rewards: bool = False) -> type:
+    """A rollout worker class whose generator ``generator`` suffers ``schedule``; ``varied_rewards`` scores
+    the arithmetic task with :class:`OddFirstDigit` in every generator's process."""
 
     class FaultyRolloutWorker(RolloutWorker):
         def __init__(self, cfg, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None):
+            if varied_rewards:
+                from rlplane.envs import register_env
+
+                register_env("arithmetic", OddFirstDigit)
             super().__init__(cfg, data_plane, model, tokenizer, seed, shared_paths)
             if seed == cfg.loop.seed + generator:
                 self.backend = FaultyBackend(self.backend, schedule)
