@@ -1,11 +1,8 @@
 """A cheap, deterministic fingerprint of named weights: what a refit sent, and what a generator holds.
 
-Per tensor: its name, shape, a hash of ``SAMPLES`` elements at fixed pseudo-random positions (their
-float32 bytes: equal bits on any device) and the float32 sum of every element. Names, shapes and the
-sampled hash must match exactly; the sums within ``SUM_RTOL`` of the tensor's estimated absolute mass
-(the reduction order differs between devices and thread counts). So a swapped, missing, transposed,
-rescaled or noised tensor is found, and a change to a few unsampled elements when it moves the sum
-past the tolerance.
+Per tensor: name, shape, a hash of ``SAMPLES`` elements at fixed positions (float32 bits: equal on any
+device) and the float32 sum of all (equal within ``SUM_RTOL`` of the tensor's mass: devices and thread
+counts sum in another order). docs/weight_sync.md says what it finds.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ class Fingerprint:
 
     @property
     def digest(self) -> str:
-        """8 hex digits over names, shapes and sampled values (to name a fingerprint in one line)."""
+        """8 hex digits over names, shapes and sampled values."""
         h = hashlib.blake2b(digest_size=4)
         for name, t in self.tensors:
             h.update(f"{name}{t.shape}{t.sample}".encode())
@@ -63,14 +60,13 @@ def tensor_print(t: torch.Tensor) -> TensorPrint:
 
 
 def fingerprint(weights: Mapping[str, torch.Tensor], names: Iterable[str] | None = None) -> Fingerprint:
-    """The fingerprint of ``weights`` (only ``names`` when given; a name ``weights`` lacks is left out,
-    so it shows as missing when compared)."""
+    """Of ``weights`` (only ``names``; a name ``weights`` lacks is left out: missing when compared)."""
     keys = sorted(set(weights if names is None else names) & set(weights))
     return Fingerprint(tuple((k, tensor_print(weights[k])) for k in keys))
 
 
 def difference(expected: Fingerprint, actual: Fingerprint) -> str | None:
-    """What differs between two fingerprints, in words (the first tensor that does), or None."""
+    """The first difference, in words, or None."""
     want, have = dict(expected.tensors), dict(actual.tensors)
     if missing := sorted(set(want) - set(have)):
         return f"{len(missing)} tensors missing ({missing[0]}, ...)"

@@ -31,8 +31,7 @@ class Refit:
         self.unverified = True
 
     def if_stale(self) -> None:
-        """Push the policy's weights into the generators if they do not have them yet; then, once per
-        change of the policy's weights, check that they hold them (:mod:`rlplane.training.weight_check`)."""
+        """Push the policy's weights into the generators if stale; once per change of them, check they arrived."""
         kill_point("refit")
         if self.stale:
             w = self.workers
@@ -52,7 +51,7 @@ class Refit:
         self.unverified = False
 
     def take_metrics(self) -> dict[str, float]:
-        """The weight-sync checks' metrics since the last call (``weight_sync/*``, its seconds)."""
+        """The weight-sync checks' metrics since the last call."""
         return self.check.take_metrics()
 
     def release(self) -> None:

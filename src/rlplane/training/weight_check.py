@@ -1,13 +1,6 @@
-"""Verified weight sync, the driver's half: after the policy's weights change and reach the generators,
-each generator reports what it holds and the trainer compares (docs/weight_sync.md).
-
-Per generator: the version it held before this refit is the one last verified (a restarted generator
-holds none), the version it holds now is the one sent, its fingerprint is that of the tensors sent
-(:mod:`rlplane.models.fingerprint`), and its probe's ``token_mult_prob_error`` against the trainer's
-score of the same tokens is within the precision's tolerance (:mod:`rlplane.workers.weight_sync`). A
-generator that samples from the policy's own module has no version of its own: its fingerprint and
-probe are checked. ``policy.generation.verify_weights``: ``fail`` raises :class:`WeightSyncError`
-(one line), ``warn`` says the line and goes on, ``off`` checks nothing.
+"""Verified weight sync, the driver's half: after the policy's weights change, each generator's report
+is compared with the trainer's (versions before and after, fingerprint, probe; docs/weight_sync.md).
+``fail`` raises :class:`WeightSyncError` (one line), ``warn`` says the line and goes on.
 """
 
 from __future__ import annotations
@@ -52,12 +45,9 @@ class WeightCheck:
 
     def run(self, reports: Callable[[bool], list[GeneratorReport]], policy, version: int, *, shared: bool = False,
             sharded: bool = False, probe: bool = True) -> None:
-        """Check every generator against the trainer after weights of ``version`` were pushed to them.
-
-        ``reports(probe, fingerprint)``: each generator's report; ``policy``: the policy's worker group; ``shared``: the
-        generators sample from the policy's own module (nothing was pushed); ``sharded``: under FSDP the
-        probe's forward needs every rank; ``probe``: False where a probe cannot run now (a generation in flight).
-        """
+        """Check every generator after weights of ``version`` reached them. ``reports(probe, fingerprint)``:
+        their reports; ``shared``: they sample from the policy's own module; ``sharded``: FSDP (every rank
+        scores the probe); ``probe``: False where none can run now (a generation in flight)."""
         t0 = time.perf_counter()
         probe = probe and bool(self.probe_every) and self.checks % self.probe_every == 0
         self.checks += 1

@@ -1,11 +1,5 @@
-"""The two halves of a weight-sync check: what a generator reports after a refit, and the trainer's
-score of the generator's probe.
-
-A generator reports the weight version it holds, the fingerprint of its weights
-(:mod:`rlplane.models.fingerprint`) and a probe: ``PROBE_TOKENS`` greedy tokens after the fixed
-prompt ``PROBE_TEXT`` with their processed logprobs. The trainer scores the same tokens with its own
-forward under the same sampling distribution; :func:`probe_error` is ``token_mult_prob_error`` of the
-two, which must stay within the precision's :data:`PROBE_TOLERANCE`.
+"""A weight-sync check's worker halves: a generator's report (version, fingerprint, a probe of
+``PROBE_TOKENS`` greedy tokens after ``PROBE_TEXT``) and the trainer's score of the probe's tokens.
 """
 
 from __future__ import annotations
@@ -28,15 +22,13 @@ PROBE_TOLERANCE = {"fp32": 1.001, "bf16": 1.05}
 
 @dataclass(frozen=True)
 class GeneratorReport:
-    """What a generator holds after a refit: ``version`` (None: never refit), ``fingerprint``,
-    ``precision`` of its forward, the probe (prompt ids, generated ids, their logprobs; None when not
-    probed this time) and the version it held before that refit."""
+    """What a generator holds after a refit; ``probe``: (prompt ids, generated ids, their logprobs)."""
 
-    version: int | None
-    fingerprint: Fingerprint | None  # None: not asked (the generator samples from the trainer's own module)
+    version: int | None  # None: never refit
+    fingerprint: Fingerprint | None  # None: not asked (it samples from the trainer's own module)
     precision: str
-    probe: tuple[list[int], list[int], torch.Tensor] | None = None
-    previous_version: int | None = None  # the version held before the last refit
+    probe: tuple[list[int], list[int], torch.Tensor] | None = None  # None: not probed this time
+    previous_version: int | None = None  # held before the last refit
 
 
 def probe_prompt(tokenizer) -> list[int]:
@@ -59,7 +51,7 @@ def run_probe(backend, tokenizer, generation) -> tuple[list[int], list[int], tor
 
 @torch.no_grad()
 def score_probes(model, probes: Sequence[tuple[list[int], list[int]]], generation, pad_id: int) -> list[torch.Tensor]:
-    """The trainer's logprobs of each probe's generated tokens (a list of (T_i,) float32), one forward."""
+    """The trainer's (T_i,) logprobs of each probe's generated tokens, in one forward."""
     seqs = [list(p) + list(g) for p, g in probes]
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -79,7 +71,7 @@ def score_probes(model, probes: Sequence[tuple[list[int], list[int]]], generatio
 
 
 def probe_error(generator_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor) -> float:
-    """``token_mult_prob_error`` of the probe: mean over its tokens of exp(|generator - trainer|); 1 = equal."""
+    """``token_mult_prob_error``: mean of exp(|generator - trainer|) over the tokens; 1 = equal."""
     if generator_logprobs.numel() == 0:
         return 1.0
     return float(torch.exp((generator_logprobs.float() - trainer_logprobs.float()).abs()).mean())
