@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlplane.config.loading import load_config
+from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.training.refit import Refit
 from rlplane.training.weight_check import WeightSyncError
@@ -25,6 +25,15 @@ def test_probe_error_is_token_mult_prob_error():
     assert probe_error(g, g) == 1.0 and probe_error(torch.zeros(0), torch.zeros(0)) == 1.0
     assert math.isnan(probe_error(torch.tensor([float("nan")]), torch.tensor([0.0])))
     assert tolerance("fp32", "bf16") == PROBE_TOLERANCE["bf16"] > tolerance("fp32") > 1.0
+
+
+def test_verify_weights_reads_a_bare_yaml_off(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("policy:\n  generation: {verify_weights: off}\n")
+    assert load_config(str(path), []).policy.generation.verify_weights == "off"
+    assert load_config(None, []).policy.generation.verify_weights == "fail"
+    with pytest.raises(ConfigError, match="verify_weights"):
+        load_config(None, ["policy.generation.verify_weights=loud"])
 
 
 def changed(workers, step: int) -> None:
