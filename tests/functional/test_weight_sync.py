@@ -15,6 +15,7 @@ import pytest
 
 from rlplane.config.loading import load_config
 from rlplane.extras import vllm_available
+from rlplane.recipes import async_grpo
 from rlplane.recipes.grpo import train
 from rlplane.training.weight_check import WeightSyncError
 from tests.unit.training.weight_faults import DETECTED_AFTER, faulty_worker, ship_to_ray
@@ -75,6 +76,23 @@ def test_every_fault_is_found_within_one_step_in_every_trial(tmp_path, monkeypat
     assert all(found[s] == 1.0 for s in expected)  # generator 1 only
     assert all(r["weight_sync/probe_token_mult_prob_error"] < 1.001 for r in rows.values()
                if "weight_sync/probe_token_mult_prob_error" in r and r["step"] not in expected)
+
+
+def test_the_async_collectors_generator_is_checked_at_every_refit(tmp_path, monkeypatch):
+    # The collector's generator is seeded with grpo.seed + 3; its refit n ends step n - 1 (row n).
+    faults = schedule(PLAIN)
+    monkeypatch.setattr("rlplane.async_rl.collector.RolloutWorker",
+                        faulty_worker(faults, generator=3, varied_rewards=True))
+    small = [o for o in SMALL if not o.startswith("policy.generation.num_generators")]
+    cfg = load_config("grpo_arithmetic_async", [*small, f"run_dir={tmp_path}", f"grpo.max_num_steps={max(faults) + 3}",
+                                                "policy.generation.verify_weights=warn"])
+    async_grpo.train(cfg, quiet=True)
+    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    found = {r["step"] for r in rows if r.get("weight_sync/collector_mismatches")}
+    assert found == {n + DETECTED_AFTER.get(kind, 0) for n, kind in faults.items()}
+    for kind in PLAIN:
+        hit = sum(n + DETECTED_AFTER.get(k, 0) in found for n, k in faults.items() if k == kind)
+        print(f"weight-sync trial: {kind:<10} hf   async-local injected {TRIALS} detected {hit}")
 
 
 def test_a_mismatch_stops_the_run_with_one_line(tmp_path, monkeypatch, runtime):
