@@ -79,7 +79,8 @@ def test_every_fault_is_found_within_one_step_in_every_trial(tmp_path, monkeypat
 
 
 def test_the_async_collectors_generator_is_checked_at_every_refit(tmp_path, monkeypatch):
-    # The collector's generator is seeded with grpo.seed + 3; its refit n ends step n - 1 (row n).
+    # The collector's generator is seeded with grpo.seed + 3; its refit n ends step n - 1 and is logged
+    # with step n, the first to use its weights (row n + 1).
     faults = schedule(PLAIN)
     monkeypatch.setattr("rlplane.async_rl.collector.RolloutWorker",
                         faulty_worker(faults, generator=3, varied_rewards=True))
@@ -89,9 +90,9 @@ def test_the_async_collectors_generator_is_checked_at_every_refit(tmp_path, monk
     async_grpo.train(cfg, quiet=True)
     rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     found = {r["step"] for r in rows if r.get("weight_sync/collector_mismatches")}
-    assert found == {n + DETECTED_AFTER.get(kind, 0) for n, kind in faults.items()}
+    assert found == {n + DETECTED_AFTER.get(kind, 0) + 1 for n, kind in faults.items()}
     for kind in PLAIN:
-        hit = sum(n + DETECTED_AFTER.get(k, 0) in found for n, k in faults.items() if k == kind)
+        hit = sum(n + DETECTED_AFTER.get(k, 0) + 1 in found for n, k in faults.items() if k == kind)
         print(f"weight-sync trial: {kind:<10} hf   async-local injected {TRIALS} detected {hit}")
 
 

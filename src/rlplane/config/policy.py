@@ -56,7 +56,8 @@ class GenerationConfig(StrictModel):
         "`fail` stops the run at a mismatch with one line, `warn` says the line and goes on, `off` checks nothing."
     )
     verify_probe_every: int = Field(
-        1, ge=0, description="Run the probe at every Nth weight-sync check (0 = never: version and fingerprint only)."
+        1, ge=0, description="Run the weight-sync probe at the weight versions (steps) divisible by N (0 = never: "
+        "version and fingerprint only)."
     )
 
     @field_validator("verify_weights", mode="before")

@@ -217,7 +217,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics.update(rollout_metrics(carry, meta.seq_lens))
     metrics["buffer_size"] = float(buffered)
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics(),
-            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}, **handle.check.take_metrics()}
+            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}, **handle.check.take_metrics(step)}
 
 
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:

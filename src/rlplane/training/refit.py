@@ -50,9 +50,9 @@ class Refit:
                            sharded=w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1)
         self.unverified = False
 
-    def take_metrics(self) -> dict[str, float]:
-        """The weight-sync checks' metrics since the last call."""
-        return self.check.take_metrics()
+    def take_metrics(self, upto: int) -> dict[str, float]:
+        """The weight-sync checks' metrics of the versions up to ``upto`` (the step whose row they join)."""
+        return self.check.take_metrics(upto)
 
     def release(self) -> None:
         """Until the next refit: colocated generators sleep (weights freed) while the policy trains."""

@@ -228,7 +228,7 @@ class Session:
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
-        metrics.update(self.refit.take_metrics())
+        metrics.update(self.refit.take_metrics(step))
         self.log.log(metrics, step=done)
         self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
         if (record := self.prompts.take_step_record()) is not None:

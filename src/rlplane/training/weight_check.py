@@ -35,9 +35,11 @@ class WeightCheck:
                  prefix: str = "weight_sync/"):
         self.mode, self.probe_every, self.say = generation.verify_weights, generation.verify_probe_every, say
         self.label, self.prefix = label, prefix
-        self.checks = 0
         self.verified: dict[int, int | None] = {}  # generator -> the version last verified there
-        self.metrics: dict[str, float] = {}  # since the last take_metrics
+        # Per weight version checked: a step's row gets those of the versions it used, whenever they were checked
+        # (a resumed run's rows then equal an uninterrupted run's). Seconds spent: with the next row.
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.seconds = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -49,8 +51,8 @@ class WeightCheck:
         their reports; ``shared``: they sample from the policy's own module; ``sharded``: FSDP (every rank
         scores the probe); ``probe``: False where none can run now (a generation in flight)."""
         t0 = time.perf_counter()
-        probe = probe and bool(self.probe_every) and self.checks % self.probe_every == 0
-        self.checks += 1
+        # By version, not by count: a resumed run probes at the same steps as an uninterrupted one.
+        probe = probe and bool(self.probe_every) and version % self.probe_every == 0
         if shared and not probe:  # nothing was copied: the probe is all there is to check
             return
         got = reports(probe, not shared)
@@ -70,9 +72,10 @@ class WeightCheck:
                 self._mismatch(i, len(got), r, trainer, version, shared, problem)
             self.verified[i] = r.version  # what it holds, right or not: a later refit compares with it
         if errors:
-            self.metrics[f"{self.prefix}probe_token_mult_prob_error"] = max(errors)
-        key = f"timing/{self.prefix}check"
-        self.metrics[key] = self.metrics.get(key, 0.0) + time.perf_counter() - t0
+            m = self.metrics.setdefault(version, {})
+            key = f"{self.prefix}probe_token_mult_prob_error"
+            m[key] = max(m.get(key, 1.0), *errors)
+        self.seconds += time.perf_counter() - t0
 
     def _problem(self, i: int, r: GeneratorReport, trainer: dict, version: int, shared: bool,
                  err: float | None) -> str | None:
@@ -97,12 +100,18 @@ class WeightCheck:
         held, sent = (r.version, r.fingerprint), (version, trainer["fingerprint"])
         line = (f"weight sync: {self.label} {i} of {n} holds {_weights(*held, shared)}, the trainer is at "
                 f"{_weights(*sent, False)}: {problem}")
-        key = f"{self.prefix}mismatches"
-        self.metrics[key] = self.metrics.get(key, 0.0) + 1
+        m, key = self.metrics.setdefault(version, {}), f"{self.prefix}mismatches"
+        m[key] = m.get(key, 0.0) + 1
         if self.mode == "fail":
             raise WeightSyncError(f"{line}; policy.generation.verify_weights=warn goes on regardless")
         self.say(line)
 
-    def take_metrics(self) -> dict[str, float]:
-        out, self.metrics = self.metrics, {}
+    def take_metrics(self, upto: int) -> dict[str, float]:
+        """The metrics of the versions up to ``upto`` (dropped here), and the checks' seconds since the last call."""
+        out: dict[str, float] = {}
+        for v in sorted(v for v in self.metrics if v <= upto):
+            for k, x in self.metrics.pop(v).items():
+                out[k] = max(out.get(k, x), x) if k.endswith("prob_error") else out.get(k, 0.0) + x
+        if self.seconds:
+            out[f"timing/{self.prefix}check"], self.seconds = self.seconds, 0.0
         return out

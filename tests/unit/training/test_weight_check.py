@@ -36,6 +36,43 @@ def test_verify_weights_reads_a_bare_yaml_off(tmp_path):
         load_config(None, ["policy.generation.verify_weights=loud"])
 
 
+class _Policy:
+    """A policy group stand-in: ``weight_check`` answers with a fixed fingerprint and probe score."""
+
+    def __init__(self, fp, score):
+        self.fp, self.score = fp, score
+
+    def lazy(self, method, probes, shared=False):
+        return {"fingerprint": self.fp, "precision": "fp32", "probe_logprobs": [self.score] * len(probes)}
+
+    def wait(self, handles):
+        return handles
+
+
+def test_a_rows_metrics_are_those_of_the_versions_it_used_and_a_nan_probe_fails():
+    from types import SimpleNamespace
+
+    from rlplane.models.fingerprint import fingerprint
+    from rlplane.training.weight_check import WeightCheck
+    from rlplane.workers.weight_sync import GeneratorReport
+
+    fp, said = fingerprint({"w": torch.ones(3)}), []
+    check = WeightCheck(SimpleNamespace(verify_weights="warn", verify_probe_every=1), said.append)
+
+    def reports(lp, previous):
+        return lambda probe, with_fp: [GeneratorReport(3, fp, "fp32", ([1], [2], lp) if probe else None, previous)]
+
+    check.run(reports(torch.tensor([-0.5]), None), _Policy(fp, torch.tensor([-0.5])), 3)
+    assert set(check.take_metrics(2)) == {"timing/weight_sync/check"}  # version 3's row is not step 2's
+    assert check.take_metrics(3) == {"weight_sync/probe_token_mult_prob_error": 1.0}
+    check.run(reports(torch.tensor([float("nan")]), 3), _Policy(fp, torch.tensor([-0.5])), 3)
+    assert said[-1].endswith("probe token_mult_prob_error nan > 1.001 (fp32 / fp32)")
+    check.run(reports(torch.tensor([-0.5]), None), _Policy(fp, torch.tensor([-0.5])), 3)
+    assert said[-1].endswith("it held version none before this refit, not the 3 verified last (restarted, or its "
+                             "weights replaced)")
+    assert check.take_metrics(3)["weight_sync/mismatches"] == 2.0
+
+
 def changed(workers, step: int) -> None:
     """The policy's weights change as an optimizer step would change them (the adapters only, under LoRA)."""
     model = workers.policy.workers[0].model
@@ -64,7 +101,7 @@ def refits(monkeypatch, tmp_path, schedule: dict[int, str], n: int, *extra: str)
             refit.version = step
             refit.mark_stale()
             refit.if_stale()
-            found.append(refit.take_metrics().get("weight_sync/mismatches", 0.0))
+            found.append(refit.take_metrics(step).get("weight_sync/mismatches", 0.0))
     finally:
         workers.close()
     assert all(line.startswith("weight sync: generator 1 of 2 holds ") for line in said)
@@ -115,7 +152,7 @@ def test_a_generator_sharing_the_policy_module_passes_with_an_exact_probe(tmp_pa
         assert workers.generator_shares_weights
         refit = Refit(workers)
         refit.if_stale()
-        metrics = refit.take_metrics()
+        metrics = refit.take_metrics(0)
     finally:
         workers.close()
     assert "weight_sync/mismatches" not in metrics
@@ -135,7 +172,7 @@ def test_off_checks_nothing_and_the_probe_cadence_skips_probes(monkeypatch, tmp_
             refit.version = step
             refit.mark_stale()
             refit.if_stale()
-            probed.append("weight_sync/probe_token_mult_prob_error" in refit.take_metrics())
+            probed.append("weight_sync/probe_token_mult_prob_error" in refit.take_metrics(step))
     finally:
         workers.close()
     assert probed == [True, False, True]
