@@ -121,6 +121,11 @@ class AsyncTrajectoryCollector:
     def set_weight_version(self, version: int) -> None:
         self._event(self.schedule.weights_swapped, version)
 
+    def weight_report(self, probe: bool = True, fingerprint: bool = True):
+        """The generator's weight-sync report (:meth:`RolloutWorker.weight_report`), asked before ``start`` or
+        between ``update_weights`` and ``resume_after_refit`` (no batch generates then without in-flight updates)."""
+        return self.worker.weight_report(probe, fingerprint)
+
     def resume_after_refit(self) -> None:
         self._event(self.schedule.refit_done)
 

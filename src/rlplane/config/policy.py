@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import rlplane.extras as extras
 from rlplane.config.base import StrictModel
@@ -50,6 +50,21 @@ class GenerationConfig(StrictModel):
         "stops with an error (null = wait forever)."
     )
     vllm_cfg: VllmConfig = Field(default_factory=VllmConfig, description="The vLLM engine (backend: vllm only).")
+    verify_weights: Literal["fail", "warn", "off"] = Field(
+        "fail", description="After every change of the policy's weights each generator echoes the weight version and "
+        "a fingerprint of the weights it holds and scores a fixed probe the trainer scores too (docs/weight_sync.md): "
+        "`fail` stops the run at a mismatch with one line, `warn` says the line and goes on, `off` checks nothing."
+    )
+    # The probe costs ~13 ms on the default job's ~0.2 s step; fingerprints find every wrong tensor anyway.
+    verify_probe_every: int = Field(
+        10, ge=0, description="Run the weight-sync probe at the weight versions (steps) divisible by N (0 = never: "
+        "version and fingerprint only)."
+    )
+
+    @field_validator("verify_weights", mode="before")
+    @classmethod
+    def _yaml_off(cls, v):
+        return "off" if v is False else v  # YAML reads a bare `off` as false
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:

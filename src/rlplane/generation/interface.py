@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlplane.models.fingerprint import Fingerprint, fingerprint
+
 FINISH_STOP = "stop"  # an eos / stop token id, or a stop string, ended the row
 FINISH_LENGTH = "length"  # max_new_tokens reached first
 
@@ -130,6 +132,11 @@ class GenerationBackend(abc.ABC):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Refit: load new policy weights; ``version`` stamps the tokens they sample. Thread-safe: ``hf`` swaps at
         the next token, ``vllm`` once the request in flight ends."""
+
+    def fingerprint(self, names: Sequence[str] | None = None) -> Fingerprint:
+        """The fingerprint of the weights the engine holds now, under HF names (only ``names`` when given;
+        :mod:`rlplane.models.fingerprint`): a refit's check compares it with the fingerprint of what was sent."""
+        return fingerprint(self.model.state_dict(), names)
 
     def sleep(self) -> None:
         """Release accelerator memory while the policy trains (vLLM's sleep mode); nothing by default."""

@@ -37,6 +37,7 @@ from rlplane.generation.interface import (
     default_stop_token_ids,
     normalize_stop_strings,
 )
+from rlplane.models.fingerprint import Fingerprint, fingerprint
 
 
 def _import_vllm():
@@ -268,6 +269,12 @@ class VLLMGenerationBackend(GenerationBackend):
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         with _ENGINE_LOCK:
             self.engine.load_weights(state_dict)
+        self._received = fingerprint(state_dict)
+
+    def fingerprint(self, names: Sequence[str] | None = None) -> Fingerprint:
+        """The fingerprint of what the last refit handed the engine (it stores its weights fused, under vLLM's
+        own names): the weight-sync probe checks what the engine computes with them."""
+        return getattr(self, "_received", None) or fingerprint({})
 
     def sleep(self) -> None:
         """Free the GPU for the trainer (``vllm_cfg.enable_sleep_mode``; otherwise nothing)."""

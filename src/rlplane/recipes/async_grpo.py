@@ -42,6 +42,7 @@ from rlplane.training.rollouts import (
     transform_rewards,
 )
 from rlplane.training.samples import train_samples
+from rlplane.training.weight_check import WeightCheck
 from rlplane.training.workers import RAY_CPUS_COLLECTOR
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.metrics import merge_rank_metrics
@@ -81,7 +82,17 @@ class CollectorHandle:
         elif resumed is not None:  # read by the collector itself: its columns never pass the driver
             restored, dropped = self.call("load_state", str(resumed / CHECKPOINT_FILE), start_step)
             s.say(f"restored {restored} trajectory groups ({dropped} stale dropped){self.call('restore_note')}")
+        self.check = WeightCheck(cfg.policy.generation, s.say, label="collector generator",
+                                 prefix="weight_sync/collector_")
+        self._verify(start_step)
         self.call("start")
+
+    def _verify(self, version: int) -> None:
+        """The collector's generator holds the weights of ``version`` (:mod:`rlplane.training.weight_check`);
+        with in-flight updates a batch may be generating, so no probe then."""
+        if self.check.enabled:
+            self.check.run(lambda probe, fingerprint: [self.call("weight_report", probe, fingerprint)],
+                           self._policy, version, probe=not self.options.in_flight)
 
     def call(self, method: str, *args, **kwargs):
         return self.actor.call(method, *args, **kwargs)
@@ -112,6 +123,7 @@ class CollectorHandle:
             self.call("update_weights", self.actor.share("weights", self._policy.lazy("get_weights")),
                       version)
         self.call("set_weight_version", version)
+        self._verify(version)
         self.call("resume_after_refit")
         return buffered, seconds
 
@@ -205,7 +217,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics.update(rollout_metrics(carry, meta.seq_lens))
     metrics["buffer_size"] = float(buffered)
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics(),
-            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}}
+            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}, **handle.check.take_metrics(step)}
 
 
 def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:

@@ -93,9 +93,13 @@ class Generators:
         states = state if isinstance(state, list) else [state]
         self.group.wait([self.group.lazy("set_rng_state", s, rank=r) for r, s in enumerate(states[: len(self)])])
 
-    def update_weights(self, weights) -> None:
-        """Every generator loads ``weights`` (under Ray one object reference, resolved in each process)."""
-        self.group.run("update_weights", weights)
+    def update_weights(self, weights, version: int | None = None) -> None:
+        """Every generator loads ``weights`` as ``version`` (under Ray one object reference, resolved in each)."""
+        self.group.run("update_weights", weights, version=version)
+
+    def weight_reports(self, probe: bool, fingerprint: bool = True) -> list:
+        """Each generator's :class:`~rlplane.workers.weight_sync.GeneratorReport`, in generator order."""
+        return self.group.run("weight_report", probe, fingerprint)
 
     def close(self) -> None:
         if isinstance(self.group, LocalGroup):  # a Ray actor's environments go with its processes

@@ -7,32 +7,52 @@ store and every generator resolves the same reference. Colocated generators slee
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rlplane.training.weight_check import WeightCheck
 from rlplane.training.workers import Workers
 from rlplane.utils.kill_points import kill_point
 
 
 class Refit:
-    def __init__(self, workers: Workers):
+    """``version``: the weight version the policy holds (the session sets it: the step its weights serve);
+    ``say``: where a weight-sync warning goes (``policy.generation.verify_weights: warn``)."""
+
+    def __init__(self, workers: Workers, say: Callable[[str], None] = print):
         self.workers = workers
         self.stale = False
+        self.unverified = True  # the generators' weights were not checked since the policy's last changed
+        self.version = 0
+        self.check = WeightCheck(workers.cfg.policy.generation, say)
 
     def mark_stale(self) -> None:
         """The policy's weights changed (an optimizer step, a checkpoint load, a fresh actor)."""
         self.stale = not self.workers.generator_shares_weights
+        self.unverified = True
 
     def if_stale(self) -> None:
-        """Push the policy's weights into the generators if they do not have them yet."""
+        """Push the policy's weights into the generators if stale; once per change of them, check they arrived."""
         kill_point("refit")
         if self.stale:
             w = self.workers
             if w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1:
                 # Under FSDP get_weights is a gather all ranks join.
                 refs = [w.policy.lazy("get_weights", rank=r) for r in range(len(w.policy))]
-                w.rollout.update_weights(refs[0])
+                w.rollout.update_weights(refs[0], version=self.version)
                 w.policy.wait(refs[1:])
             else:
-                w.rollout.update_weights(w.policy.lazy("get_weights"))
+                w.rollout.update_weights(w.policy.lazy("get_weights"), version=self.version)
             self.stale = False
+            self.unverified = True
+        if self.unverified and self.check.enabled:
+            w = self.workers
+            self.check.run(w.rollout.weight_reports, w.policy, self.version, shared=w.generator_shares_weights,
+                           sharded=w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1)
+        self.unverified = False
+
+    def take_metrics(self, upto: int) -> dict[str, float]:
+        """The weight-sync checks' metrics of the versions up to ``upto`` (the step whose row they join)."""
+        return self.check.take_metrics(upto)
 
     def release(self) -> None:
         """Until the next refit: colocated generators sleep (weights freed) while the policy trains."""

@@ -104,7 +104,7 @@ class Session:
         self.data_plane = make_data_plane(dp.backend, **({"index": index} if dp.backend == "ray" else {}))
         self.workers = Workers(worker_cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg,
                                shared_paths=self.shared_paths)
-        self.refit = Refit(self.workers)
+        self.refit = Refit(self.workers, say=self.say)
         self.checkpoints.attach(self.workers, self.prompts)
         self.initial_validation: dict[str, float] = {}
         self.warmup_result: dict[str, float] = {}
@@ -155,6 +155,7 @@ class Session:
             self.warmup_result = info.get("warmup", {})
             self.teacher_warmup_result = info.get("teacher_warmup", {})
             self.refit.mark_stale()
+            self.refit.version = int(info["step"])
             self.log.last_logged_step = int(info["step"])
             self.say(f"resumed from {latest} at step {info['step']}")
             start = int(info["step"])
@@ -202,6 +203,7 @@ class Session:
             # Once more before the first step, for what the recipe built after start().
             freeze_heap()
         self._stepped = True
+        self.refit.version = step
         self.workers.rollout.call("set_weight_version", step)
         self.prompts.take_step_record()  # what a step that stopped early drew is no step's record
 
@@ -228,12 +230,14 @@ class Session:
     def end_step(self, step: int, metrics: dict[str, float]) -> None:
         """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step)."""
         g, done, end = self.cfg.loop, step + 1, self.last_step()
+        self.refit.version = done  # the weights the step trained serve the next one
         kill_point("train")
         if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
             t0 = time.perf_counter()
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
+        metrics.update(self.refit.take_metrics(step))
         self.log.log(metrics, step=done)
         self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
         if (record := self.prompts.take_step_record()) is not None:

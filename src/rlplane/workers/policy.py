@@ -27,6 +27,7 @@ from rlplane.dataplane.columns import (
 )
 from rlplane.generation.sampling import filtering_on
 from rlplane.models.configured import load_configured_policy
+from rlplane.models.fingerprint import fingerprint
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
 from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers import parallel, rank as rank_block, shared_prefix
@@ -35,6 +36,7 @@ from rlplane.workers.packing import MicroBatch, microbatch_planner
 from rlplane.workers.rank import DPRank
 from rlplane.workers.scorer import Scorer, shard_logprobs
 from rlplane.workers.trainer import Trainer
+from rlplane.workers.weight_sync import model_precision, score_probes
 
 if TYPE_CHECKING:
     from rlplane.config.policy import PolicyConfig
@@ -194,10 +196,20 @@ class PolicyWorker:
 
     # ---- weights and state
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Host copies of the weights under HF names (merged under LoRA; under FSDP every rank gathers)."""
-        if parallel.is_sharded(self.model):
-            return parallel.full_state_dict(self.model)
-        return policy_weights(self.model)
+        """Host copies of the weights under HF names (merged under LoRA; under FSDP every rank gathers);
+        their fingerprint is kept for the weight-sync check."""
+        sharded = parallel.is_sharded(self.model)
+        weights = parallel.full_state_dict(self.model) if sharded else policy_weights(self.model)
+        if self.policy.generation.verify_weights != "off":
+            self._sent = fingerprint(weights)
+        return weights
+
+    def weight_check(self, probes: list[tuple[list[int], list[int]]], shared: bool = False) -> dict:
+        """The trainer's half of a weight-sync check: the last sent weights' fingerprint (None if ``shared``),
+        its precision and its logprobs of each probe's tokens (under FSDP every rank runs it)."""
+        sent = None if shared else getattr(self, "_sent", None)
+        scores = score_probes(self.model, probes, self.policy.generation, self.pad_id) if probes else []
+        return {"fingerprint": sent, "precision": model_precision(self.model), "probe_logprobs": scores}
 
     def save(self, path: str) -> None:
         """HF weights + tokenizer to ``path/weights`` and optimizer state (rank 0; under FSDP each rank its shard)."""

@@ -31,6 +31,7 @@ from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.turns import EnvSteps, Turns, TurnsResult, generate_turns, score_turns, turns_result
+from rlplane.workers.weight_sync import GeneratorReport, model_precision, run_probe
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:
@@ -72,12 +73,26 @@ class RolloutWorker:
         return 0
 
     # ---- weights and RNG
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Load the policy's weights (waking the engine); ``version`` stamps the tokens they sample."""
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int | None:
+        """Load the policy's weights (waking the engine); ``version`` stamps the tokens they sample.
+        Returns the version held before (None: never refit)."""
+        held = self._held_before = getattr(self.backend, "weight_version", None)
+        self._refit_names = list(state_dict)
         if version is None:
             self.backend.update_weights(state_dict)
         else:
             self.backend.update_weights(state_dict, version=version)
+        return held
+
+    def weight_report(self, probe: bool = True, fingerprint: bool = True) -> GeneratorReport:
+        """What the engine holds now: version, fingerprint over the last refit's names, the probe (weight_sync.py)."""
+        return GeneratorReport(
+            version=getattr(self.backend, "weight_version", None),
+            fingerprint=self.backend.fingerprint(getattr(self, "_refit_names", None)) if fingerprint else None,
+            precision=model_precision(getattr(self.backend, "model", None)),
+            probe=run_probe(self.backend, self.tokenizer, self.cfg.policy.generation) if probe else None,
+            previous_version=getattr(self, "_held_before", None),
+        )
 
     def sleep(self) -> None:
         """Release the engine's memory until :meth:`update_weights` (colocated: the policy trains meanwhile);

@@ -26,6 +26,7 @@ SRC = Path(rlplane.__file__).parent
 # warm-up and the worker groups (they build workers, which take it) and evaluate() (an entry point).
 PARTS = ["datasets.py", "training/prompts.py", "training/runlog.py", "training/checkpoints.py", "training/loop.py",
          "training/rollouts.py", "training/advantages.py", "training/refit.py", "training/generators.py",
+         "training/weight_check.py",
          "training/sft.py", "training/samples.py"]
 
 

@@ -43,7 +43,7 @@ class Recorder:
     def __init__(self):
         self.weights, self.rollouts = [], []
 
-    def update_weights(self, w):
+    def update_weights(self, w, version=None):
         self.weights.append(w)
 
     def rollout(self, datums, *, group_size, partition_id, greedy=False):
@@ -62,7 +62,8 @@ def test_refit_fetches_the_weights_once_for_every_generator():
         return {"w": torch.ones(2)}
 
     gens = LocalGroup(Recorder, [{}, {}])
-    workers = SimpleNamespace(cfg=load_config(None, []), policy=SimpleNamespace(lazy=lambda method: get_weights()),
+    workers = SimpleNamespace(cfg=load_config(None, ["policy.generation.verify_weights=off"]),
+                              policy=SimpleNamespace(lazy=lambda method: get_weights()),
                               generator_shares_weights=False, rollout=Generators(gens))
     refit = Refit(workers)
     refit.mark_stale()

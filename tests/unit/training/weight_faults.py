@@ -1,0 +1,109 @@
+"""Weight-sync faults, injected by a test-only wrapper around one generator's generation backend.
+
+``faulty_worker(schedule)`` is a :class:`RolloutWorker` whose generator ``generator`` (told apart by
+its seed: the session gives generator j the run's seed + j) wraps its backend in :class:`FaultyBackend`;
+``schedule`` maps a refit's index (0: the one at start) to the fault it suffers. Tests put the class in
+place of ``rlplane.training.workers.RolloutWorker``; under Ray it travels by value (:func:`ship_to_ray`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from rlplane.workers.rollout import RolloutWorker
+
+# What each fault does to a refit (or, for "restart", to the generation after it).
+KINDS = {
+    "skip": "the refit never reaches the engine",
+    "wrong": "two tensors of one shape land under each other's names",
+    "corrupt": "one tensor loads with noise added",
+    "restart": "the engine comes back with fresh weights and no version before its next rollout",
+    "lora_twice": "the LoRA update is merged into the base twice",
+    "lora_none": "the LoRA update is not merged (the base weights load)",
+}
+# The refit (counted from the one at start) at which a fault shows: a restart after refit n shows at n + 1.
+DETECTED_AFTER = {"restart": 1}
+
+
+class FaultyBackend:
+    """Delegates to ``inner`` except where ``schedule`` (refit index -> fault kind) says otherwise."""
+
+    def __init__(self, inner, schedule: dict[int, str]):
+        self.inner, self.schedule, self.refits = inner, dict(schedule), 0
+        self.initial = {k: v.detach().clone() for k, v in inner.model.state_dict().items()}  # the fresh weights
+        self._restart = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def update_weights(self, state_dict, version=None):
+        kind = self.schedule.get(self.refits)
+        self.refits += 1
+        if kind == "skip":
+            return None
+        if kind == "restart":
+            self._restart = True
+        return self.inner.update_weights(self._faulted(dict(state_dict), kind), version)
+
+    def _faulted(self, sd: dict, kind: str | None) -> dict:
+        if kind == "wrong":
+            a, b = [k for k, v in sd.items() if v.shape == sd[_first_matrix(sd)].shape][:2]
+            sd[a], sd[b] = sd[b], sd[a]
+        elif kind == "corrupt":
+            k = _first_matrix(sd)
+            sd[k] = sd[k] + 1e-3 * torch.randn(sd[k].shape, generator=torch.Generator().manual_seed(0))
+        elif kind == "lora_twice":  # W + 2Δ, Δ = sent - base (the base is frozen: the fresh weights)
+            sd = {k: 2 * v - self.initial[k] if k in self.initial else v for k, v in sd.items()}
+        elif kind == "lora_none":
+            sd = {k: self.initial.get(k, v) for k, v in sd.items()}
+        return sd
+
+    def generate(self, *args, **kwargs):
+        if self._restart and not kwargs.get("greedy"):  # the first rollout after the refit, not its probe
+            self._restart = False
+            self.inner.model.load_state_dict(self.initial)
+            self.inner._swap.version = None
+        return self.inner.generate(*args, **kwargs)
+
+
+def _first_matrix(sd: dict) -> str:
+    return next(k for k, v in sd.items() if v.dim() == 2 and "embed" not in k and "lm_head" not in k)
+
+
+class OddFirstDigit:
+    """Reward 1 when the response starts with an odd digit: rewards vary even from random weights, so the
+    policy (and a LoRA adapter) trains."""
+
+    def step(self, message_logs, metadata):
+        from rlplane.envs import EnvironmentReturn, last_assistant_content
+
+        texts = [last_assistant_content(m) for m in message_logs]
+        rewards = torch.tensor([float(t[:1] in "13579" and t[:1] != "") for t in texts])
+        n = len(texts)
+        return EnvironmentReturn([{}] * n, [None] * n, [None] * n, rewards, torch.ones(n, dtype=torch.bool), None)
+
+
+def faulty_worker(schedule: dict[int, str], generator: int = 1, varied_rewards: bool = False) -> type:
+    """A rollout worker class whose generator ``generator`` suffers ``schedule``; ``varied_rewards`` scores
+    the arithmetic task with :class:`OddFirstDigit` in every generator's process."""
+
+    class FaultyRolloutWorker(RolloutWorker):
+        def __init__(self, cfg, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None):
+            if varied_rewards:
+                from rlplane.envs import register_env
+
+                register_env("arithmetic", OddFirstDigit)
+            super().__init__(cfg, data_plane, model, tokenizer, seed, shared_paths)
+            if seed == cfg.loop.seed + generator:
+                self.backend = FaultyBackend(self.backend, schedule)
+
+    return FaultyRolloutWorker
+
+
+def ship_to_ray() -> None:
+    """Ray actors get this module's classes by value (the tests directory is not on their path)."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
