@@ -2,7 +2,8 @@
 
 Needs ``pip install 'rlplane[hf]'``. Only local files are read (``data.train.path`` is a file, a
 glob or a directory); the rows become the same ``{"problem", "answer", "task_name"}`` dicts as
-JSONL rows, and the same one-line ``DatasetError`` names a missing file or a missing column.
+JSONL rows, and the same one-line ``DatasetError`` names a missing file or a missing column, or a row
+whose answer is not a non-empty string or a number (rows counted from 1, a CSV's header not counted).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib.util
 import os
 
 from rlplane.data.errors import DatasetError
-from rlplane.data.jsonl import JsonlFields, decode_line
+from rlplane.data.jsonl import JsonlFields, answer_text, decode_line
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -76,7 +77,7 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
     for i, row in enumerate(ds, start=1):
         rows.append({
             "problem": str(row[fields.problem]),
-            "answer": str(row[fields.answer]),
+            "answer": answer_text(row[fields.answer], fields.answer, path, i, unit="row"),
             "task_name": str((row[fields.task_name] if has_task else None) or fields.default_task_name),
             "line": i,
         })

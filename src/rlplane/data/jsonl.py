@@ -9,6 +9,7 @@ a prompt longer than the maximum.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -41,15 +42,20 @@ def decode_line(raw: bytes, path: str, line_no: int) -> str:
         ) from None
 
 
-def answer_text(value, key: str, path: str, line_no: int) -> str:
-    """A row's reference answer as text: a non-empty string or a number. Anything else (null, an object,
-    a list, a boolean, "") would be scored through its Python repr, or match an empty completion."""
+def answer_text(value, key: str, path: str, line_no: int, unit: str = "line") -> str:
+    """A row's reference answer as text: a non-empty string or a finite number. Anything else (null, an
+    object, a list, a boolean, "", NaN) would be scored through its Python repr, or match an empty completion.
+    ``unit``: what ``line_no`` counts in the message (a file's line, or a table's row)."""
     if isinstance(value, str) and value.strip():
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return str(value)
-    got = "an empty string" if isinstance(value, str) else f"{json.dumps(value)} ({type(value).__name__})"
-    raise DatasetError(f"dataset {path}, line {line_no}: field {key!r} is {got}; the reference answer must be a "
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError):  # a type JSON cannot show (bytes, a timestamp from a Parquet column)
+        shown = repr(value)[:80]
+    got = "an empty string" if isinstance(value, str) else f"{shown} ({type(value).__name__})"
+    raise DatasetError(f"dataset {path}, {unit} {line_no}: field {key!r} is {got}; the reference answer must be a "
                        "non-empty string or a number")
 
 

@@ -217,9 +217,10 @@ def _library_file(path: str) -> bool:
     return "site-packages" in path or "dist-packages" in path or path.startswith(sysconfig.get_paths()["stdlib"])
 
 
-def user_exit_message(e: SystemExit) -> str:
+def user_exit_message(e: SystemExit | KeyboardInterrupt) -> str:
     """One line for a ``SystemExit`` that user code raised inside a run (``sys.exit()`` in a reward
-    function or environment): where it came from, by the innermost frame of the user's code in its traceback."""
+    function or environment), or a ``KeyboardInterrupt`` it raised in a thread (no Ctrl-C reaches one):
+    where it came from, by the innermost frame of the user's code in its traceback."""
     tb = e.__traceback__
     # The deepest frame that is the user's: a library may wrap sys.exit (wandb's exit hook does), and
     # its wrapper would otherwise be named as the caller.
@@ -232,7 +233,8 @@ def user_exit_message(e: SystemExit) -> str:
     frame = tb.tb_frame if tb is not None else None
     where = (f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name} ({frame.f_code.co_filename}:"
              f"{tb.tb_lineno})" if frame is not None else "user code")
-    return (f"{where} called sys.exit({e.code!r}) during the run; a reward function or environment must return "
+    did = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}"
+    return (f"{where} {did} during the run; a reward function or environment must return "
             "(or raise), not exit: the run stopped as failed")
 
 
@@ -274,15 +276,22 @@ def check_task_names(env_cfg, datums: Sequence[Any]) -> None:
                                 f"{', '.join(map(str, have))}), so it would never be called; check the spelling")
 
 
-def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
+def _direct(fn: Callable[[], Any], what: str) -> Any:
+    return fn()
+
+
+def check_user_tasks(env_cfg, datums: Sequence[Any], within: Callable[[Callable[[], Any], str], Any] = _direct) -> None:
     """Import every user task and step it once on one of its rows (the reference answer as the
     completion), so a wrong path, signature or return type is a one-line error before training;
-    a user task no row names is an error too (:func:`check_task_names`)."""
+    a user task no row names is an error too (:func:`check_task_names`). ``within(fn, what)`` makes
+    each user call (the constructor, the step): the caller's deadline, so a call that blocks is one line."""
     register_user_tasks(env_cfg)
     check_task_names(env_cfg, datums)
     for name, task in env_cfg.user_tasks().items():
-        env = make_user_env(name, task.reward_fn, task.class_, **task.kwargs)
         where = f"env.{name}.reward_fn" if task.reward_fn else f"env.{name}.class"
+        shown = f"{where} = {task.reward_fn or task.class_!r}"
+        env = within(lambda: make_user_env(name, task.reward_fn, task.class_, **task.kwargs),
+                     f"start-up check: {shown}: building it")
         datum = next((d for d in datums if d.task_name == name), None)
         try:
             if datum is None:
@@ -291,7 +300,7 @@ def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
             log = [dict(m) for m in datum.message_log]
             log.append({"role": "assistant", "content": str(datum.ground_truth or "")})
             try:
-                ret = env.step([log], [info])
+                ret = within(lambda: env.step([log], [info]), f"start-up check: {shown} on row {datum.idx}")
             except UserTaskError:
                 raise
             except Exception as e:

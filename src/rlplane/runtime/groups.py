@@ -23,6 +23,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta, shard_meta_for_dp
 from rlplane.fast.heap import freeze_actor_heap
 from rlplane.runtime.process_actor import ProcessActor
 from rlplane.runtime.worker_env import WORKER_ENV
+from rlplane.utils.reachable import check_reachable
 
 # An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
@@ -272,6 +273,9 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
     if address:
+        if address not in ("auto", "local"):  # ray.init retries an address with no GCS behind it forever
+            check_reachable(address, 10001 if address.startswith("ray://") else 6379, "cluster.address",
+                            "start the cluster (ray start --head) or fix the address; null runs a local Ray")
         ray.init(address=address, **kwargs)
     else:
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)

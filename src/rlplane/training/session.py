@@ -16,6 +16,7 @@ values it needs) from it.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import time
@@ -27,10 +28,11 @@ from rlplane.config.loading import dump_config
 from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
-from rlplane.envs.user import EnvErrorWindow, check_user_tasks, user_task_error_in
+from rlplane.envs.user import EnvErrorWindow, UserTaskError, check_user_tasks, user_task_error_in
 from rlplane.fast.heap import freeze_heap
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import load_configured_policy
+from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
@@ -43,6 +45,14 @@ from rlplane.training.workers import Workers, check_placement, check_ray_resourc
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
+
+
+def _user_call(timeout_s: float | None, fn: Callable, what: str):
+    """A start-up call into user code under ``env.step_timeout_s``: one that blocks is the user's error."""
+    try:
+        return call_with_deadline(fn, timeout_s, what, "env.step_timeout_s")
+    except DeadlineExceeded as e:
+        raise UserTaskError(str(e)) from None
 
 
 class Session:
@@ -76,7 +86,8 @@ class Session:
         del model
         self.prompts = Prompts(cfg.dataset_options(), self.tokenizer)
         self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
-        check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
+        check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
+                         within=functools.partial(_user_call, cfg.env.step_timeout_s))
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
                           run_config=cfg.model_dump(mode="json"), quiet=quiet)
         for msg in self._early_messages:
