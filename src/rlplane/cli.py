@@ -372,8 +372,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
+    if hasattr(sys.stdout, "reconfigure"):  # PYTHONIOENCODING=ascii and a path like café: escaped, not a traceback
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
+        from rlplane.fast.switches import check_switches
+
+        check_switches()
         return args.fn(args)
+    except BrokenPipeError:  # `rlplane show-config | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush too
+        return 141
     except _user_errors() as e:
         # A Ray worker's error arrives wrapped (RayTaskError, also an instance of the cause's class).
         cause = getattr(e, "cause", None)

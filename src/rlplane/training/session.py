@@ -30,6 +30,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
 from rlplane.envs.user import EnvErrorWindow, UserTaskError, check_user_tasks, user_task_error_in
 from rlplane.fast.heap import freeze_heap
+from rlplane.fast.switches import check_switches
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
@@ -42,7 +43,7 @@ from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources
-from rlplane.utils.kill_points import kill_point
+from rlplane.utils.kill_points import check_kill_spec, kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
 
@@ -63,6 +64,8 @@ class Session:
                  teacher_cfg: RunConfig | None = None):
         self.cfg = cfg
         # Absolute, created and writable, and no earlier run there unless resuming: checked first.
+        check_switches()
+        check_kill_spec()
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
         self._holds_run_dir = True
