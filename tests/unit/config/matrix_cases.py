@@ -422,15 +422,16 @@ def _small_disk(kib: int, fill: bool = False):
             pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
         MOUNTS.append(str(t / "disk"))
         if fill:  # full to the last block
-            with open(t / "disk" / "filler", "wb") as f, contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), open(t / "disk" / "filler", "wb") as f:
                 while True:
                     f.write(b"\0" * 4096)
                     f.flush()
     return setup
 
 
-case("disk/checkpoint-dir-full", ["train", *T, "checkpointing.checkpoint_dir={t}/disk/ck"], _small_disk(256))
-case("disk/run-dir-full", ["train", "--quiet", *TINY, "run_dir={t}/disk/r"], _small_disk(64, fill=True))
-case("disk/log-dir-full", ["train", *T, "logger.log_dir={t}/disk/logs"], _small_disk(64, fill=True))
-case("disk/export-output-full", ["export", "--checkpoint", "{w}/run", "-o", "{t}/disk/model"], _small_disk(256))
-case("disk/eval-output-full", [*E, "-n", "2", "-o", "{t}/disk/out.json"], _small_disk(64, fill=True))
+FULL = _small_disk(64, fill=True)
+case("disk/checkpoint-dir-full", ["train", *T, "checkpointing.checkpoint_dir={t}/disk/ck"], FULL)
+case("disk/run-dir-full", ["train", "--quiet", *TINY, "run_dir={t}/disk/r"], FULL)
+case("disk/log-dir-full", ["train", *T, "logger.log_dir={t}/disk/logs"], FULL)
+case("disk/export-output-full", ["export", "--checkpoint", "{w}/run", "-o", "{t}/disk/model"], FULL)
+case("disk/eval-output-full", [*E, "-n", "2", "-o", "{t}/disk/out.json"], FULL)

@@ -76,6 +76,14 @@ def _judge(rc, err: str, escaped: str | None, before: dict, after: dict, argv: l
 
 
 def run_case(argv_t: list[str], world: Path, t: Path, capsys, setup) -> tuple[str, str]:
+    try:
+        return _run_case(argv_t, world, t, capsys, setup)
+    finally:
+        while C.MOUNTS:  # a full-disk case's tmpfs
+            subprocess.run(["umount", "-l", C.MOUNTS.pop()], check=False)
+
+
+def _run_case(argv_t: list[str], world: Path, t: Path, capsys, setup) -> tuple[str, str]:
     if setup is not None:
         setup(world, t)
     argv = [a.replace("{w}", str(world)).replace("{t}", str(t)) for a in argv_t]
@@ -89,11 +97,7 @@ def run_case(argv_t: list[str], world: Path, t: Path, capsys, setup) -> tuple[st
     except BaseException:  # noqa: BLE001 - the point is to see it
         escaped = traceback.format_exc()
     err = capsys.readouterr().err
-    try:
-        verdict = _judge(rc, err, escaped, before, _snapshot(world, t), argv)
-    finally:
-        while C.MOUNTS:
-            subprocess.run(["umount", C.MOUNTS.pop()], check=False)
+    verdict = _judge(rc, err, escaped, before, _snapshot(world, t), argv)
     return verdict, (escaped or err).strip()
 
 
