@@ -18,7 +18,6 @@ import pytest
 
 from rlplane.cli import main
 from rlplane.errors import ConfigError
-from rlplane.utils.reachable import check_reachable, host_port
 
 TINY = [
     "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
@@ -133,10 +132,14 @@ def test_a_cluster_address_with_nothing_behind_it_fails_in_one_line(tmp_path):
     ("[::1]:6380", 6379, ("::1", 6380)), ("https://mlflow.example/x", 443, ("mlflow.example", 443)),
 ])
 def test_addresses_are_read_as_host_and_port(address, default, expected):
+    from rlplane.utils.reachable import host_port
+
     assert host_port(address, default) == expected
 
 
 @pytest.mark.parametrize("address", ["head:port", ":6379"])
 def test_a_malformed_address_is_one_line(address):
+    from rlplane.utils.reachable import check_reachable
+
     with pytest.raises(ConfigError, match=rf"^cluster.address = '{address}': not a host:port address"):
         check_reachable(address, 6379, "cluster.address", "fix it")
