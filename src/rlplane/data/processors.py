@@ -1,10 +1,5 @@
-"""Data processors: how a problem string becomes a prompt, per task (NeMo RL's ``PROCESSOR_REGISTRY``).
-
-A processor is a :class:`PromptFormat` (a template with ``{problem}`` and an optional system
-prompt); the chat template of instruct models is applied by ``make_prompt_datum`` when the
-resolved format says so. ``data.prompt.processor`` picks one by name; ``data.prompt.template`` and
-``system_prompt`` override its parts.
-"""
+"""Data processors: how a problem string becomes a prompt, per task (NeMo RL's ``PROCESSOR_REGISTRY``);
+``data.prompt.processor`` picks one, ``template`` and ``system_prompt`` override its parts."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ from transformers import PreTrainedTokenizerBase
 from rlplane.data.datum import PromptFormat
 from rlplane.data.errors import DatasetError
 
-# The chain-of-thought prompt of the math processor: reason, then give the answer in \boxed{},
-# which the math environment's verifier (math-verify) extracts first.
+# The math processor's chain-of-thought prompt: the answer in \boxed{}, which math-verify extracts first.
 MATH_COT_TEMPLATE = (
     "Solve the following problem. Think step by step, then put your final answer within \\boxed{{}}.\n\n{problem}"
 )
