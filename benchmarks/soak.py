@@ -73,10 +73,12 @@ def _rss_fds(procs: list[psutil.Process]) -> tuple[int, int]:
 
 
 def _ray_actor_procs() -> list[psutil.Process]:
-    from ray.util.state import list_actors
+    """This job's live actors, from the GCS actor table (the state API needs the dashboard, which is off)."""
+    import ray
+    from ray._private.state import actors
 
-    pids = [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.pid]
-    return [p for pid in pids if (p := _proc(pid)) is not None]
+    table = actors(job_id=ray.JobID.from_hex(ray.get_runtime_context().get_job_id()), actor_state_name="ALIVE")
+    return [p for a in table.values() if a.get("Pid") and (p := _proc(a["Pid"])) is not None]
 
 
 def _proc(pid: int) -> psutil.Process | None:
