@@ -372,8 +372,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
-    if hasattr(sys.stdout, "reconfigure"):  # PYTHONIOENCODING=ascii and a path like café: escaped, not a traceback
-        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         from rlplane.fast.switches import check_switches
 
