@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -220,9 +221,13 @@ def cmd_eval(args) -> int:
     line = f"accuracy (greedy): {result['accuracy']:.4f} on {result['num_problems']} problems"
     if k > 1:
         line += f"; pass@{k} (sampled, T={cfg.policy.generation.temperature:g}): {result[f'pass@{k}']:.4f}"
-    print(f"{line}  ({result['wall_seconds']} s)", file=sys.stderr)
     if args.output:
-        Path(args.output).write_text(text + "\n")
+        try:
+            Path(args.output).write_text(text + "\n")
+        except OSError as e:  # checked writable before the evaluation; a disk can still fill meanwhile
+            raise ConfigError([f"--output {args.output}: cannot write it ({e.strerror}); the result is on stdout "
+                               "above"]) from None
+    print(f"{line}  ({result['wall_seconds']} s)", file=sys.stderr)
     return 0
 
 
@@ -243,8 +248,12 @@ def _check_output_file(out) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".rlplane-probe-", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
+        try:
+            os.write(fd, b"\0" * 4096)  # a full disk still creates an empty file
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         raise ConfigError([f"--output {out}: cannot write in {parent} ({e.strerror or type(e).__name__}); "
                            "name a file in a writable directory"]) from None
@@ -364,7 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     if overrides:
         args.overrides = [*args.overrides, *overrides]
     try:
+        from rlplane.fast.switches import check_switches
+
+        check_switches()
         return args.fn(args)
+    except BrokenPipeError:  # `rlplane show-config | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush too
+        return 141
     except _user_errors() as e:
         # A Ray worker's error arrives wrapped (RayTaskError, also an instance of the cause's class).
         cause = getattr(e, "cause", None)
@@ -374,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlplane: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"rlplane: error: the disk is full{where} ({e.strerror}); free space (the last checkpoint is whole: "
+              "resume with checkpointing.resume=true)", file=sys.stderr)
+        return 2
     except SystemExit as e:  # no command exits by itself: user code (a reward function, an environment) did
         from rlplane.envs.user import user_exit_message
 

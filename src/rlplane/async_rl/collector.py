@@ -25,6 +25,7 @@ from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
+from rlplane.envs.user import user_exit_message
 from rlplane.fast.threads import lower_thread_priority
 from rlplane.runtime.deadlines import DeadlineExceeded
 from rlplane.utils.kill_points import kill_point
@@ -279,13 +280,16 @@ class AsyncTrajectoryCollector:
         try:
             lower_thread_priority(NICE_INCREMENT)  # batch threads, started from this one, inherit it
             self._collect()
-        except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - surfaced through health()
             self._crash(e)
 
-    def _crash(self, e: Exception) -> None:
+    def _crash(self, e: BaseException) -> None:
+        """The collector gives up; a ``sys.exit()`` or ``KeyboardInterrupt`` in a thread can only be the user
+        code's (a reward function, an environment): named as theirs, as the synchronous path does."""
+        why = user_exit_message(e) if isinstance(e, (SystemExit, KeyboardInterrupt)) else f"{type(e).__name__}: {e}"
         with self._cond:
             self._traceback = traceback.format_exc()
-            self.schedule.crashed(f"{type(e).__name__}: {e}")
+            self.schedule.crashed(why)
             self._cond.notify_all()
 
     def _collect(self) -> None:
@@ -312,7 +316,7 @@ class AsyncTrajectoryCollector:
     def _run_batch(self, job: StartBatch, datums: list[DatumSpec]) -> None:
         try:
             self._generate(job, datums)
-        except Exception as e:  # noqa: BLE001 - surfaced to the trainer through health()
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - surfaced through health()
             self._crash(e)
         finally:
             self._event(self.schedule.batch_finished, job.number)

@@ -1,5 +1,5 @@
 """Prompt rows from local JSON/JSONL, Parquet or CSV files read by HF ``datasets`` (``rlplane[hf]``), as
-JSONL rows, with the same one-line ``DatasetError``s."""
+JSONL rows, with the same one-line ``DatasetError``s (answers checked too; rows counted from 1)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib.util
 import os
 
 from rlplane.data.errors import DatasetError
-from rlplane.data.jsonl import JsonlFields, decode_line
+from rlplane.data.jsonl import JsonlFields, answer_text, decode_line
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -72,7 +72,7 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
     for i, row in enumerate(ds, start=1):
         rows.append({
             "problem": str(row[fields.problem]),
-            "answer": str(row[fields.answer]),
+            "answer": answer_text(row[fields.answer], fields.answer, path, i, unit="row"),
             "task_name": str((row[fields.task_name] if has_task else None) or fields.default_task_name),
             "line": i,
         })

@@ -4,6 +4,7 @@ one-line ``DatasetError`` naming the file and line."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -36,14 +37,19 @@ def decode_line(raw: bytes, path: str, line_no: int) -> str:
         ) from None
 
 
-def answer_text(value, key: str, path: str, line_no: int) -> str:
-    """A row's answer as text: a non-empty string or a number (anything else would score its repr)."""
+def answer_text(value, key: str, path: str, line_no: int, unit: str = "line") -> str:
+    """A row's answer as text: a non-empty string or a finite number (anything else would score its repr).
+    ``unit`` names what ``line_no`` counts: a file's line or a table's row."""
     if isinstance(value, str) and value.strip():
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return str(value)
-    got = "an empty string" if isinstance(value, str) else f"{json.dumps(value)} ({type(value).__name__})"
-    raise DatasetError(f"dataset {path}, line {line_no}: field {key!r} is {got}; the reference answer must be a "
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError):  # a type JSON cannot show (bytes, a timestamp from a Parquet column)
+        shown = repr(value)[:80]
+    got = "an empty string" if isinstance(value, str) else f"{shown} ({type(value).__name__})"
+    raise DatasetError(f"dataset {path}, {unit} {line_no}: field {key!r} is {got}; the reference answer must be a "
                        "non-empty string or a number")
 
 

@@ -203,9 +203,10 @@ def _library_file(path: str) -> bool:
     return "site-packages" in path or "dist-packages" in path or path.startswith(sysconfig.get_paths()["stdlib"])
 
 
-def user_exit_message(e: SystemExit) -> str:
-    """One line for a ``SystemExit`` from user code in a run, named by the deepest frame of the user's code
-    (a library may wrap sys.exit, as wandb's exit hook does)."""
+def user_exit_message(e: SystemExit | KeyboardInterrupt) -> str:
+    """One line for a ``SystemExit`` from user code in a run (or a ``KeyboardInterrupt`` it raised in a thread,
+    which no Ctrl-C reaches), named by the deepest frame of the user's code (a library may wrap sys.exit, as
+    wandb's exit hook does)."""
     tb = e.__traceback__
     user_tb = None
     while tb is not None:
@@ -216,7 +217,8 @@ def user_exit_message(e: SystemExit) -> str:
     frame = tb.tb_frame if tb is not None else None
     where = (f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name} ({frame.f_code.co_filename}:"
              f"{tb.tb_lineno})" if frame is not None else "user code")
-    return (f"{where} called sys.exit({e.code!r}) during the run; a reward function or environment must return "
+    did = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}"
+    return (f"{where} {did} during the run; a reward function or environment must return "
             "(or raise), not exit: the run stopped as failed")
 
 
@@ -256,14 +258,21 @@ def check_task_names(env_cfg, datums: Sequence[Any]) -> None:
                                 f"{', '.join(map(str, have))}), so it would never be called; check the spelling")
 
 
-def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
+def _direct(fn: Callable[[], Any], what: str) -> Any:
+    return fn()
+
+
+def check_user_tasks(env_cfg, datums: Sequence[Any], within: Callable[[Callable[[], Any], str], Any] = _direct) -> None:
     """Import every user task and step it once on one of its rows (reference answer as completion), so a
-    wrong path, signature or return is one line before training; also :func:`check_task_names`."""
+    wrong path, signature or return is one line before training; also :func:`check_task_names`.
+    ``within(fn, what)`` makes each user call (constructor, step): the caller's deadline."""
     register_user_tasks(env_cfg)
     check_task_names(env_cfg, datums)
     for name, task in env_cfg.user_tasks().items():
-        env = make_user_env(name, task.reward_fn, task.class_, **task.kwargs)
         where = f"env.{name}.reward_fn" if task.reward_fn else f"env.{name}.class"
+        shown = f"{where} = {task.reward_fn or task.class_!r}"
+        env = within(lambda: make_user_env(name, task.reward_fn, task.class_, **task.kwargs),
+                     f"start-up check: {shown}: building it")
         datum = next((d for d in datums if d.task_name == name), None)
         try:
             if datum is None:
@@ -272,7 +281,7 @@ def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
             log = [dict(m) for m in datum.message_log]
             log.append({"role": "assistant", "content": str(datum.ground_truth or "")})
             try:
-                ret = env.step([log], [info])
+                ret = within(lambda: env.step([log], [info]), f"start-up check: {shown} on row {datum.idx}")
             except UserTaskError:
                 raise
             except Exception as e:

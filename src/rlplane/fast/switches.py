@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from rlplane.errors import ConfigError
+
 ALL = "RLPLANE_FAST"
 FUSED_DECODE = "RLPLANE_FUSED_DECODE"  # generation.hf_decode: auto runs the model's own forward
 ONEDNN_LINEAR = "RLPLANE_ONEDNN_LINEAR"  # the fused decoder's fp32 output projection through F.linear
@@ -13,8 +15,20 @@ FREEZE_HEAP = "RLPLANE_FREEZE_HEAP"  # no gc.freeze()
 SET_THREADS = "RLPLANE_SET_THREADS"  # torch's own thread count unless policy.threads_per_worker is set; no nice
 
 _OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
+SWITCHES = (ALL, FUSED_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FREEZE_HEAP, SET_THREADS)
 
 
 def enabled(var: str) -> bool:
     """False when ``var`` or ``RLPLANE_FAST`` is set to ``0``/``false``/``no``/``off``."""
     return all(os.environ.get(v, "1").strip().lower() not in _OFF for v in (ALL, var))
+
+
+def check_switches() -> None:
+    """A ``ConfigError`` for a switch set to neither an on nor an off word (``RLPLANE_FAST=disable`` read
+    as on, silently, the opposite of what was meant)."""
+    for var in SWITCHES:
+        value = os.environ.get(var)
+        if value is not None and value.strip().lower() not in _OFF + _ON:
+            raise ConfigError([f"environment variable {var}={value!r}: not a switch value; use 0/false/no/off "
+                               "to turn it off, 1/true/yes/on (or unset) for on"])

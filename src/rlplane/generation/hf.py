@@ -27,7 +27,7 @@ from rlplane.generation.interface import (
     default_stop_token_ids,
     normalize_stop_strings,
 )
-from rlplane.generation.kv_cache import preallocated_cache
+from rlplane.generation.kv_cache import cache_kwarg, preallocated_cache
 from rlplane.generation.sampling import sample
 from rlplane.models.precision import FP32OutputLinear, autocast
 
@@ -61,6 +61,7 @@ class _HFStepper:
 
     def __init__(self, backend: HFGenerationBackend, capacity: int):
         self.forward = backend._forward
+        self.cache_kw = cache_kwarg(backend.model)
         if backend.kv_cache == "preallocated":
             self.cache = preallocated_cache(backend.model.config, capacity)
         else:
@@ -68,7 +69,7 @@ class _HFStepper:
 
     def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return self.forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=self.cache, use_cache=True, logits_to_keep=1)[:, -1]  # (U, V)
+                            **{self.cache_kw: self.cache}, use_cache=True, logits_to_keep=1)[:, -1]  # (U, V)
 
     def expand(self, index: torch.Tensor) -> None:
         self.cache.batch_select_indices(index)
@@ -77,7 +78,7 @@ class _HFStepper:
 
     def decode(self, tokens, positions, attention_mask) -> torch.Tensor:
         return self.forward(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=positions[:, None],
-                            past_key_values=self.cache, use_cache=True)[:, -1]  # (b, V)
+                            **{self.cache_kw: self.cache}, use_cache=True)[:, -1]  # (b, V)
 
 
 class HFGenerationBackend(GenerationBackend):

@@ -3,9 +3,22 @@ over a view of the filled prefix (no per-step ``torch.cat``), stored in the auto
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: ``cache`` where transformers renamed it (it warns on the old
+    name, an error under ``PYTHONWARNINGS=error``, and will drop it), else ``past_key_values``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper passes it on
+    try:
+        params = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 class PreallocatedLayer(DynamicLayer):

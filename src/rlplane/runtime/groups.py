@@ -16,6 +16,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta, shard_meta_for_dp
 from rlplane.fast.heap import freeze_actor_heap
 from rlplane.runtime.process_actor import ProcessActor
 from rlplane.runtime.worker_env import WORKER_ENV
+from rlplane.utils.reachable import check_reachable
 
 # An actor that has not started by then never will: fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
@@ -255,7 +256,18 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
-    if address:
-        ray.init(address=address, **kwargs)
+    # cluster.address, else Ray's own RAY_ADDRESS (which ray.init would read itself); "local" starts one here.
+    key, target = ("cluster.address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
+    if target and target not in ("auto", "local"):  # ray.init retries an address with no GCS behind it forever
+        check_reachable(target, 10001 if target.startswith("ray://") else 6379, key,
+                        "start the cluster (ray start --head) or fix the address" + (
+                            "; null runs a local Ray" if address else ", or unset it to run a local Ray"))
+    if target and target != "local":
+        if not address and (num_cpus or num_gpus):
+            from rlplane.errors import ConfigError
+
+            raise ConfigError([f"RAY_ADDRESS={target!r} (environment) joins that cluster, which brings its own "
+                               "resources: unset cluster.num_cpus and cluster.gpus_per_node, or unset RAY_ADDRESS"])
+        ray.init(address=target, **kwargs)
     else:
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)

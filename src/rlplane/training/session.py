@@ -11,6 +11,7 @@ Each part gets its own config section, or the values it needs.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import time
@@ -22,10 +23,12 @@ from rlplane.config.loading import dump_config
 from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
-from rlplane.envs.user import EnvErrorWindow, check_user_tasks, user_task_error_in
+from rlplane.envs.user import EnvErrorWindow, UserTaskError, check_user_tasks, user_task_error_in
 from rlplane.fast.heap import freeze_heap
+from rlplane.fast.switches import check_switches
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import load_configured_policy
+from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
@@ -36,9 +39,17 @@ from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources
-from rlplane.utils.kill_points import kill_point
+from rlplane.utils.kill_points import check_kill_spec, kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
+
+
+def _user_call(timeout_s: float | None, fn: Callable, what: str):
+    """A start-up call into user code under ``env.step_timeout_s``: one that blocks is the user's error."""
+    try:
+        return call_with_deadline(fn, timeout_s, what, "env.step_timeout_s")
+    except DeadlineExceeded as e:
+        raise UserTaskError(str(e)) from None
 
 
 class Session:
@@ -50,6 +61,8 @@ class Session:
         self.cfg = cfg
         self.components = c = components or Components()
         # Run paths absolute, writable, no earlier run unless resuming: checked first.
+        check_switches()
+        check_kill_spec()
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
         self._holds_run_dir = True
@@ -73,7 +86,8 @@ class Session:
         self.prompts = Prompts(cfg.dataset_options(), self.tokenizer, dataset=c.dataset, dataloader=c.dataloader,
                                val_dataset=c.val_dataset)
         self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
-        check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])])
+        check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
+                         within=functools.partial(_user_call, cfg.env.step_timeout_s))
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
                           run_config=cfg.model_dump(mode="json"), quiet=quiet,
                           sinks=[LoggerSink(c.logger)] if c.logger is not None else None)

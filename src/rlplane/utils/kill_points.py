@@ -12,20 +12,31 @@ from __future__ import annotations
 import os
 import signal
 
+from rlplane.errors import ConfigError
+
 KILL_VAR = "RLPLANE_TEST_KILL_AT"
 _reached: dict[str, int] = {}
 
 
-def kill_point(name: str) -> None:
-    """SIGKILL this process if ``RLPLANE_TEST_KILL_AT`` names ``name`` and this is its n-th time here."""
+def check_kill_spec() -> tuple[str, int] | None:
+    """``RLPLANE_TEST_KILL_AT`` as (point, n), None when unset; a malformed value is a one-line ``ConfigError``."""
     spec = os.environ.get(KILL_VAR)
     if not spec:
-        return
+        return None
     point, _, n = spec.rpartition(":")
     if not point or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"{KILL_VAR}={spec!r}: expected <point>:<n> with n >= 1, e.g. train:3")
+        raise ConfigError([f"environment variable {KILL_VAR}={spec!r}: expected <point>:<n> with n >= 1, e.g. "
+                           "train:3 (a test hook; unset it)"])
+    return point, int(n)
+
+
+def kill_point(name: str) -> None:
+    """SIGKILL this process if ``RLPLANE_TEST_KILL_AT`` names ``name`` and this is its n-th time here."""
+    if not os.environ.get(KILL_VAR):
+        return
+    point, n = check_kill_spec()
     if point != name:
         return
     _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] == int(n):
+    if _reached[name] == n:
         os.kill(os.getpid(), signal.SIGKILL)

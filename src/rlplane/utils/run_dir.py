@@ -103,8 +103,13 @@ class RunLock:
                                "wait for it to end or pick another run_dir"]) from None
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError as e:  # a full disk or quota: the lock is not kept, and its file not left open
+            os.close(fd)
+            raise ConfigError([f"run_dir = {str(self.run_dir)!r}: cannot write its lock file ({e.strerror}); free "
+                               "space there or pick another run_dir"]) from None
         RunLock._held[self.run_dir] = (fd, 1)
         return self
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlplane.errors import ConfigError
+from rlplane.utils.reachable import check_reachable
 from rlplane.utils.run_dir import ensure_writable_dir
 
 INSTALL_HINT = "pip install 'rlplane[trackers]'"
@@ -87,6 +88,9 @@ class MlflowSink:
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps the file store only behind this opt-in.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        if uri.startswith(("http://", "https://")):  # MLflow's client retries a dead server for minutes
+            check_reachable(uri, 443 if uri.startswith("https") else 80, "logger.mlflow.tracking_uri",
+                            "start the tracking server or fix the URI (unset: a sqlite store in the log directory)")
         try:
             self.client = MlflowClient(uri)
             exp = self.client.get_experiment_by_name(cfg.experiment_name)

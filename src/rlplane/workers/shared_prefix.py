@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlplane.generation.kv_cache import cache_kwarg
 from rlplane.generation.sampling import sampling_logprobs
 from rlplane.models.precision import autocast
 
@@ -77,7 +78,7 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
                 layer.values = layer.values.index_select(0, row_to_unique)
             mask = torch.cat([prefix_mask[row_to_unique], valid[:, : R - 1].long()], dim=1)  # (b, P + R - 1)
             rest = model(input_ids=resp_ids[:, : R - 1], attention_mask=mask, position_ids=where[:, : R - 1],
-                         past_key_values=cache, use_cache=True).logits  # (b, R - 1, V) predict tokens p+1 ..
+                         **{cache_kwarg(model): cache}, use_cache=True).logits  # (b, R - 1, V) predict p+1 ..
             logits = torch.cat([logits, rest], dim=1)  # (b, R, V)
     logits, prompt_logits = logits.float(), prompt_logits[:, :-1].float()  # (b, R, V), (U, P - 1, V)
     in_prompt = cols[None, 1:] < pu[:, None]  # (U, P - 1) prompt tokens 1 .. p - 1
