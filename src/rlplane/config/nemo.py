@@ -28,6 +28,7 @@ from rlplane.config.nemo_yaml import (
 )
 from rlplane.config.yaml_tree import PRESET_DIR
 from rlplane.errors import ConfigError
+from rlplane.extras import vllm_available
 
 
 class _Translation:
@@ -183,6 +184,10 @@ def _generation(t: _Translation) -> None:
     if backend is not None and backend not in GENERATION_BACKENDS:
         t.refuse(f"{g}.backend", backend, "rlplane generates with hf (transformers) or vllm; set one of them")
         t.pop(f"{g}.backend")
+    elif backend == "vllm" and not vllm_available():  # NeMo RL's files all name vllm; a CPU venv has no vllm
+        t.put(f"{g}.backend", "hf")
+        t.note(f"{g}.backend = vllm: vllm is not installed in this Python: read as hf (transformers); for vLLM "
+               "install the vllm extra (docs/vllm.md)")
     new, total = get_key(t.tree, f"{g}.max_new_tokens"), get_key(t.tree, "policy.max_total_sequence_length")
     if isinstance(new, int) and isinstance(total, int) and new >= total:
         t.put(f"{g}.max_new_tokens", max(1, total // 2))
