@@ -330,6 +330,8 @@ def _data(t: _Translation) -> None:
             else:
                 t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
                                                              "data.prompt.template")
+        elif default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
+            t.put("data.prompt.template", "{problem}")  # no prompt file: NeMo RL's processor keeps the problem as is
         return
     t.refuse("data.train.dataset_name" if "train" in nemo else "data.dataset_name", name or path,
              "rlplane reads local files, not NeMo RL's dataset registry; save it as JSONL and set "

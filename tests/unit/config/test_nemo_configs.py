@@ -127,6 +127,7 @@ def test_response_dataset_from_a_local_jsonl(tmp_path):
     assert cfg.data.dataset == "jsonl" and cfg.data.train.path == str(data)
     assert (cfg.data.train.problem_key, cfg.data.train.answer_key, cfg.data.prompt.processor) == (
         "question", "expected", "math")
+    assert cfg.data.prompt.template == "{problem}"  # prompt_file null: NeMo RL's processor formats no prompt
 
 
 def test_a_registry_dataset_is_refused_with_the_local_alternative():
@@ -192,4 +193,5 @@ def test_show_config_of_a_recipe_given_as_a_nemo_user_gives_it(tmp_path, capsys)
     back = load_config(str(dumped), [])
     assert back.policy.model_name == "embedded:tiny-llama" and back.data.train.path == str(data)
     assert back.policy.sequence_packing.train_mb_tokens == 128 * 4  # ${mul:...} after the override
-    assert back.policy.generation.max_new_tokens == 16 and back.data.prompt.template is None
+    assert back.policy.generation.max_new_tokens == 16
+    assert back.data.prompt.template == "{problem}"  # no prompt file: the problem as is, as NeMo RL formats it
