@@ -268,6 +268,7 @@ def _teacher(t: _Translation) -> None:
     _model_section(t, "teacher")
     keep = {k: t.tree["teacher"].pop(k) for k in ("model_name", "tiny", "warmup") if k in t.tree["teacher"]}
     rest = sorted(t.tree.pop("teacher"))
+    keep.setdefault("warmup", {"enabled": False})  # NeMo RL has no supervised warm-up stage, for either model
     t.tree["teacher"] = keep
     if rest:
         t.note(f"teacher.{{{', '.join(rest)}}}: ignored; rlplane's teacher is frozen and runs with the policy's "

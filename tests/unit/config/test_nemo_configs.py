@@ -77,6 +77,7 @@ def test_ppo_value_loss_and_critic():
 def test_distillation_anchors_and_relative_interpolation(capsys):
     cfg = _load(DISTILLATION)
     assert cfg.algorithm == "distillation" and cfg.teacher.model_name == "Qwen/Qwen3-4B"
+    assert not cfg.warmup.enabled and not cfg.teacher.warmup.enabled  # NeMo RL has no warm-up stage
     assert cfg.policy.dynamic_batching.train_mb_tokens == 8192 * 1  # ${mul:${..max_total_sequence_length}, ...}
     assert cfg.policy.generation.max_new_tokens == 4096  # ${..max_total_sequence_length}, halved with a note
     assert "distillation.topk_logits_k = 64: ignored" in capsys.readouterr().err
