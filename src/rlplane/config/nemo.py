@@ -400,6 +400,7 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
               if f"{m}.model_name" in given and f"{m}.tokenizer.name" not in given and get_key(tree, f"{m}.tokenizer")]
     tree = resolve_interpolations(apply_hydra_overrides(tree, [*overrides, *follow]))
     out, notes, errors = translate(tree)
+    out.setdefault("run_dir", f"runs/{path.stem}")  # NeMo RL has none; rlplane's default names its own preset
     print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
           f"--config {name}", file=sys.stderr)
     for line in notes:

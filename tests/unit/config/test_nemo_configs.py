@@ -42,6 +42,7 @@ def test_grpo_defaults_chain_interpolation_and_key_mapping(capsys):
     assert p.generation.max_new_tokens == 256 and "max_new_tokens = 512" in err  # NeMo's = max_total, noted
     assert cfg.loss_fn.reference_policy_kl_penalty == 0.01 and cfg.env.math.num_workers == 8
     assert cfg.checkpointing.checkpoint_dir == "results/grpo-llama3.2-1b-instruct-1n1g"
+    assert cfg.run_dir == "runs/grpo-llama3.2-1b-instruct-1n1g"  # named after the file; run_dir=... sets it
     assert "policy.{megatron_cfg (Megatron-Core training)" in err  # an off feature: one note for its section
 
 
