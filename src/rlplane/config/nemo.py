@@ -28,6 +28,7 @@ from rlplane.config.nemo_yaml import (
 )
 from rlplane.config.yaml_tree import PRESET_DIR
 from rlplane.errors import ConfigError
+from rlplane.extras import vllm_available
 
 
 class _Translation:
@@ -183,6 +184,10 @@ def _generation(t: _Translation) -> None:
     if backend is not None and backend not in GENERATION_BACKENDS:
         t.refuse(f"{g}.backend", backend, "rlplane generates with hf (transformers) or vllm; set one of them")
         t.pop(f"{g}.backend")
+    elif backend == "vllm" and not vllm_available():  # NeMo RL's files all name vllm; a CPU venv has no vllm
+        t.put(f"{g}.backend", "hf")
+        t.note(f"{g}.backend = vllm: vllm is not installed in this Python: read as hf (transformers); for vLLM "
+               "install the vllm extra (docs/vllm.md)")
     new, total = get_key(t.tree, f"{g}.max_new_tokens"), get_key(t.tree, "policy.max_total_sequence_length")
     if isinstance(new, int) and isinstance(total, int) and new >= total:
         t.put(f"{g}.max_new_tokens", max(1, total // 2))
@@ -263,6 +268,7 @@ def _teacher(t: _Translation) -> None:
     _model_section(t, "teacher")
     keep = {k: t.tree["teacher"].pop(k) for k in ("model_name", "tiny", "warmup") if k in t.tree["teacher"]}
     rest = sorted(t.tree.pop("teacher"))
+    keep.setdefault("warmup", {"enabled": False})  # NeMo RL has no supervised warm-up stage, for either model
     t.tree["teacher"] = keep
     if rest:
         t.note(f"teacher.{{{', '.join(rest)}}}: ignored; rlplane's teacher is frozen and runs with the policy's "
@@ -329,6 +335,8 @@ def _data(t: _Translation) -> None:
             else:
                 t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
                                                              "data.prompt.template")
+        elif default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
+            t.put("data.prompt.template", "{problem}")  # no prompt file: NeMo RL's processor keeps the problem as is
         return
     t.refuse("data.train.dataset_name" if "train" in nemo else "data.dataset_name", name or path,
              "rlplane reads local files, not NeMo RL's dataset registry; save it as JSONL and set "
@@ -396,6 +404,7 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
               if f"{m}.model_name" in given and f"{m}.tokenizer.name" not in given and get_key(tree, f"{m}.tokenizer")]
     tree = resolve_interpolations(apply_hydra_overrides(tree, [*overrides, *follow]))
     out, notes, errors = translate(tree)
+    out.setdefault("run_dir", f"runs/{path.stem}")  # NeMo RL has none; rlplane's default names its own preset
     print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
           f"--config {name}", file=sys.stderr)
     for line in notes:
