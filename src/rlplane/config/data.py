@@ -69,7 +69,9 @@ class PromptConfig(StrictModel):
     """How a problem becomes a prompt (a data processor, NeMo RL's ``data.default.processor``)."""
 
     processor: str = Field(
-        "default", description="`default` (the problem as is) or `math` (chain-of-thought, answer in \\boxed{})."
+        "default", description="`default` / `instruct` (the problem as is), `math` (chain-of-thought, answer in "
+                               "\\boxed{}), `base` (`Question: ... Answer:` text, no chat template) or `auto` "
+                               "(instruct with a chat template, else base)."
     )
     template: str | None = Field(None, description="Override the processor's template "
                                                    "(a format string with {problem}).")

@@ -3,7 +3,9 @@
 A processor is a :class:`PromptFormat` (a template with ``{problem}`` and an optional system
 prompt); the chat template of instruct models is applied by ``make_prompt_datum`` when the
 resolved format says so. ``data.prompt.processor`` picks one by name; ``data.prompt.template`` and
-``system_prompt`` override its parts.
+``system_prompt`` override its parts. ``auto`` picks ``instruct`` (the problem as the user's message of
+the chat template) when the tokenizer has a chat template and ``base`` (plain ``Question: ... Answer:``
+text a base model continues) when it has none.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ MATH_COT_TEMPLATE = (
     "Solve the following problem. Think step by step, then put your final answer within \\boxed{{}}.\n\n{problem}"
 )
 
+# A base model (no chat template) continues text: a question/answer frame it has seen in pretraining.
+BASE_TEMPLATE = "Question: {problem}\nAnswer:"
+
 PROCESSORS: dict[str, PromptFormat] = {
     "default": PromptFormat(),
     "math": PromptFormat(template=MATH_COT_TEMPLATE),
+    "instruct": PromptFormat(),
+    "base": PromptFormat(template=BASE_TEMPLATE),
 }
+# Processors whose text is written for a model without a chat template: chat_template auto means off.
+PLAIN_TEXT_PROCESSORS = {"base"}
+AUTO_PROCESSOR = "auto"
 
 
 def register_processor(name: str, prompt_format: PromptFormat) -> None:
@@ -38,13 +48,19 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 def resolve_prompt_format(prompt_cfg, tokenizer: PreTrainedTokenizerBase) -> PromptFormat:
     """The :class:`PromptFormat` that ``data.prompt`` (a ``PromptConfig``) asks for, for ``tokenizer``."""
-    base = PROCESSORS.get(prompt_cfg.processor)
+    name = prompt_cfg.processor
+    if name == AUTO_PROCESSOR:
+        name = "instruct" if has_chat_template(tokenizer) else "base"
+    base = PROCESSORS.get(name)
     if base is None:
         raise DatasetError(
             f"data.prompt.processor = {prompt_cfg.processor!r}: unknown processor; known: "
-            f"{', '.join(sorted(PROCESSORS))}"
+            f"{', '.join(sorted([*PROCESSORS, AUTO_PROCESSOR]))}"
         )
-    use_chat = has_chat_template(tokenizer) if prompt_cfg.chat_template == "auto" else bool(prompt_cfg.chat_template)
+    if prompt_cfg.chat_template == "auto":
+        use_chat = has_chat_template(tokenizer) and name not in PLAIN_TEXT_PROCESSORS
+    else:
+        use_chat = bool(prompt_cfg.chat_template)
     if use_chat and not has_chat_template(tokenizer):
         raise DatasetError(
             "data.prompt.chat_template = true, but the tokenizer has no chat template; set it to auto or false"
