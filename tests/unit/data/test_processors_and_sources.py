@@ -39,8 +39,8 @@ def test_math_processor_template_and_chat_template_auto():
 def test_processor_errors_are_one_line():
     tok = build_char_tokenizer()
     for overrides, fragment in [
-        (["data.prompt.processor=nope"], "data.prompt.processor = 'nope': unknown processor; known: auto, base, default, "
-                                           "instruct, math"),
+        (["data.prompt.processor=nope"], "data.prompt.processor = 'nope': unknown processor; known: auto, base, "
+                                           "default, instruct, math"),
         (["data.prompt.template=Question"], "needs a {problem} placeholder"),
         (["data.prompt.chat_template=true"], "the tokenizer has no chat template"),
     ]:
