@@ -5,7 +5,7 @@ not return the processed logprobs of the chosen tokens, and it keeps computing f
 loop left-pads once, prefills each distinct prompt into a preallocated KV cache, then runs one
 forward per token for the rows still running, dropping finished rows once enough have stopped.
 
-The forward: Llama-family models run through :mod:`rlplane.fast.fused_decode`; other models,
+The forward: Llama-family and Gemma 3 models run through :mod:`rlplane.fast.fused_decode`; other models,
 ``decode="hf"`` or ``RLPLANE_FUSED_DECODE=0`` through their own (``_HFStepper``). Both offer the same
 four steps: prefill, expand to the rows, decode one token, select the running rows.
 
@@ -22,7 +22,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlplane.fast.allocator import keep_freed_memory
-from rlplane.fast.fused_decode import LlamaDecoder, unsupported_reason
+from rlplane.fast.fused_decode import GEMMA_MODEL_TYPES, LlamaDecoder, unsupported_reason
+from rlplane.fast.gemma_decode import Gemma3Decoder
 from rlplane.fast.switches import FUSED_DECODE, enabled
 from rlplane.generation.interface import (
     FINISH_LENGTH,
@@ -100,7 +101,7 @@ class HFGenerationBackend(GenerationBackend):
     The backend uses ``model`` as given: pass the trainer's own module when colocated (no refit
     needed), or a copy and call ``update_weights`` after each optimizer step.
 
-    ``decode``: ``"auto"`` runs Llama-family models (llama, mistral, qwen2) through the fused
+    ``decode``: ``"auto"`` runs Llama-family models (llama, mistral, qwen2) and Gemma 3 through the fused
     forward of :mod:`~rlplane.fast.fused_decode` and other models through their own forward;
     ``"hf"`` forces the model's own forward (to compare), ``"fused"`` requires the fused one.
     After each call ``last_decode`` says which ran (``"fused"`` or ``"hf"``).
@@ -218,7 +219,8 @@ class HFGenerationBackend(GenerationBackend):
             reason = "kv_cache = 'dynamic'"
         if reason is None:
             self.last_decode = "fused"
-            return LlamaDecoder(self.model, capacity)
+            gemma = getattr(self.model.config, "model_type", None) in GEMMA_MODEL_TYPES
+            return (Gemma3Decoder if gemma else LlamaDecoder)(self.model, capacity)
         if self.decode == "fused":
             raise ValueError(f"decode = 'fused': {reason}; use decode='auto' or 'hf' for this model")
         self.last_decode = "hf"
