@@ -60,7 +60,7 @@ class Gemma3Decoder(LlamaDecoder):
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         b = ids.shape[0]
-        start, end = self.length, self.length + ids.shape[1]
+        end = self.length + ids.shape[1]
         residual = self.model.model.embed_tokens(ids).float()  # scaled by sqrt(hidden) in the module
         rope = {}
         for kind in set(self.layer_types):  # each layer kind has its own rotary base
