@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="a run directory (latest checkpoint), a "
                                                       "step_N checkpoint or an HF model directory")
     p.add_argument("--model", default=None, help="a policy.model_name instead: packaged:smollm2-135m-instruct, "
-                                                 "embedded:tiny-llama, a directory")
+                                                 "packaged:gemma3-270m, embedded:tiny-llama, a directory")
     p.add_argument("--dataset", default=None,
                    help="arithmetic | reasoning_gym:TASK[,TASK] | FILE (.jsonl, "
                         ".json, .parquet, .csv); default: the config's data")
