@@ -1,20 +1,9 @@
-"""The Python entry points: ``rlplane.train``, ``rlplane.evaluate``, ``rlplane.load_config``.
-
-They run the same code as the ``rlplane`` command and return what it prints: the run summary
-(``accuracy_before``, ``accuracy_after``, ``run_dir``, ``wall_seconds``, ``warmup``) or the
-evaluation result. User tasks come as config keys (``env.<task>.reward_fn`` / ``class``) or as
-``reward_fns`` / ``envs`` mappings of task name to an import path or a Python object::
-
-    import rlplane
-
-    def score(prompt, completion, extra):
-        return float(completion.strip() == extra["ground_truth"])
+"""The Python entry points ``rlplane.train``, ``rlplane.evaluate``, ``rlplane.load_config``, as the command::
 
     summary = rlplane.train("grpo_arithmetic", overrides=["grpo.max_num_steps=20"],
-                            reward_fns={"arithmetic": score})
+                            reward_fns={"arithmetic": score})  # score(prompt, completion, extra) -> float
 
-An object whose module can be imported (not ``__main__``, not a lambda) is passed on as its import
-path, so it works with ``runtime: ray`` too (the rollout actor imports it). Any other object is
+An importable task object is passed on by import path (works with ``runtime: ray``); any other is
 registered in this process and needs ``runtime: local``.
 """
 
@@ -28,15 +17,15 @@ from typing import Any
 
 from rlplane.config.schema import RunConfig
 
-# As the command sets them: quiet Hugging Face progress bars (they flood captured logs), no telemetry.
+# As the command: quiet Hugging Face progress bars, no telemetry.
 for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("RAY_USAGE_STATS_ENABLED", "0"),
                ("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error")):
     os.environ.setdefault(_k, _v)
 
 
 def load_config(config: str | dict | RunConfig | None = None, overrides: Sequence[str] | None = None) -> RunConfig:
-    """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict shaped
-    like the YAML, or a ``RunConfig``, with dotted ``overrides`` (``["grpo.max_num_steps=20"]``)."""
+    """A validated config from a preset name or YAML path (None: ``grpo_arithmetic``), a dict or a ``RunConfig``,
+    with dotted ``overrides``."""
     from rlplane.config.loading import apply_overrides, build_config, dump_config, load_yaml_tree
 
     if isinstance(config, RunConfig):
@@ -117,8 +106,7 @@ def _env_factory(cls: type, task: str) -> Callable:
 
 @contextmanager
 def _user_code_exit():
-    """``sys.exit()`` in a user's reward function or environment ends the run as the user's failure
-    (a :class:`UserTaskError` naming where), never as the caller's own exit."""
+    """``sys.exit()`` in user task code ends the run as a :class:`UserTaskError` naming where."""
     from rlplane.envs.user import UserTaskError, user_exit_message
 
     try:
@@ -152,9 +140,10 @@ def _prepare(config, overrides, envs, reward_fns) -> tuple[RunConfig, dict]:
 def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
           envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
           quiet: bool = False) -> dict:
-    """Warm-up (if enabled) and the config's recipe (``config/recipes.py``) as ``rlplane train`` runs it. ``reward_fns``
-    maps a task name to ``fn(prompt, completion, extra) -> float`` (or its ``"module:function"``),
-    ``envs`` to an :class:`rlplane.envs.Environment` class (or ``"module:Class"``). Returns the summary."""
+    """Warm-up (if enabled) and the config's recipe, as ``rlplane train``; returns the summary.
+
+    ``reward_fns``: task -> ``fn(prompt, completion, extra) -> float`` or ``"module:function"``; ``envs``: task
+    -> :class:`rlplane.envs.Environment` class or ``"module:Class"``."""
     from rlplane.config.recipes import recipe_for, train_function
 
     cfg, local = _prepare(config, overrides, envs, reward_fns)
@@ -167,9 +156,9 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
              model: str | None = None, checkpoint: str | None = None, envs: Mapping[str, Any] | None = None,
              reward_fns: Mapping[str, Any] | None = None, num_problems: int | None = None, k: int = 1,
              batch_size: int = 32, progress: bool = False) -> dict:
-    """Greedy accuracy (and pass@k when ``k > 1``) on the config's held-out problems, as ``rlplane eval``.
-    ``model``: a ``policy.model_name``; ``checkpoint``: a run directory (its latest checkpoint, whose saved
-    config is the default ``config``) or a ``step_N`` checkpoint. Returns the result dict."""
+    """Greedy accuracy (and pass@k when ``k > 1``) on the held-out problems, as ``rlplane eval``.
+
+    ``checkpoint``: a run directory (its latest checkpoint and saved config) or a ``step_N`` directory."""
     from rlplane.cli import _checkpoint_weights
     from rlplane.errors import ConfigError
     from rlplane.evaluation import evaluate as run

@@ -1,9 +1,4 @@
-"""The ``rlplane`` command: train | sft | eval | export | show-config.
-
-Configs are a preset name or YAML path (``--config``) plus dotted overrides
-(``grpo.num_prompts_per_step=16``). Mistakes a user can make end with one line per problem on
-stderr and exit status 2, never a traceback.
-"""
+"""The ``rlplane`` command: train | sft | eval | export | show-config; user mistakes exit 2 with one line each."""
 
 from __future__ import annotations
 
@@ -81,8 +76,7 @@ def cmd_show_config(args) -> int:
 
 @contextmanager
 def _prepared_run(cfg, args):
-    """Check the run's paths now (before anything slow), lock run_dir for the command's life and, with
-    --overwrite, remove the earlier run (what its manifest names)."""
+    """Check the run's paths, lock run_dir for the command's life, and with --overwrite remove the earlier run."""
     from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 
     paths = prepare_run_paths(cfg, overwrite=args.overwrite)
@@ -145,8 +139,7 @@ def _sft(cfg, args, paths) -> int:
 
 
 def _checkpoint_weights(path: str):
-    """``(weights dir, checkpoint dir or None)`` for a run directory (its latest checkpoint), a
-    ``step_N`` checkpoint, or a plain HF model directory."""
+    """``(weights dir, checkpoint dir or None)`` of a run directory, a ``step_N`` checkpoint or an HF directory."""
     from pathlib import Path
 
     from rlplane.errors import ConfigError
@@ -241,8 +234,7 @@ EVAL_PROMPT_ROOM = 1 << 20  # tokens; evaluation replaces the cap by longest pro
 
 
 def _check_output_file(out) -> None:
-    """``-o FILE`` must be writable: checked before the evaluation runs, not after. An existing file is
-    replaced (that is what naming it asks for); a directory is refused."""
+    """``-o FILE`` must be writable, checked before the evaluation (a directory is refused)."""
     import tempfile
 
     from rlplane.errors import ConfigError
@@ -371,8 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # Overrides may follow flags (`train --quiet grpo.max_num_steps=3`); argparse's positional list
-    # stops at the first flag, so the rest arrive here.
+    # Overrides may follow flags; argparse's positional list stops at the first flag.
     overrides = [a for a in extra if "=" in a and not a.startswith("-")]
     unknown = [a for a in extra if a not in overrides]
     if unknown or (overrides and not hasattr(args, "overrides")):

@@ -1,7 +1,4 @@
-"""The datasets of a run from ``data.*``: the training prompt loader and the held-out problems.
-
-Used by the training session and by ``rlplane eval`` (which builds only the held-out set).
-"""
+"""The datasets of a run from ``data.*``: the training prompt loader and the held-out problems."""
 
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ from rlplane.envs.user import register_user_tasks
 
 
 def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
-    """(train loader, held-out datums, stats) from ``data.*``; with ``train=False`` the loader is None
-    (evaluation builds only the held-out set). Every task name must have an environment."""
+    """(train loader or None with ``train=False``, held-out datums, stats) from ``data.*``; every task needs an env."""
     d = options.data
     register_user_tasks(options.env)  # user task names are known environments from here on
     max_prompt = options.max_prompt_length

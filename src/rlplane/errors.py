@@ -1,8 +1,4 @@
-"""Errors a user can cause, shared across the package: the ground floor every part may import.
-
-A user's mistake is a one-line message (what is wrong, where, how to fix it), never a traceback;
-the command line prints ``str(err)`` and exits.
-"""
+"""Errors a user can cause: the ground floor every part may import; the command line prints ``str(err)``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Evaluation of a model on held-out problems: greedy accuracy and sampled pass@k.
+"""Evaluation on the training run's held-out problems: greedy accuracy and sampled pass@k.
 
-The held-out set, prompt format and environments are the training run's (``data.*``, ``env.*``),
-so a checkpoint is scored exactly as validation scored it. Metrics (the seeds' math metrics):
-
-- ``accuracy``: mean greedy reward (the environments' rewards are 0/1 except reasoning-gym tasks,
-  which may give partial credit);
-- ``pass@k``: fraction of problems where at least one of ``k`` sampled responses is fully
-  correct (reward 1); with ``n = k`` samples per problem this is the unbiased estimator
-  ``1 - C(n-c, k) / C(n, k)`` of Chen et al. 2021 at ``n = k``; ``pass@1`` (sampled) is the
-  same estimator at k = 1, i.e. the mean fraction of correct samples;
-- ``fraction_properly_ended``: responses that stopped on an end token rather than the length cap;
-- ``mean_generation_length`` / ``max_generation_length``: response tokens.
+Metrics: ``accuracy`` (mean greedy reward), ``pass@k`` (the unbiased ``1 - C(n-c, k) / C(n, k)`` of
+Chen et al. 2021 at n = k, reward 1 as correct), ``fraction_properly_ended``, ``mean/max_generation_length``.
 """
 
 from __future__ import annotations
@@ -39,10 +30,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def generation_metrics(
     rewards: torch.Tensor, truncated: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int
 ) -> dict[str, float]:
-    """Mean reward, properly-ended fraction and response lengths of a flat batch (all (B,)).
+    """Mean reward, properly-ended fraction and response lengths of a flat (B,) batch.
 
-    A response ended properly if it stopped before ``max_new_tokens`` (the stop token counts in its
-    length, so one that stops on exactly its last allowed token is counted as cut: conservative).
+    Properly ended: stopped before ``max_new_tokens`` (stopping on the last allowed token counts as cut).
     """
     ended = ~truncated & (lengths < max_new_tokens)
     return {
@@ -56,8 +46,7 @@ def generation_metrics(
 def evaluate(
     cfg: RunConfig, *, num_problems: int | None = None, k: int = 1, batch_size: int = 32, progress: bool = True
 ) -> dict:
-    """Greedy accuracy (and pass@k over ``k`` sampled responses when ``k > 1``) of ``cfg``'s model on
-    ``num_problems`` held-out problems (default ``max_val_samples``). Returns the result dict."""
+    """Greedy accuracy (and pass@k when ``k > 1``) of ``cfg``'s model on ``num_problems`` held-out problems."""
     from rlplane.datasets import build_datasets
     from rlplane.models.configured import load_configured_policy
     from rlplane.utils.seeding import seed_everything

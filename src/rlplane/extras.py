@@ -1,5 +1,4 @@
-"""Optional extras, known without importing them: whether one is installed, how to install it, and
-where its settings live. Config validation reads these; importing an extra itself takes seconds."""
+"""Optional extras, known without importing them (seconds each): installed?, install hint, settings."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The RL math core: advantages, losses, KL estimators, sample filters. Pure torch functions.
-
-``docs/algorithms.md`` lists every formula and metric.
-"""
+"""The RL math core: advantages, losses, KL estimators, sample filters, as pure torch functions."""
 
 from rlplane.algorithms.advantages import (
     calculate_baseline_and_std_per_prompt,

@@ -1,8 +1,4 @@
-"""Small masked-reduction helpers shared by the algorithm kernels.
-
-Every helper is branch-free on tensor values (no ``.item()``), so it never forces a device sync.
-Shape legend: B = batch (sequences), T = tokens per sequence.
-"""
+"""Masked reductions shared by the algorithm kernels; branch-free on values (no ``.item()``, no sync)."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ def safe_div(num: Tensor, den: float | Tensor) -> Tensor:
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """``Σ x·mask`` (over ``dim`` or everything). Positions with mask 0 contribute exactly 0,
-    even when ``x`` is ±inf or NaN there."""
+    """``Σ x·mask`` (over ``dim`` or all); masked positions give exactly 0 even where ``x`` is ±inf/NaN."""
     prod = torch.where(mask != 0, x * mask, torch.zeros_like(x))
     return prod.sum() if dim is None else prod.sum(dim=dim)
 
@@ -35,12 +30,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def masked_whiten(x: Tensor, mask: Tensor, *, unbiased: bool, eps: float, clamp_var: bool = False) -> Tensor:
-    """Whiten ``x`` over the positions where ``mask`` is set.
+    """``(x − μ)·rsqrt(var + eps)`` (``rsqrt(max(var, eps))`` with ``clamp_var``) over the mask, 0 outside.
 
-    ``(x − μ)·rsqrt(var + eps)`` (or ``rsqrt(max(var, eps))`` with ``clamp_var``), where
-    ``μ = Σ x·m / Σ m`` and ``var = Σ (x − μ)²·m / (Σ m − unbiased)``. The denominator is floored
-    at 1 so a single valid position gives var 0 instead of NaN. Positions outside the mask are
-    returned as 0.
+    ``var = Σ (x − μ)²·m / max(Σ m − unbiased, 1)``.
     """
     m = mask.to(x.dtype)
     n = m.sum()

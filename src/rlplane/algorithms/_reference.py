@@ -1,9 +1,4 @@
-"""Slow, obviously-correct Python-loop twins of the vectorized kernels, for equivalence tests only.
-
-They follow the seeds' formulas literally (NeMo RL's ``M = 1 − I`` matrix form for baselines,
-the per-token GAE recursion, per-token/per-sequence loss sums) with Python floats, one sample
-and one token at a time. Never use them in training.
-"""
+"""Slow Python-loop twins of the vectorized kernels, straight from the seeds' formulas; for equivalence tests only."""
 
 from __future__ import annotations
 
@@ -16,11 +11,7 @@ from torch import Tensor
 def baseline_and_std_loop(
     prompt_ids: Tensor, rewards: Tensor, valid_mask: Tensor, leave_one_out: bool = True
 ) -> tuple[Tensor, Tensor]:
-    """Twin of :func:`rlplane.algorithms.advantages.calculate_baseline_and_std_per_prompt`.
-
-    Straight from the definition: list the other valid samples' rewards, take their mean and
-    two-pass unbiased std; when they are all equal, the mean is that value and the std is 0.
-    """
+    """Twin of :func:`~rlplane.algorithms.advantages.calculate_baseline_and_std_per_prompt`, from the definition."""
     b = rewards.shape[0]
     keys = [tuple(prompt_ids[i].reshape(-1).tolist()) for i in range(b)]
     r, v = rewards.tolist(), [float(x) != 0 for x in valid_mask.tolist()]
@@ -56,7 +47,7 @@ def gae_loop(
         token_r = [0.0] * t
         if valid_positions:
             token_r[valid_positions[-1]] = rewards[i].item() * m[valid_positions[-1]]
-        # Walk only the valid tokens: masked ones are skipped entirely ("carry-forward").
+        # Walk only the valid tokens: masked ones are skipped.
         next_v, gae = 0.0, 0.0
         for s in reversed(valid_positions):
             delta = token_r[s] + gamma * next_v - vals[s]

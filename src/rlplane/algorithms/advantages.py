@@ -1,18 +1,8 @@
-"""Reward baselines and per-sample / per-token advantages for GRPO-family estimators.
+"""Reward baselines and advantages of the GRPO family (formulas: ``docs/algorithms.md``).
 
-Shape legend: B = batch of samples (prompt × generation), T = tokens per sequence,
-L = prompt tokens (when prompts are given as rows of token ids), K = reward components.
-
-Formulas (``docs/algorithms.md`` has the full page):
-
-- baseline/std per prompt group with optional leave-one-out (:func:`calculate_baseline_and_std_per_prompt`)
-- GRPO (Shao et al. 2024, https://arxiv.org/abs/2402.03300): ``A = (r − b) / (std + 1e-6)`` where std > 0
-- RLOO (Ahmadian et al. 2024, https://arxiv.org/abs/2402.14740): ``A = r − b_loo``
-- REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262): group-mean baseline, optional KL in
-  the reward, global whitening over tokens
-- GDPO: per-component GRPO advantages, weighted sum, batch whitening
-- raw reward (PPO without a critic), OPD (on-policy distillation), advantage clipping
-- GAE lives in :mod:`rlplane.algorithms.gae`.
+Shapes: B samples, T tokens, L prompt tokens, K reward components. GRPO (arXiv 2402.03300):
+``A = (r − b) / (std + 1e-6)`` where std > 0; RLOO (arXiv 2402.14740): ``A = r − b_loo``;
+REINFORCE++ (arXiv 2501.03262); GDPO; raw reward; OPD. GAE is in :mod:`rlplane.algorithms.gae`.
 """
 
 from __future__ import annotations
@@ -33,10 +23,7 @@ RAW_REWARD_VAR_FLOOR = 1e-8
 
 
 def group_ids(prompt_ids: Tensor) -> Tensor:
-    """Map each row of ``prompt_ids`` to a dense group index; identical rows share one.
-
-    ``prompt_ids``: (B,) or (B, L) integer tensor. Returns (B,) int64 in ``[0, num_groups)``.
-    """
+    """Dense group index (B,) int64 of each row of ``prompt_ids`` (B,) or (B, L); identical rows share one."""
     if prompt_ids.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=prompt_ids.device)
     _, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
@@ -49,35 +36,14 @@ def calculate_baseline_and_std_per_prompt(
     valid_mask: Tensor | None = None,
     leave_one_out: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Per-sample reward baseline and std over the sample's prompt group.
+    """Per-sample reward baseline and std over the sample's prompt group (identical ``prompt_ids`` rows).
 
-    Groups are identical rows of ``prompt_ids``. For sample i in a group with valid mask v
-    (``n_v = Σ v``) and ``k = n_v − v_i`` with leave-one-out, else ``k = n_v``:
-
-    - ``b_i = (Σ_j v_j r_j − [loo]·v_i r_i) / k``           (mean of the *other* valid samples)
-    - ``std_i = sqrt(var_i · k / (k − 1))``, ``var_i`` the biased variance of the same samples,
-      i.e. the unbiased (Bessel) std of the k samples the baseline uses; 0 when ``k ≤ 1``
-      (the seeds' NaN → 0; e.g. n = 2 with leave-one-out has std 0, so no normalisation).
-    - groups with ``n_v ≤ 1``: ``b_i = r_i`` (advantage 0) and ``std_i = 0``.
-    - an invalid sample (``v_i = 0``) gets the mean and std of the group's valid samples (NeMo RL
-      divides by ``n_v − 1`` there too; it always passes an all-ones mask, so this never differs
-      in practice and keeps the std shift-invariant).
-
-    Exactness: when the k samples are all equal (compared exactly, through the group's top-two
-    maximum and minimum), ``std_i`` is exactly 0 and ``b_i`` is their common value, never a
-    rounding residue of a sum: a residue (≈ 1e-9) would pass the ``std > 0`` test and blow the
-    advantage up by 1e6 (``[1, 0, 1]`` would give ``−992604`` instead of ``−1``). Otherwise the
-    variance is computed on group-centred rewards in float64, so large rewards with a tiny spread
-    do not lose their std to cancellation.
-
-    Args:
-        prompt_ids: (B,) or (B, L) integer prompt ids; identical rows form a group.
-        rewards: (B,) float rewards.
-        valid_mask: (B,) bool/0-1; invalid samples do not enter any baseline or std. None = all valid.
-        leave_one_out: exclude the sample itself (the GRPO/RLOO default).
-
-    Returns:
-        ``(baseline, std)``, both (B,) with the dtype of ``rewards``.
+    With valid mask v, ``n_v = Σ v`` and ``k = n_v − v_i`` under leave-one-out (else ``k = n_v``):
+    ``b_i = (Σ_j v_j r_j − [loo]·v_i r_i) / k`` and ``std_i`` the unbiased std of those k samples
+    (0 when ``k ≤ 1``). Groups with ``n_v ≤ 1`` get ``b_i = r_i``, ``std_i = 0``; an invalid sample gets
+    its group's valid mean and std. When the k samples are exactly equal, std is exactly 0 (a 1e-9
+    residue would pass ``std > 0`` and scale the advantage by 1e6); otherwise the variance is taken on
+    group-centred float64 rewards. Returns ``(baseline, std)``, both (B,) in the dtype of ``rewards``.
     """
     if rewards.shape[0] == 0:
         return rewards.clone(), torch.zeros_like(rewards)
@@ -96,7 +62,7 @@ def calculate_baseline_and_std_per_prompt(
     k = n_valid - loo * v  # number of samples in sample i's baseline (an invalid i is not among them)
     baseline = safe_div(sum_r - loo * v * r, k)
 
-    # Variance of the same k samples, on rewards centred by the group mean (shift-invariant).
+    # Variance of the k samples, on group-centred rewards (shift-invariant).
     centred = r - safe_div(sum_r, n_valid)
     sum_c, sum_c2 = group_sum(v * centred), group_sum(v * centred.square())
     mean_c = safe_div(sum_c - loo * v * centred, k)
@@ -105,7 +71,7 @@ def calculate_baseline_and_std_per_prompt(
     std = torch.sqrt(safe_div(var_biased * k, k - 1.0))
     std = torch.where(k > 1, std, torch.zeros_like(std))
 
-    # The others all equal: std exactly 0 and the baseline their common value (exact, no residue).
+    # The others all equal: std exactly 0, baseline their common value.
     others_max, others_min = _others_extrema(gid, r, v != 0, leave_one_out, num_groups)
     equal = others_max == others_min  # (B,); False when there are no others (±inf)
     baseline = torch.where(equal, others_max, baseline)
@@ -119,12 +85,7 @@ def calculate_baseline_and_std_per_prompt(
 
 def _others_extrema(gid: Tensor, r: Tensor, valid: Tensor, leave_one_out: bool,
                     num_groups: int) -> tuple[Tensor, Tensor]:
-    """(max, min) over the valid rewards of sample i's group, without sample i under leave-one-out.
-
-    Exact (no arithmetic on the rewards): with leave-one-out, sample i's max is the group's
-    second-largest valid value when i is the group's only valid sample holding the largest one,
-    else the largest (min alike). −inf / +inf when there are no such samples. All (B,) float64.
-    """
+    """(max, min) (B,) float64 of the valid rewards of i's group, i left out under leave-one-out (±inf if none)."""
     def extremum(x: Tensor, reduce: str, fill: float) -> Tensor:  # (B,) -> (B,) per-group max/min
         out = torch.full((num_groups,), fill, dtype=x.dtype, device=x.device)
         return out.scatter_reduce(0, gid, x, reduce=reduce)[gid]
@@ -156,13 +117,9 @@ def grpo_advantages(
     minus_baseline: bool = True,
     epsilon: float = GRPO_STD_EPS,
 ) -> Tensor:
-    """GRPO per-sample advantage.
+    """GRPO per-sample advantage (B,): ``A_i = r_i − b_i``, divided by ``std_i + ε`` where ``std_i > 0``.
 
-    ``A_i = r_i − b_i`` (``r_i`` if not ``minus_baseline``); if ``normalize_rewards``,
-    ``A_i ← A_i / (std_i + ε)`` only where ``std_i > 0``. Baseline and std come from
-    :func:`calculate_baseline_and_std_per_prompt` (leave-one-out by default).
-
-    Returns (B,); broadcast to tokens with ``A[:, None]`` (no token masking is applied here).
+    No baseline without ``minus_baseline``; no division without ``normalize_rewards``.
     """
     baseline, std = calculate_baseline_and_std_per_prompt(prompt_ids, rewards, valid_mask, use_leave_one_out_baseline)
     adv = rewards - baseline if minus_baseline else rewards.clone()
@@ -172,10 +129,7 @@ def grpo_advantages(
 
 
 def rloo_advantages(prompt_ids: Tensor, rewards: Tensor, valid_mask: Tensor | None = None) -> Tensor:
-    """RLOO per-sample advantage: ``A_i = r_i − mean_{j≠i} r_j`` (no std normalisation). (B,)
-
-    Pair it with ``loss_fn.disable_ppo_ratio = true`` for the REINFORCE-style surrogate.
-    """
+    """RLOO per-sample advantage (B,): ``A_i = r_i − mean_{j≠i} r_j`` (use with ``disable_ppo_ratio``)."""
     return grpo_advantages(prompt_ids, rewards, valid_mask, normalize_rewards=False, use_leave_one_out_baseline=True)
 
 
@@ -190,18 +144,10 @@ def reinforce_plus_plus_advantages(
     prev_logprobs: Tensor | None = None,
     reference_logprobs: Tensor | None = None,
 ) -> Tensor:
-    """REINFORCE++ per-token advantage (with group-mean baseline, "REINFORCE++-baseline").
+    """REINFORCE++-baseline per-token advantage (B, T), 0 outside ``token_mask``.
 
-    1. ``A_i = r_i − mean_group(r)`` (no leave-one-out) if ``minus_baseline`` else ``r_i``; expand to (B, T).
-    2. With ``kl_in_reward`` (``loss_fn.use_kl_in_reward``): ``A_t −= β·KL_t(prev ‖ ref)``,
-       its estimator with its clamps (:func:`~rlplane.algorithms.kl.reward_kl`).
-    3. Global whitening over the masked tokens: ``(A − μ)·rsqrt(max(var, 1e-8))``, biased variance.
-
-    Args:
-        token_mask: (B, T) tokens that are trained on (``token_mask · sample_mask``).
-        prev_logprobs, reference_logprobs: (B, T), needed with ``kl_in_reward``.
-    Returns:
-        (B, T) advantages, 0 outside ``token_mask``.
+    ``A_i = r_i − mean_group(r)`` (or ``r_i``) on every token; with ``kl_in_reward`` ``A_t −= β·KL_t(prev ‖ ref)``
+    (:func:`~rlplane.algorithms.kl.reward_kl`); then ``(A − μ)·rsqrt(max(var, 1e-8))`` over the masked tokens.
     """
     if minus_baseline:
         baseline, _ = calculate_baseline_and_std_per_prompt(prompt_ids, rewards, valid_mask, leave_one_out=False)
@@ -224,19 +170,10 @@ def gdpo_advantages(
     use_leave_one_out_baseline: bool = True,
     epsilon: float = GRPO_STD_EPS,
 ) -> Tensor:
-    """GDPO per-sample advantage for multi-reward training (each component normalised separately).
+    """GDPO per-sample advantage (B,): each reward component normalised on its own.
 
-    Components are taken in alphabetical order of their names (``reward/<name>``):
-    ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO per component, std > 0 only; without the division
-    when ``normalize_rewards`` is False),
-    ``A = Σ_k w_k A_k`` (``w_k = 1`` by default), then batch whitening over valid samples:
-    ``A ← (A − mean(A)) / std(A)`` where ``std(A) > 0`` (unbiased std).
-
-    Args:
-        reward_components: name → (B,) rewards; at least two.
-        reward_weights: one weight per component in alphabetical name order.
-    Returns:
-        (B,) advantages.
+    In alphabetical order of names: ``A_k = (r_k − b_k) / (std_k + ε)`` (GRPO, std > 0 only),
+    ``A = Σ_k w_k A_k``, then ``A ← (A − mean(A)) / std(A)`` over valid samples where ``std(A) > 0``.
     """
     names = sorted(reward_components)
     if len(names) < 2:
@@ -263,12 +200,7 @@ def gdpo_advantages(
 
 
 def raw_reward_advantages(rewards: Tensor, token_mask: Tensor, *, normalize_advantages: bool = True) -> Tensor:
-    """PPO ``raw_reward`` estimator (no critic): ``A_t = r`` on every token of the sequence.
-
-    If ``normalize_advantages``: whiten over the masked tokens, ``(A − μ)·rsqrt(max(var, 1e-8))``
-    with the biased masked variance, as NeMo RL's ``RawRewardAdvantageEstimator`` (GAE whitening
-    differs: unbiased, ``var + 1e-8``). Returns (B, T), 0 outside ``token_mask``.
-    """
+    """PPO ``raw_reward`` advantage (B, T): ``A_t = r``, optionally whitened (biased var, ``max(var, 1e-8)``)."""
     adv = rewards[:, None].expand(token_mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))
     if normalize_advantages:
         return masked_whiten(adv, token_mask, unbiased=False, eps=RAW_REWARD_VAR_FLOOR, clamp_var=True)
@@ -276,19 +208,13 @@ def raw_reward_advantages(rewards: Tensor, token_mask: Tensor, *, normalize_adva
 
 
 def opd_advantages(teacher_logprobs: Tensor, prev_logprobs: Tensor, token_mask: Tensor) -> Tensor:
-    """On-policy distillation advantage: ``A_t = (log π_teacher − log π_prev)·mask`` (detached). (B, T)
-
-    Recommended loss settings: ``disable_ppo_ratio``, importance-sampling correction, ``icepop``.
-    """
+    """On-policy distillation advantage (B, T): ``A_t = (log π_teacher − log π_prev)·mask``, detached."""
     diff = (teacher_logprobs - prev_logprobs).detach()
     return torch.where(token_mask != 0, diff * token_mask, torch.zeros_like(diff))
 
 
 def clip_advantages(advantages: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
-    """``clamp(A, low, high)`` (``grpo.advantage_clip_low/high``), applied after normalisation.
-
-    None leaves that side unbounded.
-    """
+    """``clamp(A, low, high)`` after normalisation; None leaves that side unbounded."""
     if low is None and high is None:
         return advantages
     return advantages.clamp(min=low, max=high)

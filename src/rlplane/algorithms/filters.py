@@ -1,9 +1,5 @@
-"""Sample filters and reward transforms: DAPO dynamic sampling, overlong filtering and reward
-shaping, reward scaling, sequence-level logprob-error masking.
-
-Pure functions over tensors returning masks, index tensors or new rewards; the trainer applies
-them to the data-plane metadata. Shape legend: B = samples, T = tokens, L = prompt tokens.
-DAPO: Yu et al. 2025, https://arxiv.org/abs/2503.14476.
+"""Sample filters and reward transforms: DAPO dynamic sampling (arXiv 2503.14476), overlong filtering and
+reward shaping, reward scaling, logprob-error masking. B samples, T tokens, L prompt tokens.
 """
 
 from __future__ import annotations
@@ -17,25 +13,14 @@ from torch import Tensor
 from rlplane.algorithms._ops import masked_sum, safe_div
 from rlplane.algorithms.advantages import group_ids
 
-# --------------------------------------------------------------------------------------------
 # Dynamic sampling (DAPO)
-# --------------------------------------------------------------------------------------------
 
 
 def dynamic_sampling_keep_mask(prompt_ids: Tensor, rewards: Tensor, valid_mask: Tensor | None = None) -> Tensor:
-    """(B,) bool: True for every sample of a prompt group whose valid rewards are not all equal.
+    """(B,) bool: True for the samples of groups whose valid rewards are not all equal (DAPO).
 
-    A group where every answer scores the same has reward std 0, hence zero advantage and no
-    learning signal; DAPO drops it. The test is on the whole group (max ≠ min over its valid
-    samples), so groups are kept or dropped as units. (NeMo RL tests the per-sample
-    leave-one-out std, which for n ≥ 3 also drops the single differing sample of a group such as
-    [1, 0, 0, 0]; the group test follows the DAPO paper.) Pass the *unshaped* reward when reward
-    shaping is on, as NeMo RL does.
-
-    Args:
-        prompt_ids: (B,) or (B, L); identical rows form a group.
-        rewards: (B,).
-        valid_mask: (B,) or None; invalid samples are ignored in the test (and never kept).
+    Groups are kept or dropped whole (max ≠ min, as in the paper; NeMo RL's per-sample leave-one-out
+    std would also drop the odd sample of [1, 0, 0, 0]). Pass the unshaped reward. Invalid samples are never kept.
     """
     b = rewards.shape[0]
     if b == 0:
@@ -50,11 +35,7 @@ def dynamic_sampling_keep_mask(prompt_ids: Tensor, rewards: Tensor, valid_mask: 
 
 
 def failed_group_keep_mask(prompt_ids: Tensor, failed: Tensor) -> Tensor:
-    """(B,) bool: True for the samples of groups in which no sample failed (``rollout_failure_policy:
-    drop_group``; a group is kept or dropped whole, its advantages need every member).
-
-    prompt_ids (B,) or (B, L), identical rows form a group; failed (B,) bool.
-    """
+    """(B,) bool: True for the samples of groups where none failed (``rollout_failure_policy: drop_group``)."""
     if failed.numel() == 0:
         return torch.zeros(0, dtype=torch.bool, device=failed.device)
     gid = group_ids(prompt_ids)
@@ -64,11 +45,9 @@ def failed_group_keep_mask(prompt_ids: Tensor, failed: Tensor) -> Tensor:
 
 
 class DynamicSamplingSelection(NamedTuple):
-    """What to train on after dynamic sampling.
+    """``indices[i]``: rows to take from generation batch ``i``; together exactly the target size.
 
-    ``indices[i]`` are the row indices to take from generation batch ``i`` (in order; their
-    concatenation has exactly the target size). ``num_discarded_valid_samples`` counts kept
-    (std ≠ 0) samples dropped by the final slice (metric ``dynamic_sampling_num_discarded_valid_samples``).
+    ``num_discarded_valid_samples``: kept samples cut by the final slice.
     """
 
     indices: list[Tensor]
@@ -84,16 +63,11 @@ def dynamic_sampling_select(
     keep_masks: Sequence[Tensor], target_num_samples: int, dynamic_sampling_max_gen_batches: int,
     why_dropped: str = ALL_EQUAL_GROUPS_HINT,
 ) -> DynamicSamplingSelection | None:
-    """Accumulate kept samples across generation batches and slice to the target.
+    """Accumulate kept samples across generation batches and slice to the target (control flow, reads counts).
 
-    Call after each generation batch with the keep masks of all batches so far (from
-    :func:`dynamic_sampling_keep_mask`). Returns the selection once at least
-    ``target_num_samples`` (= ``num_prompts_per_step · num_generations_per_prompt``) samples are
-    kept, ``None`` while more batches are needed, and raises ``RuntimeError`` when
-    ``dynamic_sampling_max_gen_batches`` batches did not suffice. The first ``target`` kept samples
-    are taken in generation order, so whole groups survive when groups are contiguous and the
-    target is a multiple of the group size. This is control flow: it reads counts on the host.
-    ``why_dropped`` ends the error message: why samples are not kept and what to do.
+    Returns the first ``target_num_samples`` kept samples in generation order once there are enough,
+    None while more batches are needed; raises ``RuntimeError`` after ``dynamic_sampling_max_gen_batches``,
+    ending with ``why_dropped``.
     """
     if dynamic_sampling_max_gen_batches <= 0:
         raise ValueError(
@@ -119,17 +93,11 @@ def dynamic_sampling_select(
     return DynamicSamplingSelection(indices, len(keep_masks), total - target_num_samples)
 
 
-# --------------------------------------------------------------------------------------------
 # Overlong filtering and reward shaping
-# --------------------------------------------------------------------------------------------
 
 
 def overlong_filter_sample_mask(sample_mask: Tensor, truncated: Tensor) -> Tensor:
-    """``sample_mask · (1 − truncated)``: truncated samples get no loss (``grpo.overlong_filtering``).
-
-    They still count towards the reward baseline (apply this after the advantages' baseline).
-    Shapes: (B,), (B,) bool/0-1.
-    """
+    """``sample_mask · (1 − truncated)`` (B,): truncated samples get no loss but still count in the baseline."""
     return sample_mask * (1 - truncated.to(sample_mask.dtype))
 
 
@@ -141,12 +109,10 @@ def dapo_overlong_penalty(
     overlong_buffer_penalty: float,
     max_response_length: int,
 ) -> Tensor:
-    """DAPO soft overlong punishment.
+    """DAPO soft overlong punishment, (B,).
 
-    ``expected = max_response_length − overlong_buffer_length``;
-    ``r ← r + min(−(L − expected) / overlong_buffer_length · penalty, 0)``: 0 up to ``expected``
-    tokens, then linearly down to ``−penalty`` at ``max_response_length`` (and beyond, unclamped).
-    Shapes: rewards (B,), response_lengths (B,) = tokens of the first assistant turn.
+    ``r ← r + min(−(L − expected) / overlong_buffer_length · penalty, 0)``, ``expected = max_response_length −
+    overlong_buffer_length``: linear down to ``−penalty`` at ``max_response_length``, unclamped beyond.
     """
     expected = max_response_length - overlong_buffer_length
     over = (response_lengths.to(rewards.dtype) - expected) / overlong_buffer_length
@@ -169,12 +135,7 @@ def apply_reward_shaping(
     max_response_length: int | None = None,
     stop_properly_penalty_coef: float | None = None,
 ) -> Tensor:
-    """``grpo.reward_shaping``: keyword names equal the config keys (``**cfg.model_dump()``).
-
-    Disabled: rewards unchanged. With ``stop_properly_penalty_coef`` set: :func:`stop_properly_penalty`
-    only (the overlong parameters are ignored). Otherwise :func:`dapo_overlong_penalty`, which
-    needs all three overlong parameters. Keep the unshaped rewards for dynamic sampling.
-    """
+    """``grpo.reward_shaping`` (keywords = config keys): the stop-properly penalty if its coef is set, else DAPO's."""
     if not enabled:
         return rewards
     if stop_properly_penalty_coef is not None:
@@ -200,29 +161,20 @@ def scale_rewards(
     target_min: float = 0.0,
     target_max: float = 1.0,
 ) -> Tensor:
-    """``grpo.reward_scaling``: ``r ← t_min + (clamp(r, s_min, s_max) − s_min)/(s_max − s_min)·(t_max − t_min)``.
-
-    Keyword names equal the config keys. Disabled: rewards unchanged. (B,) or any shape.
-    """
+    """``grpo.reward_scaling``: ``r ← t_min + (clamp(r, s_min, s_max) − s_min)/(s_max − s_min)·(t_max − t_min)``."""
     if not enabled:
         return rewards
     clamped = rewards.clamp(source_min, source_max)
     return target_min + (clamped - source_min) / (source_max - source_min) * (target_max - target_min)
 
 
-# --------------------------------------------------------------------------------------------
 # Sequence-level logprob-error masking
-# --------------------------------------------------------------------------------------------
 
 
 def seq_mult_prob_error(
     generation_logprobs: Tensor, prev_logprobs: Tensor, token_mask: Tensor, sample_mask: Tensor
 ) -> Tensor:
-    """Per-sequence multiplicative probability error between the generation and training backends.
-
-    ``seq_err_b = Σ_t exp(|gen − prev|·m)·m / Σ_t m`` with ``m = token_mask·sample_mask``; ≈ 1 is
-    healthy. 0 for a sequence with no valid token. Shapes: (B, T), (B, T), (B, T), (B,) → (B,).
-    """
+    """(B,) ``seq_err_b = Σ_t exp(|gen − prev|·m)·m / Σ_t m``, ``m = token_mask·sample_mask``; ≈ 1 is healthy."""
     dtype = torch.promote_types(prev_logprobs.dtype, torch.float32)
     m = token_mask.to(dtype) * sample_mask.to(dtype)[:, None]
     diff = torch.where(m != 0, (generation_logprobs.to(dtype) - prev_logprobs.to(dtype)).abs(),
@@ -238,18 +190,11 @@ def seq_logprob_error_mask(
     seq_logprob_error_threshold: float | None,
     rewards: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Drop sequences whose generation/training logprob mismatch is too large.
+    """``sample_mask_b ← sample_mask_b · [seq_err_b ≤ threshold]``; returns ``(new_sample_mask (B,), metrics)``.
 
-    ``sample_mask_b ← sample_mask_b · [seq_err_b ≤ threshold]`` (unchanged when the threshold is None).
-
-    Metrics (0-d tensors, over sequences with ``sample_mask ≠ 0`` and at least one valid token,
-    as NeMo RL: a sequence with no valid token has no error, not an error of 0; all 0 when there
-    are none):
-    ``max/mean/min_seq_mult_prob_error`` (before masking), the same with ``_after_mask`` (over the
-    sequences still kept), ``num_masked_seqs_by_logprob_error``, and ``masked_correct_pct``
-    (fraction of the masked sequences with reward == 1; needs ``rewards``).
-
-    Returns ``(new_sample_mask (B,), metrics)``.
+    Metrics are over sequences with ``sample_mask ≠ 0`` and a valid token (0 when none):
+    ``max/mean/min_seq_mult_prob_error`` before and ``_after_mask``, ``num_masked_seqs_by_logprob_error``,
+    ``masked_correct_pct`` (masked sequences with reward == 1).
     """
     err = seq_mult_prob_error(generation_logprobs, prev_logprobs, token_mask, sample_mask)  # (B,)
     # (B,) sample_mask ≠ 0 and at least one valid token

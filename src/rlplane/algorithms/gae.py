@@ -1,7 +1,5 @@
-"""Generalized Advantage Estimation over tokens (Schulman et al. 2016, https://arxiv.org/abs/1506.02438),
-with VAPO's decoupled and length-adaptive λ (Yue et al. 2025, https://arxiv.org/abs/2504.05118).
-
-Shape legend: B = batch of sequences, T = tokens per sequence.
+"""Token-level GAE (Schulman et al. 2016, arXiv 1506.02438) with VAPO's decoupled and length-adaptive λ
+(Yue et al. 2025, arXiv 2504.05118). B sequences, T tokens.
 """
 
 from __future__ import annotations
@@ -33,11 +31,7 @@ def gae_token_rewards(
     prev_logprobs: Tensor | None = None,
     reference_logprobs: Tensor | None = None,
 ) -> Tensor:
-    """Per-token rewards for GAE: ``r_t = −β·KL_t(prev ‖ ref)`` (only with ``kl_in_reward``: β, estimator, clamps),
-    plus the scalar reward on the last position where ``mask = 1``; then ``r_t ← r_t·mask_t``.
-
-    ``rewards``: (B,); ``mask``: (B, T). Returns (B, T) float.
-    """
+    """(B, T) token rewards: ``−β·KL_t(prev ‖ ref)`` (``kl_in_reward``) plus the (B,) reward on the last masked one."""
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     token_rewards = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     if kl_in_reward is not None:
@@ -52,13 +46,10 @@ def gae_token_rewards(
 
 
 def gae_recursion(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float | Tensor) -> Tensor:
-    """The backward GAE recursion with carry-forward masking. Returns advantages (B, T).
+    """Backward GAE recursion (B, T); masked positions carry the next valid token's accumulators through.
 
-    ``next_v = 0, gae = 0``; for t = T−1 … 0:
-    ``δ = r_t + γ·next_v − V_t``, ``g = δ + γ·λ·gae``,
-    ``next_v ← m_t·V_t + (1−m_t)·next_v``, ``gae ← m_t·g + (1−m_t)·gae``, ``A_t = gae``.
-    At masked positions (prompt, padding, environment tokens) the accumulators of the next valid
-    token are carried through unchanged, so they are skipped. ``lam`` is a float or (B,) per sample.
+    For t = T−1 … 0: ``δ = r_t + γ·next_v − V_t``, ``g = δ + γ·λ·gae``, ``next_v ← m_t·V_t + (1−m_t)·next_v``,
+    ``gae ← m_t·g + (1−m_t)·gae``, ``A_t = gae``. ``lam``: float or (B,).
     """
     b, t = values.shape
     m = (mask != 0).to(values.dtype)
@@ -97,23 +88,12 @@ def compute_gae(
     prev_logprobs: Tensor | None = None,
     reference_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Token-level GAE for PPO. Keyword names equal ``ppo.adv_estimator.*`` keys.
+    """Token-level GAE for PPO (keywords = ``ppo.adv_estimator.*``); returns ``(advantages, returns)`` (B, T).
 
-    - token rewards: :func:`gae_token_rewards` (scalar reward on the last valid token, optional
-      ``−β·KL`` per token with ``kl_in_reward``, from ``prev_logprobs`` and ``reference_logprobs``);
-    - ``λ_value = gae_lambda_value or gae_lambda``; ``λ_policy`` = length-adaptive λ if
-      ``length_adaptive_alpha > 0``, else ``gae_lambda_policy or gae_lambda``. When any of the
-      three is set the recursion runs twice: returns ``R = A(λ_value) + V``, advantages ``A(λ_policy)``;
-    - if ``normalize_advantages``: whiten over the mask, ``(A − μ)·rsqrt(var + 1e-8)`` with the
-      unbiased masked variance.
-
-    Args:
-        rewards: (B,) scalar sequence rewards.
-        values: (B, T) ``V(s_t)`` aligned with the tokens (already right-shifted).
-        mask: (B, T) ``token_mask · sample_mask`` (response tokens that are trained on).
-    Returns:
-        ``(advantages, returns)``, both (B, T). Advantages are 0 outside the mask; returns are
-        ``A(λ_value) + V`` everywhere (only meaningful inside the mask).
+    ``λ_value = gae_lambda_value or gae_lambda``; ``λ_policy`` = length-adaptive if α > 0, else
+    ``gae_lambda_policy or gae_lambda``; returns ``R = A(λ_value) + V``, advantages ``A(λ_policy)``,
+    optionally whitened over the mask: ``(A − μ)·rsqrt(var + 1e-8)``, unbiased var. ``values`` (B, T) hold
+    ``V(s_t)`` (right-shifted); ``mask = token_mask·sample_mask``; advantages are 0 outside it.
     """
     values = values.to(torch.promote_types(values.dtype, torch.float32))
     values = torch.where(mask != 0, values, torch.zeros_like(values))  # padding values may be garbage/NaN

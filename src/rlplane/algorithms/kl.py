@@ -27,16 +27,11 @@ def kl_estimate(
     output_clamp_value: float | None = None,
     importance_weights: Tensor | None = None,
 ) -> Tensor:
-    """Elementwise KL estimate ``KL(P ‖ P_ref)`` from samples of P.
+    """Elementwise estimate of ``KL(P ‖ P_ref)`` from samples of P (inputs broadcastable).
 
-    ``log r = clamp(logprobs_reference − logprobs, ±input_clamp_value)``;
-    ``k = k1|k2|k3(log r)``; then ``clamp(importance_weights · k, ±output_clamp_value)``.
-    The clamps bound the estimate when the two policies disagree wildly (defaults in the loss:
-    20 and 10); inside an active clamp the gradient is 0: where the input clamp acts, the
-    importance weight is detached as well (else ``d(w·k)/dθ = k·dw/dθ`` would leak through the
-    constant clamped ``k``; NeMo RL's ``calculate_kl`` does the same).
-
-    Shapes: any, all inputs broadcastable; output has the broadcast shape.
+    ``log r = clamp(ref − logprobs, ±input_clamp_value)``, ``k = k1|k2|k3(log r)``, then
+    ``clamp(importance_weights·k, ±output_clamp_value)``. Inside an active input clamp the weight is
+    detached too, so no gradient leaks through the constant ``k`` (as NeMo RL's ``calculate_kl``).
     """
     log_ratio = logprobs_reference - logprobs
     if input_clamp_value is not None:
@@ -61,11 +56,7 @@ def kl_estimate(
 
 def reward_kl(kl_in_reward: KLInReward, prev_logprobs: Tensor | None, reference_logprobs: Tensor | None,
               mask: Tensor) -> Tensor:
-    """``KL_t(prev ‖ ref)`` per token where ``mask ≠ 0``, 0 elsewhere: the estimate that REINFORCE++ and GAE
-    subtract from the reward times ``β = kl_in_reward.beta`` (:func:`kl_estimate` with its type and clamps).
-
-    ``prev_logprobs``, ``reference_logprobs``, ``mask``: (B, T). Returns (B, T).
-    """
+    """(B, T) ``KL_t(prev ‖ ref)`` where ``mask ≠ 0`` (0 elsewhere), the term REINFORCE++ and GAE scale by β."""
     if prev_logprobs is None or reference_logprobs is None:
         raise ValueError("kl_in_reward needs prev_logprobs and reference_logprobs (loss_fn.use_kl_in_reward)")
     k = kl_in_reward

@@ -1,11 +1,7 @@
-"""The options of the clipped policy-gradient loss and of the KL in the reward: frozen objects, their
-defaults, their rules.
+"""Options of the clipped policy-gradient loss and of the KL in the reward: frozen, checked once when made.
 
-:class:`ClippedPGOptions` is the ``loss_fn`` section of the config (``config/algorithms.py`` builds
-its pydantic model from these fields, descriptions included) and what :func:`clipped_pg_loss`
-takes. It is checked once, when it is made (a run makes it once, at config load); every violated
-rule is reported at once, one line each. Field names and defaults are NeMo RL's ``loss_fn`` keys.
-:class:`KLInReward` is the part of it that REINFORCE++ and GAE read (``ClippedPGOptions.kl_in_reward``).
+:class:`ClippedPGOptions` is the ``loss_fn`` config section (``config/algorithms.py`` builds its pydantic
+model from these fields); every violated rule is reported at once. Names and defaults follow NeMo RL.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ def _yaml(value: object) -> str:
 
 @dataclass(frozen=True)
 class KLInReward:
-    """``−β·KL_t(prev ‖ ref)`` added to the per-token reward (``loss_fn.use_kl_in_reward``): the options of
-    :func:`~rlplane.algorithms.kl.kl_reward_penalty`, which REINFORCE++ and GAE take with the two logprob tensors."""
+    """``−β·KL_t(prev ‖ ref)`` added to the per-token reward (``loss_fn.use_kl_in_reward``), for REINFORCE++ and GAE."""
 
     beta: float  # β = loss_fn.reference_policy_kl_penalty
     kl_type: str = "k3"  # loss_fn.reference_policy_kl_type

@@ -1,15 +1,9 @@
-"""Policy, value and supervised losses, each returning ``(loss, metrics)``.
+"""Policy, value and supervised losses, each returning ``(loss, metrics)``; formulas in ``docs/algorithms.md``.
 
-All tensors are per token and already aligned: ``logprobs[:, t] = log π(token_t | tokens_<t)``
-(the trainer does the shift). Shape legend: B = sequences in the micro-batch, T = tokens.
-
-**Normalisation.** Every loss and every summable metric is divided by a count over the *whole
-global batch* (``global_valid_tokens`` = Σ token_mask·sample_mask, ``global_valid_seqs`` =
-Σ sample_mask, both summed over micro-batches and DP ranks), so summing the values returned for
-the micro-batches of a global batch gives the global-batch mean (NeMo RL's
-``docs/design-docs/loss-functions.md``). :data:`CLIPPED_PG_METRIC_REDUCTIONS` (and its twins)
-say how each metric combines across micro-batches: ``sum``, ``min`` or ``max``.
-``docs/algorithms.md`` lists every formula.
+Inputs are per token and aligned (``logprobs[:, t] = log π(token_t | tokens_<t)``); B sequences, T tokens.
+Losses and summable metrics divide by global-batch counts (``global_valid_tokens``, ``global_valid_seqs``
+over all micro-batches and DP ranks), so the micro-batch values sum to the global mean;
+:data:`CLIPPED_PG_METRIC_REDUCTIONS` and its twins say how each metric combines (sum, min, max).
 """
 
 from __future__ import annotations
@@ -78,10 +72,9 @@ def _reduce(
     per_token: Tensor, mask: Tensor, token_mask: Tensor, sample_mask: Tensor, token_level: bool,
     global_valid_tokens: Tensor, global_valid_seqs: Tensor,
 ) -> Tensor:
-    """Aggregate a (B, T) per-token term into this micro-batch's share of the global mean.
+    """This micro-batch's share of the global mean of a (B, T) term.
 
-    token level: ``Σ_{b,t} x·mask / global_valid_tokens``;
-    sequence level: ``Σ_b sample_mask_b · (Σ_t x·token_mask / Σ_t token_mask) / global_valid_seqs``.
+    token: ``Σ x·mask / global_valid_tokens``; sequence: ``Σ_b s_b·(Σ_t x·m / Σ_t m) / global_valid_seqs``.
     """
     if token_level:
         return safe_div(masked_sum(per_token, mask), global_valid_tokens)
@@ -130,7 +123,7 @@ def _mask_inputs(curr_logprobs, prev_logprobs, generation_logprobs, advantages, 
         return torch.where(valid, t, torch.zeros_like(t))
 
     curr = clean(curr_logprobs)
-    # force_on_policy_ratio skips the prev-logprob forward: π_old = π_θ (any prev passed is ignored).
+    # force_on_policy_ratio: π_old = π_θ, no prev-logprob forward (prev is ignored).
     prev = curr.detach() if force_on_policy_ratio else clean(prev_logprobs)
     gen = prev if generation_logprobs is None else clean(generation_logprobs)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
@@ -235,8 +228,7 @@ def _diagnostics(x: _Masked, o: ClippedPGOptions, ratio: Tensor, ratio_c: Tensor
     log_mix = torch.logaddexp(p, g) - math.log(2.0)  # log ½(p_prev + p_gen)
     js = 0.5 * (torch.expm1(p - log_mix) - (p - log_mix)) + 0.5 * (torch.expm1(g - log_mix) - (g - log_mix))
     metrics["js_divergence_error"] = tm(js)
-    # Per sequence (NeMo RL's seq_mult_prob_error), over the trained sequences with a valid token; the
-    # mean is normalised by the global valid sequences, so it sums over micro-batches and ranks.
+    # Per trained sequence (NeMo RL's seq_mult_prob_error); normalised by the global valid sequences.
     seq_err, alive = seq_mult_prob_error(g, p, x.tm, x.sm), x.valid.any(dim=-1)  # (B,), (B,)
     metrics["mean_seq_mult_prob_error"] = safe_div(masked_sum(seq_err, alive.to(dtype)), x.n_seq)
     metrics["min_seq_mult_prob_error"], metrics["max_seq_mult_prob_error"] = masked_extrema(seq_err, alive)
@@ -267,49 +259,22 @@ def clipped_pg_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped policy-gradient loss family (PPO / GRPO / DAPO / GSPO / CISPO / REINFORCE).
 
-    ``options`` are the ``loss_fn.*`` keys (:class:`~rlplane.algorithms.loss_options.ClippedPGOptions`,
-    checked when made, not here). With ``m = token_mask·sample_mask`` (tokens whose
-    ``curr_logprobs`` is ±inf/NaN are dropped from the mask; every input is zeroed outside it, so
-    padding may hold -inf or NaN):
+    ``options``: the ``loss_fn.*`` keys (:class:`~rlplane.algorithms.loss_options.ClippedPGOptions`).
+    ``m = token_mask·sample_mask`` without tokens whose ``curr`` is non-finite; inputs are zeroed outside it.
 
-    - ratio ``r``: ``exp(curr − curr.detach())`` (= 1 with gradient) if ``force_on_policy_ratio``;
-      else ``exp(curr − prev)``, or for GSPO (``sequence_level_importance_ratios``)
-      ``exp(mean_t(curr − prev))`` per sequence; ``r_c = clamp(r, 1 − ε_low, 1 + ε_high)``.
-      With ``disable_ppo_ratio``: ``r = r_c = curr`` (REINFORCE: loss = −A·log π).
-    - surrogate: ``max(−A·r, −A·r_c)`` (PPO, Schulman 2017); CISPO: ``−A·sg(r_c)·curr``
-      (MiniMax-M1 2025); dual clip (Ye et al. 2019): where A < 0, ``min(·, −A·c)``.
-    - behaviour IS weights ``w = exp(prev − gen)`` per token (per sequence ``exp(Σ_t (prev − gen)·m)``
-      for GSPO), nan/inf → 0, no gradient; ``tis``: clamp to [min (0), max]; ``icepop``: 0 outside
-      [min, max]; ``seq-mask-tis``: keep a sequence iff ``min ≤ exp(mean_t(prev − gen)) ≤ max``.
-      Used only if ``use_importance_sampling_correction``.
-    - actor loss: ``Σ w·surrogate·m / global_valid_tokens`` (token level), or
-      ``Σ_b sample_mask_b · mean_t(w·surrogate) / global_valid_seqs`` (sequence level).
-    - KL to the reference (β = ``reference_policy_kl_penalty``, forced to 0 by ``use_kl_in_reward``):
-      ``β·clamp(w_kl·k(clamp(ref − curr, ±in)), ±out)`` with ``w_kl = exp(curr − gen)``
-      (``use_on_policy_kl_approximation``) or ``exp(curr − sg(curr))`` (= 1, keeps the
-      score-function gradient, arXiv:2506.09477); reduced like the actor loss. The KL uses
-      ``curr_logprobs_unfiltered`` when given (top-k/top-p training-time filtering).
-    - VAPO positive NLL (``positive_example_nll_weight = μ > 0``, needs ``rewards``):
-      ``μ·Σ −curr·m·[reward > 0] / N⁺``, N⁺ = ``global_valid_positive_tokens`` when given (then
-      micro-batch invariant), else this micro-batch's count (NeMo RL's behaviour).
+    - ratio ``r = exp(curr − prev)``; GSPO ``exp(mean_t(curr − prev))`` per sequence; ``force_on_policy_ratio``
+      ``exp(curr − sg(curr))``; ``r_c = clamp(r, 1 − ε_low, 1 + ε_high)``; ``disable_ppo_ratio``: ``r = r_c = curr``.
+    - surrogate ``max(−A·r, −A·r_c)`` (PPO); CISPO ``−A·sg(r_c)·curr``; dual clip where A < 0: ``min(·, −A·c)``.
+    - behaviour IS weights ``w = exp(prev − gen)`` (GSPO: per sequence), no gradient; ``tis`` clamps to
+      [min, max], ``icepop`` zeroes outside it, ``seq-mask-tis`` keeps a sequence iff its mean ratio is inside.
+    - actor loss ``Σ w·surrogate·m / global_valid_tokens`` (or the sequence-level mean).
+    - KL ``β·clamp(w_kl·k(clamp(ref − curr, ±in)), ±out)``, ``w_kl = exp(curr − gen)`` (on-policy approximation)
+      or ``exp(curr − sg(curr))`` (arXiv:2506.09477), on ``curr_logprobs_unfiltered`` when given.
+    - VAPO positive NLL ``μ·Σ −curr·m·[reward > 0] / N⁺`` (N⁺ = ``global_valid_positive_tokens`` or local).
 
-    Args:
-        curr_logprobs: (B, T) log π_θ of the taken tokens, with gradient.
-        advantages: (B, T) or (B,) (broadcast over tokens).
-        token_mask: (B, T) 1 on trained (response) tokens.
-        sample_mask: (B,) per-sequence weight (0 drops a sequence).
-        global_valid_tokens, global_valid_seqs: counts over the whole global batch (all
-            micro-batches, all DP ranks). 0 gives a 0 loss, never NaN.
-        prev_logprobs: (B, T) log π_old from before the update; may be None only with
-            ``force_on_policy_ratio`` (then ``curr.detach()``).
-        generation_logprobs: (B, T) log π of the generation backend; None = ``prev``.
-        reference_logprobs: (B, T); required when β ≠ 0.
-        rewards: (B,), only for the VAPO NLL term.
-
-    Returns:
-        ``(loss, metrics)``: the micro-batch's share of the global loss (0-d, with gradient), and
-        detached 0-d metric tensors, combined across micro-batches as in
-        :data:`CLIPPED_PG_METRIC_REDUCTIONS`.
+    Shapes: logprobs and ``token_mask`` (B, T); ``advantages`` (B, T) or (B,); ``sample_mask``, ``rewards`` (B,).
+    ``prev_logprobs`` may be None only with ``force_on_policy_ratio``; ``generation_logprobs`` None = prev.
+    Returns the micro-batch's 0-d share of the global loss and detached 0-d metrics.
     """
     o = options
     beta = o.kl_beta
@@ -361,22 +326,11 @@ def reverse_kl_loss(
     sample_mask: Tensor,
     global_valid_tokens: float | Tensor,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """On-policy distillation: the per-token reverse KL ``KL(π_θ ‖ π_teacher)``, sampled estimate.
+    """On-policy distillation: sampled per-token reverse KL ``KL(π_θ ‖ π_teacher)`` on y ~ π_θ.
 
-    On the student's own samples y ~ π_θ, ``k_t = log π_θ(y_t) − log π_T(y_t)`` estimates the reverse
-    KL at each token, and ``E[k_t·∇log π_θ(y_t)]`` is its gradient (the ``E[∇log π_θ] = 0`` term
-    drops). That is REINFORCE with the ``opd`` advantage ``A_t = sg(log π_T − log π_θ)``
-    (:func:`~rlplane.algorithms.opd_advantages`; NeMo RL's ``OPDAdvantageEstimator``, MOPD
-    arXiv:2601.02780 Eq. 8; Agarwal et al. 2024 GKD; Thinking Machines "on-policy distillation").
-
-    ``loss = Σ m·(−A)·(1 + curr − sg(curr)) / N``: its value is the token-mean estimate
-    ``Σ m·k / N`` and its gradient ``Σ m·sg(k)·∇curr / N``, with ``m = token_mask·sample_mask`` and
-    N = ``global_valid_tokens`` (summed over micro-batches and DP ranks, so splitting a batch does not
-    change the loss or the gradient). Positions outside ``m`` may hold -inf/NaN.
-
-    Shapes: curr_logprobs (with gradient), teacher_logprobs, token_mask (B, T); sample_mask (B,).
-    Metrics (sums across micro-batches): ``loss``, ``reverse_kl`` (= the loss's value),
-    ``num_valid_samples``.
+    ``loss = Σ m·(−A)·(1 + curr − sg(curr)) / N`` with ``A = sg(log π_T − log π_θ)``: value ``Σ m·k / N``,
+    gradient ``Σ m·sg(k)·∇curr / N`` (MOPD arXiv:2601.02780 Eq. 8; GKD, Agarwal et al. 2024).
+    ``m = token_mask·sample_mask``, N = ``global_valid_tokens``. Shapes (B, T); ``sample_mask`` (B,).
     """
     dtype = torch.promote_types(curr_logprobs.dtype, torch.float32)
     m = token_mask.to(dtype) * sample_mask.to(dtype)[:, None]  # (B, T)
@@ -397,13 +351,9 @@ def nll_loss(
     global_valid_tokens: float | Tensor,
     sample_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Token-mean negative log-likelihood for supervised warm-up (SFT).
+    """Token-mean NLL for supervised warm-up: ``−Σ logprob·m / global_valid_tokens``, ``m = token_mask·sample_mask``.
 
-    ``loss = −Σ_{b,t} logprob·m / global_valid_tokens`` with ``m = token_mask·sample_mask``;
-    positions outside ``m`` may hold -inf/NaN. Metrics (all sums): ``loss``,
-    ``num_unmasked_tokens = Σ m``, ``num_valid_samples = Σ sample_mask``.
-
-    Shapes: logprobs, token_mask (B, T); sample_mask (B,) or None (all 1).
+    Shapes: (B, T); ``sample_mask`` (B,) or None (all 1).
     """
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     sm = torch.ones(logprobs.shape[0], dtype=dtype,

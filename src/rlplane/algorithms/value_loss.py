@@ -19,19 +19,12 @@ def value_loss(
     sample_mask: Tensor | None = None,
     scale: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped MSE value loss (PPO critic). ``value_loss_fn: {scale, cliprange}`` in NeMo RL.
+    """Clipped MSE value loss of the PPO critic (NeMo RL's ``value_loss_fn``).
 
-    With ``m = token_mask·sample_mask`` and N = ``global_valid_tokens``:
-    ``L = 0.5·scale·Σ (v − R)²·m / N``, or with ``clip_range = ε > 0``:
-    ``v_clip = clamp(v, v_old − ε, v_old + ε)``, ``L = 0.5·scale·Σ max((v − R)², (v_clip − R)²)·m / N``.
-
-    Metrics (token-normalised sums unless noted): ``vf_clipfrac = Σ [(v_clip − R)² > (v − R)²]·m / N``,
-    ``returns_mean``, ``returns_sq_mean``, ``values_mean``, ``residual_sq_mean = Σ (R − v)²·m / N``,
-    ``values_min/max`` (min/max), ``num_valid_samples``. Explained variance is not summable across
-    micro-batches: compute it from the summed metrics with :func:`explained_variance`.
-
-    Shapes: values, old_values, returns, token_mask (B, T) (values already right-shifted so that
-    position t holds V(s_t)); sample_mask (B,) or None.
+    ``L = 0.5·scale·Σ max((v − R)², (v_clip − R)²)·m / N``, ``v_clip = clamp(v, v_old ± ε)`` (no clip term
+    without ``clip_range``), ``m = token_mask·sample_mask``, N = ``global_valid_tokens``. Metrics are
+    token-normalised sums (``values_min/max``: min/max); explained variance comes from them via
+    :func:`explained_variance`. Shapes (B, T), values right-shifted (V(s_t) at t); ``sample_mask`` (B,).
     """
     dtype = torch.promote_types(values.dtype, torch.float32)
     sm = torch.ones(values.shape[0], dtype=dtype,
@@ -75,10 +68,9 @@ def explained_variance(
     returns_mean: Tensor | float, values_mean: Tensor | float, returns_sq_mean: Tensor | float,
     residual_sq_mean: Tensor | float,
 ) -> Tensor:
-    """Critic explained variance from (summed) :func:`value_loss` metrics.
+    """Critic explained variance from summed :func:`value_loss` metrics (1 perfect, 0 constant, < 0 worse).
 
-    ``EV = 1 − Var(R − V) / Var(R) = 1 − (E[(R − V)²] − (μ_R − μ_V)²) / max(E[R²] − μ_R², 1e-8)``.
-    1 is a perfect critic, 0 predicts no better than a constant, < 0 is worse.
+    ``EV = 1 − (E[(R − V)²] − (μ_R − μ_V)²) / max(E[R²] − μ_R², 1e-8)``.
     """
     mu_r, mu_v = torch.as_tensor(returns_mean, dtype=torch.float64), torch.as_tensor(values_mean, dtype=torch.float64)
     var_resid = torch.as_tensor(residual_sq_mean, dtype=torch.float64) - (mu_r - mu_v).square()

@@ -1,5 +1,4 @@
-"""Asynchronous GRPO: a trajectory collector that generates for future weight versions while the
-policy trains, and a versioned replay buffer with bounded staleness (``recipes/async_grpo.py``)."""
+"""Asynchronous GRPO: a collector generating for future weight versions, a replay buffer with bounded staleness."""
 
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, buffer_capacity
 from rlplane.async_rl.collector import AsyncTrajectoryCollector

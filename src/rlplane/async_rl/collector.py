@@ -1,15 +1,8 @@
 """The trajectory collector of async GRPO: generation for future steps beside training.
 
-It owns a generator (its own copy of the policy, refit from the trainer's weights), the prompt
-loader and the :class:`ReplayBuffer`, and runs the :class:`~rlplane.async_rl.scheduler.Schedule`
-on threads: a loop thread starts each batch the schedule asks for, a thread per batch generates,
-scores and buffers it (the rollout worker's phases), and the trainer's calls (refit, sample,
-checkpoint) are events too. Every decision is the schedule's; this shell waits and does the work.
-Its groups' columns go into the run's data plane, the buffer holds their receipts. The rules
-(targets, start order, refits, determinism, failures) are in ``docs/algorithms.md``.
-
-A plain class: ``runtime: local`` runs it in a thread of the driver or in a child process
-(``grpo.async_grpo.collector_process``); ``runtime: ray`` wraps it as a threaded actor.
+Owns a generator, the prompt loader and the :class:`ReplayBuffer`, and runs the
+:class:`~rlplane.async_rl.scheduler.Schedule` on threads: every decision is the schedule's, this shell
+waits and works. Rules: ``docs/algorithms.md``. Runs in a driver thread, a child process, or a Ray actor.
 """
 
 from __future__ import annotations
@@ -39,10 +32,9 @@ from rlplane.workers.rollout import RolloutWorker
 
 
 def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
-    """Data-plane keys of a generation batch's samples, group-major:
-    ``t{target}/b{batch}/e{epoch}/p{idx}_g{i}``. Unique in a run: a prompt draw (epoch, idx) is
-    generated once per batch, and the collector's batch counter never repeats (it is checkpointed);
-    so a stale group's cleared keys or a resume's rewritten ones never meet a new sample's."""
+    """Data-plane keys of a generation batch, group-major: ``t{target}/b{batch}/e{epoch}/p{idx}_g{i}``.
+
+    Unique in a run (the batch counter is checkpointed), so cleared or rewritten keys never meet new ones."""
     return [f"t{target}/b{batch}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
 
 
@@ -60,14 +52,13 @@ class AsyncTrajectoryCollector:
         init_weights: Mapping[str, torch.Tensor] | None = None,
         options: AsyncOptions | None = None,
     ):
-        """``data_plane``: the run's shared plane; the groups go to ``partition_id``, registered here
-        with ``fields`` (the step's columns: the rollout's and those the trainer adds to the same keys).
-        ``options``: the recipe's (default: read from ``cfg.grpo``)."""
+        """``partition_id`` is registered here with ``fields`` (the rollout's and the trainer's columns);
+        ``options`` default to ``cfg.grpo``'s."""
         self.options = opts = options or AsyncOptions.from_config(cfg.grpo)
         self.schedule = Schedule(opts, start_version)
         self.buffer = ReplayBuffer(opts.buffer_capacity, release=self._clear)
         self.dp, self.partition_id = data_plane, partition_id
-        # Registered from this process: under Ray its own later puts are then ordered after it.
+        # Registered from this process: under Ray its later puts are ordered after it.
         self.dp.register_partition(partition_id, list(dict.fromkeys([*ASYNC_ROLLOUT_COLUMNS, *fields])),
                                    opts.buffer_capacity * opts.group_size)
         self.worker = RolloutWorker(cfg, data_plane, seed=seed)  # its own model copy
@@ -80,8 +71,7 @@ class AsyncTrajectoryCollector:
         self._batch_threads: list[threading.Thread] = []
         self._traceback = ""
         self._restore_note = ""  # what a restore converted (load_state_dict), for the resume line
-        # generation_seconds: batches generating; scoring_seconds: scoring (the environment step); score_wait_seconds:
-        # a generated batch waiting for the one before it to finish scoring (with overlapped scoring).
+        # Seconds generating, scoring, and waiting for the previous batch's scoring.
         self.counters = {"groups_generated": 0, "generation_seconds": 0.0, "scoring_seconds": 0.0,
                          "score_wait_seconds": 0.0, "failures": 0, "dropped_groups": 0}
 
@@ -90,11 +80,10 @@ class AsyncTrajectoryCollector:
         return self.schedule.version
 
     def get_weight_version(self) -> int:
-        """The weight version the generator holds (NeMo RL's name); a method, so the trainer can ask a
-        collector in a child process or a Ray actor too."""
+        """The generator's weight version (NeMo RL's name)."""
         return self.schedule.version
 
-    # ---- control (called by the trainer) ----------------------------------------------------------
+    # ---- control (called by the trainer)
     def start(self) -> None:
         """Start (or resume) the collection loop."""
         self._event(self.schedule.start)
@@ -112,20 +101,18 @@ class AsyncTrajectoryCollector:
         self._event(self.schedule.start)
 
     def prepare_for_refit(self, next_version: int | None = None) -> None:
-        """Stop new generation starts; the weights are about to change. With ``next_version`` (the step
-        the trainer takes after the refit) first wait until the outgoing weights have served the steps
-        due to them; then for the generation in flight (neither with in-flight updates)."""
+        """Stop new generation starts before a weight change; with ``next_version`` first wait until the
+        outgoing weights served their steps, then for the generation in flight (not with in-flight updates)."""
         with self._cond:
             if next_version is not None:
-                # Polled: the trainer's sampling (which lowers what is owed) does not always notify.
+                # Polled: the trainer's sampling does not always notify.
                 while self.schedule.refit_must_wait(next_version, self.buffer.view()):
                     self._cond.wait(0.02)
             self.schedule.refit_requested()  # only now: the loop must be free to start the batches waited for
             self._cond.wait_for(self.schedule.weights_free)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Load the trainer's weights (version ``version``); with in-flight updates also during a
-        generation (it returns once they are copied, at the generation's next token)."""
+        """Load the trainer's weights; with in-flight updates also mid-generation (at its next token)."""
         with self._cond:
             if not self.schedule.weights_free():
                 raise RuntimeError("update_weights while a generation batch is in flight; call prepare_for_refit first")
@@ -162,7 +149,7 @@ class AsyncTrajectoryCollector:
         return result
 
     def loader_state(self) -> dict[str, Any]:
-        """The prompt loader's position (the session's ``dataloader.pt`` when this runs in another process)."""
+        """The prompt loader's position."""
         return self.loader.state_dict()
 
     def stats(self) -> dict[str, float]:
@@ -176,11 +163,10 @@ class AsyncTrajectoryCollector:
             event(*args)
             self._cond.notify_all()
 
-    # ---- checkpoints -----------------------------------------------------------------------------
+    # ---- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Buffer (its groups' columns read back from the data plane), loader position, undrawn
-        prompts, sampler RNG and batch counter, taken between generation batches: every prompt drawn
-        from the loader is then either in the buffer, pending, or already trained."""
+        """Buffer (columns read back), loader position, undrawn prompts, sampler RNG and batch counter, taken
+        between batches so every drawn prompt is buffered, pending or trained."""
         with self._cond:
             self.schedule.hold()
             try:
@@ -207,12 +193,10 @@ class AsyncTrajectoryCollector:
                 self._cond.notify_all()
 
     def load_state_dict(self, state: dict[str, Any], current_version: int) -> int:
-        """Restore before :meth:`start`: the groups still servable at ``current_version`` are written
-        back into the data plane; returns how many saved groups were dropped (stale or past).
+        """Restore before :meth:`start`: still-servable groups are written back; returns how many were dropped.
 
-        Saved with other settings (:meth:`restore_note` says what came of it): groups of another
-        ``num_generations_per_prompt`` are left out and their prompts drawn again first, at the new
-        size; version carries of another ``max_trajectory_age_steps`` are re-spanned to the new bound."""
+        Groups of another ``num_generations_per_prompt`` go back to be drawn again; version carries of
+        another ``max_trajectory_age_steps`` are re-spanned (:meth:`restore_note` says so)."""
         self.loader.load_state_dict(state["dataloader"])
         self._pending = deque(DatumSpec(**d) for d in state["pending_prompts"])
         self.worker.set_rng_state(state["rng"])
@@ -226,10 +210,8 @@ class AsyncTrajectoryCollector:
         return self._restore_note
 
     def _fit_saved_groups(self, buffer: dict[str, Any]) -> dict[str, Any]:
-        """``buffer`` (a saved replay buffer) fitted to this run's group size and age bound: a group of
-        another size cannot join a step's batch (advantages are per group of G), so its prompt goes back
-        to be drawn again ahead of the pending ones (it was drawn before them); a version carry of another
-        span is re-spanned (the columns stay valid: the age bound itself is checked on load)."""
+        """``buffer`` fitted to this run: other-size groups' prompts are drawn again first (advantages need G);
+        version carries are re-spanned."""
         G, span = self.options.group_size, self.options.max_age_steps
         kept, redrawn, respanned, notes = [], [], 0, []
         for g in buffer["groups"]:
@@ -271,7 +253,7 @@ class AsyncTrajectoryCollector:
                                      for i in range(n)]
         carry = dict(saved["carry"])
         carry.setdefault("generated_tokens", torch.tensor([int(m.sum()) for m in cols[TOKEN_MASK]]))
-        # A checkpoint from before per-token versions: every token has the group's version.
+        # An old checkpoint without per-token versions: every token has the group's.
         v = int(saved["generation_version"])
         if GENERATION_VERSIONS not in cols:
             cols = {**cols, GENERATION_VERSIONS: [torch.where(m > 0, v, -1).long() for m in cols[TOKEN_MASK]]}
@@ -287,7 +269,7 @@ class AsyncTrajectoryCollector:
         """Free the keys of groups that will not be trained (evicted, dropped); nobody waits on it."""
         self.dp.clear_samples(concat_metas(metas), None, wait=False)
 
-    # ---- the threads ---------------------------------------------------------------------------------
+    # ---- the threads
     def _loop(self) -> None:
         try:
             lower_thread_priority(NICE_INCREMENT)  # batch threads, started from this one, inherit it
@@ -308,7 +290,7 @@ class AsyncTrajectoryCollector:
                 while (job := self.schedule.next_batch(self.buffer.view())) is None:
                     if self.schedule.stopped:
                         return
-                    # Woken by refits, pauses, generations ending and the trainer's samples; polled besides.
+                    # Woken by refits, pauses, generations ending and samples; polled besides.
                     self._cond.wait(0.02)
                 datums = self._take_prompts(job.needed)
             self._batch_threads = [t for t in self._batch_threads if t.is_alive()]
@@ -336,7 +318,7 @@ class AsyncTrajectoryCollector:
             self._cond.wait_for(lambda: self.schedule.may_land(job.number))
 
     def _generate(self, job: StartBatch, datums: list[DatumSpec]) -> None:
-        """Generate, score and buffer one batch (the rollout worker's phases, each when the schedule lets it)."""
+        """Generate, score and buffer one batch, each phase when the schedule lets it."""
         G, w = self.options.group_size, self.worker
         t0 = time.perf_counter()
         times = {"generation": 0.0, "score_wait": 0.0, "scoring": 0.0}
@@ -390,18 +372,17 @@ class AsyncTrajectoryCollector:
 
     def _buffer(self, job: StartBatch, datums: list[DatumSpec], meta: KVBatchMeta, carry: dict[str, torch.Tensor],
                 rollout_metrics: dict[str, float], times: dict[str, float]) -> None:
-        """The batch's groups into the buffer, in its turn; with drop_group those holding a failed sample
-        are cleared instead (the loop generates others for the target from the next prompts)."""
+        """The batch's groups into the buffer in its turn; with drop_group, groups with a failed sample are cleared."""
         G = self.options.group_size
         failed = carry["env_failed"].view(len(datums), G).any(dim=1).tolist() if self.options.drop_failed_groups \
             else [False] * len(datums)
         rollout_metrics = {k: float(v) for k, v in {**rollout_metrics, "dropped_groups": sum(failed)}.items()}
-        # Made before the turn (while the batches before this one are still scored or buffered).
+        # Made before the turn.
         groups = batch_groups(datums, job.target, meta, carry, rollout_metrics, keep=[not f for f in failed])
         self._wait_to_land(job)
         with self._cond:
             self.counters["dropped_groups"] += sum(failed)
-            # Drawn and never trained: the prompts.jsonl row of the next step that samples names them.
+            # Drawn, never trained: named in the next sampling step's prompts.jsonl row.
             self.buffer.note_dropped([[d.epoch, d.idx] for d, f in zip(datums, failed) if f])
             for k, v in times.items():
                 self.counters[f"{k}_seconds"] += v
@@ -425,6 +406,5 @@ class AsyncTrajectoryCollector:
                 kill_point("collector_generation")  # the batch half in the buffer
 
 
-# The trainer's step is the critical path (generation only has to stay one step ahead), so under
-# ``runtime: local`` the collector thread yields the CPU to it. Linux applies nice per thread.
+# The trainer's step is the critical path, so under ``runtime: local`` the collector thread yields the CPU.
 NICE_INCREMENT = 5

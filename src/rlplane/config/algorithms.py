@@ -1,13 +1,8 @@
-"""Config models for the RL math: ``loss_fn.*``, ``grpo.adv_estimator.*``, ``grpo.reward_shaping.*``,
-``grpo.reward_scaling.*``, ``ppo.adv_estimator.*``.
+"""Config models for the RL math (``loss_fn``, ``grpo.adv_estimator``, ``grpo.reward_shaping``,
+``grpo.reward_scaling``, ``ppo.adv_estimator``), with NeMo RL's names and defaults.
 
-Field names are NeMo RL's keys and defaults are NeMo RL's defaults. ``LossConfig`` is generated
-from :class:`~rlplane.algorithms.loss_options.ClippedPGOptions` (fields, defaults, descriptions and
-rules live there) and ``cfg.loss_fn.options()`` is what :func:`rlplane.algorithms.clipped_pg_loss`
-takes; likewise ``RewardShapingConfig`` /
-``RewardScalingConfig`` feed :func:`~rlplane.algorithms.apply_reward_shaping` /
-:func:`~rlplane.algorithms.scale_rewards`, and ``PPOAdvEstimatorConfig.gae_kwargs()`` feeds
-:func:`~rlplane.algorithms.compute_gae`.
+``LossConfig`` is generated from :class:`~rlplane.algorithms.loss_options.ClippedPGOptions`; each model
+feeds the matching function of :mod:`rlplane.algorithms`.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ class _LossOptionsModel(StrictModel):
 
 
 def _loss_config() -> type[_LossOptionsModel]:
-    """``loss_fn`` as a strict pydantic model built from :class:`ClippedPGOptions`' fields: the names,
-    types, defaults, descriptions and rules are written once, there."""
+    """``loss_fn`` as a strict pydantic model built from :class:`ClippedPGOptions`' fields (written once, there)."""
     hints = typing.get_type_hints(ClippedPGOptions)
     fields = {
         f.name: (hints[f.name], Field(f.default, description=f.metadata["doc"]))

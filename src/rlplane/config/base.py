@@ -6,12 +6,10 @@ from pydantic import BaseModel, ConfigDict
 
 
 class StrictModel(BaseModel):
-    """A config section. Unknown keys are rejected and instances are never mutated.
+    """A config section: unknown keys rejected, never mutated.
 
-    Cross-field rules go in ``@model_validator(mode="after")`` methods that raise ``ValueError``
-    with a one-line message stating the rule, the values and the fix, e.g.
-    ``"ratio_clip_c = 0.5: dual-clip needs c > 1 (3 is usual); set it above 1 or to null"``.
-    The loader prefixes the dotted path of the section, so messages need not repeat it.
+    Cross-field rules are ``@model_validator(mode="after")`` methods raising ``ValueError`` with one line:
+    rule, values, fix (the loader prefixes the section's dotted path).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)

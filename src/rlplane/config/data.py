@@ -1,5 +1,4 @@
-"""The ``data`` section of a run's config: which dataset (procedural arithmetic, JSONL/HF files,
-reasoning-gym), its splits, and how prompts are formatted."""
+"""The ``data`` section: which dataset (arithmetic, JSONL/HF files, reasoning-gym), splits, prompt format."""
 
 from __future__ import annotations
 
@@ -119,8 +118,7 @@ def task_names_of(data: DataConfig) -> list[str]:
 
 @dataclass(frozen=True)
 class DatasetOptions:
-    """What building a run's datasets reads (:func:`rlplane.datasets.build_datasets`), cut from the run
-    config by :meth:`RunConfig.dataset_options <rlplane.config.schema.RunConfig.dataset_options>`."""
+    """What :func:`rlplane.datasets.build_datasets` reads, cut from the run config by ``RunConfig.dataset_options``."""
 
     data: DataConfig
     env: EnvConfig  # user tasks are registered from it; guess_number's range

@@ -1,9 +1,4 @@
-"""Environment settings (``env.*``): one subsection per environment, named by its ``task_name``.
-
-A subsection's fields are passed as keyword arguments to that environment's factory, so an
-environment's knobs live beside it here and nowhere else. Environments without settings need no
-subsection.
-"""
+"""Environment settings (``env.*``): one subsection per ``task_name``, passed as keyword arguments to its factory."""
 
 from __future__ import annotations
 

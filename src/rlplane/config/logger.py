@@ -1,8 +1,4 @@
-"""Logger settings (``logger.*``), NeMo RL's key names: sinks, trackers, sample tables, console output.
-
-JSONL and TensorBoard are on by default; wandb and MLflow are off and imported only when enabled
-(``pip install 'rlplane[trackers]'``).
-"""
+"""Logger settings (``logger.*``, NeMo RL's names): JSONL and TensorBoard on; wandb and MLflow off, lazily imported."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The loop sections of a run's configuration (``grpo.*``, ``ppo.*``, ``distillation.*``): what every
-on-policy loop shares (:class:`RolloutLoopConfig`) and what each recipe adds. Split from
-:mod:`rlplane.config.schema` along the sections' seam; the cross-section rules are in
-:mod:`rlplane.config.rules`."""
+"""The loop sections (``grpo``, ``ppo``, ``distillation``): what every on-policy loop shares and what each adds."""
 
 from __future__ import annotations
 
@@ -100,9 +97,8 @@ class AsyncGRPOConfig(StrictModel):
     max_generation_failures: int = Field(
         3, ge=0, description="Consecutive failed generation batches the collector retries before stopping the run."
     )
-    # Off: a refit waits until the outgoing weights have generated every step they serve (target t by
-    # version t - max_trajectory_age_steps), so a fixed seed replays the same metrics whatever the timing.
-    # On: results depend on thread timing (where in a response the weights change), by nature.
+    # Off: a refit waits until the outgoing weights generated every step they serve, so a fixed seed replays
+    # the same metrics; on: results depend on thread timing.
     in_flight_weight_updates: bool = Field(
         False, description="A refit swaps the generator's weights at the next token boundary instead of waiting "
         "for the generation in flight (hf and vllm: between two decode steps); each token records its weight version, "
@@ -123,9 +119,8 @@ class AsyncGRPOConfig(StrictModel):
     )
 
     def scoring_concurrency(self) -> int:
-        """Batches scored at once: ``max_concurrent_scoring``, or the age bound where that is null. At max age
-        1 an async step is bound by one judge call or by half the chain train → generate → score → train; at
-        max age k, scoring k at once lets the collector use its lead."""
+        """Batches scored at once: ``max_concurrent_scoring``, or the age bound where that is null (lets the
+        collector use its lead)."""
         return self.max_concurrent_scoring or self.max_trajectory_age_steps
 
 

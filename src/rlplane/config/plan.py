@@ -1,5 +1,4 @@
-"""Facts about a run that follow from its config alone (no model, no data), for the recipes and
-workers to act on. Pure functions of a :class:`RunConfig`."""
+"""Facts about a run that follow from its config alone, as pure functions of a :class:`RunConfig`."""
 
 from __future__ import annotations
 
@@ -8,28 +7,13 @@ from rlplane.config.schema import RunConfig
 
 
 def prev_logprobs_are_the_training_forward(cfg: RunConfig) -> bool:
-    """Whether the old-policy logprobs of a step equal its training forward's, detached, so the
-    separate no-grad prev-logprob forward computes a result that is already known.
+    """Whether a step's old-policy logprobs equal its training forward's, detached (prev forward redundant).
 
-    π_old is the policy before the step's first optimizer step. The training forward of the first
-    global batch runs at exactly those weights, so when the rollout gets exactly one optimizer step
-    its logprobs, detached, *are* π_old's (the ratio is exp(curr − sg(curr)) = 1 with the gradient
-    of curr; TRL and NeMo RL's on-policy shortcut do the same). That needs all of:
-
-    - one global batch per rollout: ``num_prompts_per_step × num_generations_per_prompt ==
-      policy.train_global_batch_size`` (dynamic sampling refills to that same count);
-    - one pass over it: PPO's ``ppo_epochs == 1`` (GRPO trains each rollout once);
-    - nothing reads ``prev_logprobs`` before training: not ``seq_logprob_error_threshold`` (the
-      driver masks sequences on it) nor the KL in the reward (``use_kl_in_reward`` with β ≠ 0:
-      advantages are computed from it);
-    - the training forward is the eval-mode forward: no LoRA dropout (the prev forward runs in eval
-      mode, the training forward in train mode; the Llama-family models rlplane loads have no
-      other dropout at their default config).
-
-    Async GRPO qualifies too: it recomputes the prev logprobs with the trainer's current weights,
-    right before training on them. Metrics that compare π_old with the generator
-    (``token_mult_prob_error``, ``gen_kl_error``, the IS weights) are then computed from the training
-    forward.
+    True when the first global batch's training forward runs at π_old's weights and nothing reads prev
+    before training: one global batch per rollout (prompts × generations == ``train_global_batch_size``),
+    ``ppo_epochs == 1``, no ``seq_logprob_error_threshold``, no KL in the reward, no LoRA dropout (prev runs
+    in eval mode). Async GRPO qualifies (it recomputes prev with current weights); the mismatch metrics then
+    come from the training forward. TRL and NeMo RL's on-policy shortcut do the same.
     """
     g, p, lf = cfg.loop, cfg.policy, cfg.loss_fn
     one_global_batch = g.num_prompts_per_step * g.num_generations_per_prompt == p.train_global_batch_size
@@ -42,22 +26,16 @@ def prev_logprobs_are_the_training_forward(cfg: RunConfig) -> bool:
 
 
 def skips_prev_logprob_forward(cfg: RunConfig) -> bool:
-    """Whether a step runs no prev-logprob forward: the user forced the on-policy ratio
-    (``loss_fn.force_on_policy_ratio``), or :func:`prev_logprobs_are_the_training_forward`.
-    The driver (which would call ``compute_logprobs``) and the policy worker (which then takes
-    ``prev = curr.detach()``) both ask this, so they cannot disagree."""
+    """Whether a step runs no prev-logprob forward (``force_on_policy_ratio``, or the above); the driver and
+    the policy worker both ask this, so they cannot disagree."""
     return cfg.loss_fn.force_on_policy_ratio or prev_logprobs_are_the_training_forward(cfg)
 
 
 def data_plane_index(cfg: RunConfig) -> tuple[str, str]:
-    """``(index, why)``: where the ray data plane keeps its key index, ``"driver"`` or ``"store"``, as
-    ``data_plane.index`` gives it or as ``auto`` picks it.
+    """``(index, why)``: where the ray data plane keeps its key index, ``"driver"`` or ``"store"``.
 
-    ``auto`` picks ``driver`` (no store-actor round trip per put, read and clear; figures in
-    ``docs/benchmarks.md``) when the data
-    plane is ``ray`` and the recipe's driver owns every key (:attr:`Recipe.driver_owns_keys`: sync
-    GRPO, PPO, distillation); ``store`` when another process reads or clears keys itself (async GRPO's
-    collector) and for the ``memory`` backend, whose index is in-process either way (unused there).
+    ``auto``: ``driver`` (no store round trips) when the plane is ``ray`` and the recipe's driver owns every
+    key (:attr:`Recipe.driver_owns_keys`), else ``store`` (async GRPO's collector; unused by ``memory``).
     """
     index = cfg.data_plane.index
     if index != "auto":

@@ -1,7 +1,4 @@
-"""The ``policy`` section of a run's configuration: the trained model, its optimizer, how batches
-are cut (micro-batches, dynamic batching, sequence packing, FSDP2) and how the generators sample
-(``policy.generation``). Split from :mod:`rlplane.config.schema` along the section's seam; the
-cross-section rules are in :mod:`rlplane.config.rules`."""
+"""The ``policy`` section: the trained model, its optimizer, how batches are cut and how generators sample."""
 
 from __future__ import annotations
 
@@ -229,8 +226,7 @@ class PolicyConfig(StrictModel):
 
 
 def check_grad_norm(value: float | None) -> None:
-    """A clip norm <= 0 would scale every gradient by a non-positive factor (clip_grad_norm_ multiplies by
-    max_norm / norm): refused, and null is the one way to turn clipping off."""
+    """A clip norm <= 0 would scale gradients by a non-positive factor: refused (null turns clipping off)."""
     if value is not None and not value > 0:
         raise ValueError(f"max_grad_norm = {value} would flip or zero every gradient; set it above 0 (1.0 is usual) "
                          "or to null for no clipping")

@@ -1,7 +1,4 @@
-"""The one table of recipes: what ``algorithm:`` may name, which config sections each recipe reads,
-and where its ``train(cfg, quiet=...)`` lives. The CLI, the config validation and the docs read it;
-a new recipe is a line here (plus its recipe file and config section).
-"""
+"""The one table of recipes: what ``algorithm:`` may name, the config sections each reads, its ``train``."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ class Recipe:
     sections: tuple[str, ...]  # other sections only this recipe reads (filled with defaults when chosen)
     train: str  # "module:function" of its entry point, train(cfg, quiet=False) -> summary
     summary: str
-    # Only the driver registers, lists, clears and reads by key; workers read the metas it sends them
-    # and return their writes' receipts. Then `data_plane.index: auto` keeps the index in the driver.
+    # Only the driver touches keys (workers return receipts), so `data_plane.index: auto` keeps the index there.
     driver_owns_keys: bool
 
 
@@ -30,8 +26,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "on-policy distillation: a frozen teacher scores the student's tokens, per-token reverse KL",
            driver_owns_keys=True),
 )}
-#: GRPO with `grpo.async_grpo.enabled`: generation beside training (the same `grpo` sections). Its
-#: collector reads its groups' columns and clears their keys in its own process: the keys are not the driver's.
+#: GRPO with `grpo.async_grpo.enabled`: its collector reads and clears its groups' keys in its own process.
 ASYNC_GRPO = Recipe("grpo", "grpo", (), "rlplane.recipes.async_grpo:train", "asynchronous GRPO",
                     driver_owns_keys=False)
 

@@ -1,20 +1,10 @@
 """What a resume may change: every config key is classed, and the checkpoint's ``config.yaml`` is compared
-with the config the run resumes with before any worker starts.
+with the resumed config before any worker starts.
 
-Classes (the table is :data:`RULES`; docs/resume.md explains each entry):
-
-- ``free``: takes effect from the resumed step on (learning rate, step budget, logging, cadences, ...).
-- ``convertible``: the checkpoint's state is carried over to the new value. The prompts per step
-  (``num_prompts_per_step``, ``batch_multiplier``): the loader's position is counted in prompts, so
-  the epoch continues at the exact next draw at the new batch size. Async GRPO's replay buffer
-  (``num_generations_per_prompt``, ``max_trajectory_age_steps``): fitted by the collector on load.
-- ``refused``: the checkpoint cannot honour the new value (another model or dataset, another
-  permutation of the prompts, weights of another shape): one line names the key, the old and new
-  values and the way out.
-
-A key is classed by the longest rule that is a dotted prefix of it (``{loop}`` stands for each of the
-loop sections ``grpo``, ``ppo``, ``distillation``); a key no rule covers is refused. Plain data in,
-plain data out: no torch, no pydantic.
+Classes (:data:`RULES`; docs/resume.md explains each): ``free`` (takes effect from the resumed step),
+``convertible`` (the checkpoint's state is carried over: the loader's position counts prompts; the replay
+buffer is refitted), ``refused`` (one line: key, old and new values, the way out). The longest dotted
+prefix rule wins (``{loop}``: each loop section); no rule: refused. Plain data, no torch, no pydantic.
 """
 
 from __future__ import annotations
@@ -135,8 +125,7 @@ class Change:
 
 @dataclasses.dataclass
 class ResumeCheck:
-    """The keys that differ between a checkpoint's config and the run's, by class; ``refusals`` are the
-    one-line errors (empty: the run may resume)."""
+    """The keys that differ between a checkpoint's config and the run's, by class; ``refusals``: one-line errors."""
 
     changes: list[Change]
     refusals: list[str]
@@ -153,7 +142,7 @@ def _loop_tree(tree: dict) -> dict:
 
 
 def _needs_reference(tree: dict) -> bool:
-    """As the policy worker decides whether it keeps (and saves) a reference model."""
+    """Whether the policy worker keeps (and saves) a reference model."""
     kl = (tree.get("loss_fn") or {}).get("reference_policy_kl_penalty", 0)
     return kl != 0 and not _loop_tree(tree).get("skip_reference_policy_logprobs_calculation", False)
 
@@ -176,8 +165,8 @@ def _guards(old: dict, new: dict, where: str) -> list[str]:
 
 
 def check_resume_config(old: dict, new: dict, where: str = "checkpoint") -> ResumeCheck:
-    """Compare the resolved config ``old`` (the checkpoint's ``config.yaml``) with ``new`` (this run's,
-    ``cfg.model_dump(mode="json")``). ``where`` starts each refusal (the checkpoint's path)."""
+    """Compare ``old`` (the checkpoint's ``config.yaml``) with ``new`` (``cfg.model_dump(mode="json")``);
+    ``where`` starts each refusal."""
     a, b = flatten(old), flatten(new)
     changes, refusals = [], []
     for key in [*a, *(k for k in b if k not in a)]:
@@ -204,10 +193,8 @@ def loader_batch_size(tree: dict) -> int | None:
 
 
 def check_checkpoint_config(checkpoint, new: dict, loader_state: dict) -> tuple[ResumeCheck, list[str]]:
-    """Read ``checkpoint/config.yaml`` and check ``new`` against it; fill in ``loader_state`` (the
-    checkpoint's ``dataloader.pt``, in place) the batch size a batch-counting state was saved at.
-    Returns the check and the lines to say: each changed key with its class, and where the epoch
-    continues when the batch size changed."""
+    """Check ``new`` against ``checkpoint/config.yaml``; fill in ``loader_state`` the batch size a
+    batch-counting state was saved at. Returns the check and the lines to say (changed keys, epoch position)."""
     from pathlib import Path
 
     import yaml
@@ -222,7 +209,7 @@ def check_checkpoint_config(checkpoint, new: dict, loader_state: dict) -> tuple[
     old_batch, new_batch = loader_batch_size(old or {}), loader_batch_size(new)
     if old_batch is not None:
         loader_state.setdefault("num_prompts_per_batch", old_batch)
-    # checkpointing.resume itself is off in the run that wrote the checkpoint and on now: not news.
+    # checkpointing.resume itself always differs: not news.
     lines = [f"resume: {c.line()}" for c in check.changes if c.key != "checkpointing.resume"]
     if check.of_class(CONVERTIBLE) and old_batch != new_batch and "epoch" in loader_state:
         done = loader_state.get("prompts_done_in_epoch",

@@ -1,10 +1,7 @@
 """The rules that tie sections of a run's config together, one small function each.
 
-A rule takes the whole :class:`~rlplane.config.schema.RunConfig` (only a cross-section rule may) and
-returns the lines it finds wrong: each a one-line message with the dotted keys, the values and the
-fix, empty when the config keeps the rule. :class:`RunConfig` runs :data:`SECTION_RULES` first (a
-wrong algorithm's section would make the rest judge the wrong section), then every rule of
-:data:`RULES`, in order, and reports every line at once. A new rule is a function and a line here.
+A rule takes the :class:`~rlplane.config.schema.RunConfig` and returns one-line messages (dotted keys,
+values, fix). :data:`SECTION_RULES` run first, then :data:`RULES`; every line is reported at once.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from rlplane.config.policy import transformers_packs
 from rlplane.config.recipes import RECIPES, owner_of
 from rlplane.config.vllm import vllm_cfg_errors
 
-# A rule's argument is the RunConfig being validated; it is not imported here, since schema.py imports
-# this module (no import circle, not even for type checkers).
+# A rule's argument is the RunConfig; not imported here, since schema.py imports this module.
 Rule = Callable[[object], list[str]]
 
 

@@ -1,9 +1,7 @@
-"""The configuration tree of a run. Key names follow NeMo RL where the feature is the same.
+"""The configuration tree of a run; key names follow NeMo RL where the feature is the same.
 
-Defaults live here and only here; presets in ``configs/`` override them. Every model is strict
-(unknown keys are errors) and frozen (never mutated after loading). Derived sizes (per-rank batch
-sizes, number of optimizer steps per GRPO step) are computed by :func:`rlplane.config.plan` and
-printed at start-up, never written back here.
+Defaults live only here (presets override them); models are strict and frozen. Derived sizes are computed
+by :mod:`rlplane.config.plan` and printed at start-up, never written back.
 """
 
 from __future__ import annotations

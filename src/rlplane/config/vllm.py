@@ -1,10 +1,6 @@
-"""``policy.generation.vllm_cfg``: the vLLM engine's settings (NeMo RL's names), read only with
-``policy.generation.backend: vllm``.
+"""``policy.generation.vllm_cfg``: the vLLM engine's settings (NeMo RL's names), read only with backend vllm.
 
-Two kinds of checks: :func:`vllm_cfg_errors` at config load (what the config alone says is wrong:
-GPU-only features with ``policy.device: cpu``), and
-:func:`rlplane.generation.vllm_backend.check_engine_devices` in the rollout worker, where the GPUs
-the engine would use are known.
+Checked at load (:func:`vllm_cfg_errors`) and in the rollout worker once the GPUs are known.
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ class VllmConfig(StrictModel):
 
 
 def vllm_cfg_errors(device: str, vllm_cfg: VllmConfig) -> list[str]:
-    """What ``vllm_cfg`` cannot do on ``policy.device`` (a GPU feature on ``cpu``); ``auto`` is judged
-    in the worker, once the device is known."""
+    """What ``vllm_cfg`` cannot do on ``policy.device`` (GPU features on ``cpu``; ``auto`` is judged in the worker)."""
     errors = []
     if device != "cpu":
         return errors

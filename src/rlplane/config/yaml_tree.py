@@ -1,9 +1,6 @@
-"""Reading config trees: presets and YAML files with ``defaults:`` inheritance, dotted overrides.
+"""Reading config trees: presets and YAML files with ``defaults:`` inheritance (child wins), dotted overrides.
 
-A preset is a YAML mapping; ``defaults: NAME`` (a preset name or a path relative to the file)
-names the preset it extends, merged key by key. Overrides look like ``grpo.num_prompts_per_step=16``;
-the value is parsed as YAML (``true``, ``1e-4``, ``[a, b]``, ``null``). Plain dicts in and out: both
-rlplane's loader and the NeMo RL reader build on these.
+``defaults: NAME`` names a preset or a path relative to the file; override values parse as YAML.
 """
 
 from __future__ import annotations

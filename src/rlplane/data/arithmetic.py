@@ -1,10 +1,5 @@
-"""Procedurally generated arithmetic: ``"12+34="`` -> ``"46"``, the embedded default task.
-
-Problem ``i`` of a dataset depends only on ``(seed, i)``, so a dataset is reproducible, indexable
-in any order and costs nothing to build. A stable hash of the problem text puts each problem in
-exactly one split (``train`` or ``eval``), so the held-out set never appears in the training
-stream whatever the seeds.
-"""
+"""Procedurally generated arithmetic, ``"12+34="`` -> ``"46"``: problem ``i`` depends only on ``(seed, i)``, and
+a stable hash of its text puts it in exactly one split (``train`` or ``eval``)."""
 
 from __future__ import annotations
 
@@ -30,11 +25,9 @@ _ENUMERATE_LIMIT = 1_000_000  # problem spaces up to this size are listed exactl
 class ArithmeticSpec:
     """What problems look like.
 
-    operators: drawn uniformly from these (subset of ``+ - *``).
-    operand_min, operand_max: inclusive range of both operands.
-    num_digits: if set, overrides the range to operands of up to this many digits (``0 .. 10**d - 1``).
-    nonnegative: for ``-``, order the operands so the answer is never negative.
-    eval_fraction: share of all problems (by a stable hash of the text) reserved for held-out eval.
+    operators: drawn uniformly (subset of ``+ - *``). operand_min, operand_max: inclusive range.
+    num_digits: overrides the range to ``0 .. 10**d - 1``. nonnegative: ``-`` never goes negative.
+    eval_fraction: share of problems (by text hash) held out.
     """
 
     operators: tuple[str, ...] = ("+",)
@@ -89,10 +82,7 @@ def draw_problem(rng: np.random.Generator, spec: ArithmeticSpec, split: str = "t
 
 
 class ArithmeticDataset(Dataset):
-    """``num_problems`` arithmetic prompts as ``DatumSpec``; item ``i`` depends only on ``(seed, i)``.
-
-    Items are generated and tokenized on access (a few microseconds each).
-    """
+    """``num_problems`` prompts as ``DatumSpec``, item ``i`` from ``(seed, i)``, tokenized on access."""
 
     def __init__(
         self,
@@ -144,15 +134,12 @@ def build_eval_set(
     task_name: str = TASK_NAME,
     prompt_format: PromptFormat = PromptFormat(),
 ) -> list[DatumSpec]:
-    """``num_problems`` distinct held-out problems, never produced by a ``split="train"`` dataset.
-
-    Raises ``DatasetError`` if the held-out share of the problem space is too small to hold them.
-    """
+    """``num_problems`` distinct held-out problems (``DatasetError`` if the held-out space is too small)."""
     rng = np.random.default_rng([seed & _U64, 1])
     lo, hi = spec.operand_range
     space = (hi - lo + 1) ** 2 * len(spec.operators)
     if space <= _ENUMERATE_LIMIT:
-        # Small problem space: list every held-out problem, then take a seeded sample without replacement.
+        # Small space: list every held-out problem, take a seeded sample without replacement.
         pool: dict[str, str] = {}
         for op in spec.operators:
             for a in range(lo, hi + 1):

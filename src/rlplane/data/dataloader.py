@@ -1,13 +1,8 @@
 """A resumable, endless prompt loader: batches of ``num_prompts_per_step`` datums, epoch after epoch.
 
-Why not torchdata's ``StatefulDataLoader``: its ``state_dict`` restores the position inside an
-epoch, but the shuffle generator it restores is the one from the start of that epoch, so after a
-resume every later epoch is shuffled differently from the uninterrupted run (checked with torchdata
-0.11). Here the permutation of epoch ``e`` is a pure function of ``(seed, e)`` and the position is
-the epoch and the prompts drawn in it, so a resumed run sees exactly the batches the uninterrupted run
-would have seen. Counted in prompts, not batches, a position stays exact when the batch size changes
-on resume: the epoch continues at the next prompt of its permutation.
-Prompts are tokenized on access in the driver (microseconds each), so no worker processes are used.
+Not torchdata's ``StatefulDataLoader``: after a resume it shuffles later epochs differently. Here epoch
+``e``'s permutation is a function of ``(seed, e)`` and the position is counted in prompts, so a resumed
+run (even at another batch size) draws exactly what the uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -25,12 +20,8 @@ _U64 = 2**64 - 1  # SeedSequence takes non-negative ints; negative seeds wrap
 
 
 class PromptDataLoader:
-    """Endless iterator over batches (``list[DatumSpec]``) with ``state_dict`` / ``load_state_dict``.
-
-    Each epoch is a fresh permutation seeded by ``(seed, epoch)`` (``shuffle=False`` keeps dataset
-    order); batches are consecutive slices of it, and the tail of an epoch too short for a batch is
-    dropped so every step sees ``num_prompts_per_step`` prompts.
-    """
+    """Endless batches (``list[DatumSpec]``) of a per-epoch permutation seeded by ``(seed, epoch)`` (or dataset
+    order); an epoch's tail shorter than a batch is dropped. Has ``state_dict`` / ``load_state_dict``."""
 
     def __init__(self, dataset: Dataset, num_prompts_per_step: int, *, seed: int = 0, shuffle: bool = True):
         if num_prompts_per_step < 1:
@@ -51,8 +42,7 @@ class PromptDataLoader:
 
     @property
     def batches_done_in_epoch(self) -> int:
-        """Batches of the current epoch drawn, counted so that ``len(self) - batches_done_in_epoch`` batches
-        are left in it (after a resume at another batch size the position need not be a whole batch)."""
+        """Batches of this epoch drawn, so ``len(self) - batches_done_in_epoch`` are left (may be fractional)."""
         return len(self) - (len(self.dataset) - self.prompts_done_in_epoch) // self.num_prompts_per_step
 
     @batches_done_in_epoch.setter
@@ -66,9 +56,7 @@ class PromptDataLoader:
         n = len(self.dataset)
         if not self.shuffle:
             return list(range(n))
-        # A distinct, reproducible stream per (seed, epoch). (torch.Generator.manual_seed keeps only the
-        # low 32 bits of a seed on CPU, so packing the pair into one int would collide; numpy's
-        # SeedSequence hashes the pair.)
+        # A reproducible stream per (seed, epoch): SeedSequence hashes the pair (manual_seed keeps 32 bits).
         return np.random.default_rng([self.seed & _U64, epoch]).permutation(n).tolist()
 
     def __next__(self) -> list[DatumSpec]:
@@ -79,24 +67,21 @@ class PromptDataLoader:
         if self._order is None:
             self._order = self._epoch_order(self.epoch)
         start = self.prompts_done_in_epoch
-        # Stamped with the epoch: the same prompt drawn in two epochs is two draws, sampled differently.
+        # Stamped with the epoch: one prompt in two epochs is two draws.
         batch = [dataclasses.replace(self.dataset[i], epoch=self.epoch)
                  for i in self._order[start : start + self.num_prompts_per_step]]
         self.prompts_done_in_epoch += self.num_prompts_per_step
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (epoch, prompts drawn in it) and what makes it meaningful: the seed, the dataset
-        size and ``shuffle`` (they fix the permutation), and the batch size it was drawn at."""
+        """The position (epoch, prompts drawn) with the seed, dataset size, ``shuffle`` and batch size."""
         return {"epoch": self.epoch, "prompts_done_in_epoch": self.prompts_done_in_epoch, "seed": self.seed,
                 "dataset_size": len(self.dataset), "shuffle": self.shuffle,
                 "num_prompts_per_batch": self.num_prompts_per_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state``'s position. A state that counts batches (``batches_done_in_epoch``) is read
-        at its ``num_prompts_per_batch`` (the caller adds it from the config it was saved with), else at
-        this loader's batch size. A different seed, dataset size or shuffle is an error: the saved
-        position would point into another permutation."""
+        """Continue at ``state``'s position (a batch-counting state at its ``num_prompts_per_batch``); another
+        seed, dataset size or shuffle is an error (another permutation)."""
         fix = "resume with the original setting, or start a new run_dir"
         for key, now in (("seed", self.seed), ("dataset_size", len(self.dataset)), ("shuffle", self.shuffle)):
             if key in state and type(now)(state[key]) != now:

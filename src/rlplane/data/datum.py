@@ -1,8 +1,4 @@
-"""``DatumSpec``: one prompt as the trainer sees it, with its message log and environment info.
-
-Mirrors NeMo RL's ``DatumSpec`` (``reference/nemo_rl_notes.md`` §8) as a dataclass. Token ids are
-plain ``list[int]`` (cheap to pickle, to ship through Ray and to pass to a generation backend).
-"""
+"""``DatumSpec``: one prompt as the trainer sees it (NeMo RL's ``DatumSpec`` as a dataclass, ids as lists)."""
 
 from __future__ import annotations
 
@@ -20,15 +16,12 @@ Message = dict[str, Any]
 class DatumSpec:
     """One prompt.
 
-    message_log: the conversation so far; concatenating every message's ``token_ids`` gives the prompt.
+    message_log: the conversation so far; its messages' ``token_ids`` concatenated are the prompt.
     extra_env_info: what the environment needs to score it, e.g. ``{"ground_truth": "46"}``.
-    task_name: routes the sample to an environment (``rlplane.envs.registry``).
-    idx: position in its dataset (stable; used for grouping and debugging).
-    length: total prompt tokens, ``sum(len(m["token_ids"]) for m in message_log)``.
-    loss_multiplier: 0 masks the sample out of the loss, 1 keeps it.
-    stop_strings: extra per-sample stop strings for generation (None: none).
-    epoch: the pass over the training prompts that drew it (set by the loader; 0 elsewhere): with
-        ``idx`` it names the draw, which seeds its samples (``rlplane.workers.rollout.sample_keys``).
+    task_name: routes the sample to an environment. idx: stable position in its dataset.
+    length: total prompt tokens. loss_multiplier: 0 masks the sample out of the loss.
+    stop_strings: extra per-sample stop strings (None: none).
+    epoch: the pass that drew it; with ``idx`` it names the draw that seeds its samples.
     """
 
     message_log: list[Message]
@@ -54,11 +47,8 @@ class DatumSpec:
 class PromptFormat:
     """How a problem string becomes prompt text and tokens.
 
-    template: a format string with ``{problem}``; the default feeds the problem as is.
-    system_prompt: prepended as a system message when ``use_chat_template`` is on.
-    use_chat_template: render with ``tokenizer.apply_chat_template`` (instruct models); the
-        embedded char-level tokenizer has no template and uses raw text.
-    add_special_tokens: let the tokenizer add its special tokens (the embedded one adds ``<bos>``).
+    template: a format string with ``{problem}``. system_prompt: a system message with the chat template.
+    use_chat_template: ``tokenizer.apply_chat_template`` (instruct models). add_special_tokens: the tokenizer's.
     """
 
     template: str = "{problem}"

@@ -1,9 +1,5 @@
-"""Prompt rows from local files read by Hugging Face ``datasets`` (JSON/JSONL, Parquet, CSV).
-
-Needs ``pip install 'rlplane[hf]'``. Only local files are read (``data.train.path`` is a file, a
-glob or a directory); the rows become the same ``{"problem", "answer", "task_name"}`` dicts as
-JSONL rows, and the same one-line ``DatasetError`` names a missing file or a missing column.
-"""
+"""Prompt rows from local JSON/JSONL, Parquet or CSV files read by HF ``datasets`` (``rlplane[hf]``), as
+JSONL rows, with the same one-line ``DatasetError``s."""
 
 from __future__ import annotations
 

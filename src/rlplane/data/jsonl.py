@@ -1,10 +1,5 @@
-"""JSONL prompt datasets: one ``{"problem": ..., "answer": ..., "task_name": ...}`` object per line.
-
-Every user mistake is a one-line ``DatasetError`` naming the file and the (1-based) line:
-a missing file, a line that is not UTF-8, not JSON or not an object, a row without a needed field, an
-answer that is not a non-empty string or number, an empty dataset, and (with ``on_overlong="error"``)
-a prompt longer than the maximum.
-"""
+"""JSONL prompt datasets, one ``{"problem", "answer", "task_name"}`` object per line; every user mistake is a
+one-line ``DatasetError`` naming the file and line."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ class JsonlFields:
 
 
 def decode_line(raw: bytes, path: str, line_no: int) -> str:
-    """One line of a text dataset as UTF-8 (a byte-order mark on line 1 is allowed), or a one-line
-    ``DatasetError`` naming the line and column."""
+    """One line as UTF-8 (a BOM on line 1 allowed), or a one-line ``DatasetError`` naming line and column."""
     try:
         return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
     except UnicodeDecodeError as e:
@@ -42,8 +36,7 @@ def decode_line(raw: bytes, path: str, line_no: int) -> str:
 
 
 def answer_text(value, key: str, path: str, line_no: int) -> str:
-    """A row's reference answer as text: a non-empty string or a number. Anything else (null, an object,
-    a list, a boolean, "") would be scored through its Python repr, or match an empty completion."""
+    """A row's answer as text: a non-empty string or a number (anything else would score its repr)."""
     if isinstance(value, str) and value.strip():
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -54,8 +47,8 @@ def answer_text(value, key: str, path: str, line_no: int) -> str:
 
 
 def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict]:
-    """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is 1-based; blank lines skipped),
-    plus ``extra_env_info`` holding the row's other fields when it has any."""
+    """Rows as ``{"problem", "answer", "task_name", "line"}`` (1-based; blanks skipped), with ``extra_env_info``
+    holding any other fields."""
     if not os.path.isfile(path):
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
@@ -97,11 +90,8 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields()) -> list[dict
 
 
 class PromptDataset(Dataset):
-    """Prompts tokenized up front into ``DatumSpec`` records.
-
-    Prompts longer than ``max_prompt_length`` tokens are dropped and counted in
-    ``num_skipped_overlong`` (``on_overlong="skip"``) or raise ``DatasetError`` (``"error"``).
-    """
+    """Prompts tokenized up front into ``DatumSpec``; overlong ones are skipped and counted
+    (``num_skipped_overlong``) or raise (``on_overlong="error"``)."""
 
     def __init__(
         self,

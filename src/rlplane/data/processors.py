@@ -1,12 +1,6 @@
-"""Data processors: how a problem string becomes a prompt, per task (NeMo RL's ``PROCESSOR_REGISTRY``).
-
-A processor is a :class:`PromptFormat` (a template with ``{problem}`` and an optional system
-prompt); the chat template of instruct models is applied by ``make_prompt_datum`` when the
-resolved format says so. ``data.prompt.processor`` picks one by name; ``data.prompt.template`` and
-``system_prompt`` override its parts. ``auto`` picks ``instruct`` (the problem as the user's message of
-the chat template) when the tokenizer has a chat template and ``base`` (plain ``Question: ... Answer:``
-text a base model continues) when it has none.
-"""
+"""Data processors: how a problem string becomes a prompt, per task (NeMo RL's ``PROCESSOR_REGISTRY``);
+``data.prompt.processor`` picks one, ``template`` and ``system_prompt`` override its parts. ``auto``: ``instruct``
+(the chat template's user message) when the tokenizer has a chat template, else ``base`` (Question/Answer text)."""
 
 from __future__ import annotations
 
@@ -17,8 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from rlplane.data.datum import PromptFormat
 from rlplane.data.errors import DatasetError
 
-# The chain-of-thought prompt of the math processor: reason, then give the answer in \boxed{},
-# which the math environment's verifier (math-verify) extracts first.
+# The math processor's chain-of-thought prompt: the answer in \boxed{}, which math-verify extracts first.
 MATH_COT_TEMPLATE = (
     "Solve the following problem. Think step by step, then put your final answer within \\boxed{{}}.\n\n{problem}"
 )

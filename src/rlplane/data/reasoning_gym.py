@@ -1,11 +1,7 @@
-"""reasoning-gym procedural tasks as prompt datasets (``pip install 'rlplane[reasoning]'``).
+"""reasoning-gym procedural tasks as prompt datasets (``rlplane[reasoning]``).
 
-Each task is ``reasoning_gym.create_dataset(name, size=N, seed=S, **config)``; problem ``i`` depends
-only on ``(name, seed, i)``. Rows carry the whole reasoning-gym entry in ``extra_env_info["entry"]``
-so the ``reasoning_gym`` environment can score with the task's own ``score_answer``. Several tasks
-are interleaved (row ``i`` comes from task ``i mod len(tasks)``). Training and held-out problems use
-different seeds; reasoning-gym does not promise that two seeds never draw the same problem, so
-:func:`reasoning_gym_rows` drops training rows whose question is also a held-out question.
+Problem ``i`` depends on ``(name, seed, i)``; rows carry the entry in ``extra_env_info["entry"]`` for scoring
+and interleave the tasks. Training rows whose question is also held out are dropped.
 """
 
 from __future__ import annotations

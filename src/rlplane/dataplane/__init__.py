@@ -8,7 +8,7 @@
     client.put_samples(metas[0], None, {"prev_logprobs": lp})    # lp (B0, T): trimmed to lengths
     client.clear_samples(meta, None)
 
-Only the `ray_*` modules import Ray, and only when the `ray` backend is asked for.
+Only the `ray_*` modules import Ray, lazily.
 """
 
 from __future__ import annotations
@@ -57,12 +57,10 @@ BACKENDS = ("memory", "ray")
 
 
 def make_data_plane(backend: str = "memory", **options: Any) -> DataPlaneClient:
-    """A data-plane client. backend "memory" (in-process) or "ray" (object store; needs ray.init).
+    """A data-plane client: "memory" (in-process) or "ray" (object store; needs ray.init).
 
-    Options (both): token_fields, seq_len_field. Ray only: index ("store": the key index in a store
-    actor, the default; "driver": in the driver's client, for one driver whose workers read the metas
-    it sends and return their writes' receipts, see `ray_index`), and with index="store": name,
-    owner ("producer" | "store"), attach.
+    Options: token_fields, seq_len_field; ray: index ("store" | "driver", see `ray_index`), and with a store
+    index name, owner ("producer" | "store"), attach.
     """
     if backend == "memory":
         return MemoryDataPlane(**options)

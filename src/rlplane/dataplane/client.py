@@ -1,14 +1,8 @@
-"""`IndexedClient`: the `DataPlaneClient` (`interface.py`) implemented once over the hooks where the
-backends differ: how a packed column is stored (`_commit`/`_fetch`) and where the `PlaneIndex`
-lives (`_index_call`). Encoding (list of rows or padded tensor -> jagged column) and decoding
-(chunks -> padded tensor) run in the caller's process, so bulk data never passes through the
-index's owner.
+"""`IndexedClient`: `DataPlaneClient` implemented once over the backend hooks (`_commit`, `_fetch`, `_index_call`).
 
-Sequence lengths. A sample's length is fixed by its first write that carries per-token data:
-`seq_lens=` if given, else the meta's `seq_lens`, else an `input_lengths` field in the put, else
-the row lengths of `input_ids` (the client's `seq_len_field`), else the longest per-token row.
-Later per-token writes must fit in it. A per-token field given padded, (B, T), is trimmed to each
-row's length (the tail is padding by definition).
+Encoding and decoding run in the caller's process, so bulk data never passes the index's owner. A sample's
+length is fixed by its first per-token write: `seq_lens=`, else the meta's, else `input_lengths`, else the
+`seq_len_field` rows, else the longest row; later writes must fit, and padded (B, T) fields are trimmed to it.
 """
 
 from __future__ import annotations
@@ -94,8 +88,7 @@ def _pack_rows(pid: str, ids: list[str], name: str, value: Sequence[Any]) -> Col
         raise ShapeError(f"partition {pid!r}: field {name!r} has {len(rows)} rows for {len(ids)} keys {fmt_keys(ids)}")
     if set(map(type, rows)) != {torch.Tensor}:  # (a C-level pass; the usual case)
         rows = [r if isinstance(r, torch.Tensor) else torch.as_tensor(r) for r in rows]
-    # One dtype (cat would silently promote); shapes are checked by the cat itself, and only a failed
-    # put pays for listing them (the common path stays one C call).
+    # One dtype (cat would silently promote); only a failed put pays for listing the shapes.
     try:
         if len(set(map(_DTYPE, rows))) > 1:
             raise TypeError
@@ -127,7 +120,7 @@ class IndexedClient(DataPlaneClient):
         self.seq_len_field = seq_len_field
         self._closed = False
 
-    # ---- backend hooks -------------------------------------------------------------------------
+    # ---- backend hooks
 
     @abc.abstractmethod
     def _index_call(self, method: str, *args: Any) -> Any:
@@ -136,16 +129,14 @@ class IndexedClient(DataPlaneClient):
     @abc.abstractmethod
     def _commit(self, pid: str, ids: list[str], columns: dict[str, Column | Callable[[], Column]], spec: WriteSpec,
                 bounds: list[int] | None) -> tuple[Committed, tuple]:
-        """Store `columns` (some still to encode: `encoded`) and record them in the index; returns the
-        index's answer and the locations for the receipt (see `KVBatchMeta.locations`). `bounds`: where
-        each part of the put starts (rows bounds[k]:bounds[k + 1]), then n; None: one part."""
+        """Store `columns` (some deferred: `encoded`) and record them; returns the index's answer and the receipt's
+        locations. `bounds`: where each part starts, then n (None: one part)."""
 
     @abc.abstractmethod
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         """Turn the plan's payloads back into columns (same structure as plan.parts)."""
 
-    #: Whether `_commit` stores the parts of a put (`put_samples(shards=...)`) apart; if not, a put's
-    #: shards are only checked.
+    #: Whether `_commit` stores a put's shards apart (else they are only checked).
     _splits_puts = False
 
     def _lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
@@ -155,15 +146,14 @@ class IndexedClient(DataPlaneClient):
         if self._closed:
             raise DataPlaneError(f"{type(self).__name__} is closed")
 
-    # ---- interface -----------------------------------------------------------------------------
+    # ---- interface
 
     def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
         self._check_open()
         self._index_call("register", *check_register(partition_id, fields, num_samples), task_name)
 
     def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None, shards=None):
-        """Check the request, pack the fields, settle the sequence lengths, trim padded per-token
-        fields to them, commit, and build the receipt: each step one method below."""
+        """Check, pack, settle sequence lengths, trim padded per-token fields, commit, build the receipt."""
         self._check_open()
         ids, pid, meta = resolve(sample_ids, partition_id)
         assert ids is not None
@@ -189,8 +179,7 @@ class IndexedClient(DataPlaneClient):
         return self._receipt(pid, ids, meta, fields, committed, located)
 
     def _put_in_shard_order(self, ids, pid, meta, fields, tags, seq_lens, order, bounds) -> KVBatchMeta:
-        """A put split by shards whose rows are not in shard order: stored in shard order, so each part
-        is a run of rows; the receipt in the caller's."""
+        """A put whose shards are not contiguous: stored in shard order, receipt in the caller's order."""
         n = len(ids)
         inverse = np.empty(n, dtype=np.int64)
         inverse[order] = np.arange(n)
@@ -241,8 +230,7 @@ class IndexedClient(DataPlaneClient):
 
     def _pack(self, pid: str, ids: list[str], fields: Mapping[str, FieldValue]
               ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-        """(packed columns, field -> (n,) int64 numpy row lengths of the per-token ones, the per-token
-        fields given padded (B, T): packed later, once the lengths they are trimmed to are known)."""
+        """(packed columns, per-token field -> (n,) int64 row lengths, padded per-token fields to pack once trimmed)."""
         n = len(ids)
         columns: dict[str, Any] = {}
         token_lens: dict[str, Any] = {}
@@ -267,8 +255,7 @@ class IndexedClient(DataPlaneClient):
         return columns, token_lens, padded
 
     def _stored_lens(self, pid: str, ids: list[str], lens: Any, field: str) -> list[int]:
-        """Each key's sequence length for trimming a padded per-token field: the stored one, else this
-        put's (derived from its rows); raises for keys with neither."""
+        """Each key's sequence length for trimming: the stored one, else this put's; raises for neither."""
         stored = self._index_call("seq_lens", pid, ids)
         known = [s if s is not None else (lens[i] if lens is not None else None) for i, s in enumerate(stored)]
         if any(k is None for k in known):
@@ -285,14 +272,12 @@ class IndexedClient(DataPlaneClient):
         """(the padded (B, T, ...) field's jagged column, to encode later, its row lengths)."""
         value = value.detach().cpu()
         trimmed = np.minimum(np.asarray(lens, dtype=np.int64), value.shape[1])  # the jagged rows' lengths
-        # Encoded in the backend's _commit (`encoded`): the ray backend does it while the store checks
-        # the commit. It cannot fail, so the commit may go first.
+        # Encoded in the backend's _commit (ray: while the store checks); cannot fail, so the commit goes first.
         return functools.partial(jagged_from_padded, value, torch.from_numpy(trimmed)), trimmed
 
     @staticmethod
     def _receipt(pid, ids, meta, fields, committed: Committed, located: tuple) -> KVBatchMeta:
-        """The put's receipt, built from checked values (keys: strings, unique; lengths: ints from the
-        index) without re-normalising every row; tags copied from the index."""
+        """The put's receipt from checked values (no per-row re-normalising); tags from the index."""
         out_lens = None if any(x is None for x in committed.seq_lens) else tuple(committed.seq_lens)
         if committed.tags is None:  # no key carries tags: the store spares sending n empty dicts
             final_tags = [{} for _ in ids]

@@ -1,19 +1,9 @@
-"""Column codec: how one field of a batch is stored, and how rows come back padded.
+"""Column codec: how one field of one put is stored ("chunk"), and how rows come back padded.
 
-A stored column ("chunk") holds the rows of one field written by one put:
-
-- jagged: `values` (sum_i L_i, *trail) with `offsets` (n + 1,) int64; row i is
-  `values[offsets[i]:offsets[i + 1]]`. Per-token fields (token ids, logprobs, masks) live like
-  this, so storage never holds padding.
-- dense: `values` (n, *shape); row i is `values[i]`. Scalars (rewards) and fixed-size fields.
-
-On read, rows from any number of chunks are gathered in one vectorised pass into a fresh padded
-(B, T, *trail) tensor (jagged) or a (B, *shape) tensor (dense). Fresh: the chunk may be a read-only
-view of Ray's shared memory, and a caller writing into it in place would corrupt (or crash on) it.
-
-For Ray, chunks travel as numpy arrays (`to_wire`/`from_wire`) because Ray hands numpy arrays back
-as zero-copy views of the object store; dtypes numpy lacks (bfloat16, float8) ride as same-width
-integers and are viewed back.
+Jagged: `values` (Σ L_i, *trail) with `offsets` (n + 1,), row i = `values[offsets[i]:offsets[i + 1]]`
+(per-token fields, no padding stored). Dense: `values` (n, *shape). Reads gather into fresh tensors, since a
+chunk may be a read-only view of Ray's shared memory. On the wire chunks are numpy arrays (zero-copy from
+Ray); dtypes numpy lacks ride as same-width integers.
 """
 
 from __future__ import annotations
@@ -72,7 +62,7 @@ def pack_rows(rows: Sequence[torch.Tensor]) -> Column:
         return Column(torch.zeros(0), torch.zeros(1, dtype=torch.int64))
     if rows[0].dim() == 0:  # rows agree in rank (checked by the caller): scalars become length 1
         rows = [r.reshape(1) for r in rows]
-    # shape[0], not len(), and via numpy: both cheaper than their Python-level alternatives
+    # shape[0], not len(), and via numpy: cheaper
     lens = torch.from_numpy(np.array([r.shape[0] for r in rows], dtype=np.int64))
     offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=offsets[1:])
@@ -80,17 +70,13 @@ def pack_rows(rows: Sequence[torch.Tensor]) -> Column:
 
 
 def jagged_from_padded(padded: torch.Tensor, lengths: torch.Tensor) -> Column:
-    """Jagged column keeping `padded[i, :lengths[i]]` of a (B, T, *trail) tensor.
-
-    Rows with lengths[i] > T keep all T values (the caller checks lengths against T if it must).
-    """
+    """Jagged column of `padded[i, :lengths[i]]` from (B, T, *trail); lengths > T keep all T."""
     lens = lengths.to(torch.int64).clamp(max=padded.shape[1])
     offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=offsets[1:])
     if not len(lens) or padded.shape[1] == 0:
         return Column(padded.reshape(len(lens) * padded.shape[1], *padded.shape[2:])[:0].contiguous(), offsets)
-    # The flattened rows cut into (row, padding) pieces by one C++ split, then a cat of the rows:
-    # cheaper than a Python loop of row slices or a (B, T) boolean mask.
+    # One C++ split into (row, padding) pieces, then a cat: cheaper than a loop of slices or a boolean mask.
     T = padded.shape[1]
     flat = padded.reshape(len(lens) * T, *padded.shape[2:])
     sizes = torch.stack([lens, T - lens], dim=1).reshape(-1).tolist()
@@ -105,9 +91,7 @@ def gather_jagged(
 ) -> torch.Tensor:
     """Padded (batch, pad_len, *trail) tensor from jagged chunks.
 
-    parts: (column, rows in that column, output positions) triples; every output position in
-    [0, batch) appears exactly once over all parts. Rows longer than pad_len are the caller's
-    error to catch first.
+    parts: (column, rows in it, output positions); every position in [0, batch) once. Rows must fit pad_len.
     """
     ref = parts[0][0].values
     if batch == 0:
@@ -118,13 +102,10 @@ def gather_jagged(
             for r, p in zip(rows, pos):
                 out[p, : offsets[r + 1] - offsets[r]] = col.values[offsets[r] : offsets[r + 1]]
         return out
-    # Row views in output order, then pad_sequence's C++ copy loop (cheaper than a Python loop of
-    # slice copies or a repeat_interleave gather on one CPU thread).
-    # One extra row of length pad_len makes pad_sequence emit the full width in its single pass
-    # (no second copy of the batch by F.pad); dropped after.
+    # Row views in output order, then pad_sequence's C++ copy; one extra pad_len row makes it emit the
+    # full width in one pass (dropped after).
     if len(parts) == 1 and _in_order(parts[0], batch):
-        # The whole chunk in its own order (a DP rank reading the shard stored for it): every row
-        # view from one C++ split instead of a Python slice per row.
+        # The whole chunk in order (a DP rank reading its own shard): views from one C++ split.
         col = parts[0][0]
         assert col.offsets is not None
         views = list(torch.split(col.values, col.row_lengths().tolist()))
@@ -134,8 +115,7 @@ def gather_jagged(
     for col, rows, pos in parts:
         assert col.offsets is not None
         if 4 * len(rows) >= col.num_rows:
-            # A good share of the chunk: every row's view from one C++ split, then picked (cheaper
-            # than a Python slice per row).
+            # A good share of the chunk: views from one C++ split, then picked.
             row_views = torch.split(col.values, col.row_lengths().tolist())
             for r, p in zip(rows, pos):
                 views[p] = row_views[r]
@@ -166,7 +146,7 @@ def gather_dense(parts: Sequence[tuple[Column, Sequence[int], Sequence[int]]], b
     return out
 
 
-# ---- wire form (numpy, for zero-copy reads out of Ray's object store) ---------------------------
+# ---- wire form (numpy, zero-copy reads out of Ray's object store)
 
 # Dtypes numpy has no equivalent for travel as same-width integers.
 _VIEW_AS = {torch.bfloat16: torch.int16}

@@ -1,13 +1,7 @@
-"""Every column a training step keeps in the data plane, declared once.
+"""Every column a training step keeps in the data plane, declared once: name, kind, dtype, pad value, writer.
 
-Each column has a name (the constant below: code spells ``GENERATION_LOGPROBS``, never the string),
-a kind (``per-token``: jagged, one value per token of prompt + response, trimmed to the sequence
-length on write and padded to a common length on read; ``per-sample``: one value per sample), a
-dtype, the pad value read-back uses past a sequence's end, and the part of the system that writes
-it. The clients (:mod:`.client`) take their per-token fields and default pad values from here; the
-workers take the names; a recipe registers the columns of its step with :func:`step_columns`.
-
-Per-token logprob convention: ``column[:, t] = log π(token_t | tokens_<t)``, position 0 is 0.
+``per-token`` columns are jagged (prompt + response), trimmed on write and padded on read; ``per-sample``
+hold one value. Logprobs: ``column[:, t] = log π(token_t | tokens_<t)``, position 0 is 0.
 """
 
 from __future__ import annotations
@@ -73,7 +67,7 @@ COLUMNS: dict[str, ColumnSpec] = {c.name: c for c in (
 TOKEN_COLUMNS: tuple[str, ...] = tuple(name for name, c in COLUMNS.items() if c.per_token)
 #: What the rollout worker writes for each sample.
 ROLLOUT_COLUMNS: tuple[str, ...] = (INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS)
-#: ... and what it adds for async GRPO (whose tokens may come from several weight versions).
+#: ... plus, for async GRPO, the weight version of each token.
 ASYNC_ROLLOUT_COLUMNS: tuple[str, ...] = (*ROLLOUT_COLUMNS, GENERATION_VERSIONS)
 
 

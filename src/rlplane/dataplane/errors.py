@@ -1,8 +1,4 @@
-"""Errors the data plane raises for bad input. Each names the partition, the key(s) and the field.
-
-TransferQueue drops a missing key with a warning on its controller and hands back a smaller batch;
-here every such case raises, so a shape mismatch never travels silently into a loss.
-"""
+"""Data-plane errors for bad input, naming partition, keys and field (never a silent smaller batch)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""A `memory` plane used from another process: index calls forwarded, columns in shared memory.
+"""A `memory` plane used from a child process: index calls forwarded, columns in shared memory.
 
-The memory plane lives in one process (the driver's, under ``runtime: local``). A worker hosted in
-a child process (the async collector, :mod:`rlplane.runtime.process_actor`) gets a
-:class:`ForwardingDataPlane`: encoding, validation and padding run in the child as for any
-`IndexedClient`; each index call is sent over a pipe to a :class:`PlaneServer` thread in the
-plane's process, which runs it on the plane (under the plane's lock, one call at a time, like the
-Ray store actor). A put's large packed columns are moved into shared memory in the child (one
-copy) and only their handles cross the pipe (torch's multiprocessing reductions), so the parent
-stores them without a copy and its workers read them in place; a read in the child maps the
-parent's columns the same way. Small ones (a group's rewards) go by value: cheaper than a segment.
-The server stores and answers lookups: it never decodes a column.
+The child's :class:`ForwardingDataPlane` encodes and pads like any `IndexedClient` and sends each index call
+over a pipe to a :class:`PlaneServer` thread in the plane's process (one call at a time). Large columns
+cross as shared-memory handles (no copy in the parent), small ones by value; the server never decodes.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from .interface import DEFAULT_TOKEN_FIELDS
 
 __all__ = ["ForwardingDataPlane", "PlaneServer", "share_column"]
 
-# The `PlaneIndex` methods a remote client may call (as the Ray store actor allows).
+# The `PlaneIndex` methods a remote client may call.
 INDEX_METHODS = frozenset(
     {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
      "num_chunks", "footprint"}
@@ -39,11 +32,8 @@ INDEX_METHODS = frozenset(
 
 
 def _for_the_pipe(t: torch.Tensor, owned: bool) -> torch.Tensor:
-    """``t`` ready to cross the pipe: a small one as is (it goes by value, :mod:`rlplane.utils.shared_pickle`),
-    a large one in shared memory (only its handle goes). Moved there in place when ``owned`` and it
-    owns its whole storage; else copied first: a view must not drag a larger storage along, and a
-    column this process stores may be in a reader's hands right now (moving it would pull the
-    memory from under it)."""
+    """``t`` ready for the pipe: small ones by value, large ones in shared memory (moved in place only when
+    ``owned`` and it owns its whole storage, else copied: a stored column may be in a reader's hands)."""
     if t.is_shared() or t.numel() * t.element_size() <= SMALL_TENSOR_BYTES:
         return t
     whole = t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.storage_offset() == 0
@@ -63,8 +53,7 @@ def _shareable(plan: LookupPlan) -> LookupPlan:
 
 
 class PlaneServer:
-    """Serves one forwarding client's index calls against ``plane`` (a `MemoryDataPlane`) in a daemon
-    thread of the plane's process, until the connection closes."""
+    """Serves one forwarding client's index calls on ``plane`` in a daemon thread, until the connection closes."""
 
     def __init__(self, plane: Any, conn: Any):
         self.plane, self.conn = plane, conn
@@ -96,8 +85,7 @@ class PlaneServer:
 
 
 class ForwardingDataPlane(IndexedClient):
-    """A client of a `memory` plane in another process, over ``conn`` (one end of a pipe whose other
-    end a :class:`PlaneServer` serves). Threads of this process may share it: one request at a time."""
+    """A client of a `memory` plane in another process over ``conn``; threads share it, one request at a time."""
 
     def __init__(self, conn: Any, token_fields: Iterable[str] = DEFAULT_TOKEN_FIELDS,
                  seq_len_field: str = INPUT_IDS) -> None:
@@ -140,7 +128,6 @@ class ForwardingDataPlane(IndexedClient):
 
 
 def serve_to_other_process(plane: Any, ctx: Any) -> tuple[ForwardingDataPlane, PlaneServer]:
-    """A forwarding client of ``plane`` to send to a child process (of multiprocessing context ``ctx``)
-    and the server thread answering it here."""
+    """A forwarding client of ``plane`` for a child process (context ``ctx``), and the server thread here."""
     here, there = ctx.Pipe(duplex=True)
     return ForwardingDataPlane(there, plane.token_fields, plane.seq_len_field), PlaneServer(plane, here)

@@ -1,19 +1,9 @@
-"""The key -> (chunk, row) index: every rule about which keys and fields exist, and no tensor data.
+"""The key -> (chunk, row) index: which keys and fields exist, no tensor data.
 
-Both backends keep one `PlaneIndex`: the memory backend in the caller's process, the Ray backend
-inside its long-lived store actor. A chunk's payload is opaque here (a `Column` in memory, an
-`ObjectRef` under Ray); the index reference-counts chunks so that when the last (key, field)
-pointing into a chunk is cleared or overwritten, the chunk is dropped, and with it, under Ray, the
-object-store object.
-
-Every mutating method validates the whole request before changing anything, so a request that
-raises leaves the index as it was.
-
-Layout: each key gets a slot (an int) on first write; per field, one (2, capacity) int64 array
-holds (chunk id, row in chunk) by slot, -1 where the field is not written. Requests of a thousand
-keys then cost one dict look-up per key plus numpy ops, not a Python loop per (key, field): the
-store actor answers every put and get, so this is on the step's critical path. A partition's table
-(slots, tombstones, arrays) is `partition.Partition`; its size stays O(live keys).
+Chunk payloads are opaque (a `Column` in memory, an `ObjectRef` under Ray) and reference-counted: the last
+(key, field) released drops the chunk. Mutations validate the whole request first, so a raise changes
+nothing. Per field one (2, capacity) int64 array holds (chunk id, row) by key slot, -1 where not written,
+so a request costs one dict look-up per key plus numpy ops (`partition.Partition`, O(live keys)).
 """
 
 from __future__ import annotations
@@ -43,10 +33,8 @@ __all__ = ["PENDING", "Committed", "LookupPlan", "Pending", "PlaneIndex", "Write
 class WriteSpec:
     """What a put states about its rows, checked by `PlaneIndex.commit` against what is stored.
 
-    token_lens: row lengths of the per-token fields in this put. seq_lens: this put's sequence
-    lengths (None: none known); `seq_lens_explicit` when the caller stated them (then they must agree
-    with any stored length), else derived from the put's token fields (then a stored length wins and
-    the rows must fit in it). tags: one dict per key to merge into the stored tags, or None."""
+    seq_lens: None if unknown; if `seq_lens_explicit` they must equal stored lengths, else derived from the
+    token fields and a stored length wins. tags: one dict per key to merge, or None."""
 
     token_lens: dict[str, Any]
     seq_lens: Sequence[int] | None
@@ -56,8 +44,7 @@ class WriteSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Committed:
-    """The index's answer to a commit: the keys' stored sequence lengths (None where unknown), their
-    tags (None when no key has any), the partition's task name and each field's new chunk id."""
+    """A commit's answer: stored seq lengths (None where unknown), tags (None if none), task name, new chunk ids."""
 
     seq_lens: list[int | None]
     tags: list[dict] | None
@@ -82,11 +69,10 @@ class PlaneIndex:
     def __init__(self) -> None:
         self._parts: dict[str, Partition] = {}
         self._chunk_ids = itertools.count()
-        # Payloads whose last row was released. The owner decides when to drop them: the Ray store
-        # drops them after replying, since releasing ObjectRefs costs milliseconds it need not wait on.
+        # Payloads whose last row was released; their owner drops them (Ray: after replying).
         self.freed: list[Any] = []
 
-    # ---- partitions ----------------------------------------------------------------------------
+    # ---- partitions
 
     def register(self, pid: str, fields: Sequence[str], num_samples: int, task_name: str | None) -> None:
         """Create `pid`, or widen its field list. An empty partition starts afresh (tombstones go)."""
@@ -123,10 +109,10 @@ class PlaneIndex:
         self.freed.extend(p for p, _ in part.chunks.values())
         del self._parts[pid]
 
-    # ---- writes --------------------------------------------------------------------------------
+    # ---- writes
 
     def _slots(self, part: Partition, ids: Sequence[str]) -> np.ndarray:
-        # map over dict.get: no Python frame per key (half the time of a generator, measured)
+        # map over dict.get: no Python frame per key
         return np.fromiter(map(part.slot_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
 
     def seq_lens(self, pid: str, ids: Sequence[str]) -> list[int | None]:
@@ -136,8 +122,7 @@ class PlaneIndex:
         return _lens_out(np.where(slots >= 0, part.seq_len[np.maximum(slots, 0)], -1))
 
     def commit(self, pid: str, ids: Sequence[str], payloads: dict[str, Any], spec: WriteSpec) -> Committed:
-        """Record that rows 0..n-1 of payloads[field] hold field for ids[0..n-1], after checking `spec`
-        (the put's lengths and tags) against what is stored."""
+        """Record rows 0..n-1 of payloads[field] as field of ids[0..n-1], after checking `spec` against the store."""
         part = self.partition(pid)
         n = len(ids)
         if part.cleared and not part.cleared.keys().isdisjoint(ids):
@@ -202,8 +187,7 @@ class PlaneIndex:
         return Committed(_lens_out(final), out_tags if any(out_tags) else None, part.task_name, chunks)
 
     def attach(self, pid: str, chunks: dict[str, int], payloads: dict[str, Any]) -> None:
-        """Put `payloads[field]` in place of the PENDING payload of chunk `chunks[field]`. A chunk
-        already released (its keys cleared or overwritten meanwhile) lets its payload go at once."""
+        """Put `payloads[field]` in place of chunk `chunks[field]`'s PENDING payload (dropped if already released)."""
         part = self._parts.get(pid)
         for field, cid in chunks.items():
             entry = None if part is None else part.chunks.get(cid)
@@ -222,7 +206,7 @@ class PlaneIndex:
             if entry[1] == 0:
                 self.freed.append(part.chunks.pop(cid)[0])  # last reference: the payload can go
 
-    # ---- reads ---------------------------------------------------------------------------------
+    # ---- reads
 
     def _live_slots(self, pid: str, ids: Sequence[str], what: str) -> tuple[Partition, np.ndarray]:
         part = self.partition(pid)
@@ -266,9 +250,9 @@ class PlaneIndex:
         return LookupPlan(parts)
 
     def verify(self, pid: str, ids: Sequence[str], expected: dict[str, np.ndarray]) -> bool:
-        """True if every key is live and each field's rows are in chunk `expected[field][i]` (the
-        locations a put receipt promised are still current); False if any was overwritten since.
-        Cleared or unknown keys raise as `lookup` does."""
+        """True if every key's fields are still in chunks `expected[field][i]`; False if overwritten since.
+
+        Cleared or unknown keys raise as in `lookup`."""
         part, slots = self._live_slots(pid, ids, f"get fields {list(expected)}")
         for field, cids in expected.items():
             arr = part.loc.get(field)
@@ -278,9 +262,9 @@ class PlaneIndex:
 
     def locate(self, pid: str, ids: Sequence[str]) -> tuple[dict[str, tuple[list, np.ndarray, np.ndarray]],
                                                              DataPlaneError | None]:
-        """Where every written field of `ids` is now, for a reader that cannot ask the index later:
-        field -> (payloads, (n,) index into payloads or -1 where not written, (n,) row in that payload),
-        and the error a read of the keys that are not live would raise (None if all are live)."""
+        """Where every written field of `ids` is now, for a reader that cannot ask later.
+
+        field -> (payloads, (n,) payload index or -1, (n,) row), and the error a read of non-live keys would raise."""
         part = self._parts.get(pid)
         if part is None:
             try:
@@ -347,7 +331,7 @@ class PlaneIndex:
     def expected(self, pid: str) -> int:
         return self.partition(pid).num_samples
 
-    # ---- clears --------------------------------------------------------------------------------
+    # ---- clears
 
     def clear(self, pid: str, ids: Iterable[str] | None) -> int:
         """Forget `ids` (all live keys if None); returns how many were cleared."""

@@ -1,8 +1,4 @@
-"""`DataPlaneClient`: the one interface every part of rlplane uses to move bulk per-sample data.
-
-The interface mirrors NeMo RL's `DataPlaneClient` (direct-by-key half) so a TransferQueue adapter
-can sit behind it later. `IndexedClient` (`client.py`) implements it for every backend here.
-"""
+"""`DataPlaneClient`: the one interface for bulk per-sample data (NeMo RL's direct-by-key `DataPlaneClient`)."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ from .meta import KVBatchMeta
 
 __all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "SampleIds", "receipts_in"]
 
-# Per-token ("token-aligned") fields: jagged in storage, trimmed to the sequence length on write,
-# padded to a common length on read. Declared once, with the other columns, in `columns.py`.
+# Per-token fields: jagged in storage, padded on read; declared in `columns.py`.
 DEFAULT_TOKEN_FIELDS = TOKEN_COLUMNS
 
 FieldValue = torch.Tensor | Sequence[torch.Tensor]
@@ -32,9 +27,9 @@ class DataPlaneClient(abc.ABC):
     def register_partition(
         self, partition_id: str, fields: Sequence[str], num_samples: int, *, task_name: str | None = None
     ) -> None:
-        """Declare a partition and the fields it may hold. Re-registering widens the field list; an
-        empty partition (all keys cleared) starts afresh. `num_samples` is the expected number of
-        samples, used by `status`/`is_complete`; it is not a capacity limit."""
+        """Declare a partition and its fields (re-registering widens them; an empty partition starts afresh).
+
+        `num_samples` is the expected count for `status`/`is_complete`, not a capacity."""
 
     @abc.abstractmethod
     def put_samples(
@@ -47,13 +42,10 @@ class DataPlaneClient(abc.ABC):
         seq_lens: Sequence[int] | torch.Tensor | None = None,
         shards: Sequence[Sequence[int]] | None = None,
     ) -> KVBatchMeta:
-        """Write `fields` for `sample_ids` (a list of keys, or a meta whose keys, lengths, tags and
-        extra_info are carried into the result). Each field is a (B, ...) tensor or a list of B
-        tensors of different first-dim lengths (jagged). Rewriting a field of a key replaces it.
-        `shards`: row indices of each part the readers will fetch (`dp_shard_rows` for DP ranks),
-        every row once; a backend across processes stores each part apart, so a reader fetches
-        only its own. Returns the receipt: fields = the meta's fields (if a meta was given) + the
-        fields written."""
+        """Write `fields` (each (B, ...) or a list of B jagged tensors) for `sample_ids` (keys or a meta).
+
+        Rewriting a field replaces it. `shards`: row indices per reader part (`dp_shard_rows`), stored apart
+        so each reader fetches only its own. Returns the receipt (a given meta's fields plus those written)."""
 
     @abc.abstractmethod
     def get_samples(
@@ -64,21 +56,17 @@ class DataPlaneClient(abc.ABC):
         pad_values: Mapping[str, float | int | bool] | None = None,
         pad_to: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Fresh tensors for `select_fields` (required) in the order of `sample_ids`. Jagged fields come
-        back padded (B, T, ...) with `pad_values[field]` (default: the column's declared pad, `columns.py`).
-        Per-token fields share one T: `pad_to`, else the meta's `extra_info["global_forward_pad_seqlen"]`,
-        else the longest row."""
+        """Fresh tensors for `select_fields`, rows in `sample_ids` order; jagged fields padded (B, T, ...).
+
+        Pad values default to the column's (`columns.py`); per-token fields share one T: `pad_to`, else
+        `extra_info["global_forward_pad_seqlen"]`, else the longest row."""
 
     @abc.abstractmethod
     def clear_samples(self, sample_ids: SampleIds | None, partition_id: str | None, *, wait: bool = True) -> int | None:
-        """Forget `sample_ids` (every live key if None) and free their storage; returns the count.
-        Writing or reading a cleared key raises `ClearedKeyError` until a new key takes its slot (so
-        the index stays O(live keys), `partition.py`); after that it is an unknown key. Mint new keys
-        for new samples.
+        """Forget `sample_ids` (all live keys if None), free their storage, return the count.
 
-        `wait=False` (a step's final clear, whose answer nobody needs) lets a remote backend return
-        at once and return None; if the store refuses the clear, this client's next call raises
-        the error (same class and message). Local backends clear synchronously either way."""
+        A cleared key raises `ClearedKeyError` until its slot is reused; mint new keys for new samples.
+        `wait=False` may return None at once (a refused clear raises on the next call)."""
 
     @abc.abstractmethod
     def list_samples(self, partition_id: str) -> list[str]:
@@ -86,8 +74,7 @@ class DataPlaneClient(abc.ABC):
 
     @abc.abstractmethod
     def meta_for(self, partition_id: str, sample_ids: Sequence[str] | None = None) -> KVBatchMeta:
-        """A receipt rebuilt from the index: the fields written for all of `sample_ids` (default: every
-        live key), their stored lengths and tags."""
+        """A receipt rebuilt from the index: fields written for all `sample_ids` (default: live keys), lengths, tags."""
 
     @abc.abstractmethod
     def status(
@@ -104,22 +91,16 @@ class DataPlaneClient(abc.ABC):
         """True once at least `num_samples` (as registered) keys have every one of `fields`."""
 
     def prefetch(self, meta: KVBatchMeta) -> None:
-        """Start moving the data `meta`'s receipts locate to this process's node and return at once:
-        a hint that a `get_samples` of it follows (a driver handed a DP rank's write-back receipt
-        while the other ranks still work). Backends whose data is already here do nothing."""
+        """Hint that a `get_samples` of `meta` follows: start moving its data here and return at once."""
 
-    # ---- the way to and from workers in other processes (runtime/groups.py calls these) ----------
+    # ---- to and from workers in other processes (runtime/groups.py)
 
     def located(self, meta: KVBatchMeta) -> KVBatchMeta:
-        """`meta` as a worker in another process is to be handed it. A backend whose workers cannot
-        ask the index (Ray with the index in the driver) puts in it where its keys' fields are now;
-        the others hand it on as it is."""
+        """`meta` for a worker in another process (Ray with a driver index adds where its fields are now)."""
         return meta
 
     def commit_receipts(self, results: Any) -> None:
-        """Take the write receipts (metas) in workers' `results` into this client's index: how a
-        worker's write reaches an index held by the driver. Backends whose index took the write
-        when it was made only note the receipts (so a clear can drop what they hold)."""
+        """Take workers' write receipts in `results` into this client's index (or note them for clears)."""
 
     def footprint(self, partition_id: str) -> dict[str, int]:
         """The partition's index size: live keys, slots, tombstones, chunks, approximate bytes."""
@@ -137,8 +118,7 @@ class DataPlaneClient(abc.ABC):
 
 
 def receipts_in(results: Any) -> Iterator[KVBatchMeta]:
-    """The metas in workers' results: a meta, or one inside a tuple, list or dict of them (two levels:
-    a list of ranks' results, each a meta or a tuple holding one)."""
+    """The metas in workers' results: a meta, or inside a tuple, list or dict (two levels deep)."""
     stack = [(results, 0)]
     while stack:
         value, depth = stack.pop()

@@ -1,9 +1,6 @@
-"""`memory` backend: columns and index in the caller's process. For one-process runs and tests.
+"""`memory` backend: columns and index in the caller's process (one-process runs, tests).
 
-Columns are stored as given (packed, detached CPU tensors); a read gathers into fresh tensors, so
-the caller can never alias stored data. Not shared across processes: pickling it is refused.
-Threads may share it (async GRPO's collector thread writes while the trainer reads): index calls
-run one at a time under a lock, as the Ray store actor runs them one at a time.
+Reads gather into fresh tensors; pickling is refused; threads share it, index calls under one lock.
 """
 
 from __future__ import annotations

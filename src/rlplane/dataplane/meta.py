@@ -1,11 +1,4 @@
-"""`KVBatchMeta`: the receipt for a batch of samples in the data plane.
-
-A meta names samples (keys) in one partition and carries what the driver may look at without
-fetching bulk data: the fields written, the per-sample sequence lengths (they drive DP sharding),
-small per-row tags (rewards, baselines: "filter without fetch") and batch-level extra info (the
-global forward pad length, rollout metrics). Every operation here is pure: it returns a new meta
-and never touches stored data. To free stored data, call the client's `clear_samples`.
-"""
+"""`KVBatchMeta`: the receipt for a batch of samples in the data plane; every operation is pure."""
 
 from __future__ import annotations
 
@@ -38,18 +31,15 @@ class KVBatchMeta:
     """Receipt for `len(sample_ids)` samples stored under `partition_id`.
 
     Attributes:
-        partition_id: namespace the keys live in (one per step and stage, e.g. "train").
-        task_name: who produced or will consume the batch (free text, kept through every op).
-        sample_ids: the keys, one per row; unique.
-        fields: fields this meta promises are written for every row (what `get_samples` may ask).
+        partition_id: namespace of the keys (one per step and stage).
+        task_name: producer or consumer of the batch (free text).
+        sample_ids: the unique keys, one per row.
+        fields: fields written for every row (what `get_samples` may ask).
         seq_lens: unpadded per-row sequence length, or None when no per-token field was written.
-        tags: per-row dicts of small scalars, 1:1 with `sample_ids` (empty dicts when untagged).
-        extra_info: batch-level values, e.g. `global_forward_pad_seqlen`; copied by every op.
-        locations: where the backend put the rows (opaque plain data; the ray backend's put
-            receipts and location snapshots, so a reader can fetch without asking the index
-            first). A hint only: a reader still checks it against the index, and a meta without it
-            reads the same data. Kept by every op that keeps rows (subset, concat), not compared,
-            not shown.
+        tags: per-row dicts of small scalars (rewards, baselines: filter without fetch).
+        extra_info: batch-level values, e.g. `global_forward_pad_seqlen`.
+        locations: the backend's hint of where the rows live (ray: put receipts), checked against the
+            index on read; kept by subset and concat, not compared, not shown.
     """
 
     partition_id: str
@@ -62,7 +52,7 @@ class KVBatchMeta:
     locations: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        # Normalise containers to tuples so a meta is hashable-ish and cannot be appended to in place.
+        # Tuples: a meta cannot be appended to in place.
         ids = tuple(str(s) for s in self.sample_ids)
         object.__setattr__(self, "sample_ids", ids)
         object.__setattr__(self, "fields", tuple(self.fields))
@@ -96,19 +86,16 @@ class KVBatchMeta:
         return len(self.sample_ids)
 
     def __reduce__(self):
-        # Its values as they are (checked when it was made): no re-normalising of every row on arrival.
+        # Values as they are (checked when made): no re-normalising of every row on arrival.
         return _rebuilt, tuple(getattr(self, f) for f in _FIELD_NAMES)
 
     @classmethod
     def trusted(cls, *values: Any) -> KVBatchMeta:
-        """A meta from values in field order that are already normalised (a client's receipt: keys
-        checked strings, lengths ints from the index): no per-row pass."""
+        """A meta from already-normalised values in field order (a client's receipt): no per-row pass."""
         return _rebuilt(*values)
 
     def _derive(self, **changes: Any) -> KVBatchMeta:
-        """`dataclasses.replace` for values taken from valid metas: no re-normalising of every row
-        (a step derives several metas); only new row sets are checked for
-        repeated keys. Rows' tag dicts are shared with this meta (a meta is never changed in place)."""
+        """`dataclasses.replace` without re-normalising rows; only new row sets are checked for repeated keys."""
         out = object.__new__(KVBatchMeta)
         for f in _FIELD_NAMES:
             object.__setattr__(out, f, changes[f] if f in changes else getattr(self, f))
@@ -121,7 +108,7 @@ class KVBatchMeta:
             )
         return out
 
-    # ---- row selection -------------------------------------------------------------------------
+    # ---- row selection
 
     def subset(self, indices: Sequence[int] | torch.Tensor) -> KVBatchMeta:
         """Rows at `indices` (ints, in the order given, or a boolean mask of length len(self))."""
@@ -172,7 +159,7 @@ class KVBatchMeta:
             )
         return self.subset([pos[s] for s in sample_ids])
 
-    # ---- columns and annotations --------------------------------------------------------------
+    # ---- columns and annotations
 
     def with_fields(self, fields: Iterable[str]) -> KVBatchMeta:
         """The same rows, promising `fields` instead (narrow before a fetch, widen after a write)."""
@@ -181,10 +168,7 @@ class KVBatchMeta:
     def stamp_tags(
         self, tags: Mapping[str, Sequence | torch.Tensor] | Sequence[Mapping[str, Any]]
     ) -> KVBatchMeta:
-        """New meta with per-row tags merged in (local to this meta; nothing is written to storage).
-
-        `tags` is either {name: one value per row} (a list or a (B,) tensor) or one dict per row.
-        """
+        """New meta with per-row tags merged in: {name: value per row (list or (B,) tensor)} or one dict per row."""
         n = len(self)
         if isinstance(tags, Mapping):
             rows: list[dict] = [{} for _ in range(n)]
@@ -220,14 +204,14 @@ class KVBatchMeta:
         return [t[name] for t in self.tags]
 
     def with_locations(self, locations: Iterable[Any]) -> KVBatchMeta:
-        """The same rows with `locations` in place of this meta's (a backend's hints, see the attribute)."""
+        """The same rows with the backend's `locations` hints in place of these."""
         return self._derive(locations=tuple(locations))
 
     def with_extra_info(self, **info: Any) -> KVBatchMeta:
         """New meta with `info` merged into `extra_info`."""
         return self._derive(extra_info={**self.extra_info, **info})
 
-    # ---- combination ---------------------------------------------------------------------------
+    # ---- combination
 
     def concat(self, *others: KVBatchMeta) -> KVBatchMeta:
         """This meta followed by `others` (also callable as `KVBatchMeta.concat(a, b, c)`)."""
@@ -247,10 +231,9 @@ def _rebuilt(*values: Any) -> KVBatchMeta:
 
 
 def concat_metas(metas: Sequence[KVBatchMeta]) -> KVBatchMeta:
-    """Rows of every meta in order. Same partition required; keys must not repeat.
+    """Rows of every meta in order (same partition, no repeated keys).
 
-    fields: those every meta promises (order of the first). seq_lens: kept only if every meta has
-    them. extra_info: the first meta's, updated by later ones. task_name: the first meta's.
+    Keeps the fields all promise, seq_lens only if all have them, the first's task_name, merged extra_info.
     """
     metas = list(metas)
     if not metas:

@@ -1,10 +1,6 @@
-"""One partition of the key index (`index.PlaneIndex`): keys -> slots, and per slot its fields'
-(chunk id, row), sequence length and tags, in arrays indexed by slot.
+"""One partition of the key index: keys -> slots, and per slot the fields' (chunk id, row), length and tags.
 
-Size. A cleared key's slot is reused by the next new key (oldest cleared first), and the key's
-tombstone (a write or read of it raises `ClearedKeyError`, not `MissingKeyError`) lives in that slot
-until then. A partition that is never re-registered (async GRPO's) so holds as many slots as it ever
-had live keys at once, and at most that many tombstones: O(live keys), however many steps pass.
+A cleared key's tombstone lives in its slot until the next new key reuses it, so size stays O(live keys).
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ __all__ = ["PENDING", "Partition", "Pending"]
 
 
 class Pending:
-    """Payload of a chunk committed before its data was stored (the Ray backend commits while it
-    copies the data into the object store). `attach` replaces it; a reader that meets it retries."""
+    """Payload of a chunk committed before its data was stored; `attach` replaces it, a reader retries."""
 
     def __repr__(self) -> str:
         return "PENDING"
@@ -68,7 +63,7 @@ class Partition:
         reused = self.free[: len(keys)]
         del self.free[: len(reused)]
         if reused:
-            # the tombstones held in these slots go (a C-level loop: no Python frame per key)
+            # their tombstones go (a C-level loop)
             collections.deque(map(self.cleared.pop, self.key_at[reused].tolist(), itertools.repeat(None)), 0)
         num_new = len(keys) - len(reused)
         self.grow(self.num_slots + num_new)
@@ -81,8 +76,7 @@ class Partition:
         return slots
 
     def footprint(self) -> dict[str, int]:
-        """live keys, slots, tombstones, chunks, and the approximate bytes of the index's own structures
-        (containers, arrays, keys and tags; payloads not counted)."""
+        """Live keys, slots, tombstones, chunks, and approximate bytes of the index structures (no payloads)."""
         keys = sum(map(sys.getsizeof, self.slot_of)) + sum(map(sys.getsizeof, self.cleared))
         containers = sum(map(sys.getsizeof, (self.slot_of, self.cleared, self.free, self.chunks, self.tags)))
         arrays = self.seq_len.nbytes + self.key_at.nbytes + sum(a.nbytes for a in self.loc.values())

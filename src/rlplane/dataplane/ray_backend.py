@@ -1,30 +1,11 @@
-"""`ray` backend: packed columns in Ray's object store (`ray_objects`), the key index where its
-placement puts it (`ray_index`: a store actor, or the driver's client).
+"""`ray` backend: packed columns in Ray's object store (`ray_objects`), the key index placed by `ray_index`.
 
-A put stores one object holding its packed columns, or one per part when the writer names its
-readers' shards (`put_samples(shards=dp_shard_rows(...))`: across nodes each DP rank then pulls only
-its own rows), and records the refs, never the data, in the index. A get finds where the rows live,
-fetches the objects and gathers the rows locally. Clearing drops the index's refs; when the last one
-goes, Ray frees the object. Never one object per sample: that measured ~30x slower here.
-
-Receipts carry locations. A put's receipt (`KVBatchMeta.locations`) holds the refs of the objects it
-stored and each field's chunk id, so a reader handed that meta (a DP rank, say) fetches and decodes
-at once while the index checks that those chunks are still current (`verify`, in parallel with the
-store actor); only if a key was overwritten since does it look up and read again (a cleared key
-raises, as without a receipt).
-
-Ownership. Ray removed `ray.put(_owner=...)`, so an object is owned by the process that put it and
-dies with it. `owner="producer"` (default) accepts that: the driver and the long-lived worker actors
-that write are the owners, and the index outlives them all. `owner="store"` (store index only) makes
-the store actor re-put every column it is sent.
-
-Crossing processes. The client pickles to a client of the same index (`placement.for_worker()`), so
-it can be passed to Ray workers as an argument; `make_data_plane("ray", name=..., attach=True)` in a
-worker attaches to a named store instead. With the index in the driver a worker's client has no
-index: the driver hands it metas through `located` and takes its writes through `commit_receipts`
-(both called by the worker group, runtime/groups.py). A meta a worker holds is then a snapshot: if
-the driver overwrites or clears its keys after sending it, the worker does not hear of it. Use
-index="store" for several drivers, for workers that read by key, and for owner="store".
+A put stores one object of packed columns (or one per reader shard with `shards=`), and the index keeps
+the refs; the last ref cleared frees the object. A receipt carries its objects' refs, so a reader fetches
+at once while the index verifies the chunks are current. Objects are owned by the process that put them
+(`owner="producer"`), or re-put by the store actor (`owner="store"`). With the index in the driver a
+worker's meta is a snapshot (`located` / `commit_receipts`); use `index="store"` for several drivers,
+workers that read by key, and `owner="store"`. ``docs/architecture.md`` has the details.
 """
 
 from __future__ import annotations
@@ -68,17 +49,8 @@ class RayDataPlane(IndexedClient):
         attach: bool = False,
         placement: Placement | None = None,
     ) -> None:
-        """
-        Args:
-            token_fields: fields stored jagged and padded to a common length on read.
-            seq_len_field: the per-token field whose row lengths define a sample's sequence length.
-            index: "store" (a store actor) or "driver" (this client); see `ray_index`.
-            name: name the store actor (so workers can attach with `attach=True`).
-            owner: "producer" (objects owned by whoever puts them) or "store" (the store re-puts and
-                owns them, one extra copy per put).
-            attach: connect to the existing store actor `name` instead of creating one.
-            placement: an index placement to use as is (a client unpickled in a worker).
-        """
+        """`index`: "store" (actor) or "driver" (this client); `owner`: "producer" or "store" (one extra copy
+        per put); `attach`: connect to the store actor `name`; `placement`: reuse one (an unpickled client)."""
         super().__init__(token_fields, seq_len_field)
         self.book = ReceiptBook()  # the receipts whose refs a clear or overwrite drops
         self._background = Background()  # prefetch waits; with the index here, releases of freed objects
@@ -106,7 +78,7 @@ class RayDataPlane(IndexedClient):
     def _key(self) -> str:
         return self.placement.key
 
-    # ---- index and storage ---------------------------------------------------------------------
+    # ---- index and storage
 
     def _check_open(self) -> None:
         super()._check_open()
@@ -131,18 +103,17 @@ class RayDataPlane(IndexedClient):
         return read_parts({f: [(stored, name, rows, pos) for (stored, name), rows, pos in parts]
                            for f, parts in plan.parts.items()})
 
-    # ---- interface -----------------------------------------------------------------------------
+    # ---- interface
 
     def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
-        # Checked here, so the store need not answer: saves a round trip per step.
+        # Checked here, saving the store a round trip per step.
         self._check_open()
         self.placement.send("register", *check_register(partition_id, fields, num_samples), task_name)
 
     def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None, shards=None):
         receipt = super().put_samples(sample_ids, partition_id, fields, tags, seq_lens=seq_lens, shards=shards)
         if isinstance(self.placement, WorkerIndex):
-            # Back to the driver without the snapshot it was handed: there the index knows better, and
-            # its refs would cost a borrow round trip with their owner per step.
+            # Back to the driver without its snapshot: the index knows better, and the refs cost a borrow per step.
             receipt = receipt.with_locations(x for x in receipt.locations if not isinstance(x, Snapshot))
         return receipt
 
@@ -212,11 +183,11 @@ class RayDataPlane(IndexedClient):
         self.placement.close()
         self._background.close()
 
-    # ---- reading by receipts and snapshots -----------------------------------------------------
+    # ---- reading by receipts and snapshots
 
     def _from_receipts(self, meta, ids: list[str], fields: list[str]):
-        """(expected chunk ids per field, field -> [(stored, field, rows, positions)]) for reading
-        `ids` from the receipts `meta` carries, or None if they do not hold every (key, field) asked for."""
+        """(expected chunk ids per field, field -> [(stored, field, rows, positions)]) from `meta`'s receipts,
+        or None if they do not hold every (key, field) asked for."""
         held = [(r, r.stored) for r in meta.locations if isinstance(r, Receipt)
                 and r.store == self._key and r.pid == meta.partition_id]
         held = [(r, st) for r, st in held if st is not None]  # (a clear in another thread may drop one)
@@ -227,7 +198,7 @@ class RayDataPlane(IndexedClient):
         expected: dict[str, np.ndarray] = {}
         plan: dict[str, list] = {}
         for f in fields:
-            # Each key from the last receipt holding it for f (a later put of the key replaced the earlier).
+            # Each key from the last receipt holding it for f.
             holders = [i for i, r in enumerate(receipts) if f in r.chunks]
             if not holders:
                 return None
@@ -260,8 +231,7 @@ class RayDataPlane(IndexedClient):
         return self._assemble(pid, ids, meta, fields, parts, pad_values, pad_to)
 
     def _worker_plan(self, meta, ids: list[str], fields: list[str]) -> dict[str, list]:
-        """field -> [(stored, name, rows, positions)] from the snapshots and receipts `meta` carries
-        (later ones win for a (key, field) both hold); raises for any (key, field) none holds."""
+        """field -> [(stored, name, rows, positions)] from `meta`'s snapshots and receipts (later wins)."""
         sources = [loc for loc in meta.locations if isinstance(loc, (Snapshot, Receipt))
                    and loc.store == self._key and loc.pid == meta.partition_id
                    and (isinstance(loc, Snapshot) or loc.stored is not None)]

@@ -1,17 +1,8 @@
-"""Where the `ray` data plane keeps its `PlaneIndex`: the placement strategies of `RayDataPlane`.
+"""Where the `ray` data plane keeps its `PlaneIndex`.
 
-- `StoreIndex` (index="store", the default): in one long-lived `StoreActor` that every process
-  reaches by handle; any process may read, write and clear by key.
-- `DriverIndex` (index="driver"): in the driver's client, for runs with one driver whose workers read
-  the metas it hands them and hand their writes back. No read or write makes a round trip to an
-  actor that, on a machine of few cores, competes with the workers for them.
-- `WorkerIndex`: what a `DriverIndex` client becomes in a worker: no index to ask. A read uses the
-  snapshot the driver put in the meta (`RayDataPlane.located`); a write returns a receipt with its
-  commit pending, which the driver's index takes when the worker's group hands it the results
-  (`RayDataPlane.commit_receipts`, called by runtime/groups.py on the way back).
-
-Each offers `call` (wait for the answer), `send` (no answer needed), `commit` (store a put's columns
-and record them), `lookup`, `verifier` and `for_worker` (the placement a pickled client carries).
+`StoreIndex` (default): a long-lived `StoreActor` any process may ask. `DriverIndex`: the driver's client,
+no actor round trips; workers read snapshots it hands them and hand writes back. `WorkerIndex`: a
+`DriverIndex` client inside a worker, with no index (receipts go back via `RayDataPlane.commit_receipts`).
 """
 
 from __future__ import annotations
@@ -43,8 +34,7 @@ INDEX_METHODS = frozenset(
 
 
 class StoreActor:
-    """Holds the `PlaneIndex` (and so every column's ObjectRef). Runs one call at a time: a sync
-    actor, not an async one (its round trip measured faster here)."""
+    """Holds the `PlaneIndex` (and every column's ObjectRef); sync, one call at a time."""
 
     def __init__(self, adopt: bool) -> None:
         self.index = PlaneIndex()
@@ -58,7 +48,7 @@ class StoreActor:
         assert method in INDEX_METHODS, method
         if method == "commit" and self.adopt:
             pid, ids, payloads, spec = args
-            # Re-put so this actor owns the objects (they then outlive the producer's process).
+            # Re-put so this actor owns the objects and they outlive the producer.
             mine = {stored.refs: Stored(tuple(ray.put(ray.get(ref)) for ref in stored.refs), stored.starts)
                     for stored, _ in payloads.values()}
             args = (pid, ids, {f: (mine[stored.refs], name) for f, (stored, name) in payloads.items()}, spec)
@@ -78,8 +68,7 @@ class StoreActor:
         self._drop_freed()
 
     def call_nowait(self, method: str, *args: Any, client: str | None = None) -> None:
-        """Fire-and-forget twin of `call`: an error is kept for the client's next `call`. Ray runs
-        one caller's calls to an actor in submission order, so that next call comes after this."""
+        """Fire-and-forget `call`; an error is kept for the client's next `call` (Ray keeps one caller's order)."""
         try:
             self.call(method, *args, client=client)
         except DataPlaneError as err:
@@ -101,9 +90,9 @@ def _wait(answer: Any) -> Any:
 
 
 class StoreIndex:
-    """The index in a `StoreActor`. `owns`: this client made the actor (and kills it on close).
-    `adopt` (owner="store"): the actor re-puts every column it is sent, so data outlives its producer
-    (a rollout worker that is restarted, say) at the cost of one more copy per put."""
+    """The index in a `StoreActor` (`owns`: this client made it and kills it on close).
+
+    `adopt` (owner="store"): the actor re-puts every column, so data outlives its producer (one more copy)."""
 
     def __init__(self, actor: Any, owns: bool, adopt: bool) -> None:
         self.actor, self.owns, self.adopt = actor, owns, adopt
@@ -126,21 +115,17 @@ class StoreIndex:
         return _wait(self.actor.call.remote(method, *args, client=self.client_id))
 
     def send(self, method: str, *args: Any) -> None:
-        """No answer (a step's register and final clear: a round trip saved each). The store runs one
-        caller's calls in order, so this caller's next call sees it, and hears a refusal."""
+        """No answer needed (saves a round trip); this caller's next call sees it, or its refusal."""
         self.actor.call_nowait.remote(method, *args, client=self.client_id)
 
     def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
                bounds: list[int] | None) -> tuple[Committed, Stored | None, WriteBack | None]:
         if self.adopt:
-            # The store re-puts the data, and must have done so before this put returns (the producer
-            # may exit right after): nothing to overlap. No receipt: it would keep the producer's copy.
+            # The store must re-put before this returns (the producer may exit); no receipt (it would pin our copy).
             stored = put_parts(encoded(columns), bounds)
             return self.call("commit", pid, ids, {f: (stored, f) for f in columns}, spec), None, None
-        # The commit (every check, and the index update with a PENDING payload) goes first, the columns
-        # are copied while the store answers, and the ref follows in a no-wait `attach`. The writer's
-        # later calls queue behind the attach; another process that reads the chunk before it arrives
-        # sees PENDING and asks again (`lookup`).
+        # Commit first (checks and a PENDING payload), copy the columns while the store answers, then a
+        # no-wait `attach`; a reader that sees PENDING before it arrives asks again.
         answer = self.actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, spec,
                                         client=self.client_id)
         try:
@@ -181,10 +166,10 @@ class StoreIndex:
         return lambda: _wait(check)
 
     def take(self, receipt: Receipt) -> None:
-        """(The store took every write when it was made.)"""
+        """Nothing: the store took every write when it was made."""
 
     def raise_refused(self) -> None:
-        """(A refused write raised when it was made.)"""
+        """Nothing: a refused write raised when it was made."""
 
     def close(self) -> None:
         if self.owns:
@@ -192,8 +177,7 @@ class StoreIndex:
 
 
 class DriverIndex:
-    """The index in this (the driver's) process. Index calls run one at a time under a lock (threads);
-    the refs of freed chunks go on `background` (the client's one thread)."""
+    """The index in the driver's process; calls serialised by a lock, freed refs dropped on `background`."""
 
     def __init__(self, background: Background) -> None:
         self.key = f"driver:{uuid.uuid4().hex}"
@@ -228,9 +212,7 @@ class DriverIndex:
         return lambda: self.call("verify", pid, ids, expected)  # local: a few numpy compares
 
     def take(self, receipt: Receipt) -> None:
-        """Commit a worker's write (`receipt.pending`) to this index, as the store actor would have: the
-        receipt then names its chunks. One the index refuses (a key cleared meanwhile, a field never
-        registered) is kept in `refused` for the client's next call, and its receipt emptied."""
+        """Commit a worker's pending write as the store would; a refused one is kept for the client's next call."""
         uid, spec = receipt.pending.uid, receipt.pending.spec
         receipt.pending = None
         with self._lock:
@@ -291,10 +273,10 @@ class WorkerIndex:
         return committed, stored, WriteBack(uuid.uuid4().hex, spec)
 
     def take(self, receipt: Receipt) -> None:
-        """(A worker holds no index.)"""
+        """Nothing: a worker holds no index."""
 
     def raise_refused(self) -> None:
-        """(A worker holds no index.)"""
+        """Nothing: a worker holds no index."""
 
     def close(self) -> None:
         pass

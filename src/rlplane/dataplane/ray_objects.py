@@ -1,16 +1,8 @@
 """What the `ray` data plane keeps in Ray's object store, and the plain data that says where.
 
-A put stores one object holding its packed columns (numpy arrays, so reads are zero-copy views of
-shared memory), or one per part when the writer names its readers' shards (`Stored`). A put's
-receipt (`Receipt`, inside `KVBatchMeta.locations`) holds those refs and each field's chunk id, so a
-reader handed the meta fetches at once. With the index in the driver, a meta the driver hands a
-worker carries a `Snapshot` of where each written field of its keys is at that moment instead. Both
-are plain data: nothing happens when they are pickled or unpickled.
-
-A receipt's ref keeps its object alive. So a client notes the receipts it holds (`ReceiptBook`) and
-drops their refs on a clear or an overwrite of their keys: the object goes when the index's ref goes.
-Releasing refs and waiting on prefetches cost milliseconds a caller need not wait on: each client
-(and the store actor) hands them to its one `Background` thread.
+A put's `Stored` objects (numpy, zero-copy reads) are named by its `Receipt` in `KVBatchMeta.locations`;
+a driver-held index hands workers a `Snapshot` instead. A receipt's ref keeps its object alive, so a
+client's `ReceiptBook` drops them on a clear or overwrite; releases run on a `Background` thread.
 """
 
 from __future__ import annotations
@@ -35,9 +27,9 @@ __all__ = ["Background", "Failed", "Receipt", "ReceiptBook", "Snapshot", "Stored
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
-    """The objects one put stored: `refs[k]` (a dict field -> wire column) holds the put's rows
-    `starts[k]:starts[k + 1]`. One object, unless the put was split (`put_samples(shards=...)`) so
-    that each reader (a DP rank) fetches only the part it reads: across nodes, only its bytes move."""
+    """The objects of one put: `refs[k]` (field -> wire column) holds rows `starts[k]:starts[k + 1]`.
+
+    Several only when the put was split by reader shards, so each DP rank fetches only its own bytes."""
 
     refs: tuple
     starts: tuple[int, ...]
@@ -72,8 +64,7 @@ def put_parts(columns: dict[str, Column], bounds: list[int] | None) -> Stored:
 
 
 def read_parts(wanted: dict[str, list[tuple[Stored, str, list[int], list[int]]]]) -> dict[str, list]:
-    """field -> [(column, rows, positions)] for `wanted` field -> [(stored, name in it, rows, positions)]:
-    one batched fetch of only the objects holding those rows (numpy arrays: zero-copy views)."""
+    """field -> [(column, rows, positions)] for `wanted` field -> [(stored, name, rows, positions)]: one fetch."""
     located = {f: [(ref, name, rows, pos) for stored, name, rows_, pos_ in parts
                    for ref, rows, pos in stored.locate(rows_, pos_)] for f, parts in wanted.items()}
     refs = list(dict.fromkeys(ref for parts in located.values() for ref, _, _, _ in parts))
@@ -84,8 +75,7 @@ def read_parts(wanted: dict[str, list[tuple[Stored, str, list[int], list[int]]]]
 
 @dataclasses.dataclass(frozen=True)
 class WriteBack:
-    """A write made where the index is not (a worker of a driver-held index): what the index's commit
-    takes, and a uid so that a receipt handed in twice is committed once."""
+    """A write made where the index is not: what the index's commit takes, with a uid so it commits once."""
 
     uid: str
     spec: WriteSpec
@@ -93,9 +83,8 @@ class WriteBack:
 
 @dataclasses.dataclass(eq=False)
 class Receipt:
-    """Where one put stored its rows: `stored` (its objects; None once its keys are cleared or
-    overwritten here), the index's chunk id of each field (-1 until the index took a `pending` write),
-    and the put's keys in row order. `store` names the index it belongs to."""
+    """Where one put stored its rows: `stored` (None once its keys are cleared here), each field's chunk id
+    (-1 until a `pending` write is taken), the keys in row order, and the owning index `store`."""
 
     store: str
     pid: str
@@ -110,9 +99,8 @@ class Receipt:
 
 @dataclasses.dataclass(eq=False)
 class Snapshot:
-    """Where the keys `ids` had each written field when the driver handed them out:
-    `where[field] = (payloads, payload index per key or -1, row per key)`, and `gone`, the error a
-    read of the keys that were not live then raises (None if all were)."""
+    """Where keys `ids` had each field when handed out: `where[field] = (payloads, payload index or -1, row)`;
+    `gone`: the error a read of keys not live then raises (None if all were)."""
 
     store: str
     pid: str
@@ -136,10 +124,8 @@ class ReceiptBook:
             self._by_pid.setdefault(receipt.pid, weakref.WeakSet()).add(receipt)
 
     def forget(self, pid: str | None, ids: Iterable[str] | None = None, fields: Iterable[str] | None = None) -> None:
-        """Drop the refs of the receipts whose rows go: a clear of `ids` (all keys if None) in `pid` (all
-        partitions if None) drops every receipt holding any of them; an overwrite of `fields` of `ids`
-        drops those it replaces whole (one replaced in part still has live rows in the index, and a
-        reader's check sees which). A receipt must not keep an object alive after the index lets it go."""
+        """Drop the refs of receipts whose rows go: every receipt holding a cleared key, and those an overwrite
+        of `fields` replaces whole; `pid`/`ids` None = all."""
         with self._lock:
             for gone in [p for p, v in self._by_pid.items() if not v]:  # partitions of past steps
                 del self._by_pid[gone]
@@ -157,9 +143,7 @@ class ReceiptBook:
 
 
 class Background:
-    """One daemon thread, started on first use, for what a caller need not wait on: dropping the last
-    refs of freed objects (a release costs owner/borrower messages) and waiting, with `fetch_local`,
-    for prefetched objects (Ray pulls them to this node meanwhile). `close` ends it."""
+    """One lazy daemon thread for what need not be waited on: releasing refs, `fetch_local` of prefetches."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()

@@ -1,14 +1,7 @@
-"""Data-parallel sharding of a meta, from metadata alone (no bulk data is read).
+"""Data-parallel sharding of a meta from metadata alone.
 
-`shard_meta_for_dp` splits a batch across `dp_world` ranks the way NeMo RL's
-`BatchedDataDict.shard_by_batch_size` does: the batch is cut into global batches of `batch_size`
-rows and every global batch is split evenly across ranks, so rank r holds the same share of every
-global batch (training steps one global batch at a time and all ranks step together). Within a
-global batch, rows are assigned to balance the token count per rank: longest row first to the
-least-loaded rank that still has room (greedy LPT with equal row counts per rank).
-
-Every rank's meta gets the same `global_forward_pad_seqlen` in its extra_info, so all ranks pad
-per-token fields to one sequence length (what context parallelism and MoE all-to-all need).
+As NeMo RL's `shard_by_batch_size`: each global batch of `batch_size` rows is split evenly across ranks,
+balancing tokens per rank (greedy LPT, equal row counts). All ranks get one `global_forward_pad_seqlen`.
 """
 
 from __future__ import annotations
@@ -33,11 +26,7 @@ def global_pad_len(seq_lens: Sequence[int], pad_to_multiple: int = 1) -> int:
 
 
 def balance_rows(lengths: Sequence[int], num_bins: int, bin_sizes: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices of `lengths` split into `num_bins` bins of `bin_sizes` rows with balanced length sums.
-
-    Greedy LPT: rows by decreasing length (ties by index), each to the bin with the smallest sum
-    among those not yet full. Each bin's indices come back ascending (original order kept).
-    """
+    """Indices of `lengths` in `num_bins` bins of `bin_sizes` rows with balanced sums (greedy LPT), each ascending."""
     n = len(lengths)
     if bin_sizes is None:
         bin_sizes = [n // num_bins + (1 if b < n % num_bins else 0) for b in range(num_bins)]
@@ -62,22 +51,11 @@ def shard_meta_for_dp(
     pad_to_multiple: int | None = None,
     balance: bool = True,
 ) -> tuple[list[KVBatchMeta], torch.Tensor]:
-    """Split `meta` into one meta per DP rank; returns (per_rank_metas, inverse_permutation).
+    """Split `meta` (with `seq_lens`) into one meta per DP rank; returns (per_rank_metas, inverse_permutation).
 
-    Args:
-        meta: the batch; needs `seq_lens` (to balance and to stamp the pad length).
-        dp_world: number of data-parallel ranks.
-        batch_size: global batch size (rows per optimizer step) for training, so every rank gets
-            batch_size / dp_world rows of each global batch; None for inference (logprobs): one
-            global batch, rank sizes differ by at most one row.
-        pad_to_multiple: round the global pad length up to this (default: the meta's
-            extra_info["pad_to_multiple"], else 1).
-        balance: False keeps contiguous slices (rank r gets the r-th slice of each global batch).
-
-    Returns:
-        per_rank_metas: rank r's rows; for each global batch in order, its rows in original order.
-        inverse_permutation: (n,) int64 such that `torch.cat(per_rank_outputs)[inverse]` restores
-            the original row order.
+    `batch_size`: rows per optimizer step, each rank gets batch_size / dp_world of every global batch (None:
+    one batch, ranks differ by at most a row). `pad_to_multiple` defaults to the meta's extra_info, else 1;
+    `balance=False` keeps contiguous slices. `torch.cat(per_rank_outputs)[inverse]` restores the row order.
     """
     if meta.seq_lens is None:
         raise DataPlaneError(
@@ -106,9 +84,7 @@ def shard_meta_for_dp(
 def dp_shard_rows(
     seq_lens: Sequence[int], dp_world: int, batch_size: int | None = None, *, balance: bool = True
 ) -> list[list[int]]:
-    """The row indices of each DP rank, as `shard_meta_for_dp` will split a batch of these lengths
-    (same arguments). A writer that knows its readers passes them to `put_samples(shards=...)`, so
-    each rank's rows are stored together and a rank fetches only its own part."""
+    """The row indices of each DP rank as `shard_meta_for_dp` splits them (for `put_samples(shards=...)`)."""
     return _split(seq_lens, dp_world, batch_size, balance, "dp_shard_rows")[0]
 
 
@@ -127,8 +103,7 @@ def _split(
 def _split_once(
     seq_lens: tuple[int, ...], dp_world: int, batch_size: int | None, balance: bool
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]:
-    # Cached: a writer that splits its put by `dp_shard_rows` and the `shard_meta_for_dp` after it
-    # ask for the same split (balancing is not free at 1000 rows).
+    # Cached: `dp_shard_rows` and the `shard_meta_for_dp` after it ask for the same split.
     n = len(seq_lens)
     if dp_world < 1:
         raise DataPlaneError(f"dp_world = {dp_world}; it must be >= 1")

@@ -1,18 +1,9 @@
 """Run inside the sandbox's child process (``python -I -S _sandbox_runner.py SPEC.json``); not imported.
 
-Three processes, so that no privilege and no secret is held by the process that runs the program:
-
-- the **outer** process moves into fresh network, IPC, UTS and PID namespaces (and, when not root, a
-  user namespace mapping only its own uid), then forks;
-- the **init** of the new PID namespace builds a new root on a tmpfs (work directory read-write; the
-  standard library and its shared libraries read-only; three devices), ``pivot_root``s into it,
-  detaches the old root and forks;
-- the **program** drops every privilege, sets the resource limits, installs the audit hook and runs
-  the code, then the tests, then prints the run's nonce (from a pipe) as the last line of stdout.
-
-The init dies with the outer (``PR_SET_PDEATHSIG``) and takes every process of its namespace with it.
-If any isolation step fails the program never runs: the init writes the failure to the status file
-and the parent refuses (fail closed). Standard library only: ``-S`` skips site-packages.
+Three processes, so the one running the program holds no privilege or secret: the outer enters fresh
+namespaces and forks; the namespace's init builds and ``pivot_root``s into a tmpfs root and forks; the
+program drops privileges, sets limits and the audit hook, runs code and tests, prints the nonce. Any
+failed isolation step means the program never runs (fail closed). Standard library only.
 """
 
 import builtins
@@ -79,8 +70,7 @@ def _write(path: str, text: str) -> None:
 
 
 def _enter_namespaces() -> str:
-    """Network, IPC, UTS and PID namespaces (the PID one applies to the children); a user namespace
-    first when not root. Returns the mechanism's name for the status file."""
+    """Network, IPC, UTS and PID namespaces (a user namespace first when not root); returns the mechanism's name."""
     flags = _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
     if os.geteuid() == 0:
         _check(_libc.unshare(flags), "unshare(network, ipc, uts, pid namespaces)")
@@ -247,8 +237,7 @@ def _program(spec: dict, code: str, tests: str, nonce_fd: int) -> None:
 
 def _init(spec: dict, code: str, tests: str, status_fd: int, nonce_fd: int) -> None:
     """PID 1 of the new namespace: build the root, start the program, report how it ended, exit."""
-    # Dies with the outer. (Had the outer died before this line, the parent's kill of the process group,
-    # which this process is still in, reaches it anyway.)
+    # Dies with the outer (had it died already, the parent's process-group kill reaches this one).
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
     status = {"mechanism": spec["mechanism"]}
     try:

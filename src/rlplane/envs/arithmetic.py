@@ -15,8 +15,7 @@ DEFAULT_END_MARKERS = ("<eos>",)
 
 
 def extract_answer(response: str, end_markers: Sequence[str] = DEFAULT_END_MARKERS) -> str:
-    """The response cut at the first end marker (the eos token's text, when decoded with special
-    tokens kept), with surrounding whitespace stripped."""
+    """The response cut at the first end marker (the eos text, if special tokens were kept), stripped."""
     for marker in end_markers:
         cut = response.find(marker)
         if cut != -1:
@@ -25,10 +24,7 @@ def extract_answer(response: str, end_markers: Sequence[str] = DEFAULT_END_MARKE
 
 
 def score_answer(response: str, ground_truth: str, end_markers: Sequence[str] = DEFAULT_END_MARKERS) -> float:
-    """1.0 if the extracted answer equals ``ground_truth`` (both stripped) exactly, else 0.0.
-
-    Exact string match: ``"046"`` does not match ``"46"``, as the model is taught canonical integers.
-    """
+    """1.0 if the extracted answer equals ``ground_truth`` exactly (``"046"`` is not ``"46"``), else 0.0."""
     return 1.0 if extract_answer(response, end_markers) == str(ground_truth).strip() else 0.0
 
 
@@ -53,13 +49,8 @@ def is_canonical_integer(answer: str) -> bool:
 class ArithmeticEnv(Environment):
     """Single-turn exact match against ``metadata["ground_truth"]``; every sample terminates.
 
-    The reward is correctness alone; ``reward_components`` add ``correct`` (the same 0/1) and
-    ``format`` (1 if the answer is a canonical integer, ``-?[1-9][0-9]*`` or ``0``, right or wrong),
-    for GDPO.
-
-    The assistant content may be decoded with ``skip_special_tokens=True`` (nothing to cut) or with
-    special tokens kept, in which case it is cut at the first of ``end_markers`` (the eos text:
-    ``"<eos>"`` for the embedded tokenizer; pass e.g. ``("<|im_end|>",)`` for other tokenizers).
+    Components for GDPO: ``correct`` (the reward) and ``format`` (a canonical integer, right or wrong).
+    Answers are cut at the first of ``end_markers`` (``"<eos>"`` for the embedded tokenizer).
     """
 
     reward_component_names = ("correct", "format")

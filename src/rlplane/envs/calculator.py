@@ -1,13 +1,7 @@
-"""Tool use: the model calls a calculator with a tagged call, reads the result, then answers.
+"""Tool use: the model calls a calculator, ``(12*34)``, reads ``=408 `` back, then answers.
 
-The call is an arithmetic expression in parentheses, ``(12*34)``, alone in the response (the preset
-stops generation at ``)``). The environment evaluates it and returns ``=408 `` as the observation;
-the model's next response is its answer, scored by exact match against ``ground_truth``. A
-response that is not a call is the answer. After ``max_tool_calls`` calls every response is an
-answer. Only the final answer earns reward: 1.0 when right, else 0.0.
-
-The tags use characters the embedded char-level tokenizer already has (parentheses), so the tiny
-model can learn the format; 2-digit multiplication is beyond it, so the reward comes from using the tool.
+A response that is not a call (or any after ``max_tool_calls``) is the answer, exact-matched against
+``ground_truth`` for reward 1.0. The tags use characters the embedded tokenizer has.
 """
 
 from __future__ import annotations

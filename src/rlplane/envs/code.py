@@ -1,11 +1,6 @@
-"""Code execution: the model writes Python, the environment runs it against the sample's tests in the sandbox.
-
-``metadata["tests"]`` (for JSONL rows, ``ground_truth``) is Python source run after the model's code
-in the same namespace. A sample passes only when code and tests ran to their end (the sandbox's nonce
-printed) with exit status 0 within the limits of :mod:`rlplane.envs.sandbox`. The code is the last
-fenced block of the response, or the whole response. Programs run ``num_workers`` at a time. The
-environment refuses to start where the kernel cannot isolate programs. With ``max_attempts > 1`` a
-failing sample gets the error's last line and may try again; the final attempt is scored.
+"""Code execution: the model's Python (the last fenced block, or the whole response) runs in the sandbox
+followed by ``metadata["tests"]``; it passes when both ran to their end with exit 0 within the limits.
+``num_workers`` at a time; refuses to start without isolation. ``max_attempts > 1`` feeds back the error.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Supervised examples from an environment's demonstration, for the warm-up that teaches a format.
-
-An environment may define ``demonstration(prompt_text, metadata) -> [(response, observation), ...]``:
-the conversation it wants, one pair per turn (the last observation is None). Each turn becomes one
-(context ids, target ids) example: the context is the prompt and every earlier response and
-observation, the target is that turn's response. Only the last response ends with eos: earlier
-ones end where generation stops at a stop string (the tool call's closing tag). Environments
-without a demonstration give the single-turn example (prompt, ground truth + eos).
-"""
+"""Supervised warm-up examples from an environment's ``demonstration(prompt, metadata) -> [(response,
+observation), ...]``: one (context, response) example per turn, eos only on the last; without one,
+(prompt, ground truth + eos)."""
 
 from __future__ import annotations
 

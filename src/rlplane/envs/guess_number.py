@@ -1,11 +1,5 @@
-"""A game with hidden state over several turns: guess the secret number from higher/lower feedback.
-
-The prompt names the range, ``(0-63)``; each response is a guess (an integer); the environment
-answers ``+`` (the secret is higher), ``-`` (lower) and ends the game with reward 1.0 on a hit.
-The game ends unrewarded when the rollout runs out of turns (``grpo.max_rollout_turns``) or on a
-response that is not a number. Binary search wins a 64-number game in at most 7 guesses; the
-demonstration (for the warm-up) plays it, so the model learns the format and a strategy to refine.
-Characters used are all in the embedded char-level tokenizer's vocabulary.
+"""A multi-turn game with hidden state: guess the secret in ``(0-63)`` from ``+``/``-`` feedback, reward 1.0 on
+a hit. A non-number or running out of turns ends it unrewarded; the warm-up demonstration plays binary search.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The environment interface of the seeds (NeMo RL ``environments/interfaces.py``).
-
-An environment scores a batch of conversations: ``step(message_logs, metadata)`` gets each
-sample's message log (the last message is the model's answer) and its ``extra_env_info``, and
-returns rewards, whether each sample is finished, and what to append for a next turn.
-"""
+"""The environment interface of the seeds (NeMo RL ``environments/interfaces.py``): ``step(message_logs,
+metadata)`` scores each sample's last answer and says what to append for a next turn."""
 
 from __future__ import annotations
 
@@ -25,14 +21,10 @@ class EnvironmentReturn(NamedTuple):
     rewards: (B,) float32.
     terminateds: (B,) bool; True ends the sample's rollout.
     answers: what the environment extracted from each response (None where nothing), or None.
-    reward_components: optional named parts of the reward, ``{name: (B,) float32}`` (e.g. correctness
-        and format), summed over turns like ``rewards`` and carried as ``reward/<name>``; GDPO
-        (``grpo.adv_estimator.name: gdpo``) normalises each separately. None: the env has none.
+    reward_components: ``{name: (B,) float32}`` parts of the reward, summed over turns, carried as
+        ``reward/<name>`` (GDPO normalises each); None: none.
 
-    The rollout checks every return (``workers/turns.py``): lists of the wrong length make it
-    step the batch's samples one by one; a sample whose own entry is malformed (an observation
-    that is neither a dict nor None, a non-finite reward, stop strings that are not a list of
-    strings) fails alone: reward 0, counted in ``env_errors``, with a warning in the log.
+    Malformed entries fail their sample alone (reward 0, ``env_errors``), see ``workers/env_steps.py``.
     """
 
     observations: list[dict[str, str]]
@@ -45,11 +37,8 @@ class EnvironmentReturn(NamedTuple):
 
 
 class Environment(abc.ABC):
-    """Scores model responses. Implementations are plain classes (a Ray wrapper may host them).
-
-    ``reward_component_names``: the names of the ``reward_components`` every ``step`` returns
-    (empty: none). Config checks read it to refuse GDPO with an environment that has none.
-    """
+    """Scores model responses (plain classes); ``reward_component_names``: the components every ``step``
+    returns (empty: none; GDPO needs some)."""
 
     reward_component_names: tuple[str, ...] = ()
 

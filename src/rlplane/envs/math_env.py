@@ -1,11 +1,5 @@
-"""``task_name: math``: free-form answers checked with math-verify (NeMo RL's ``MathEnvironment``).
-
-The reference (``metadata["ground_truth"]``) is boxed and parsed as LaTeX; the answer is parsed
-from the whole response (a ``\\boxed{}`` first), and the two are compared symbolically. Scoring
-runs in a :class:`~rlplane.verifiers.pool.VerifierPool` of processes with a per-answer deadline,
-so the environment works from any thread or Ray actor, and an answer that makes sympy hang scores
-0 after ``timeout_s`` instead of stalling the step. Needs ``pip install 'rlplane[math]'``.
-"""
+"""``task_name: math``: free-form answers checked with math-verify (NeMo RL's ``MathEnvironment``), in a
+verifier process pool with a per-answer deadline (a hang scores 0). Needs ``rlplane[math]``."""
 
 from __future__ import annotations
 
@@ -27,11 +21,8 @@ def assistant_text(message_log: list[Message]) -> str:
 
 
 class PooledVerifierEnv(Environment):
-    """Single-turn scoring by ``verify_fn(response, ...)`` in a process pool; every sample terminates.
-
-    Subclasses say which arguments each sample sends (:meth:`verifier_args`). ``verify_fn``
-    returns ``(score, extracted answer)``; an error or a timeout scores 0.
-    """
+    """Single-turn scoring by ``verify_fn(response, ...) -> (score, answer)`` in a process pool (errors and
+    timeouts score 0); subclasses give each sample's :meth:`verifier_args`."""
 
     verify_fn: str
     requires: tuple[str, str] | None = None  # (module, pip extra) checked at construction

@@ -1,13 +1,5 @@
-"""``task_name: reasoning_gym``: answers scored by the reasoning-gym task's own verifier.
-
-Each sample's metadata carries its reasoning-gym entry (``question``, ``answer``, ``metadata``
-with ``source_dataset``); the answer is extracted from the response (the last ``\\boxed{}``, else
-an ``<answer>`` tag, else the last non-empty line) and given to that task's ``score_answer``,
-which may give partial credit (e.g. a close number) unless ``partial_credit`` is false;
-``answer_format`` ``boxed`` / ``answer_tag`` accepts only that format (strict). Scoring
-runs in a verifier process pool with a deadline, as for the math environment. Needs
-``pip install 'rlplane[reasoning]'``.
-"""
+"""``task_name: reasoning_gym``: answers scored by the reasoning-gym task's own ``score_answer`` (partial
+credit unless ``partial_credit`` is false), in a verifier pool with a deadline. Needs ``rlplane[reasoning]``."""
 
 from __future__ import annotations
 

@@ -37,8 +37,7 @@ def _factory(name: str) -> Callable[..., Environment]:
 
 
 def reward_component_names(name: str) -> tuple[str, ...] | None:
-    """The reward components the environment of ``name`` declares (``Environment.reward_component_names``),
-    without building it; None when ``name`` is unknown or its module cannot be imported."""
+    """The reward components ``name``'s environment declares, without building it; None if unknown or unimportable."""
     try:
         factory = _factory(name)
     except (KeyError, ImportError):
@@ -92,8 +91,7 @@ class _Unsendable:
 
 
 def env_registry_snapshot() -> dict[str, Any]:
-    """This process's registry as it can be sent to a worker process (:func:`restore_env_registry`):
-    environments registered at run time (a script's ``register_env``, user tasks) go along by reference."""
+    """This process's registry, sendable to a worker process (run-time registrations go by reference)."""
     import pickle
 
     out: dict[str, Any] = {}

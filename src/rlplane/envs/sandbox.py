@@ -1,24 +1,9 @@
 """Run untrusted Python (model-written code) in a separate, isolated and limited process.
 
-The fence is the operating system (:mod:`rlplane.envs._sandbox_runner` does the work in the child):
-
-- **namespaces**: network (no interfaces), IPC, UTS, PID, and a mount namespace whose root is a new
-  tmpfs holding only the work directory (read-write, size-capped), the standard library and its shared
-  libraries (read-only) and a few devices; the host's filesystem is detached. Unprivileged user
-  namespace when the trainer is not root;
-- **no privileges**: a throwaway uid as root, else every capability dropped; ``no_new_privs``;
-- **resource limits**: CPU seconds, address space, file size (stdout/stderr are files), no core
-  dumps, 64 open files, processes;
-- **wall clock**: after ``wall_seconds`` the parent kills the process group (and with the PID
-  namespace's init, every process of the run);
-- **a scrubbed environment** and **an audit hook** (PEP 578): extra layers for clear messages.
-
-Fail closed: where the machine cannot isolate, :func:`run_python` raises :class:`SandboxUnavailable`
-and runs nothing; :func:`check_isolation` asks once, up front.
-
-The harness decides pass/fail: the tests run after the code in the same namespace, then a random
-nonce (sent through a pipe) is printed; a program that exits early never prints it. A program that
-finds the nonce in its own memory could forge a pass, but cannot harm anything outside its run.
+The fence is the OS (:mod:`rlplane.envs._sandbox_runner`): network, IPC, UTS, PID and mount namespaces
+with a tmpfs root (work dir, read-only stdlib), no privileges and ``no_new_privs``, rlimits, a wall-clock
+kill of the process group, a scrubbed environment and an audit hook. Fail closed:
+:class:`SandboxUnavailable` and nothing runs. Pass means the harness printed a nonce after the tests.
 """
 
 from __future__ import annotations
@@ -45,15 +30,8 @@ DEFAULT_PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "he
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """What one run may use.
-
-    cpu_seconds: CPU time (RLIMIT_CPU; SIGXCPU, then SIGKILL a second later).
-    wall_seconds: elapsed time before the process group is killed (sleeping or blocked programs).
-    memory_bytes: address space (RLIMIT_AS); allocations beyond it raise MemoryError.
-    output_bytes: stdout and stderr, each (RLIMIT_FSIZE; writing past it kills the program with SIGXFSZ).
-    max_processes: processes of the run's uid (RLIMIT_NPROC; 1 = no child processes or threads).
-    preload_modules: imported before the program runs (its uid may not be able to read the stdlib).
-    work_dir_bytes: size of the work directory's tmpfs (the only place the program may write).
+    """What one run may use: CPU seconds (RLIMIT_CPU), wall seconds (then the group is killed), address space,
+    output bytes per stream (RLIMIT_FSIZE), processes of the uid (1 = none), modules to preload, work dir size.
     """
 
     cpu_seconds: float = 2.0
@@ -72,8 +50,7 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass
 class SandboxResult:
-    """How a run ended. ``ok``: the code and the tests ran to their end (the harness's nonce was printed),
-    exit status 0, within every limit."""
+    """How a run ended; ``ok``: code and tests ran to the end (nonce printed), exit 0, within every limit."""
 
     returncode: int | None
     stdout: str
@@ -151,10 +128,8 @@ def _unavailable(status: dict, stderr: str) -> SandboxUnavailable:
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), tests: str = "") -> SandboxResult:
-    """Run ``code`` as ``__main__`` in an isolated child process, then ``tests`` in the same namespace.
-
-    Raises :class:`SandboxUnavailable` (and runs nothing) when the OS isolation cannot be set up.
-    """
+    """Run ``code`` as ``__main__`` in an isolated child, then ``tests`` in its namespace; raises
+    :class:`SandboxUnavailable` (running nothing) without isolation."""
     root = Path(tempfile.mkdtemp(prefix="rlplane-sandbox-"))
     (root / "newroot").mkdir()
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if os.geteuid() == 0 else None

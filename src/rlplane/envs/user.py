@@ -1,21 +1,10 @@
 """User tasks named by import path in the config: ``env.<task>.reward_fn`` or ``env.<task>.class``.
 
-A **reward function** ``module:function`` is called once per sample as
-``function(prompt, completion, extra, **kwargs) -> float``: ``prompt`` is the prompt text,
-``completion`` the model's last answer (decoded, special tokens removed), ``extra`` the row's
-``extra_env_info`` (``ground_truth`` plus the row's other fields). A list of floats is also
-accepted (GDPO-style components); they are summed into the sample's reward. Such a task is
-single-turn: every sample ends after its first answer.
-
-An **environment class** ``module:Class`` follows :class:`rlplane.envs.Environment`
-(``step(message_logs, metadata) -> EnvironmentReturn``, multi-turn if it wants) and is built as
-``Class(**kwargs)``.
-
-Paths are imported where the environment runs: in this process for ``runtime: local``, in the
-rollout actor for ``runtime: ray``. Only the path travels (never the object), so the actor imports
-the user's module itself; the driver's working directory reaches it through ``RLPLANE_IMPORT_PATH``
-(see :func:`import_path_env`). :func:`check_user_tasks` imports and calls each task once on a real
-row before anything slow starts, so a wrong path, signature or return type is one line at start-up.
+A reward function is called per sample as ``fn(prompt, completion, extra, **kwargs) -> float`` (or a list
+of floats, summed): ``completion`` is the decoded last answer, ``extra`` the row's ``extra_env_info``;
+single-turn. An environment class follows :class:`rlplane.envs.Environment`, built as ``Class(**kwargs)``.
+Only the path travels, imported where the environment runs (``RLPLANE_IMPORT_PATH`` for Ray actors);
+:func:`check_user_tasks` calls each task once on a real row at start-up.
 """
 
 from __future__ import annotations
@@ -44,14 +33,12 @@ class UserTaskError(UnknownEnvironmentError):
 
 
 class EnvReturnError(UserTaskError):
-    """An environment's return is wrong for the batch as a whole (one reward for several samples): the
-    run stops, rather than each sample being re-stepped alone and handed the batch's reward."""
+    """An environment's return is wrong for the batch as a whole: the run stops."""
 
 
 class EnvErrorWindow:
-    """Stops a run whose environments fail on more than ``max_rate`` of the samples (the step metric
-    ``train/env_error_rate``) on average over the last ``window`` steps (``env.max_error_rate``,
-    ``env.error_window_steps``); ``max_rate`` None never stops."""
+    """Stops a run whose environments fail on more than ``max_rate`` of the samples (``train/env_error_rate``)
+    on average over the last ``window`` steps; ``max_rate`` None never stops."""
 
     def __init__(self, max_rate: float | None, window: int):
         self.max_rate, self.rates = max_rate, collections.deque(maxlen=window)
@@ -83,8 +70,7 @@ def _extend_sys_path() -> None:
 
 
 def import_object(path: str, where: str) -> Any:
-    """``module:attribute`` imported from the working directory or an installed package.
-    ``where`` names the config key in errors (``env.my_task.reward_fn``)."""
+    """``module:attribute`` from the working directory or an installed package; ``where``: the config key."""
     _extend_sys_path()
     module_name, _, attribute = path.partition(":")
     head = f"{where} = {path!r}"
@@ -218,11 +204,9 @@ def _library_file(path: str) -> bool:
 
 
 def user_exit_message(e: SystemExit) -> str:
-    """One line for a ``SystemExit`` that user code raised inside a run (``sys.exit()`` in a reward
-    function or environment): where it came from, by the innermost frame of the user's code in its traceback."""
+    """One line for a ``SystemExit`` from user code in a run, named by the deepest frame of the user's code
+    (a library may wrap sys.exit, as wandb's exit hook does)."""
     tb = e.__traceback__
-    # The deepest frame that is the user's: a library may wrap sys.exit (wandb's exit hook does), and
-    # its wrapper would otherwise be named as the caller.
     user_tb = None
     while tb is not None:
         if not _library_file(tb.tb_frame.f_code.co_filename):
@@ -237,9 +221,8 @@ def user_exit_message(e: SystemExit) -> str:
 
 
 def register_user_tasks(env_cfg, import_now: bool = False) -> None:
-    """Route each user task of ``env_cfg`` (an :class:`~rlplane.config.envs.EnvConfig`) to its
-    factory in this process's registry. With ``import_now`` (a rollout worker) the modules are
-    imported here, so a path this process cannot import fails its start, not every sample later."""
+    """Route each user task of ``env_cfg`` to its factory in this process's registry; ``import_now`` (a rollout
+    worker) imports the modules here, so a bad path fails the start."""
     for name, task in env_cfg.user_tasks().items():
         ENV_REGISTRY[name] = functools.partial(make_user_env, name, task.reward_fn, task.class_)
         if import_now:
@@ -261,8 +244,7 @@ LOCAL_TASK_ATTR = "rlplane_user_task"  # set on a factory registered for a Pytho
 
 
 def check_task_names(env_cfg, datums: Sequence[Any]) -> None:
-    """A user task whose name no row carries would never be called (a misspelt ``env.arithmetc.reward_fn``,
-    ``reward_fns={"no_such_task": f}``): an error, naming the tasks the data has."""
+    """A user task no row names would never be called (a misspelt task): an error naming the data's tasks."""
     if not datums:
         return
     have = dict.fromkeys(d.task_name for d in datums)
@@ -275,9 +257,8 @@ def check_task_names(env_cfg, datums: Sequence[Any]) -> None:
 
 
 def check_user_tasks(env_cfg, datums: Sequence[Any]) -> None:
-    """Import every user task and step it once on one of its rows (the reference answer as the
-    completion), so a wrong path, signature or return type is a one-line error before training;
-    a user task no row names is an error too (:func:`check_task_names`)."""
+    """Import every user task and step it once on one of its rows (reference answer as completion), so a
+    wrong path, signature or return is one line before training; also :func:`check_task_names`."""
     register_user_tasks(env_cfg)
     check_task_names(env_cfg, datums)
     for name, task in env_cfg.user_tasks().items():

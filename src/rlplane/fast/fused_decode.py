@@ -1,25 +1,11 @@
 """A fused decode forward for Llama-family models (``llama``, ``mistral``, ``qwen2``) in the ``hf`` backend;
 Gemma 3 text models run a subclass of it (:mod:`rlplane.fast.gemma_decode`).
 
-Why: a decode step through transformers' forward under bf16 autocast spends most of its time
-outside the layers' matmuls (autocast's casts around every op, many small elementwise ops, and
-SDPA's CPU kernel for one query token). This forward reads the module's own weights and runs the
-same computation with explicit dtypes and no autocast:
-
-- q/k/v and gate/up are concatenated into one matrix each, in the compute dtype, rebuilt after
-  every weight change (:meth:`LlamaDecoder.load_weights`);
-- the residual stream and the RMSNorms stay fp32 as under autocast; rotary cos/sin come once per
-  step from the model's own ``rotary_emb`` (so its rope scaling);
-- each distinct prompt's keys/values are kept once and read by its G rows in one matmul
-  (:meth:`LlamaDecoder._attend`); the generated tokens' are per row, written in place;
-- decode attention is batched matmuls over the ``kv_heads`` groups, in fp32 on compute-dtype keys and
-  values as SDPA's kernel sums them;
-- the fp32 output projection may run through oneDNN (:func:`output_linear`).
-
-Numerics: fp32 logits equal the HF forward's to ~1e-5 (sums in another order); in bf16 both round
-the same bf16 matmuls in other orders, so logprobs differ by bf16 noise. Plain twin: the model's
-own forward (``policy.generation.hf_decode: hf`` or ``RLPLANE_FUSED_DECODE=0``); parity:
-``tests/unit/fast/test_fused_decode.py``.
+A decode step through transformers under bf16 autocast spends most of its time outside the matmuls. This
+forward runs the same computation on the module's weights with explicit dtypes: fused qkv and gate/up
+matrices (rebuilt on every weight change), fp32 residual and norms, each prompt's keys/values read once by
+its G rows, fp32 attention over compute-dtype keys as SDPA sums them. fp32 logits match HF's to ~1e-5.
+Plain twin: the model's own forward (``hf_decode: hf`` or ``RLPLANE_FUSED_DECODE=0``).
 """
 
 from __future__ import annotations
@@ -82,9 +68,8 @@ def _onednn_linear_available() -> bool:
 
 
 def output_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; an fp32 one on a CPU goes through oneDNN's matmul (the op inductor
-    calls), faster there than MKL's sgemm at the output projection's shape, the same sums to ~1e-5.
-    Plain twin: ``F.linear`` (``RLPLANE_ONEDNN_LINEAR=0``, or where torch lacks the op)."""
+    """``F.linear(x, weight, bias)``; fp32 on CPU through oneDNN's matmul (faster at the head's shape).
+    Plain twin: ``F.linear`` (``RLPLANE_ONEDNN_LINEAR=0``)."""
     if (x.dtype == torch.float32 and x.device.type == "cpu" and enabled(ONEDNN_LINEAR)
             and _onednn_linear_available()):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -92,12 +77,8 @@ def output_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class LlamaDecoder:
-    """Prefill and one-token decode steps of a Llama-family ``model`` over a preallocated KV cache.
-
-    The interface the ``hf`` loop drives (the HF-forward twin is ``hf._HFStepper``): :meth:`prefill`
-    the distinct prompts, :meth:`expand` them to the batch's rows, then :meth:`decode` one token per
-    row per step, :meth:`select` to drop finished rows.
-    """
+    """Prefill and one-token decode steps of a Llama-family ``model`` over a preallocated KV cache: the
+    ``prefill``/``expand``/``decode``/``select`` interface of ``hf._HFStepper``."""
 
     def __init__(self, model: torch.nn.Module, capacity: int):
         self.model = model
@@ -109,10 +90,9 @@ class LlamaDecoder:
         self.eps = config.rms_norm_eps
         self.scaling = model.model.layers[0].self_attn.scaling
         param_dtype = model.model.embed_tokens.weight.dtype
-        # The dtype of the layers' matmuls: autocast's when rlplane set one (policy.precision), else the weights'.
+        # The matmuls' dtype: rlplane's autocast dtype if set, else the weights'.
         self.dtype = getattr(model, "rlplane_autocast_dtype", None) or param_dtype
-        # The prompt cache (layers, U, kv_heads, P, head_dim) and the generated tokens' (layers, B,
-        # kv_heads, max_new_tokens, head_dim), fp32 holding compute-dtype values (see prefill).
+        # Prompt cache (layers, U, kv_heads, P, head_dim) and generated cache (layers, B, kv_heads, new, head_dim).
         self.prompt_keys = self.prompt_values = self.keys = self.values = None
         self.length = 0  # positions written
         self.load_weights()
@@ -140,18 +120,12 @@ class LlamaDecoder:
         self.head_bias = None if head.bias is None else head.bias.to(self.head_dtype)
         self.final_norm = self.model.model.norm.weight
 
-    # ---- the loop's interface ------------------------------------------------------------------------
+    # ---- the loop's interface
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
-        """Logits of the last position of each left-padded prompt: (U, P) ids, mask, positions -> (U, V).
-
-        Fills the prompt cache. Pad positions attend to themselves only (finite values in the cache,
-        never read: every later query masks them).
-        """
+        """(U, V) logits of each left-padded prompt's last position; fills the prompt cache."""
         u, p = input_ids.shape
         layers, hkv, d, device = len(self.layers), self.num_kv_heads, self.head_dim, input_ids.device
-        # Keys and values in fp32 holding compute-dtype values: decode attention then sums exact bf16
-        # products in fp32 as SDPA's kernel does (a bf16 matmul would round scores and outputs to bf16,
-        # 8 bits; the prompt and generated parts' outputs would be rounded apart, then added).
+        # fp32 keys/values holding compute-dtype values: attention sums exact bf16 products in fp32 as SDPA.
         self.prompt_keys = torch.empty((layers, u, hkv, p, d), dtype=torch.float32, device=device)
         self.prompt_values = torch.empty((layers, u, hkv, p, d), dtype=torch.float32, device=device)
         self._new_rows(u)
@@ -172,12 +146,8 @@ class LlamaDecoder:
         self.values = torch.empty(shape, dtype=torch.float32, device=self.prompt_keys.device)
 
     def expand(self, index: torch.Tensor) -> None:
-        """Rows of the batch from the distinct prompts' rows: ``index`` (B,) into the prefilled ones.
-
-        GRPO's batch is each prompt repeated ``G`` times in a row (index ``[0]*G + [1]*G + ...``):
-        then the prompt cache is not copied to every row; decode attention reads each prompt's keys
-        once for its ``G`` rows (:meth:`_attend`). Any other index copies the prompt cache per row.
-        """
+        """Batch rows from the prefilled prompts, ``index`` (B,); GRPO's ``[0]*G + [1]*G + ...`` shares each
+        prompt's cache with its G rows (:meth:`_attend`), any other index copies it per row."""
         u, b = self.prompt_keys.shape[1], index.shape[0]
         grouped = torch.arange(u, device=index.device).repeat_interleave(b // u)
         if b % u == 0 and torch.equal(index, grouped):
@@ -198,22 +168,16 @@ class LlamaDecoder:
         self.pad = self.pad.index_select(0, index)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, attention_mask=None) -> torch.Tensor:
-        """Logits of the next token after ``tokens`` (b,) at ``positions`` (b,): (b, V).
-
-        ``attention_mask`` is the HF twin's argument, not needed here: the padding is known since prefill.
-        """
+        """(b, V) next-token logits after ``tokens`` (b,) at ``positions`` (b,); ``attention_mask`` unused."""
         with torch.autocast(tokens.device.type, enabled=False):
             hidden = self._forward(tokens[:, None], positions[:, None], attn_mask=None)
             return self._logits(hidden[:, -1])
 
-    # ---- the model ------------------------------------------------------------------------------------
+    # ---- the model
     def _attend(self, i: int, q: torch.Tensor, n: int, bias: torch.Tensor) -> torch.Tensor:
-        """Layer ``i``'s attention of one query token per row: q (B, kv_heads, g, D) -> (B, kv_heads, g, D).
+        """Layer ``i``'s one-token attention, q (B, kv_heads, g, D) -> same, over P prompt + ``n`` generated positions.
 
-        Over the prompt's P positions and the ``n`` generated ones; softmax in fp32 with ``bias``
-        (B, 1, 1, P + n) masking the left padding. Prompt-cache row ``r`` serves batch rows
-        ``[r * G, (r + 1) * G)`` (G = ``group_size``), so the prompt part is one matmul per prompt
-        with its G rows' queries stacked: (U, kv, G * g, D) @ (U, kv, D, P).
+        Softmax in fp32 with ``bias`` masking left padding; each prompt's part is one matmul for its G rows.
         """
         b, hkv, g, d = q.shape
         u, p, gs = self.prompt_keys.shape[1], self.prompt_keys.shape[3], self.group_size
@@ -237,20 +201,17 @@ class LlamaDecoder:
         return output_linear(x, self.head_weight, self.head_bias)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """The decoder stack on ``ids`` (B, T) at ``positions`` (B, T); writes the cache at ``[length, length + T)``.
-
-        ``attn_mask`` (B, 1, T, length + T) bool for a prefill; None for one decode token, whose mask
-        is the left padding (``self.pad``) alone.
-        """
+        """The decoder stack on ``ids`` (B, T) at ``positions``; writes the cache at ``[length, length + T)``.
+        ``attn_mask``: (B, 1, T, length + T) bool for a prefill, None for a decode step."""
         b = ids.shape[0]
         start, end = self.length, self.length + ids.shape[1]
         residual = self.model.model.embed_tokens(ids).float()  # (B, T, H) fp32 as under autocast
-        # cos/sin (B, T, D) for every layer at once, by the model's own rotary module (its rope scaling).
+        # cos/sin (B, T, D) for all layers, from the model's own rotary module.
         cos, sin = self.model.model.rotary_emb(residual, positions)
         cos, sin = cos.float()[:, None], sin.float()[:, None]  # (B, 1, T, D)
         bias = None
         if attn_mask is None:
-            # Additive fp32 bias (B, 1, 1, end): -inf at the left padding, 0 at prompt and generated positions.
+            # Additive fp32 bias (B, 1, 1, end): -inf at the left padding.
             bias = torch.zeros((b, 1, 1, end), dtype=torch.float32, device=ids.device)
             bias[..., : self.pad.shape[1]].masked_fill_(self.pad[:, None, None], float("-inf"))
         return self._layers(residual, cos, sin, start, end, attn_mask, bias)
@@ -262,13 +223,13 @@ class LlamaDecoder:
         for i, w in enumerate(self.layers):
             x = F.rms_norm(residual, (residual.shape[-1],), w["ln1"], self.eps).to(self.dtype)
             qkv = F.linear(x, w["qkv"], w["qkv_bias"]).view(b, t, hq + 2 * hkv, d).transpose(1, 2)  # (B, hq+2hkv, T, D)
-            # Rotary on q and k together (fp32, as HF's q * cos with fp32 cos/sin under autocast).
+            # Rotary on q and k together, in fp32 as HF under autocast.
             qk = qkv[:, : hq + hkv].float()
             half = d // 2
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = (qk * cos + rotated * sin).to(self.dtype)
             if attn_mask is None:
-                # Write this token's key/value after the prompt's, then attend over prompt + generated.
+                # Write this token's key/value, then attend over prompt + generated.
                 n = end - self.prompt_keys.shape[3]  # generated positions, this one included
                 self.keys[i, :, :, n - 1] = qk[:, hq:, 0]
                 self.values[i, :, :, n - 1] = qkv[:, hq + hkv :, 0]  # compute-dtype values, stored in fp32

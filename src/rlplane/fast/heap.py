@@ -1,11 +1,6 @@
-"""Keep long-lived objects out of the cyclic garbage collector's full collections.
-
-Once torch, transformers and a model are loaded a process holds millions of objects, and every full
-(generation 2) collection walks all of them. :func:`freeze_heap` moves what is alive now to the
-permanent generation, which collections skip; objects made later are collected as usual. Called
-once a process has built its long-lived state (the driver's session, a process-hosted actor, each
-Ray worker actor). Plain twin: no freeze (``RLPLANE_FREEZE_HEAP=0``).
-"""
+"""Keep long-lived objects out of the cyclic GC's full collections: :func:`freeze_heap` moves what is alive
+now to the permanent generation, once a process has built its long-lived state. Plain twin: no freeze
+(``RLPLANE_FREEZE_HEAP=0``)."""
 
 from __future__ import annotations
 

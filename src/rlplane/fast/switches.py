@@ -1,8 +1,5 @@
-"""The environment variables that turn the speed settings of :mod:`rlplane.fast` off.
-
-Each setting is on unless its variable, or ``RLPLANE_FAST`` for all of them at once, is ``0``,
-``false``, ``no`` or ``off``. Read at the call that applies the setting, so a test can flip one.
-"""
+"""The environment variables that turn :mod:`rlplane.fast` settings off (``0``/``false``/``no``/``off``;
+``RLPLANE_FAST`` for all), read when each setting is applied."""
 
 from __future__ import annotations
 

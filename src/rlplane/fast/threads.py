@@ -1,10 +1,7 @@
-"""Thread settings: how many torch threads a worker uses, and a lower priority for background threads.
+"""Thread settings: torch threads per worker and a lower priority for background threads.
 
-Thread count order: ``policy.threads_per_worker`` when set; else ``OMP_NUM_THREADS`` (a user's export,
-or Ray's per-actor CPU share); else the cores in this process's affinity mask, so that the local
-runtime, which runs its workers one after the other in one process, uses every core in each phase.
-Set once where a worker is built, never inside a forward. Plain twin: torch's own count and no
-nice (``RLPLANE_SET_THREADS=0``; an explicit ``policy.threads_per_worker`` still applies).
+Count: ``policy.threads_per_worker``, else ``OMP_NUM_THREADS``, else the cores in the affinity mask; set once
+where a worker is built. Plain twin: torch's own count, no nice (``RLPLANE_SET_THREADS=0``).
 """
 
 from __future__ import annotations
@@ -36,9 +33,7 @@ def worker_threads(configured: int | None) -> int:
 
 
 def set_worker_threads(configured: int | None) -> int:
-    """``torch.set_num_threads(worker_threads(configured))``; returns the count in force.
-
-    Switched off, only an explicit ``configured`` count is set."""
+    """``torch.set_num_threads(worker_threads(configured))``, returning the count (off: only an explicit count)."""
     if configured is None and not enabled(SET_THREADS):
         return torch.get_num_threads()
     n = worker_threads(configured)
@@ -48,8 +43,7 @@ def set_worker_threads(configured: int | None) -> int:
 
 
 def lower_thread_priority(increment: int) -> None:
-    """Raise the calling thread's nice value by ``increment`` (Linux applies nice per thread, and threads it
-    starts inherit it); where that is not possible (not Linux, not permitted) or switched off, nothing changes."""
+    """Raise the calling thread's nice by ``increment`` (per thread on Linux, inherited); else nothing changes."""
     if not enabled(SET_THREADS):
         return
     try:

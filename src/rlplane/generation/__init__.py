@@ -13,12 +13,8 @@ from rlplane.generation.sampling import apply_top_k, apply_top_p, process_logits
 
 
 def create_backend(backend: str, model, tokenizer, **options) -> GenerationBackend:
-    """The generation backend named by ``policy.generation.backend``, around ``model``/``tokenizer``.
-
-    ``hf`` samples from ``model`` itself; ``vllm`` (imported only here: it is an optional extra)
-    builds an engine from ``model``'s weights and needs ``update_weights`` after each optimizer step
-    (see ``shares_weights``). ``options`` go to the backend's constructor.
-    """
+    """The backend ``policy.generation.backend`` names: ``hf`` samples from ``model`` itself; ``vllm`` (lazily
+    imported) builds an engine from its weights and needs ``update_weights`` after each optimizer step."""
     if backend == "hf":
         return HFGenerationBackend(model, tokenizer, **options)
     if backend == "vllm":

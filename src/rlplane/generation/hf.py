@@ -1,17 +1,10 @@
 """The ``hf`` generation backend: a hand-written decode loop over a transformers causal LM.
 
-Why not ``model.generate``: its per-step machinery costs more than a tiny model's forward, it does
-not return the processed logprobs of the chosen tokens, and it keeps computing finished rows. This
-loop left-pads once, prefills each distinct prompt into a preallocated KV cache, then runs one
-forward per token for the rows still running, dropping finished rows once enough have stopped.
-
-The forward: Llama-family and Gemma 3 models run through :mod:`rlplane.fast.fused_decode`; other models,
-``decode="hf"`` or ``RLPLANE_FUSED_DECODE=0`` through their own (``_HFStepper``). Both offer the same
-four steps: prefill, expand to the rows, decode one token, select the running rows.
-
-In-flight weight updates: weights handed over from another thread
-(:class:`~rlplane.generation.interface.WeightSwap`) load before the next forward; later tokens carry
-the new version and logprobs, and the KV cache of earlier positions is kept (NeMo RL's default).
+Unlike ``model.generate`` it returns the processed logprobs of the chosen tokens and stops computing
+finished rows: it prefills each distinct prompt once into a preallocated KV cache, then decodes the
+running rows (Llama family and Gemma 3 through :mod:`rlplane.fast.fused_decode`, others through their own
+forward). Weights handed over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the
+next forward; the KV cache of earlier positions is kept (NeMo RL's default).
 """
 
 from __future__ import annotations
@@ -39,23 +32,17 @@ from rlplane.generation.kv_cache import preallocated_cache
 from rlplane.generation.sampling import sample
 from rlplane.models.precision import FP32OutputLinear, autocast
 
-# Compact the running batch (index_select on every KV layer) when this fraction of it has finished:
-# compaction costs a copy of the cache, so it only pays once a good share of rows is idle.
+# Compact the running batch (a copy of the KV cache) once this fraction of it has finished.
 _COMPACT_FRACTION = 0.25
-# The stop-string pre-check caches the text a token adds after the one before it, per (previous, newest)
-# pair; the cache is cleared when it reaches this many pairs.
+# The stop-string pre-check's (previous, newest) token-pair text cache is cleared at this many pairs.
 _MAX_CACHED_PAIRS = 200_000
 
 
 def _frozen_weights_cast(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``{name: weight in the autocast dtype}`` for the frozen weights and biases of ``model``'s linear layers.
+    """``{name: weight in the autocast dtype}`` for the frozen linear weights of ``model`` (not the fp32 head).
 
-    Autocast keeps its cast of a weight for the rest of the autocast region only if the weight
-    requires grad; a frozen one (a LoRA base layer, a reference copy) is cast again at every use,
-    which for SmolLM2 is every weight of the model at every decode step. Cast once here and passed to
-    the forward (``torch.func.functional_call``), autocast finds them already in its dtype: the same
-    values, cast once per ``generate`` call. The output projection is left out: it runs in fp32
-    (:class:`FP32OutputLinear`). Empty without autocast or when every weight requires grad.
+    Autocast re-casts a frozen weight at every use; passed pre-cast to ``functional_call`` they are cast
+    once per ``generate``. Empty without autocast or when every weight requires grad.
     """
     if not torch.is_autocast_enabled(next(model.parameters()).device.type):
         return {}
@@ -71,8 +58,7 @@ def _frozen_weights_cast(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class _HFStepper:
-    """The decode loop's steps through the model's own forward (any causal LM); the twin of
-    :class:`~rlplane.fast.fused_decode.LlamaDecoder`, with the same four methods."""
+    """The decode steps through the model's own forward; twin of :class:`~rlplane.fast.fused_decode.LlamaDecoder`."""
 
     def __init__(self, backend: HFGenerationBackend, capacity: int):
         self.forward = backend._forward
@@ -96,15 +82,10 @@ class _HFStepper:
 
 
 class HFGenerationBackend(GenerationBackend):
-    """Batched sampling from ``model`` (any transformers causal LM with a KV cache).
+    """Batched sampling from ``model`` as given (the trainer's own module when colocated, else refit a copy).
 
-    The backend uses ``model`` as given: pass the trainer's own module when colocated (no refit
-    needed), or a copy and call ``update_weights`` after each optimizer step.
-
-    ``decode``: ``"auto"`` runs Llama-family models (llama, mistral, qwen2) and Gemma 3 through the fused
-    forward of :mod:`~rlplane.fast.fused_decode` and other models through their own forward;
-    ``"hf"`` forces the model's own forward (to compare), ``"fused"`` requires the fused one.
-    After each call ``last_decode`` says which ran (``"fused"`` or ``"hf"``).
+    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2, gemma3_text; else the model's forward), ``"hf"`` or
+    ``"fused"``; ``last_decode`` says which ran.
     """
 
     shares_weights = True
@@ -120,8 +101,7 @@ class HFGenerationBackend(GenerationBackend):
         if decode == "fused" and kv_cache == "dynamic":
             raise ValueError("decode = 'fused' has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
-        # Every process that generates builds a backend: from here on freed decode-step tensors stay in
-        # the heap instead of being unmapped and faulted in again each step (rlplane/fast/allocator.py).
+        # Freed decode-step tensors stay in the heap from here on (rlplane/fast/allocator.py).
         keep_freed_memory()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.decode = decode
@@ -138,8 +118,7 @@ class HFGenerationBackend(GenerationBackend):
         self._cast_weights: dict[str, torch.Tensor] = {}  # during generate: see _frozen_weights_cast
 
     def sleep(self) -> None:
-        """Free the model's weights (colocated placement: the trainer needs the memory meanwhile); the
-        next :meth:`update_weights` allocates them again. Tied weights are one parameter, freed once."""
+        """Free the model's weights while a colocated trainer needs the memory; :meth:`update_weights` reallocates."""
         self._shapes = {id(p): p.shape for p in self.model.parameters()}
         for p in self.model.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -153,9 +132,8 @@ class HFGenerationBackend(GenerationBackend):
         return self._swap.version
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Copy ``state_dict`` into the generator's model in place (tied weights may be given once);
-        during a generation in another thread, at its next token boundary. After :meth:`sleep` the
-        weights are allocated first (woken; nothing generates while asleep)."""
+        """Copy ``state_dict`` into the model in place (tied weights may come once); mid-generation at the next
+        token; after :meth:`sleep` the weights are reallocated first."""
         if self.asleep:
             for p in self.model.parameters():
                 p.data = torch.empty(self._shapes[id(p)], dtype=p.dtype, device=p.device)
@@ -193,12 +171,11 @@ class HFGenerationBackend(GenerationBackend):
         generator: torch.Generator | None = None,
         row_seeds: Sequence[int] | None = None,
     ) -> GenerationOutput:
-        # A colocated trainer may share its module (in train mode): sample in eval mode, then restore.
+        # A colocated trainer may share its module: sample in eval mode, then restore.
         was_training = self.model.training
         self.model.eval()
         try:
-            # no_grad, not inference_mode: under inference_mode autocast does not cache its bf16 casts of
-            # the weights and re-casts every weight at every decode step.
+            # no_grad, not inference_mode: under inference_mode autocast re-casts every weight each step.
             with torch.no_grad(), autocast(self.model), self._swap.generating():
                 return self._generate(
                     prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -263,13 +240,12 @@ class HFGenerationBackend(GenerationBackend):
         device = self.model.device
         seeds = self._row_seeds(row_seeds, prompt_ids, greedy, device)  # None, or ((B,) seeds, (B,) prompt lengths)
 
-        # GRPO repeats each prompt num_generations_per_prompt times: prefill each distinct prompt
-        # once, then copy its KV cache and last logits to every row that asked for it.
+        # Prefill each distinct prompt once, then copy its KV cache and last logits to its rows.
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompt_ids])  # (B,)
         unique_prompts = list(unique)
 
-        # Left-pad the distinct prompts. input_ids/attention_mask: (U, P); positions count real tokens only.
+        # Left-pad the distinct prompts: (U, P); positions count real tokens only.
         lengths = torch.tensor([len(p) for p in unique_prompts])
         max_len = int(lengths.max())
         input_ids = torch.full((len(unique_prompts), max_len), self.pad_token_id, dtype=torch.long)
@@ -297,13 +273,13 @@ class HFGenerationBackend(GenerationBackend):
         rows = torch.arange(batch_size, device=device)  # original index of each running row
         done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # over running rows
         next_pos = position_ids[:, -1] + 1  # (B,)
-        # Mask over prompt + generated positions, allocated once; step s attends to the first P + s + 1.
+        # Mask over prompt + generated positions, allocated once.
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch_size, max_new_tokens))], dim=-1)
 
         for step in range(max_new_tokens):
             tokens, logprobs = sample(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                # Per-row draws: the counter is the token's position in its row's sequence.
+                # Per-row draws: counter = the token's position in its row.
                 **({} if seeds is None else {"row_seeds": seeds[0][rows], "positions": seeds[1][rows] + step}),
             )  # (b,), (b,)
             tokens = tokens.masked_fill(done, self.pad_token_id)
@@ -320,7 +296,7 @@ class HFGenerationBackend(GenerationBackend):
                 n_done = int(done.sum())
                 if n_done == len(rows):
                     break
-                # Drop finished rows from the batch and the cache once enough of them are idle.
+                # Drop finished rows once enough are idle.
                 if n_done >= _COMPACT_FRACTION * len(rows) and step < max_new_tokens - 1:
                     keep = (~done).nonzero().squeeze(-1)
                     stepper.select(keep)
@@ -359,12 +335,8 @@ class HFGenerationBackend(GenerationBackend):
         step: int,
         row_stop_strings: list[tuple[str, ...]],
     ) -> torch.Tensor:
-        """Rows (among the running ones) whose generated text now contains one of their stop strings.
-
-        Runs every step for rows that have stop strings and are not done. An occurrence that appears
-        now ends inside the text the newest token added, so a row whose added text holds no stop
-        string's last character is skipped; the others decode their whole output and search it.
-        """
+        """Running rows whose generated text now holds one of their stop strings; rows whose newly added text
+        holds no stop string's last character are skipped."""
         hits = torch.zeros(len(rows), dtype=torch.bool, device=done.device)
         for j, (r, is_done) in enumerate(zip(rows.tolist(), done.tolist())):
             stops = row_stop_strings[r]
@@ -379,14 +351,8 @@ class HFGenerationBackend(GenerationBackend):
         return hits
 
     def _added_text(self, window: tuple[int, ...]) -> str | None:
-        """The text the last token of ``window`` (1 or 2 ids) adds after the one before it; None when unsure.
-
-        Taken in context, not from the token alone: a sentencepiece token's leading space
-        (``▁5``) is dropped when it is decoded on its own, a byte-level token may complete a
-        character the previous one began, and a tokenizer's clean-up may rewrite earlier text.
-        None (then the caller decodes the whole output) when the shorter decode is not a prefix of
-        the longer one or either holds an incomplete UTF-8 sequence.
-        """
+        """The text the last token of ``window`` adds after the one before it, decoded in context (sentencepiece
+        spaces, split UTF-8); None when unsure (the caller then decodes the whole output)."""
         if window in self._added:
             return self._added[window]
         before = self.tokenizer.decode(list(window[:-1]), skip_special_tokens=False) if len(window) > 1 else ""

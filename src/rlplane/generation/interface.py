@@ -1,9 +1,7 @@
 """The generation backend interface shared by ``hf`` and ``vllm``: token ids in, token ids out.
 
-Per prompt a backend returns the generated tokens (through the stop token), each token's logprob
-under the distribution the sampler drew from (after temperature, top-k, top-p: vLLM's
-``processed_logprobs``), and why the row stopped. The trainer's logprobs use the same processing
-(``sampling.sampling_logprobs``), so ``train/token_mult_prob_error`` is 1 for equal weights.
+Per prompt: generated tokens (through the stop token), their logprobs under the processed sampling
+distribution (vLLM's ``processed_logprobs``; the trainer uses the same processing) and a finish reason.
 """
 
 from __future__ import annotations
@@ -24,11 +22,8 @@ FINISH_LENGTH = "length"  # max_new_tokens reached first
 class GenerationOutput:
     """One entry per prompt, in prompt order.
 
-    output_ids: generated token ids only, through the stop token inclusive. ``len`` = T_i.
-    logprobs: float32 tensors of shape (T_i,), processed log-probs of ``output_ids``.
-    finish_reasons: ``"stop"`` or ``"length"``.
-    versions: long tensors of shape (T_i,), the weight version each token was sampled with (the
-        version given to ``update_weights``); None when the backend was never given one.
+    output_ids: generated ids through the stop token (T_i). logprobs: (T_i,) float32 processed logprobs.
+    finish_reasons: ``"stop"`` or ``"length"``. versions: (T_i,) long weight version per token, or None.
     """
 
     output_ids: list[list[int]]
@@ -40,11 +35,8 @@ class GenerationOutput:
 class WeightSwap:
     """Weight updates handed to a generation in flight.
 
-    ``update(state_dict, version)`` loads at once when nothing generates. While a generation runs
-    (:meth:`generating`), it hands the weights over and waits until the generating thread loads them
-    at its next :meth:`boundary` (between two forwards, never inside one) or when the generation ends;
-    the tensors are copied before ``update`` returns. ``version`` is the version loaded last (None
-    until one is given), read at each boundary to stamp the next tokens.
+    ``update`` loads at once when idle; during a generation it waits until the generating thread loads them
+    at its next :meth:`boundary` (between forwards) or the end. ``version``: the last loaded (None until one).
     """
 
     def __init__(self, load: Callable[[Mapping[str, torch.Tensor]], None]):
@@ -68,8 +60,7 @@ class WeightSwap:
                     from self._error
 
     def boundary(self) -> int | None:
-        """Load weights handed over since the last call (the generating thread, between forwards);
-        returns the version the next forward runs with."""
+        """Load weights handed over since the last call; returns the version the next forward runs with."""
         with self._cond:
             if self._pending is not None:
                 self._apply(*self._pending)
@@ -101,19 +92,16 @@ class WeightSwap:
             self._cond.notify_all()
 
 
-# A flat list of stop strings applies to every row; a list of per-row lists (None = none) to each row,
-# as environments return them in ``EnvironmentReturn.next_stop_strings``.
+# A flat list of stop strings applies to every row; a list of per-row lists (None = none) to each row.
 StopStrings = Sequence[str] | Sequence[Sequence[str] | None] | None
 
 
 class GenerationBackend(abc.ABC):
     """Interface of a generation backend. Stateless between calls apart from the weights."""
 
-    # True when the backend samples from the very module it was given (hf), so a colocated trainer's
-    # optimizer steps reach it without a refit; False when it holds its own copy (vllm).
+    # True when the backend samples from the module it was given (hf): no refit for a colocated trainer.
     shares_weights: bool = False
-    # True when ``row_seeds`` make a row's samples independent of its batch (hf); a backend without
-    # it accepts them and falls back on ``generator``.
+    # True when ``row_seeds`` make a row's samples independent of its batch (hf); else ``generator`` is used.
     supports_row_seeds: bool = False
 
     @abc.abstractmethod
@@ -134,32 +122,22 @@ class GenerationBackend(abc.ABC):
     ) -> GenerationOutput:
         """Generate a continuation for each prompt (unpadded token id lists).
 
-        ``top_k`` 0/None and ``top_p`` 1.0 switch those filters off; ``greedy`` takes the argmax (its
-        logprob still under the processed distribution). ``stop_token_ids`` defaults to
-        :func:`default_stop_token_ids`. Randomness: ``row_seeds`` where supported (one int64 per prompt,
-        :func:`~rlplane.generation.sampling.sample_seed`; a row's tokens then do not depend on the batch),
-        else ``generator``, else a generator seeded with ``seed``, else torch's global RNG.
+        ``top_k`` 0/None and ``top_p`` 1.0 are off; ``greedy`` takes the argmax. Randomness: ``row_seeds``
+        where supported (one int64 per prompt), else ``generator``, else ``seed``, else torch's global RNG.
         """
 
     @abc.abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Refit: load new policy weights into the generator's model; ``version`` (the trainer's step)
-        stamps the tokens sampled with them (:attr:`GenerationOutput.versions`). Safe to call while
-        another thread generates (:class:`WeightSwap`): ``hf`` swaps at the next token, ``vllm`` once
-        the request in flight ends."""
+        """Refit: load new policy weights; ``version`` stamps the tokens they sample. Thread-safe: ``hf`` swaps at
+        the next token, ``vllm`` once the request in flight ends."""
 
     def sleep(self) -> None:
-        """Release the accelerator memory the backend holds while the policy trains on the same device
-        (vLLM's sleep mode); the next ``generate`` or ``update_weights`` takes it back. Nothing by default."""
+        """Release accelerator memory while the policy trains (vLLM's sleep mode); nothing by default."""
 
 
 def default_stop_token_ids(model, tokenizer) -> list[int]:
-    """The token ids that end a generation by default: the tokenizer's eos plus the model's
-    ``generation_config.eos_token_id`` (an int or a list), in that order, without repeats.
-
-    Chat models often end a turn with another token (Llama 3's ``<|eot_id|>``, Qwen's ``<|im_end|>``)
-    listed in their generation config; transformers' ``generate`` and vLLM stop at them too.
-    """
+    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` entries, in order, no repeats
+    (chat models end turns with e.g. ``<|eot_id|>``)."""
     ids: list[int] = []
     for source in (
         getattr(tokenizer, "eos_token_id", None),

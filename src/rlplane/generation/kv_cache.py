@@ -1,11 +1,5 @@
-"""A preallocated KV cache for the ``hf`` decode loop.
-
-transformers' ``DynamicLayer`` appends each token with ``torch.cat``, copying every layer's cache at
-every step. ``PreallocatedLayer`` allocates ``(B, H, capacity, D)`` once, writes keys/values in place
-and hands attention a view of the filled prefix (unlike ``StaticCache``, which attends over the
-full capacity). Under autocast it stores the autocast dtype, so attention does not cast the whole
-cache every step.
-"""
+"""A preallocated KV cache for the ``hf`` decode loop: ``(B, H, capacity, D)`` written in place, attention
+over a view of the filled prefix (no per-step ``torch.cat``), stored in the autocast dtype."""
 
 from __future__ import annotations
 
@@ -52,10 +46,7 @@ class PreallocatedLayer(DynamicLayer):
 
 
 def preallocated_cache(config, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` whose full-attention layers are ``PreallocatedLayer``s.
-
-    Models with other layer kinds (sliding window, linear attention) keep transformers' own layers.
-    """
+    """A ``DynamicCache`` whose full-attention layers are ``PreallocatedLayer``s (others keep transformers')."""
     cache = DynamicCache(config=config)
     if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
         cache.layers = [PreallocatedLayer(capacity) for _ in cache.layers]

@@ -1,12 +1,8 @@
 """Logit processing and sampling, shared by the generation backends and the trainer's logprobs.
 
-Order as in transformers and vLLM: temperature, top-k, top-p; filtered tokens get ``-inf``.
-:func:`sampling_logprobs` is the one place that distribution is computed, for the ``hf`` sampler and
-the trainer alike, so generation and training logprobs are the same function of the logits.
-
-Deterministic sampling: each row's token at each position is drawn with its own uniform, a hash of
-``(row seed, position)``, the row seed a hash of ``(run seed, sample key, weight version)``; a sample
-gets the same tokens whatever batch or generator it runs in.
+Temperature, top-k, top-p (as transformers and vLLM), filtered tokens ``-inf``; :func:`sampling_logprobs` is
+the one place that distribution is computed. Each row's token is drawn with a uniform hashed from
+``(row seed, position)``, the row seed from ``(run seed, sample key, weight version)``.
 """
 
 from __future__ import annotations
@@ -15,11 +11,9 @@ import hashlib
 
 import torch
 
-# Rows of the flattened (N, V) logits whose top-p mask is computed at once: the sort makes (rows, V)
-# values and int64 indices, which for a 150k vocabulary and a few thousand tokens would not fit.
+# Rows of the (N, V) logits whose top-p mask is computed at once (bounds the sort's memory).
 _MASK_CHUNK_ROWS = 256
-# Tokens per block of the two-level cdf search (inverse_cdf_sample): a block's cdf is taken only in the
-# chosen block, so the per-step float64 work is (B, V / block) + (B, block) instead of (B, V).
+# Tokens per block of the two-level cdf search (inverse_cdf_sample).
 _CDF_BLOCK = 256
 
 
@@ -37,11 +31,7 @@ def _top_k_drop(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _top_p_drop(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """True where a token lies outside the nucleus of its row (``logits`` may already hold -inf).
-
-    In descending order a token is dropped when the mass before it reaches ``top_p``; the most likely
-    token is always kept (transformers' ``TopPLogitsWarper``, vLLM's ``apply_top_k_top_p``).
-    """
+    """True outside each row's nucleus: dropped once the mass before a token reaches ``top_p`` (the top one kept)."""
     shape = logits.shape
     flat = logits.reshape(-1, shape[-1])  # (N, V)
     drop = torch.empty(flat.shape, dtype=torch.bool, device=flat.device)
@@ -77,11 +67,7 @@ def process_logits(
     top_p: float,
     keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``logits / temperature`` then top-k then top-p. (..., V) float -> (..., V) float.
-
-    ``keep`` (...,) long: a token per row kept whatever the filters say (the generated one). The masks
-    carry no gradient: a kept logit gets the renormalised ``log_softmax``'s gradient, a filtered one 0.
-    """
+    """``logits / temperature`` then top-k then top-p, (..., V) -> (..., V); ``keep`` (...,) tokens stay unfiltered."""
     if temperature <= 0:
         raise ValueError(f"temperature = {temperature}: must be > 0; use greedy=True for argmax decoding")
     if temperature != 1.0:
@@ -108,23 +94,15 @@ def sampling_logprobs(
     top_p: float,
     tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Log-probabilities under the sampling distribution: ``log_softmax(process_logits(logits))``.
-
-    Without ``tokens``: (..., V) float32, ``-inf`` on filtered tokens. With ``tokens`` (...,) long: each
-    token's logprob, (...,) float32, with that token kept in the set, so a token that a rounding
-    difference pushed just past a top-p boundary gets a finite logprob, not ``-inf`` (which would make
-    the PPO ratio infinite or NaN).
-    """
+    """``log_softmax(process_logits(logits))``: (..., V) float32, or with ``tokens`` (...,) their logprobs
+    (each kept in the set, so rounding at a top-p boundary never gives ``-inf``)."""
     processed = process_logits(logits.float(), temperature, top_k, top_p, keep=tokens)
     logprobs = processed.log_softmax(dim=-1)  # (..., V)
     if tokens is None:
         return logprobs
     return logprobs.gather(-1, tokens[..., None]).squeeze(-1)
 
-# ---- counter-based randomness -----------------------------------------------------------------------
-# splitmix64 (Steele, Lea & Flood 2014; the constants of Vigna's reference code) in torch int64: the
-# multiplications wrap mod 2^64 as the unsigned ones do, and right shifts are made logical by masking
-# (torch's >> on int64 is arithmetic). The constants are the unsigned ones written as signed int64.
+# ---- counter-based randomness: splitmix64 (Steele, Lea & Flood 2014) in int64 with logical right shifts.
 _GOLDEN = 0x9E3779B97F4A7C15 - 2**64
 _MIX1 = 0xBF58476D1CE4E5B9 - 2**64
 _MIX2 = 0x94D049BB133111EB - 2**64
@@ -144,49 +122,40 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One uniform in [0, 1) per row from ``(seed, counter)``: (B,) int64, (B,) int64 -> (B,) float64.
-
-    Two rounds of splitmix64 (the counter mixed first), then the top 53 bits as a float64 fraction."""
+    """One uniform in [0, 1) per row from ``(seed, counter)`` (B,) int64: two splitmix64 rounds, top 53 bits."""
     h = splitmix64(seeds ^ splitmix64(counters))
     return _shift_right(h, 11).double() * 2.0**-53
 
 
 def sample_seed(run_seed: int, key: str, weight_version: int) -> int:
-    """The seed of one sample (an int64): a hash of the run seed, its key and the weights' version
-    (blake2b: Python's ``hash`` is salted per process)."""
+    """The int64 seed of one sample: blake2b of run seed, key and weight version (``hash`` is salted)."""
     digest = hashlib.blake2b(f"{run_seed}\x1f{key}\x1f{weight_version}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
 def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token whose cumulative-probability interval holds ``u · total`` in each row.
+    """The token whose cdf interval holds ``u · total`` per row: probs (B, V) >= 0, uniforms (B,) -> (B,) long.
 
-    probs (B, V) >= 0 (rows need not sum to 1), uniforms (B,) in [0, 1) -> (B,) long. Token ``j`` owns
-    ``[cdf_{j-1}, cdf_j)``, so it is drawn with probability ``p_j / total`` and a zero-probability token
-    never is. One uniform per row, where ``torch.multinomial`` draws V exponentials per row.
-    Two levels, as a float64 cdf of every whole row is slow on a large vocabulary: the cdf over blocks of
-    ``_CDF_BLOCK`` tokens picks the block, the cdf inside it the token (the same cdf up to the float32
-    rounding of a block's mass).
+    Token j is drawn with probability ``p_j / total``, never at zero mass. Two levels (block cdf, then the
+    cdf inside the block) avoid a float64 cdf of the whole vocabulary.
     """
     b, v = probs.shape
     if v <= 2 * _CDF_BLOCK:
         return _inverse_cdf_flat(probs, uniforms)
     n_blocks = -(-v // _CDF_BLOCK)
-    # Zero mass past V; no copy of (B, V) when V is a multiple of the block (SmolLM2's 49152 = 192 x 256).
+    # Zero mass past V.
     padded = probs if v % _CDF_BLOCK == 0 else torch.nn.functional.pad(probs, (0, n_blocks * _CDF_BLOCK - v))
     blocks = padded.view(b, n_blocks, _CDF_BLOCK)
-    # A block's mass is summed in float32 (no float64 copy of (B, V)): its error is ~1e-7 of that
-    # block's mass and does not accumulate, as the blocks' cdf is float64.
+    # Block masses in float32: error ~1e-7 of a block's mass, not accumulated (the block cdf is float64).
     block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (B, n_blocks)
     target = (uniforms.double() * block_cdf[:, -1])[:, None]  # (B, 1)
-    # First block whose cdf passes the target (a block of no mass never does: its cdf is flat).
+    # First block whose cdf passes the target.
     block = torch.searchsorted(block_cdf, target, right=True).squeeze(-1).clamp_(max=n_blocks - 1)  # (B,)
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None]).squeeze(-1), 0.0)
     rows = torch.arange(b, device=probs.device)
     inner_cdf = blocks[rows, block].cumsum(dim=-1, dtype=torch.float64) + before[:, None]  # (B, _CDF_BLOCK)
     tokens = block * _CDF_BLOCK + torch.searchsorted(inner_cdf, target, right=True).squeeze(-1)
-    # Past its block: u · total rounded up to the total, or the block's inner sum rounded below the
-    # target. Fall back on the last token with mass up to the block's end, as _inverse_cdf_flat does.
+    # Past its block (rounding): the last token with mass up to the block's end, as _inverse_cdf_flat.
     over = tokens >= (block + 1) * _CDF_BLOCK
     for r in over.nonzero().flatten().tolist():
         end = min(v, (int(block[r]) + 1) * _CDF_BLOCK)
@@ -199,8 +168,7 @@ def _inverse_cdf_flat(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, V); converting inside the cumsum saves a pass
     target = (uniforms.double() * cdf[:, -1])[:, None]  # (B, 1)
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first j with cdf_j > target
-    # u · total can round up to total itself (tokens == V): fall back on the last token with mass. Only
-    # those rare rows are searched.
+    # u · total can round up to total (tokens == V): fall back on the last token with mass.
     over = tokens >= probs.shape[-1]
     if bool(over.any()):
         tokens[over] = probs.shape[-1] - 1 - (probs[over] > 0).flip(-1).int().argmax(dim=-1)
@@ -218,10 +186,8 @@ def sample(
     row_seeds: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; returns ``(tokens (B,), logprobs (B,))`` under the processed distribution.
-
-    With ``row_seeds`` and ``positions`` (B,) int64 each row's uniform is ``counter_uniforms(seed,
-    position)``, so a draw depends on its row alone; otherwise the uniforms come from ``generator``."""
+    """One token per row: ``(tokens (B,), logprobs (B,))``; with ``row_seeds`` and ``positions`` each row's
+    uniform is ``counter_uniforms(seed, position)``, else from ``generator``."""
     logprobs_all = sampling_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p)  # (B, V)
     if greedy:
         tokens = logprobs_all.argmax(dim=-1)

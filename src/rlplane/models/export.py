@@ -10,11 +10,8 @@ from rlplane.models.lora import load_policy_weights
 
 
 def export_merged(checkpoint: str, output: str, policy: Any, seed: int) -> None:
-    """Write the merged model of the LoRA checkpoint ``checkpoint`` (a ``step_N`` directory) to ``output``.
-
-    ``policy`` and ``seed`` are the run's ``policy`` section and seed (the checkpoint's ``config.yaml``): they name
-    the base model. The directory loads with ``AutoModelForCausalLM.from_pretrained`` like any HF model.
-    """
+    """Write the merged model of the LoRA ``step_N`` checkpoint to ``output`` as a plain HF directory; ``policy``
+    and ``seed`` (the checkpoint's config) name the base model."""
     model, tokenizer = load_configured_policy(policy, seed, trainable=True)
     load_policy_weights(model, os.path.join(checkpoint, "policy", "weights"))
     merged = model.merge_and_unload()

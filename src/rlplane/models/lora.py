@@ -1,20 +1,9 @@
-"""LoRA through ``peft``: a model-loading concern, so the trainer's code is the same with or without it.
+"""LoRA through ``peft``, as a model-loading concern: the trainer's code is the same with or without it.
 
-``apply_lora`` wraps the loaded policy in a ``PeftModel`` whose base weights are frozen; the trainer
-builds its optimizer over the parameters that require grad (the adapters). Three things differ
-from full training, each handled here:
-
-- refit: :func:`policy_weights` gives the generator merged weights under the base model's own
-  (Hugging Face) names, ``W + (alpha / r)·B·A``, computed without touching the trained module
-  (merging in place and unmerging later would drift the fp32 base by rounding every step);
-- checkpoints: ``save_pretrained`` of a ``PeftModel`` writes the adapter only
-  (``adapter_config.json`` + ``adapter_model.safetensors``); :func:`load_policy_weights` reads
-  either kind of checkpoint back;
-- export: :func:`rlplane.models.export.export_merged` rebuilds the base from the run's config, loads the adapter, and
-  writes a plain merged HF model directory.
-
-Colocated generation (the ``hf`` backend sharing the trainer's module) samples through the adapter
-layers unmerged: the same function, with no refit.
+Refit: :func:`policy_weights` gives merged weights ``W + (alpha / r)·B·A`` under the base names without
+touching the trained module (in-place merge/unmerge would drift the fp32 base). Checkpoints hold the
+adapter only; :func:`load_policy_weights` reads either kind. Colocated ``hf`` generation samples through the
+unmerged adapters.
 """
 
 from __future__ import annotations
@@ -44,11 +33,7 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 
 def apply_lora(model: torch.nn.Module, rank: int, alpha: float, target_modules: list[str], dropout: float):
-    """``model`` wrapped with fresh LoRA adapters (B = 0, so the wrapped model computes what ``model`` did).
-
-    Attributes rlplane sets on the model (its autocast dtype) stay visible through the wrapper
-    (``PeftModel`` forwards unknown attributes to the base model).
-    """
+    """``model`` wrapped with fresh LoRA adapters (B = 0: same outputs); rlplane's attributes stay visible."""
     peft = _peft()
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     unknown = [t for t in target_modules if t not in names]
@@ -92,8 +77,7 @@ def policy_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_policy_weights(model: torch.nn.Module, weights_dir: str) -> None:
-    """Load a checkpoint's ``policy/weights`` into ``model``: an adapter into a LoRA model, full weights
-    otherwise. Tied embeddings are saved once; every other weight must be present."""
+    """Load a checkpoint's ``policy/weights`` into ``model``: an adapter into a LoRA model, else full weights."""
     from safetensors.torch import load_file
 
     if is_lora(model):

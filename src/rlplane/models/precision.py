@@ -1,20 +1,9 @@
 """Numeric precision of forward passes: fp32, bf16 autocast, or ``auto`` (the default).
 
-With ``bf16`` the parameters and optimizer state stay fp32 (master weights) and matmuls run in bf16
-under ``torch.autocast``; logprobs and the loss are computed from fp32-cast logits either way.
-Generation and training forwards both go through :func:`autocast`, so ``generation_logprobs`` and
-the trainer's logprobs come from the same precision (``token_mult_prob_error`` stays near 1).
-
-``auto`` picks bf16 where the hardware runs bf16 matmuls natively and fp32 elsewhere. Whether a CPU
-does is timed, not guessed from its name: one CPU model string covers machines with
-``avx512_bf16`` (bf16 matmuls faster than fp32) and machines without it (bf16 much slower; figures in
-``docs/benchmarks.md``). :func:`cpu_bf16_speedup` times a short bf16-vs-fp32 matmul once per
-process. Models narrower than ``MIN_AUTO_BF16_HIDDEN`` stay fp32 under ``auto``: their matmuls are
-too small for bf16 to pay for the casts autocast adds around every op.
-
-The choice is stored on the model (``model.rlplane_autocast_dtype``), so copies of it (the reference
-policy, the async collector's generator) inherit it, and every forward in rlplane goes through
-:func:`autocast`.
+bf16 keeps fp32 master weights and optimizer state with bf16 matmuls under ``torch.autocast``; generation
+and training both use :func:`autocast`, so their logprobs match. ``auto`` picks bf16 where a timed matmul
+shows native bf16 (:func:`cpu_bf16_speedup`) and the model is wide enough. The choice is stored on the
+model (``rlplane_autocast_dtype``), so copies inherit it.
 """
 
 from __future__ import annotations
@@ -28,27 +17,17 @@ import torch
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 CHOICES = ("auto", *PRECISIONS)
 
-# auto picks bf16 on a CPU only when its bf16 matmul is at least this much faster than fp32. CPUs with
-# and without native bf16 sit far on either side, so noise from a busy machine cannot flip the choice
-# between processes of one run.
+# auto picks bf16 on a CPU only when its bf16 matmul is this much faster (far from either kind of CPU).
 MIN_CPU_BF16_SPEEDUP = 1.3
-# auto keeps fp32 for models with hidden_size below this. The default job's tiny Llama (hidden 128,
-# 0.4M parameters) gains nothing from bf16: its forwards are dominated by per-op overhead, which
-# autocast's casts add to.
+# auto keeps fp32 below this hidden size: per-op overhead dominates, and autocast adds casts.
 MIN_AUTO_BF16_HIDDEN = 256
 _BENCH_SHAPE = (256, 576, 1536)  # (tokens, hidden, MLP width) of SmolLM2-135M's MLP up-projection
 
 
 class FP32OutputLinear(torch.nn.Linear):
-    """The output projection (lm_head) computed in fp32 even under bf16 autocast.
+    """The lm_head computed in fp32 even under bf16 autocast (bf16 logits differ by up to ~0.06 at |logit| ~ 16).
 
-    Why: logits rounded to bf16 carry an absolute error of up to ~0.06 at |logit| ~ 16, and the
-    sampler's and the trainer's logprobs then differ by that much (``token_mult_prob_error`` with and
-    without it: ``docs/benchmarks.md``). The lm_head is a large share of a small model's matmul FLOPs;
-    the trainer runs it only at the tokens the loss reads (``workers/policy.py``: microbatch_logprobs),
-    which on a chat prompt is a small part of each row.
-    Installed by :func:`set_precision` as a class swap, so parameter names, tied weights and
-    ``state_dict`` stay those of the plain ``nn.Linear``.
+    A class swap by :func:`set_precision`, so names, tied weights and ``state_dict`` stay ``nn.Linear``'s.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,10 +36,7 @@ class FP32OutputLinear(torch.nn.Linear):
 
 
 def set_precision(model: torch.nn.Module, precision: str) -> None:
-    """Record ``precision`` (``"fp32"`` or ``"bf16"``; resolve ``"auto"`` first) on ``model`` for :func:`autocast`.
-
-    Under bf16 the output projection stays fp32 (:class:`FP32OutputLinear`).
-    """
+    """Record ``precision`` (``"fp32"``/``"bf16"``) on ``model`` for :func:`autocast`; bf16 keeps an fp32 lm_head."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision = {precision!r}: must be one of {', '.join(PRECISIONS)}")
     model.rlplane_autocast_dtype = PRECISIONS[precision]
@@ -70,11 +46,7 @@ def set_precision(model: torch.nn.Module, precision: str) -> None:
 
 
 def autocast(model: torch.nn.Module, device_type: str | None = None):
-    """The context a forward of ``model`` runs in: bf16 autocast if so configured, else nothing.
-
-    Autocast only acts on ops of its own device type, so it follows the device of ``model``'s
-    parameters (``device_type`` overrides): a CUDA model under CPU autocast would run fp32.
-    """
+    """The context a forward of ``model`` runs in: bf16 autocast on its parameters' device if configured."""
     dtype = getattr(model, "rlplane_autocast_dtype", None)
     if dtype is None:
         return contextlib.nullcontext()
@@ -99,10 +71,7 @@ def _matmul_seconds(dtype: torch.dtype, budget_s: float) -> float:
 
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_speedup(budget_s: float = 0.025) -> float:
-    """fp32 time / bf16 time of a SmolLM2-MLP-sized matmul on this CPU (best of ~25 ms each; once per process).
-
-    Best-of rather than mean: another process taking the core slows a repeat, never speeds it up.
-    """
+    """fp32 time / bf16 time of a SmolLM2-MLP-sized matmul on this CPU (best-of, once per process)."""
     return _matmul_seconds(torch.float32, budget_s) / _matmul_seconds(torch.bfloat16, budget_s)
 
 
@@ -131,11 +100,7 @@ _announced: set[tuple[str, str]] = set()
 
 
 def apply_precision(model: torch.nn.Module, precision: str, announce: bool = True) -> str:
-    """Resolve ``precision`` for ``model``, record it (:func:`set_precision`) and return it.
-
-    With ``announce`` the choice is printed in one line, once per process and distinct choice
-    (the policy is loaded by several workers in one process).
-    """
+    """Resolve ``precision`` for ``model``, record and return it; ``announce`` prints it once per process."""
     chosen, why = resolve_precision(precision, model)
     set_precision(model, chosen)
     if announce and (precision, chosen) not in _announced:

@@ -1,10 +1,4 @@
-"""The embedded default: a character-level tokenizer and a tiny random-init Llama.
-
-Both are ordinary Hugging Face artifacts: ``save_pretrained`` writes a directory that
-``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` load back, and vLLM accepts it.
-Hidden 128 and 2 layers (0.33M parameters) are enough to learn 2-digit addition by supervised
-warm-up (``docs/benchmarks.md``).
-"""
+"""The embedded default: a character-level tokenizer and a tiny random-init Llama, both ordinary HF artifacts."""
 
 from __future__ import annotations
 
@@ -18,12 +12,8 @@ CHARS = tuple("0123456789") + ("+", "-", "*", "=", "(", ")", " ")
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """A 21-token character-level tokenizer: ``<pad> <bos> <eos> <unk>``, digits, ``+-*=()`` and space.
-
-    Every character is its own token (an empty-pattern ``Split`` isolates each one); unknown
-    characters map to ``<unk>``; ``<bos>`` is prepended by the post-processor when
-    ``add_special_tokens=True`` (the default); decoding fuses the characters back together.
-    """
+    """A 21-token character-level tokenizer (``<pad> <bos> <eos> <unk>``, digits, ``+-*=()``, space); ``<bos>``
+    is prepended with ``add_special_tokens=True``."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
@@ -51,11 +41,8 @@ def build_tiny_llama(
     max_position_embeddings: int = 256,
     seed: int = 0,
 ) -> LlamaForCausalLM:
-    """A randomly initialised Llama with tied embeddings, sized for ``tokenizer``.
-
-    ``intermediate_size`` defaults to ``2 * hidden_size``. Initialisation is deterministic in
-    ``seed`` and leaves the global torch RNG untouched.
-    """
+    """A random Llama with tied embeddings sized for ``tokenizer`` (``intermediate_size`` default
+    ``2 * hidden_size``), deterministic in ``seed``; leaves the global RNG untouched."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

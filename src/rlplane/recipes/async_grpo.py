@@ -1,33 +1,12 @@
 """Asynchronous GRPO: generation for future steps runs beside training, staleness bounded.
 
-An :class:`~rlplane.async_rl.AsyncTrajectoryCollector` (for ``runtime: local`` a thread, or a
-child process with ``grpo.async_grpo.collector_process``; a Ray actor for ``runtime: ray``) generates
-and scores whole prompt groups with its own copy of the policy and writes their columns into the
-run's data plane (``TRAIN_PARTITION``, keys unique per group); its replay buffer holds their
-receipts, tagged with the weight version that generated them and the step they are meant for.
-Each step here (NeMo RL ``async_grpo_train``, ``reference/nemo_rl_notes.md`` §6.1):
-
-  take the step's receipts from the replay buffer (waiting if they are not all there)
-  → one receipt for the step (:func:`~rlplane.dataplane.concat_metas`) → reward scaling/shaping
-  → prev logprobs recomputed with the current weights, reference logprobs, advantages, train
-    (as sync GRPO; the loss's IS weight π_old/π_gen corrects the staleness)
-  → clear the step's keys (the next steps' groups stay) → refit the collector (it first serves
-    every step the outgoing weights are due to serve, then finishes the generation in flight, whose
-    scoring goes on beside the next generation; with
-    ``in_flight_weight_updates`` it waits for neither: the weights land at the next token)
-    → weight version + 1.
-
-The driver holds receipts and (B,) tensors only, as in sync GRPO.
-
-Timings: ``exposed_generation`` (the trainer waiting for its batch, sampling included),
-``idle/buffer_starvation`` (the part of it spent waiting because the batch was incomplete),
-``idle/refit_bubble`` (waiting for the collector's generation in flight before a refit) and
-``weight_sync`` (copying the weights into the collector); ``timing/collector/*`` the collector's own
-seconds since the last refit: ``generation``, ``scoring`` (the environment) and ``score_wait`` (a
-generated batch waiting for the one before it to be scored). The collector's state (replay buffer,
-loader position, prompts drawn but not generated, sampler RNG) is ``replay_buffer.pt`` in each
-checkpoint (the collector writes it, its groups' columns read back from the data plane) and is
-restored on resume (the columns written back under the same keys).
+A collector (thread, child process or Ray actor) generates and scores prompt groups with its own policy
+copy into the data plane; its replay buffer holds their receipts. Each step (NeMo RL ``async_grpo_train``):
+take the step's receipts → reward scaling/shaping → prev logprobs with the current weights, reference,
+advantages, train (the IS weight π_old/π_gen corrects staleness) → clear the step's keys → refit the
+collector → version + 1. Timings: ``exposed_generation``, ``idle/buffer_starvation`` (waiting on an
+incomplete batch), ``idle/refit_bubble`` (waiting on the generation in flight), ``weight_sync``, and
+``timing/collector/{generation,scoring,score_wait}``. The collector's state is ``replay_buffer.pt``.
 """
 
 from __future__ import annotations
@@ -70,14 +49,13 @@ from rlplane.workers.policy import ClippedPGLoss
 
 CHECKPOINT_FILE = "replay_buffer.pt"
 _POLL_S = 0.5  # how long one wait on the buffer lasts before the collector's health is checked
-# The step's columns: written by the collector, by the policy workers (logprobs) and by the driver (advantages).
+# The step's columns: from the collector, the policy workers (logprobs) and the driver (advantages).
 TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, ADVANTAGES]
 
 
 class CollectorHandle:
-    """The collector (for ``runtime: local`` a child process or a thread of this one, a Ray actor for
-    ``ray``: the runtime layer decides), writing into the session's data plane, started with the
-    policy's weights and restored from the checkpoint the run resumed from."""
+    """The collector (the runtime decides where), writing into the session's data plane, started with the
+    policy's weights and restored from the resumed checkpoint."""
 
     def __init__(self, s: Session, start_step: int):
         cfg = s.cfg
@@ -87,7 +65,7 @@ class CollectorHandle:
                       data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
                       init_weights=policy.lazy("get_weights"),  # straight from the rank-0 policy, not via the driver
                       options=self.options)
-        # A child process builds its environments from its own registry: this one's entries go along.
+        # A child process builds its environments from its own registry: send this one's.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
                                 max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
                                 setup=[(restore_env_registry, (env_registry_snapshot(),))])
@@ -98,7 +76,7 @@ class CollectorHandle:
             s.prompts.state_from = lambda: self.call("loader_state")
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
-            # A synchronous run's checkpoint: the loader position (restored by the session) is all there is.
+            # A sync run's checkpoint: the loader position (restored by the session) is all there is.
             s.say(f"{resumed} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
         elif resumed is not None:  # read by the collector itself: its columns never pass the driver
             restored, dropped = self.call("load_state", str(resumed / CHECKPOINT_FILE), start_step)
@@ -118,11 +96,9 @@ class CollectorHandle:
             self.call("resume")
 
     def refit(self, version: int, timer: Timer) -> tuple[int, dict[str, float]]:
-        """Collector to the trainer's new weights (version ``version``): wait until the outgoing weights
-        have served the steps due to them and for the generation in flight (neither with in-flight
-        updates), copy, bump the version. Returns the groups buffered or being scored at the swap (the
-        groups for the next steps, the same in every run unless in-flight updates are on) and the
-        collector's seconds since the last refit (``generation``, ``scoring``, ``score_wait``)."""
+        """Collector to the trainer's weights ``version``: wait until the outgoing weights served their steps and
+        the generation in flight ended (not with in-flight updates), copy, bump. Returns the groups buffered
+        or being scored at the swap and the collector's seconds since the last refit."""
         with timer("idle/refit_bubble"):
             self.call("prepare_for_refit", version)
         kill_point("refit")  # the collector paused, its weights not yet the trainer's (Refit.if_stale is not used)
@@ -132,7 +108,7 @@ class CollectorHandle:
                    for k, v in stats.items() if k.endswith("_seconds")}
         self._seconds = {k: v for k, v in stats.items() if k.endswith("_seconds")}
         with timer("weight_sync"):
-            # In a child process: copied into a shared-memory buffer it maps, not pickled per refit.
+            # In a child process: through a mapped shared-memory buffer, not pickled.
             self.call("update_weights", self.actor.share("weights", self._policy.lazy("get_weights")),
                       version)
         self.call("set_weight_version", version)
@@ -168,17 +144,14 @@ def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer
 
 
 def step_carry(groups: list[TrajectoryGroup]) -> dict[str, torch.Tensor]:
-    """The step's (B,) carry, B = groups × G, group-major like the concatenated receipt; ``group``
-    numbers the groups 0.. in that order (each labels its own samples)."""
+    """The step's (B,) carry, B = groups × G, group-major; ``group`` numbers the groups 0.. in order."""
     carry = {k: torch.cat([g.carry[k] for g in groups]) for k in groups[0].carry}  # (B,) each
     carry["group"] = torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.meta) for g in groups]))
     return carry
 
 
 def merge_rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
-    """The rollout metrics of the step's groups: each group carries its generation batch's values;
-    ``max_*`` take the maximum, the rest the mean over groups (the batch's own value when the step's
-    groups come from one batch, the usual case)."""
+    """The step's groups' rollout metrics: ``max_*`` the maximum, the rest the mean over groups."""
     keys = {k for g in groups for k in g.rollout_metrics}
     out = {}
     for k in sorted(keys):
@@ -202,14 +175,13 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     metrics["avg_trajectory_age"] = result.avg_trajectory_age
     metrics["max_trajectory_age"] = float(result.max_trajectory_age)
     metrics["evicted_trajectory_groups"] = float(result.evicted)
-    # The step's prompts.jsonl row (Session.end_step): what it trains, in the order it trains them.
+    # The step's prompts.jsonl row: what it trains, in order.
     s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups],
                           [*result.evicted_prompts, *result.dropped_prompts])
     metrics.update(token_age_metrics(*group_token_ages(result.groups, step), handle.options.max_age_steps))
     meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
 
-    # ---- prev logprobs recomputed with the current weights (the IS weight π_old/π_gen corrects the
-    # staleness), reference logprobs -----------------------------------------------------------------
+    # ---- prev logprobs with the current weights (IS corrects the staleness), reference logprobs
     meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)
 
     # ---- advantages (grpo.adv_estimator), written back per sample ----------------------------------
@@ -225,7 +197,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     with timer("policy_training"):
         results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
     s.refit.mark_stale()
-    # This step's keys only: the next steps' groups wait in the same partition. Nobody needs the answer.
+    # This step's keys only: the next steps' groups wait in the same partition.
     s.data_plane.clear_samples(meta, None, wait=False)
     buffered, collector_seconds = handle.refit(step + 1, timer)
 

@@ -1,16 +1,9 @@
-"""On-policy distillation: the student generates, a frozen teacher scores the student's own tokens,
-and the student minimises the per-token reverse KL to the teacher on them.
+"""On-policy distillation: the student generates, a frozen teacher scores the student's own tokens, and the
+student minimises the per-token reverse KL to the teacher on them.
 
-Each step: refit the generator if stale → register the step's partition → the student's rollouts
-(rewards only for the metrics; dynamic sampling, if asked, still drops groups the environment scores
-alike) → sample mask → the teacher workers write ``teacher_logprobs`` back per sample → the policy
-workers train on their shard with the reverse-KL loss (:func:`~rlplane.algorithms.reverse_kl_loss`:
-REINFORCE with the ``opd`` advantage ``sg(log π_T − log π_θ)``) → clear the step's keys. The session
-warms up the student and the teacher (its own, larger model), validates, logs and checkpoints.
-The driver holds only receipts and (B,) tensors: no per-token column comes back to it.
-
-One optimizer step per rollout (config check): the estimate is on-policy only for the weights that
-sampled it (NeMo RL corrects later steps with ICE-POP importance weights instead).
+Each step: refit → rollouts (rewards for metrics) → sample mask → ``teacher_logprobs`` → train on
+:func:`~rlplane.algorithms.reverse_kl_loss` → clear the step's keys. One optimizer step per rollout, as the
+estimate is on-policy only for the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -78,8 +71,7 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
 
 
 def train(cfg: RunConfig, *, quiet: bool = False) -> dict:
-    """Run the whole job: warm-up of student and teacher (or resume), distillation steps,
-    validation, checkpoints. Returns a summary."""
+    """Run the whole job: warm-up of student and teacher (or resume), steps, validation, checkpoints."""
     with Session(cfg, quiet, teacher_cfg=teacher_config(cfg)) as s:
         loss = ReverseKLLoss()
         for step in range(s.start(), s.last_step()):

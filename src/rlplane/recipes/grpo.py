@@ -1,12 +1,8 @@
 """Synchronous GRPO through the data plane, in the order the seeds run it.
 
-Each step: refit the generator if stale → register the step's partition → rollout writes columns
-under per-sample keys, returns a receipt and a small carry → reward scaling/shaping → dynamic
-sampling (drop zero-std groups, clear their keys, refill) → sample mask (overlong filtering) →
-prev and reference logprobs computed by the policy workers and written back → advantages
-(``grpo.adv_estimator``: group baselines, GDPO or REINFORCE++) written back by the driver →
-workers train on their shard with the clipped PG loss → clear the step's keys. Then the session
-validates, logs and checkpoints when due. The driver holds only receipts and (B,) tensors.
+Each step: refit → rollouts into the step's partition → reward scaling/shaping → dynamic sampling → sample
+mask → prev and reference logprobs → advantages → train with the clipped PG loss → clear the step's keys.
+The driver holds only receipts and (B,) tensors.
 """
 
 from __future__ import annotations

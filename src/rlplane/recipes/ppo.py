@@ -1,15 +1,9 @@
-"""Synchronous PPO with a value model and GAE, through the data plane (NeMo RL ``ppo_train``).
+"""Synchronous PPO with a value model and GAE through the data plane (NeMo RL ``ppo_train``).
 
-Each step: refit the generator if stale → rollouts with reward scaling/shaping and dynamic sampling
-(shared with GRPO) → the critic writes ``values`` (V(s_t), right-shifted) back per sample → sample
-masks, prev (and reference) logprobs → GAE (or the raw reward) over tokens; ``advantages`` and
-``returns`` written back → ``ppo.ppo_epochs`` passes of: critic first, then the actor unless the
-step is before ``ppo.policy_training_start_step`` (critic warm-up) → clear the step's keys. The
-outer loop (validation, checkpoints of policy *and* value, resume) is the shared ``run_training``.
-
-Advantages, returns and old values are computed once per step and not refreshed between epochs
-(as NeMo RL and veRL). GAE runs on the driver: advantage whitening is a statistic of the whole
-batch, so the driver reads the ``values``/``token_mask`` columns (B × T floats) for it.
+Each step: refit → rollouts (as GRPO) → critic ``values`` → sample mask, logprobs → GAE (or raw reward) on
+the driver (whitening needs the whole batch) → ``ppo_epochs`` × (critic, then actor after
+``policy_training_start_step``) → clear keys. Advantages, returns and old values are not refreshed
+between epochs (as NeMo RL and veRL).
 """
 
 from __future__ import annotations
@@ -45,8 +39,7 @@ from rlplane.workers.policy import ClippedPGLoss
 
 __all__ = ["TRAIN_COLUMNS", "critic_metrics", "mean_over_epochs", "ppo_advantages", "ppo_step", "train"]
 
-# The step's columns: written at rollout, by the policy workers (logprobs), the value workers (values)
-# and the driver (GAE: advantages, returns).
+# The step's columns: from rollout, policy workers (logprobs), value workers (values), the driver (GAE).
 TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, ADVANTAGES, VALUES,
                  RETURNS]
 
@@ -58,12 +51,9 @@ def ppo_advantages(
     values: torch.Tensor | None,
     gae_kwargs: dict,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token advantages and value targets of a PPO step: ``(A, R)``, both (B, T), 0/meaningless off ``mask``.
+    """``(A, R)`` (B, T) of a PPO step, meaningless off ``mask = token_mask · sample_mask``.
 
-    ``gae``: :func:`~rlplane.algorithms.compute_gae` (``R = A(λ_value) + V``; ``gae_kwargs`` = the
-    ``ppo.adv_estimator`` keys plus the KL-in-reward arguments). ``raw_reward``: ``A_t = r`` on every
-    masked token, whitened if asked; no critic, ``R = None``. ``rewards`` (B,), ``mask`` (B, T) =
-    ``token_mask · sample_mask``, ``values`` (B, T) V(s_t).
+    ``gae``: :func:`~rlplane.algorithms.compute_gae` with ``gae_kwargs``; ``raw_reward``: ``A_t = r``, ``R = None``.
     """
     if estimator == "raw_reward":
         return raw_reward_advantages(rewards, mask, normalize_advantages=gae_kwargs["normalize_advantages"]), None
@@ -71,8 +61,7 @@ def ppo_advantages(
 
 
 def mean_over_epochs(per_epoch: list[dict[str, float]]) -> dict[str, float]:
-    """Combine the metrics of several training passes: extrema (``*_min``/``*_max``) by min/max,
-    everything else (losses, fractions, norms: already global means per pass) by the mean over passes."""
+    """Combine several passes' metrics: extrema by min/max, everything else by the mean."""
     out: dict[str, float] = {}
     for key in per_epoch[0] if per_epoch else ():
         vals = [m[key] for m in per_epoch if key in m]
@@ -83,11 +72,8 @@ def mean_over_epochs(per_epoch: list[dict[str, float]]) -> dict[str, float]:
 def critic_metrics(per_epoch: list[dict[str, float]]) -> dict[str, float]:
     """The critic's logged metrics from its per-pass :func:`~rlplane.algorithms.value_loss` metrics.
 
-    ``value_loss``, ``vf_clipfrac``, ``value_grad_norm``, ``value_lr``: mean over passes.
-    ``values_mean/min/max``, ``returns_mean``, ``returns_std = sqrt(E[R²] − μ_R²)`` and
-    ``critic/explained_var = 1 − Var(R − V)/Var(R)`` come from the **first** pass, whose values are
-    the ones GAE used (the critic has not yet been fitted to this batch's returns; with several
-    global batches per pass, each is scored before its own update).
+    Losses, clip fraction, grad norm, lr: mean over passes. Values, returns (``returns_std = sqrt(E[R²] − μ_R²)``)
+    and ``critic/explained_var`` come from the first pass, whose values GAE used.
     """
     if not per_epoch:
         return {}

@@ -1,15 +1,8 @@
-"""Deadlines on the calls a rollout waits for, so that a hung environment or generator ends the run
-with a one-line error instead of a silent hang.
+"""Deadlines on the calls a rollout waits for (``env.step_timeout_s``, ``policy.generation.timeout_s``), so a
+hang ends the run with one line.
 
-In-process (``runtime: local``, and inside a Ray rollout actor) the call runs in a helper thread
-and the caller waits at most ``timeout_s`` for it. A Python thread cannot be killed: on a timeout
-the helper thread is left behind (a daemon, so it does not keep the interpreter alive) and
-:class:`DeadlineExceeded` is raised; it is never retried or scored 0 like an ordinary failure, the
-run stops (the left-behind call may still hold the model or the environment). For a call into a Ray
-actor, :func:`ray_get` waits with ``ray.get(..., timeout=...)``.
-
-Keys: ``env.step_timeout_s`` (one environment ``step`` call), ``policy.generation.timeout_s`` (one
-``generate`` call of a turn).
+In-process the call runs in a daemon helper thread that is left behind on a timeout (a thread cannot be
+killed), so :class:`DeadlineExceeded` stops the run, never retried; Ray calls use ``ray.get(timeout=...)``.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ def deadline_message(what: str, timeout_s: float, key: str) -> str:
 
 
 def call_with_deadline(fn: Callable[[], T], timeout_s: float | None, what: str, key: str) -> T:
-    """``fn()``, or :class:`DeadlineExceeded` if it has not returned after ``timeout_s`` seconds
-    (None: no deadline, called directly). Exceptions of ``fn`` are re-raised as they are."""
+    """``fn()``, or :class:`DeadlineExceeded` after ``timeout_s`` seconds (None: called directly)."""
     if timeout_s is None:
         return fn()
     box: dict[str, Any] = {}
@@ -54,8 +46,7 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float | None, what: str, 
 
 
 def ray_get(ref, timeout_s: float | None = None, what: str = "", key: str = ""):
-    """``ray.get(ref)`` within ``timeout_s`` (None: no deadline). A :class:`DeadlineExceeded` raised
-    inside the actor comes out as itself (its one line), not wrapped in Ray's traceback."""
+    """``ray.get(ref)`` within ``timeout_s``; a :class:`DeadlineExceeded` from the actor comes out as itself."""
     import ray
 
     try:

@@ -1,14 +1,7 @@
 """Which device a worker computes on, and how tensors get there.
 
-``policy.device`` is resolved once per worker process by :func:`resolve_device` (under Ray, inside
-the actor: the GPU Ray gave it is the only one it sees, so ``cuda`` means ``cuda:0`` there). Every
-trainable worker keeps the result as ``self.device``; models, batches read from the data plane and
-every tensor the worker creates live there, and the process group's backend follows it
-(:func:`dist_backend`: NCCL between CUDA ranks, gloo on CPU).
-
-The data plane stores host tensors (they travel through Ray's object store); :func:`to_device`
-moves a fetched batch over, through pinned memory with non-blocking copies on CUDA so the copies of
-one batch's fields overlap each other (a pageable copy is synchronous).
+``policy.device`` is resolved once per worker process (under Ray inside the actor, where ``cuda`` is the
+GPU Ray gave it); the process group's backend follows it. The data plane stores host tensors.
 """
 
 from __future__ import annotations
@@ -21,10 +14,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str) -> torch.device:
-    """``policy.device`` → the torch device this process computes on.
-
-    ``auto`` is CUDA when this process sees a GPU, else CPU; ``cuda`` without one is a user error.
-    """
+    """``policy.device`` → this process's device: ``auto`` is CUDA when a GPU is visible; ``cuda`` needs one."""
     if name not in DEVICES:
         raise ConfigError([f"policy.device = {name!r}: must be one of {', '.join(DEVICES)}"])
     if name == "auto":
@@ -45,28 +35,19 @@ def dist_backend(device: torch.device) -> str:
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """``batch`` (host tensors from the data plane) on ``device``.
-
-    On CUDA each tensor is pinned and copied non-blocking; the copies are ordered on the current
-    stream before any kernel that reads them, so no explicit synchronisation is needed.
-    """
+    """``batch`` on ``device``; on CUDA pinned, non-blocking copies (stream-ordered, no sync needed)."""
     if device.type != "cuda":
         return {k: v.to(device) for k, v in batch.items()}
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def num_gpus_per_worker(device: str, cluster_gpus: float) -> float:
-    """GPUs a Ray actor of a trainable worker asks for: one when it will compute on CUDA
-    (``policy.device = cuda``, or ``auto`` on a cluster that has GPUs), else none.
-
-    Decided on the driver, before the actor exists: an actor that asks for no GPU sees none.
-    """
+    """GPUs a trainable worker's Ray actor asks for, decided on the driver: one when it will compute on CUDA."""
     return 1.0 if device == "cuda" or (device == "auto" and cluster_gpus > 0) else 0.0
 
 
 def check_cluster_gpus(device: str, num_workers: int, cluster_gpus: float) -> None:
-    """On the driver, before actors are placed: ``policy.device = cuda`` needs a GPU per worker
-    (an actor asking for a GPU the cluster lacks would wait forever)."""
+    """``policy.device = cuda`` needs a GPU per worker (an actor asking for a missing GPU waits forever)."""
     if device == "cuda" and cluster_gpus < num_workers:
         raise ConfigError([
             f"policy.device = cuda needs {num_workers} GPU(s) (one per trainable worker) but the Ray cluster has "

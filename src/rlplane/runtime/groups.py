@@ -1,16 +1,9 @@
 """Where workers run: the same worker classes in-process (`local`) or as Ray actors (`ray`).
 
-Every actor of a run goes through this module, grouped (one worker per data-parallel rank: policy,
-critic, teacher) or single (the rollout worker, the async collector). A group calls a method on all
-of its ranks, with per-rank arguments (sharded calls) or the same arguments, and returns the results
-in rank order; a single actor is called like an object. Nothing in the workers knows which runtime
-they run under, so `runtime: local` is debuggable with breakpoint(), and nothing above this module
-imports Ray.
-
-``lazy(method)`` returns what a call would return without fetching it into the driver: the value
-itself locally, an object reference under Ray. Passed as an argument to another actor's call, the
-reference is resolved in that actor's process (weights go from the policy actor to the generator
-without passing through the driver).
+A group (one worker per DP rank) calls a method on all ranks and returns results in rank order; a single
+actor is called like an object. Workers do not know their runtime, and nothing above imports Ray.
+``lazy(method)`` returns the value locally or an object reference under Ray, resolved in the actor it is
+passed to (weights go from policy to generator without the driver).
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from rlplane.fast.heap import freeze_actor_heap
 from rlplane.runtime.process_actor import ProcessActor
 from rlplane.runtime.worker_env import WORKER_ENV
 
-# An actor that has not started by then never will (or the cluster is overloaded): fail, do not hang.
+# An actor that has not started by then never will: fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
 
 
@@ -67,13 +60,10 @@ class LocalGroup:
 
 
 class RayGroup:
-    """One Ray actor per rank; calls are issued to all ranks at once and awaited together.
-    With ``distributed`` (and more than one rank) the ranks join one gloo group at start.
+    """One Ray actor per rank; calls go to all ranks at once. ``distributed``: ranks join one gloo group.
 
-    ``data_plane``: the driver's client of the plane the workers write to. Metas go out through its
-    ``located`` (with the index in the driver: where their keys are now, since a worker has no index
-    to ask) and the workers' results come back through its ``commit_receipts`` (their writes' receipts
-    into that index) before a call returns."""
+    ``data_plane``: the driver's client; metas go out through its ``located`` and results come back through
+    its ``commit_receipts``."""
 
     def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0,
                  distributed: bool = False, num_gpus: float = 0.0, scheduling: list | None = None,
@@ -84,13 +74,13 @@ class RayGroup:
 
         remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus,
                                 runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})(cls)
-        # ``scheduling``: a placement-group bundle per rank (runtime/placement.py); None: wherever Ray puts it.
+        # ``scheduling``: a placement-group bundle per rank; None: wherever Ray puts it.
         self.workers = [
             (remote_cls.options(scheduling_strategy=scheduling[i]) if scheduling else remote_cls).remote(**kw)
             for i, kw in enumerate(per_rank_kwargs)
         ]
         await_actors(self.workers)
-        # Each actor's model and imports out of full garbage collections' reach (rlplane.fast.heap).
+        # Each actor's model and imports out of full GC's reach (rlplane.fast.heap).
         ray.get([w.__ray_call__.remote(freeze_actor_heap) for w in self.workers])
         if distributed:  # its own process group (gloo/NCCL): every actor is its own process
             self.run("setup_distributed", ray.get(self.workers[0].node_address.remote()))
@@ -108,8 +98,8 @@ class RayGroup:
         return self._received(ray.get(refs))
 
     def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
-        """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its
-        shard (located for it); the ranks' write receipts reach the driver's index before this returns."""
+        """Shard ``meta`` over the ranks and call ``method`` on each with its located shard; receipts are taken
+        before this returns."""
         import ray
 
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
@@ -122,7 +112,7 @@ class RayGroup:
         return getattr(self.workers[rank], method).remote(*args, **kwargs)
 
     def wait(self, handles: list) -> list:
-        """The results of calls started with :meth:`lazy` (a deadline hit in an actor comes out as its one line)."""
+        """The results of calls started with :meth:`lazy` (a deadline hit in an actor comes out as one line)."""
         from rlplane.runtime.deadlines import ray_get
 
         return self._received(ray_get(handles))
@@ -154,8 +144,7 @@ class LocalActor:
     lazy = call
 
     def share(self, name: str, tensors):
-        """An argument for :meth:`call` holding ``tensors`` (here: themselves; a process actor stages
-        them in shared memory)."""
+        """An argument for :meth:`call` holding ``tensors`` (here themselves; a process actor stages them)."""
         return tensors
 
     def close(self) -> None:
@@ -177,7 +166,7 @@ class RayActor:
         if max_concurrency is not None:
             options["max_concurrency"] = max_concurrency
         self.handle = ray.remote(**options)(cls).remote(**kwargs)
-        # Queued after the constructor; not awaited (the caller's first call reports a constructor that raised).
+        # Queued after the constructor, not awaited (the first call reports a constructor that raised).
         self.handle.__ray_call__.remote(freeze_actor_heap)
 
     def call(self, method: str, *args, **kwargs):
@@ -203,12 +192,10 @@ def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *
                num_gpus: float = 0.0, distributed: bool = False, scheduling: list | None = None,
                env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None
                ) -> LocalGroup | RayGroup:
-    """A group of ``cls`` workers, one per entry of ``per_rank_kwargs``, under ``runtime`` (local | ray);
-    with ``distributed`` the Ray ranks join one process group at start (more than one rank, or FSDP).
-    Under Ray, ``scheduling`` places rank ``i`` (a placement-group bundle, :func:`placement.scheduling`),
-    ``env_vars`` are set in the actors' processes and ``data_plane`` (the driver's client of the plane
-    the workers write to) locates the metas sent and takes the receipts returned (:class:`RayGroup`).
-    Locally the workers hold the driver's own client: their writes are in its index when made."""
+    """A group of ``cls`` workers, one per ``per_rank_kwargs`` entry, under ``runtime`` (local | ray).
+
+    Ray: ``distributed`` joins a process group, ``scheduling`` places rank ``i``, ``env_vars`` go to the
+    actors, ``data_plane`` locates metas and takes receipts. Locally workers hold the driver's own client."""
     if runtime == "local":
         return LocalGroup(cls, per_rank_kwargs)
     return RayGroup(cls, per_rank_kwargs, num_cpus=num_cpus, num_gpus=num_gpus, distributed=distributed,
@@ -218,10 +205,8 @@ def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *
 def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
                max_concurrency: int | None = None, env_vars: dict[str, str] | None = None, process: bool = False,
                setup: Sequence[tuple[Callable, tuple]] = ()):
-    """A single ``cls`` worker under ``runtime`` (local | ray); ``env_vars`` are set in a Ray actor's process.
-
-    ``process`` (local only): in a child process of its own (:class:`~rlplane.runtime.process_actor.ProcessActor`,
-    off the driver's GIL; ``setup`` runs there first) instead of in this one. A Ray actor is a process anyway."""
+    """A single ``cls`` worker under ``runtime``; ``process`` (local only): in a child process of its own
+    (:class:`~rlplane.runtime.process_actor.ProcessActor`, ``setup`` run there first)."""
     if runtime == "local" and process:
         return ProcessActor(cls, kwargs, setup=setup)
     if runtime == "local":
@@ -230,8 +215,7 @@ def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: flo
 
 
 def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None:
-    """Wait until every actor answers ``ping`` (its constructor finished); a one-line error after
-    ``timeout_s`` instead of a hang when one can never be scheduled."""
+    """Wait until every actor answers ``ping``; a one-line error after ``timeout_s`` instead of a hang."""
     import ray
 
     from rlplane.errors import ConfigError

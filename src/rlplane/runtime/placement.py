@@ -1,20 +1,9 @@
 """Placement groups under ``runtime: ray``: which bundle of reserved resources each actor runs in.
 
-NeMo RL reserves its cluster as placement groups of bundles (one per GPU) and places every worker
-group in them; ``policy.generation.colocated.enabled`` chooses between
-
-- **colocated**: one placement group; bundle ``i`` holds policy rank ``i`` (with its critic and
-  teacher ranks) *and* generator ``i``. Generation and training share the bundle's resources, so
-  the generators release their weights while the policy trains (:meth:`Refit.release`).
-- **split**: a ``train`` placement group (one bundle per policy rank) and a ``generation`` one
-  (one bundle per generator): nothing shared, the generators keep their weights. Over several
-  nodes (``cluster.num_nodes > 1``) the generation bundles go on other nodes than the train ones
-  (NeMo RL gives training and inference their own nodes when they are not colocated).
-
-:func:`plan_placement` is pure (the bundles and which bundle each worker group's ranks take);
-:func:`check_bundles_fit` compares a plan with the cluster's nodes before anything is reserved, so
-a plan that can never be placed is a one-line error instead of a hang; :func:`reserve` creates the
-groups. Inside an actor, :func:`current_placement` says where it landed (the tests read it).
+As NeMo RL, ``policy.generation.colocated.enabled`` chooses **colocated** (bundle ``i`` holds policy rank ``i``
+and generator ``i``; generators release weights while the policy trains) or **split** (a ``train`` and a
+``generation`` group, on different nodes when ``cluster.num_nodes > 1``). :func:`plan_placement` is pure,
+:func:`check_bundles_fit` refuses an impossible plan in one line, :func:`reserve` creates the groups.
 """
 
 from __future__ import annotations
@@ -24,17 +13,16 @@ from dataclasses import dataclass, field
 
 from rlplane.errors import ConfigError
 
-# Seconds to wait for a placement group that passed :func:`check_bundles_fit` (others' actors may hold resources).
+# Seconds to wait for a placement group that fits (others' actors may hold resources).
 RESERVE_TIMEOUT_S = 120.0
-# The label Ray gives every node: its node id (what a bundle label selector matches to avoid nodes).
+# Ray's node-id label, matched by a bundle label selector to avoid nodes.
 NODE_ID_LABEL = "ray.io/node-id"
 
 
 @dataclass
 class PlacementPlan:
-    """``bundles``: placement-group name → its bundles (``{"CPU": c, "GPU": g}``), reserved in
-    this order; ``slots``: worker-group name → ``(placement-group name, bundle index)`` per rank;
-    ``apart``: placement-group name → the earlier group whose nodes its bundles must avoid."""
+    """``bundles``: group name → its bundles (reserved in order); ``slots``: worker group → ``(group, bundle)``
+    per rank; ``apart``: group → the earlier group whose nodes it avoids."""
 
     bundles: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     slots: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -48,15 +36,11 @@ class PlacementPlan:
 def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_cpus: dict[str, float],
                    generator_cpus: float, rank_gpus: dict[str, float] | None = None, num_nodes: int = 1
                    ) -> PlacementPlan:
-    """The bundles for ``dp_size`` ranks of each trained group in ``rank_cpus`` (name → CPUs of one
-    rank: policy, value, teacher; rank ``i`` of every group shares bundle ``i``, as NeMo RL colocates
-    the critic with the policy) and ``num_generators`` generators of ``generator_cpus`` each.
+    """Bundles for ``dp_size`` ranks of each trained group (``rank_cpus``/``rank_gpus`` per rank; rank ``i`` of
+    every group shares bundle ``i``) and ``num_generators`` CPU generators.
 
-    Colocated: ``max(dp_size, num_generators)`` bundles, generator ``j`` in bundle ``j``. Split: a
-    ``train`` group of ``dp_size`` bundles and a ``generation`` group of ``num_generators``. The GPUs
-    of a rank of each group (``rank_gpus``, name → GPUs) are in its bundle; the generators ask for
-    none (the rollout actor's engine runs on CPU). Split over ``num_nodes > 1`` nodes, the
-    ``generation`` group keeps apart from the ``train`` group's nodes.
+    Colocated: ``max(dp_size, num_generators)`` bundles. Split: ``train`` and ``generation`` groups, the
+    latter apart from the former's nodes over ``num_nodes > 1``.
     """
     train_cpus = sum(rank_cpus.values())
     gpus_per_rank = sum((rank_gpus or {}).values())
@@ -87,9 +71,8 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 
 def check_bundles_fit(plan: PlacementPlan, nodes: list[dict[str, float]], num_nodes: int, mode: str) -> None:
-    """A one-line :class:`ConfigError` when ``plan`` cannot be placed on ``nodes`` (each node's total
-    resources): fewer nodes than ``cluster.num_nodes``, a bundle bigger than every node, or more
-    CPUs/GPUs than the nodes have together. ``mode`` (colocated | split) is named in the message."""
+    """A one-line :class:`ConfigError` when ``plan`` cannot fit ``nodes`` (too few, a bundle too big, too few
+    CPUs/GPUs in all)."""
     if len(nodes) < num_nodes:
         raise ConfigError([
             f"cluster.num_nodes = {num_nodes} but the Ray cluster has {len(nodes)} node(s); lower cluster.num_nodes "
@@ -119,11 +102,8 @@ def cluster_nodes() -> list[dict[str, float]]:
 
 
 def reserve(plan: PlacementPlan, num_nodes: int, timeout_s: float = RESERVE_TIMEOUT_S) -> dict:
-    """Create ``plan``'s placement groups and wait until they are placed; returns name → placement
-    group. On one node each is ``PACK``ed; over several, a group kept apart from another (``plan.apart``)
-    is ``SPREAD`` over the nodes the other's bundles did not land on (a label selector on Ray's
-    ``ray.io/node-id`` node label), and that other group is ``PACK``ed so that it leaves nodes free.
-    A one-line error if a group is not placed within ``timeout_s`` (the groups made so far are removed)."""
+    """Create and wait for ``plan``'s placement groups (name → group). One node: ``PACK``; several: a group kept
+    apart is ``SPREAD`` over the other nodes (label selector), the other ``PACK``ed. One line on timeout."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
@@ -179,9 +159,8 @@ def scheduling(groups: dict, slots: list[tuple[str, int]]) -> list:
 
 
 def current_placement() -> dict:
-    """Inside a Ray actor: its node id, placement group id (None outside one) and bundle indices,
-    read from the bundle-scoped resources Ray assigned it (``CPU_group_<i>_<pg id>``). The public
-    ``get_assigned_resources`` names only ``CPU``; the core worker's resource ids name the bundle."""
+    """Inside a Ray actor: node id, placement group id and bundle indices, from its bundle-scoped resource
+    ids (``get_assigned_resources`` names only ``CPU``)."""
     import ray
 
     ctx = ray.get_runtime_context()

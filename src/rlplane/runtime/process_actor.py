@@ -1,25 +1,10 @@
-"""A local actor in a process of its own: ``make_actor("local", ..., process=True)``.
+"""A local actor in a process of its own: ``make_actor("local", ..., process=True)``, off the driver's GIL.
 
-Under ``runtime: local`` every worker shares the driver's interpreter, so a worker that runs beside
-training (the async collector) competes with the trainer for one GIL. A :class:`ProcessActor`
-constructs its object in a child process (``spawn``: a fresh interpreter, no forked locks or
-threads) and serves its method calls over a pipe, one at a time, with the semantics of the thread
-and Ray versions: ``call`` returns the result, ``lazy`` is ``call`` (as locally), an error raised
-by the method is raised here with its type and message, its ``__cause__`` carrying the child's
-traceback text (as ``concurrent.futures`` does).
-
-What crosses the pipe is pickled with torch's multiprocessing reductions: a large tensor travels as
-a shared-memory handle, never as its bytes (a small one by value: :mod:`rlplane.utils.shared_pickle`).
-Two arguments are translated on the way:
-
-- a ``MemoryDataPlane`` becomes a ``ForwardingDataPlane`` served by a thread here
-  (:mod:`rlplane.dataplane.forwarding`): the child writes into the plane the driver reads;
-- :meth:`ProcessActor.share` stages a state dict in shared memory kept across calls (weights at each
-  refit: one copy in, handles sent once, then only the buffer's name).
-
-The child ends with the parent: :meth:`close` (the object's ``close`` then exit), a closed pipe, or
-the parent's death (a watchdog thread polls ``os.getppid()``; a SIGKILLed parent leaves no orphan).
-``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that started the child exits.
+The child (``spawn``) builds the object and serves calls over a pipe, one at a time, with the thread and
+Ray versions' semantics; an error comes back with its type, message and the child's traceback as
+``__cause__``. Large tensors cross as shared-memory handles; a ``MemoryDataPlane`` argument becomes a
+``ForwardingDataPlane``; :meth:`ProcessActor.share` stages weights in shared memory across calls. The
+child ends with the parent (a watchdog polls ``getppid``; ``PR_SET_PDEATHSIG`` fires per thread).
 """
 
 from __future__ import annotations
@@ -65,17 +50,15 @@ class RemoteTraceback(Exception):
 
 
 class _Staged:
-    """A shared-memory buffer as a call argument: its tensors cross once (``tensors``), then only
-    ``(name, uid)``; the child keeps the mapping and passes the dict to the method."""
+    """A shared-memory buffer argument: its tensors cross once, then only ``(name, uid)``."""
 
     def __init__(self, name: str, uid: int, tensors: dict[str, torch.Tensor] | None):
         self.name, self.uid, self.tensors = name, uid, tensors
 
 
 class ProcessActor:
-    """One worker in a child process. ``setup``: ``(function, args)`` pairs the child calls before it
-    builds the object (process-wide state the object depends on, e.g. the environment registry);
-    ``torch_threads``: the child's intra-op threads (default: this process's count)."""
+    """One worker in a child process; ``setup``: ``(function, args)`` run there first; ``torch_threads``: its
+    intra-op threads."""
 
     obj = None  # the worker lives in another process
 
@@ -99,8 +82,7 @@ class ProcessActor:
         threads = torch_threads if torch_threads is not None else torch.get_num_threads()
         self.process = _CTX.Process(target=_child_main, args=(child_conn, os.getpid(), list(setup), threads),
                                     name=f"rlplane-{self._name}")  # not daemonic: it may start its own (verifier pools)
-        # Set in the child where unset here, as for Ray workers: OpenMP threads idle beside the trainer
-        # must not spin (OMP_WAIT_POLICY=PASSIVE, read once when libgomp loads).
+        # OMP_WAIT_POLICY=PASSIVE etc. in the child where unset, as for Ray workers.
         with _environment(WORKER_ENV):
             self.process.start()
         child_conn.close()  # the child holds its own copy: EOF here once it is gone
@@ -114,16 +96,15 @@ class ProcessActor:
                 end.close()
         atexit.register(self.close)  # an interpreter that exits without close() still ends the child cleanly
 
-    # ---- calls -----------------------------------------------------------------------------------
+    # ---- calls
     def call(self, method: str, *args, **kwargs):
         return self._request(("call", method, args, kwargs))
 
     lazy = call  # as locally: the value itself
 
     def share(self, name: str, tensors: Mapping[str, torch.Tensor]) -> _Staged:
-        """``tensors`` copied into the shared-memory buffer ``name`` (allocated on first use, again
-        when the names, shapes or dtypes change), as an argument for :meth:`call`. The caller must not
-        share again while the child may still read the buffer (for weights: between refits)."""
+        """``tensors`` copied into shared buffer ``name`` (reallocated when their layout changes), as a :meth:`call`
+        argument; do not share again while the child may read it."""
         held = self._staged.get(name)
         layout = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
         if held is None or {k: (tuple(v.shape), v.dtype) for k, v in held[1].items()} != layout:
@@ -154,7 +135,7 @@ class ProcessActor:
             raise value from RemoteTraceback(text)
         return value
 
-    # ---- shutdown --------------------------------------------------------------------------------
+    # ---- shutdown
     def close(self) -> None:
         """Close the object in the child (its ``close`` if any), end the process, stop serving its plane."""
         with self._lock:
@@ -195,7 +176,7 @@ def _terminate(process: Any) -> None:
         process.join(timeout=5)
 
 
-# ---- the child ---------------------------------------------------------------------------------------
+# ---- the child
 def _watch_parent(parent_pid: int) -> None:
     """Exit at once when the parent is gone (reparented: getppid changes), whatever the child is doing."""
     while os.getppid() == parent_pid:

@@ -1,15 +1,8 @@
 """Can every worker see the run's files? Checked at start-up, before any worker loads a model.
 
-Under ``runtime: ray`` the workers may run on other nodes (``cluster.address``). They write
-checkpoints into ``checkpointing.checkpoint_dir`` and load ``policy.model_name`` when it is a local
-directory, so those must be the same directories on every node: storage every node mounts. A path
-that exists on a node is not enough (``/tmp/run`` exists everywhere), so the driver writes a probe
-file holding a fresh token in each directory (:func:`write_probes`), and each worker, first thing
-in its constructor, reads the probes back (:func:`check_shared_paths`). A worker that cannot stops
-the run with one line naming its node and the path.
-
-The driver hands workers absolute paths only (:func:`driver_resolved`): a relative path would be
-resolved against each worker's own working directory, different on another node.
+Under Ray the driver writes a probe with a fresh token in each directory and every worker reads it back
+first thing (a path existing on a node is not enough); a worker that cannot stops the run in one line
+naming its node. Workers get absolute paths only.
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ class NodePathError(ConfigError):
 
 @dataclass(frozen=True)
 class SharedPaths:
-    """What the driver wrote for the workers to find: ``probes`` maps each directory (absolute) to
-    what it called it (``run directory``, ``checkpoint directory``); ``token`` is the probes' content."""
+    """``probes``: absolute directory → what it is called; ``token``: the probes' content."""
 
     probes: dict[str, str]
     token: str
@@ -96,10 +88,8 @@ def _dir_problem(d: str, token: str) -> str | None:
 
 
 def check_shared_paths(shared: SharedPaths | None, role: str, model_name: str | None = None) -> None:
-    """In a worker, before it loads anything: raise :class:`NodePathError` if a probed directory
-    cannot be seen (or written) from this node, or if ``model_name`` is an absolute path (a local
-    model directory, resolved on the driver) that is no model directory here. ``shared`` None (the
-    workers run in the driver's process, ``runtime: local``): nothing to check."""
+    """In a worker: :class:`NodePathError` if a probed directory or the absolute ``model_name`` is not usable from
+    this node. ``shared`` None (``runtime: local``): nothing to check."""
     if shared is None:
         return
     for d, what in shared.probes.items():
@@ -115,8 +105,7 @@ def check_shared_paths(shared: SharedPaths | None, role: str, model_name: str | 
 
 
 def node_path_error_in(err: BaseException) -> NodePathError | None:
-    """The :class:`NodePathError` that killed a Ray actor in its constructor, from the error Ray raises
-    (its text ends with the worker's traceback), if any."""
+    """The :class:`NodePathError` that killed a Ray actor in its constructor, from Ray's error text, if any."""
     text, marker = str(err), "NodePathError: "
     if marker not in text:
         return None
@@ -124,8 +113,7 @@ def node_path_error_in(err: BaseException) -> NodePathError | None:
 
 
 def driver_resolved(model_name: str) -> str:
-    """``policy.model_name`` as workers should get it: a local directory (as the driver sees it) made
-    absolute; embedded, packaged and hub names unchanged."""
+    """``policy.model_name`` for workers: a local directory made absolute; other names unchanged."""
     path = os.path.expanduser(model_name)
     return os.path.abspath(path) if os.path.isdir(path) else model_name
 

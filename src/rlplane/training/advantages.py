@@ -1,8 +1,4 @@
-"""The advantages of the GRPO family (sync and async GRPO): ``grpo.adv_estimator.name`` picks
-group baselines (``grpo``), per-component group baselines (``gdpo``) or REINFORCE++'s token-level
-whitening (``reinforce_plus_plus``), then ``advantage_clip_low/high``. A tested building block the
-GRPO steps call; the math is in :mod:`rlplane.algorithms.advantages`.
-"""
+"""The advantages of the GRPO family under ``grpo.adv_estimator.name``; the math is in :mod:`rlplane.algorithms`."""
 
 from __future__ import annotations
 
@@ -28,17 +24,11 @@ if TYPE_CHECKING:
 def estimator_advantages(
     s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], sample_mask: torch.Tensor
 ) -> tuple[list[torch.Tensor], dict[str, float]]:
-    """The step's advantages under ``grpo.adv_estimator.name``, one row per sample (its sequence
-    length; only the ``token_mask`` positions are trained on), then ``advantage_clip_low/high``.
+    """The step's advantages, one row per sample (its sequence length), then ``advantage_clip_low/high``.
 
-    - ``grpo``: :func:`~rlplane.algorithms.grpo_advantages`, one value per sample.
-    - ``gdpo``: :func:`~rlplane.algorithms.gdpo_advantages` over the carry's ``reward/<name>``
-      components (the environment's per-sample reward parts), one value per sample.
-    - ``reinforce_plus_plus``: :func:`~rlplane.algorithms.reinforce_plus_plus_advantages` over the
-      trained tokens (``token_mask · sample_mask``, read from the data plane: the whitening is a
-      statistic of the whole batch), with ``β·KL(prev ‖ ref)`` in the reward if ``loss_fn.use_kl_in_reward``.
-
-    Returns the rows and ``advantages/mean|max|min`` (over samples; over trained tokens for REINFORCE++).
+    ``grpo`` and ``gdpo`` (over the carry's ``reward/<name>``) give one value per sample;
+    ``reinforce_plus_plus`` whitens over the trained tokens read from the data plane (KL in the reward if
+    ``loss_fn.use_kl_in_reward``). Also returns ``advantages/mean|max|min``.
     """
     g, lf = s.cfg.grpo, s.cfg.loss_fn
     est, lengths = g.adv_estimator, meta.seq_lens
@@ -72,7 +62,7 @@ def estimator_advantages(
                                   use_leave_one_out_baseline=est.use_leave_one_out_baseline,
                                   minus_baseline=est.minus_baseline)  # (B,)
         adv = stats = clip_advantages(adv, g.advantage_clip_low, g.advantage_clip_high)
-        # One value per sample repeated over its length: one tensor split into per-sample views.
+        # One value per sample repeated over its length: per-sample views of one tensor.
         rows = list(adv.repeat_interleave(torch.tensor(lengths, dtype=torch.long)).split(list(lengths)))
     return rows, {"advantages/mean": float(stats.mean()), "advantages/max": float(stats.max()),
                   "advantages/min": float(stats.min())}

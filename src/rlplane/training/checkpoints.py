@@ -1,10 +1,5 @@
-"""The session's checkpoints: when to save, what a checkpoint holds, and restoring one on resume.
-
-A checkpoint (:class:`~rlplane.utils.checkpoint.CheckpointManager`: atomic, best-K) holds the config,
-each worker group's weights and optimizer state (``policy/``, ``value/``, ``teacher/``), the prompt
-loader's position, the RNG states of the driver and the sampler, and the extra parts a recipe adds
-before its loop (:meth:`Checkpoints.add_part`: async GRPO's replay buffer).
-"""
+"""The session's checkpoints: when to save, what one holds (config, worker groups' weights and optimizers,
+loader position, RNGs, recipe parts such as the replay buffer), and restoring one on resume."""
 
 from __future__ import annotations
 
@@ -30,10 +25,8 @@ from rlplane.workers.parallel import LAYOUT_FILE, check_resume_layout
 
 
 class Checkpoints:
-    """``checkpointing``: the section; ``max_num_steps``: the loop's last step (always saved);
-    ``config_yaml``: the run's config, written into each checkpoint; ``run_config``: the same as plain data,
-    held against a checkpoint's on resume; ``dp_size`` and ``fsdp``: the
-    policy's layout, which a checkpoint to resume must have been written with."""
+    """``config_yaml`` / ``run_config``: the run's config as text (saved) and plain data (checked on resume);
+    ``dp_size`` and ``fsdp``: the policy layout a checkpoint to resume must share."""
 
     def __init__(self, checkpointing: CheckpointingConfig, checkpoint_dir: Path, *, max_num_steps: int,
                  config_yaml: str, run_config: dict, dp_size: int, fsdp: bool):
@@ -52,14 +45,12 @@ class Checkpoints:
         self.workers, self.prompts = workers, prompts
 
     def add_part(self, file_name: str, save: Callable[[Path], None]) -> None:
-        """Have ``save(path)`` write ``file_name`` in every checkpoint from now on (the part's owner
-        writes it: async GRPO's collector saves its buffer without passing it through the driver)."""
+        """Have ``save(path)`` write ``file_name`` in every checkpoint from now on (the part's owner writes it)."""
         self.parts[file_name] = save
 
     def check_resume(self, model: torch.nn.Module, say: Callable[[str], None]) -> Path | None:
-        """Repair what a crash mid-save left, then check the latest checkpoint on the driver (its info,
-        its files, its weights' names and shapes against ``model``) so that a damaged checkpoint or a
-        different model shape is a one-line error before any worker starts. Returns it (or None)."""
+        """Repair a crash mid-save, then check the latest checkpoint (info, files, weight shapes against ``model``)
+        so damage is a one-line error before any worker starts. Returns it (or None)."""
         for what in self.manager.repair():
             say(f"checkpoint {what}")
         latest = self.manager.latest()
@@ -72,10 +63,10 @@ class Checkpoints:
         if not sharded and not (latest / "policy" / "optimizer.pt").is_file():
             raise CheckpointError(f"checkpoint {latest}: policy/optimizer.pt is missing (an incomplete checkpoint); "
                                   f"delete {latest} to resume from the one before")
-        # Small: read them now, so that a damaged one is an error before any worker starts.
+        # Small: read now, so damage is an error before any worker starts.
         self._resume_state = {"dataloader": load_torch_state(latest / "dataloader.pt"),
                               "rng": load_torch_state(latest / "rng.pt")}
-        # Every changed key is free, converted (the loader's batch size) or refused, in one line each.
+        # Every changed key is free, converted or refused, one line each.
         check, lines = check_checkpoint_config(latest, self.run_config,
                                                self._resume_state["dataloader"])
         if check.refusals:
@@ -91,8 +82,7 @@ class Checkpoints:
         return latest
 
     def restore(self, path: Path) -> dict:
-        """Load ``path`` (checked by :meth:`check_resume`) into the started workers, the prompt loader
-        and the RNGs; returns its training info."""
+        """Load ``path`` into the started workers, the prompt loader and the RNGs; returns its training info."""
         info = self.manager.load_info(path)
         for name, group in self.workers.trained_groups().items():
             if (path / name).is_dir():

@@ -1,18 +1,8 @@
 """``policy.generation.num_generators`` rollout workers used like one.
 
-The session's generators are a worker group (:func:`rlplane.runtime.groups.make_group`), one
-:class:`~rlplane.workers.rollout.RolloutWorker` per generator, each with its own engine. A rollout
-spreads the prompts across them by whole group (a prompt's ``group_size`` samples stay on one
-generator, so group statistics never need two workers), contiguously and as evenly as the count
-allows; under Ray the generators run at once, each writing its samples to the data plane. The
-results come back in prompt order, as one generator would give them: the receipts concatenated,
-the carries concatenated with group indices offset, the metrics merged (:func:`merge_metrics`).
-
-Sampling is seeded per sample key (:mod:`rlplane.generation.sampling`), so with the ``hf`` engine
-any number of generators draws exactly the samples one would.
-
-:meth:`Generators.call` takes the single rollout actor's method names, so a caller (validation,
-checkpoints, the dynamic-sampling loop) does not know how many generators there are.
+A rollout spreads prompts over them by whole group, contiguously; results come back in prompt order as
+one generator's would (receipts and carries concatenated, metrics merged). Sampling is seeded per sample
+key, so with ``hf`` any number of generators draws the same samples.
 """
 
 from __future__ import annotations
@@ -24,14 +14,12 @@ import torch
 from rlplane.dataplane import concat_metas
 from rlplane.runtime.groups import LocalGroup, RayGroup
 
-# Rollout metrics that count events: summed over generators. ``max_*`` take the maximum; every other
-# metric is a per-sample mean or rate, merged as the mean weighted by each generator's rows.
+# Event counts are summed; ``max_*`` take the maximum; the rest are means weighted by rows.
 COUNT_METRICS = ("env_errors", "env_retries", "rollout_failures", "rollout_retries")
 
 
 def spread(num_items: int, num_workers: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` ranges of ``num_items`` for each of ``num_workers``, sizes differing
-    by at most one, the larger ones first: ``spread(5, 2) == [(0, 3), (3, 5)]``."""
+    """Contiguous ``[start, end)`` ranges, sizes within one, larger first: ``spread(5, 2) == [(0, 3), (3, 5)]``."""
     base, extra = divmod(num_items, num_workers)
     out, start = [], 0
     for w in range(num_workers):
@@ -42,8 +30,7 @@ def spread(num_items: int, num_workers: int) -> list[tuple[int, int]]:
 
 
 def merge_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
-    """One rollout's metrics from each generator's ``(metrics, rows)``: counts summed, ``max_*`` the
-    maximum, the rest weighted by rows (a mean over all samples, as one generator would report)."""
+    """One rollout's metrics from each generator's ``(metrics, rows)``: counts summed, ``max_*`` max, others by rows."""
     total = sum(rows for _, rows in parts) or 1
     out = {}
     for k in dict.fromkeys(k for m, _ in parts for k in m):
@@ -58,8 +45,7 @@ def merge_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, fl
 
 
 class Generators:
-    """``group``: the rollout workers. ``sleeps``: they release their weights between generation and
-    the next refit (colocated under Ray, :meth:`Refit.release`)."""
+    """``sleeps``: the generators release their weights until the next refit (colocated under Ray)."""
 
     def __init__(self, group: LocalGroup | RayGroup, sleeps: bool = False):
         self.group, self.sleeps = group, sleeps
@@ -69,9 +55,8 @@ class Generators:
         return len(self.group)
 
     def call(self, method: str, *args, **kwargs):
-        """``method`` as on one rollout worker: ``rollout`` spread over the generators, ``last_samples``
-        gathered from those of the last rollout, ``rng_state`` one state per generator; anything else
-        (``set_weight_version``, ``update_weights``, ``sleep``) goes to all of them."""
+        """``method`` as on one rollout worker: ``rollout`` spread, ``last_samples`` gathered, ``rng_state`` per
+        generator; anything else goes to all."""
         if method == "rollout":
             return self.rollout(*args, **kwargs)
         if method == "last_samples":
@@ -104,14 +89,12 @@ class Generators:
         return [s for part in parts for s in part][:limit]
 
     def set_rng_state(self, state) -> None:
-        """One state per generator (``rng_state``); a single state (a checkpoint of one generator) goes
-        to generator 0. Only engines without per-sample seeds (vLLM) draw from it."""
+        """One state per generator (a single one goes to generator 0); only engines without per-sample seeds use it."""
         states = state if isinstance(state, list) else [state]
         self.group.wait([self.group.lazy("set_rng_state", s, rank=r) for r, s in enumerate(states[: len(self)])])
 
     def update_weights(self, weights) -> None:
-        """Every generator loads ``weights`` (under Ray an object reference: one object in the store,
-        resolved in each generator's process)."""
+        """Every generator loads ``weights`` (under Ray one object reference, resolved in each process)."""
         self.group.run("update_weights", weights)
 
     def close(self) -> None:

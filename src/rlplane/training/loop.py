@@ -43,19 +43,15 @@ class Timer:
 
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
              data_plane: DataPlaneClient) -> tuple[dict[str, float], list[dict]]:
-    """Greedy accuracy on the held-out set (and pass@k with k sampled generations when k > 1), and
-    the greedy answers as text (rows for samples.jsonl).
+    """Greedy accuracy on the held-out set (pass@k when k > 1) and the greedy answers as samples.jsonl rows.
 
-    As NeMo RL's ``validate_sync``: the rollout worker writes the samples' columns under keys of
-    ``VAL_PARTITION``; the driver reads the rewards of the small carry only, and clears the partition.
-    ``loop``: the recipe's loop section (``max_val_samples``, ``val_batch_size``, ``val_num_generations_per_prompt``).
+    As NeMo RL's ``validate_sync``: samples go under ``VAL_PARTITION`` keys, the driver reads only the carry.
     """
     g = loop
     datums = datums[: g.max_val_samples]
     k = g.val_num_generations_per_prompt
     data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(datums) * (1 + (k > 1) * k))
-    # A round trip: under Ray the register above is sent without waiting, and Ray does not order it with
-    # the rollout worker's puts (another caller); our own later call is answered only after it.
+    # A round trip, so Ray orders the register above before the rollout worker's puts.
     data_plane.list_samples(VAL_PARTITION)
     correct, passed, samples = [], [], []
     try:

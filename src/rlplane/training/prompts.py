@@ -1,11 +1,7 @@
-"""The session's data: the training prompt stream (an endless pass over the loader) and the
-held-out problems, built from ``data.*`` (``cfg.dataset_options()``) before anything slow starts.
+"""The session's data: the training prompt stream (endless over the loader) and the held-out problems.
 
-The stream also keeps the step's record for ``logs/prompts.jsonl`` (:meth:`Prompts.take_step_record`):
-every prompt the step drew, as ``[epoch, idx]`` in draw order, and those it trained on (dynamic
-sampling drops all-equal groups and the overflow of its last batch). With the loader's position in
-each checkpoint and the rows of a killed stretch dropped on resume, those rows show that every
-prompt of a run was trained exactly once, however often it was killed.
+Each step's record for ``logs/prompts.jsonl`` (drawn and trained ``[epoch, idx]``) shows, with resumes,
+that every prompt was trained exactly once.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ class Prompts:
         self._iter = iter(self.loader)
         self._drawn: list[list[int]] = []  # this step's draws, [epoch, idx]
         self._trained: list[int] | None = None  # positions in _drawn of the prompts trained on (None: all)
-        # Where the loader's position is read for a checkpoint when the prompts are drawn in another
-        # process (an async collector's copy of the loader); None: from this loader.
+        # Where a checkpoint reads the loader position when another process draws (async); None: this loader.
         self.state_from = None
 
     @property
@@ -43,17 +38,13 @@ class Prompts:
         self._trained = sorted(positions)
 
     def note_served(self, trained: list[list[int]], evicted: list[list[int]]) -> None:
-        """Async GRPO: the step drew no batch here (the collector drew from the loader); it trained the
-        collector's groups ``trained`` ([epoch, idx], prompt order); ``evicted`` were drawn and never
-        trained (stale in the buffer, or dropped by drop_group; the step's groups came from other
-        prompts). Recorded as drawn = evicted then trained, so a row reads as a sync step's that dropped
-        the evicted groups."""
+        """Async GRPO: the step trained the collector's groups ``trained`` ([epoch, idx]); ``evicted`` were drawn,
+        never trained. Recorded as drawn = evicted then trained."""
         self._drawn = [*evicted, *trained]
         self._trained = list(range(len(evicted), len(self._drawn)))
 
     def take_step_record(self) -> dict | None:
-        """The step's ``{"drawn": [[epoch, idx], ...], "trained": [...]}`` (None if it drew none), and
-        a fresh record for the next step."""
+        """The step's ``{"drawn": [[epoch, idx], ...], "trained": [...]}`` (None if none), resetting the record."""
         drawn, trained = self._drawn, self._trained
         self._drawn, self._trained = [], None
         if not drawn:

@@ -1,14 +1,8 @@
-"""The session's refit: after the policy trains, the generators' weights are stale until pushed.
+"""The session's refit: push the rank-0 policy's weights into stale generators before they generate.
 
-A generator that samples from the policy's own module (one ``hf`` generator in this process) is
-never stale. Otherwise every generator gets the rank-0 policy's weights before its next
-generation. They are fetched once per refit: under Ray ``get_weights`` returns an object reference
-(the weights are in the object store once) and the same reference goes to every generator, each
-resolving it in its own process; the driver never holds them.
-
-Colocated under Ray the generators share the policy ranks' bundles: :meth:`Refit.release` puts
-them to sleep (their weights freed) once a step's generation is done, and the next refit wakes them.
-Validation needs no release: the policy does not train between it and the next step's generation.
+A generator on the policy's own module is never stale. Under Ray the weights go once into the object
+store and every generator resolves the same reference. Colocated generators sleep after generation
+(:meth:`Refit.release`) and the next refit wakes them.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ class Refit:
         if self.stale:
             w = self.workers
             if w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1:
-                # Under FSDP get_weights is a gather every rank takes part in (rank 0 gets the weights).
+                # Under FSDP get_weights is a gather all ranks join.
                 refs = [w.policy.lazy("get_weights", rank=r) for r in range(len(w.policy))]
                 w.rollout.update_weights(refs[0])
                 w.policy.wait(refs[1:])
@@ -41,8 +35,7 @@ class Refit:
             self.stale = False
 
     def release(self) -> None:
-        """Generation is done until the next refit: colocated generators sleep (free their weights) while
-        the policy trains on the same resources; the next :meth:`if_stale` wakes them with fresh weights."""
+        """Until the next refit: colocated generators sleep (weights freed) while the policy trains."""
         if self.workers.rollout.sleeps:
             self.workers.rollout.call("sleep")
             self.stale = True

@@ -1,9 +1,5 @@
-"""Building blocks of an on-policy step (GRPO, PPO, distillation), each called from the recipe's
-step in the order things happen: rollouts with reward transforms and dynamic sampling, the sample
-mask stamped on the receipt, the optional sequence logprob-error filter, and the rollout metrics.
-Those that take the session read their knobs from its ``cfg.loop`` (the recipe's loop section); the
-others take the loop section or the values they need.
-"""
+"""Building blocks of an on-policy step, in order: rollouts with reward transforms and dynamic sampling,
+the sample mask, the logprob-error filter, the rollout metrics."""
 
 from __future__ import annotations
 
@@ -38,13 +34,10 @@ REWARD_COMPONENT_PREFIX = "reward/"  # carry keys of per-sample reward component
 def transform_rewards(
     loop: RolloutLoopConfig, max_total_sequence_length: int, carry: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loop's reward scaling, then its reward shaping, of ``carry["rewards"]`` (shaping's
-    ``max_response_length`` defaults to ``max_total_sequence_length``).
+    """``(scaled, shaped)`` (B,) rewards: the loop's reward scaling, then shaping of the total.
 
-    Returns ``(scaled, shaped)``, both (B,): dynamic sampling filters on ``scaled`` (the raw task
-    reward, before length-dependent shaping; NeMo RL's ``unshaped_total_reward``), advantages use
-    ``shaped``. Reward components (``reward/<name>``, for GDPO) are scaled in place like the total,
-    as NeMo RL's ``scale_rewards`` does; shaping applies to the total only.
+    Dynamic sampling filters on ``scaled`` (NeMo RL's ``unshaped_total_reward``), advantages use ``shaped``;
+    ``reward/<name>`` components are scaled too. ``max_response_length`` defaults to the sequence cap.
     """
     scaling = loop.reward_scaling.model_dump()
     for key in [k for k in carry if k.startswith(REWARD_COMPONENT_PREFIX)]:
@@ -65,20 +58,13 @@ def batches_available(s: Session) -> int:
 def collect_rollouts(
     s: Session, timer: Timer, metrics: dict[str, float]
 ) -> tuple[KVBatchMeta, dict[str, torch.Tensor]]:
-    """Rollouts of one step into ``TRAIN_PARTITION``: reward scaling → shaping → dynamic sampling
-    (:func:`dynamic_sampling_keep_mask` on the *unshaped* reward, :func:`dynamic_sampling_select`
-    over the generation batches so far; the keys of every sample not selected are cleared). With
-    ``rollout_failure_policy: drop_group`` the groups holding a failed sample are dropped and
-    refilled the same way (:mod:`rlplane.workers.failures`, which documents the failure metrics).
+    """Rollouts of one step into ``TRAIN_PARTITION``: scaling → shaping → dynamic sampling on the unshaped
+    reward (or ``drop_group``, :mod:`rlplane.workers.failures`), refilled until B samples; unselected keys cleared.
 
-    Returns the receipt and the (B,) carry (``rewards`` shaped, ``group`` distinct across batches),
-    B = ``num_prompts_per_step · num_generations_per_prompt``. Adds ``reward`` (raw: before scaling,
-    shaping and the selection; the mean over every generation batch of the step, as NeMo RL's
-    ``pending_unfiltered_rewards``),
-    the generation metrics and, with dynamic sampling, ``dynamic_sampling_num_gen_batches`` and
-    ``dynamic_sampling_num_discarded_valid_samples`` (samples with reward spread beyond the target,
-    cut by the final slice; NeMo RL's meaning). Raises :class:`DataExhausted` when the loader has
-    no batch left within ``max_num_epochs`` (the step's samples written so far are cleared).
+    Returns the receipt and the (B,) carry (shaped ``rewards``, ``group`` distinct across batches). Metrics:
+    ``reward`` (raw mean over every generation batch, NeMo RL's ``pending_unfiltered_rewards``), generation
+    metrics, ``dynamic_sampling_num_gen_batches`` and ``_num_discarded_valid_samples``. Raises
+    :class:`DataExhausted` when ``max_num_epochs`` is used up.
     """
     cfg, g = s.cfg, s.cfg.loop
     G = g.num_generations_per_prompt
@@ -108,7 +94,7 @@ def collect_rollouts(
             return meta, c
         metas.append(meta)
         carries.append(c)
-        # All-equal groups carry no signal (DAPO); judged on the raw task reward, not the shaped one.
+        # All-equal groups carry no signal (DAPO); judged on the raw task reward.
         keep = (dynamic_sampling_keep_mask(c["group"], unshaped) if g.use_dynamic_sampling
                 else torch.ones_like(c["env_failed"]))
         keep_masks.append(keep & failed_group_keep_mask(c["group"], c["env_failed"]) if drop_failed else keep)
@@ -123,7 +109,7 @@ def collect_rollouts(
             raise TrainingStopped(str(e).replace("grpo.", f"{cfg.algorithm}.")) from None
         if selection is not None:
             break
-    # Kept samples past the target (the last batch's overflow) are not trained on: clear them too.
+    # The last batch's overflow is not trained on: clear it too.
     overflow = []
     for m, keep, idx in zip(metas, keep_masks, selection.indices):
         chosen = torch.zeros_like(keep)
@@ -142,8 +128,7 @@ def collect_rollouts(
 
 def stamp_sample_mask(overlong_filtering: bool, meta: KVBatchMeta,
                       carry: dict[str, torch.Tensor]) -> tuple[KVBatchMeta, torch.Tensor]:
-    """The (B,) sample mask (``loss_multiplier``, times not-truncated with the loop's ``overlong_filtering``),
-    stamped on the receipt's tags where the workers read it; returns the receipt and the mask."""
+    """The (B,) sample mask (``loss_multiplier``, times not-truncated with ``overlong_filtering``), on the meta."""
     sample_mask = carry["loss_multiplier"].clone()
     if overlong_filtering:
         sample_mask = overlong_filter_sample_mask(sample_mask, carry["truncated"])
@@ -154,9 +139,8 @@ def policy_logprobs(
     s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], sample_mask: torch.Tensor, loss, timer: Timer,
     metrics: dict[str, float],
 ) -> tuple[KVBatchMeta, torch.Tensor]:
-    """Prev and reference logprobs written back by the policy workers (what ``loss`` reads; no prev
-    forward when ``loss.prev_from_forward``: π_old is then the training forward, detached, see
-    ``config/plan.py``), then ``seq_logprob_error_threshold``'s mask. Returns the receipt and mask."""
+    """Prev and reference logprobs written back by the policy workers (no prev forward when
+    ``loss.prev_from_forward``, see ``config/plan.py``), then the logprob-error mask."""
     with timer("logprobs"):
         if not loss.prev_from_forward:
             s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
@@ -170,10 +154,8 @@ def policy_logprobs(
 def mask_logprob_errors(
     s: Session, meta: KVBatchMeta, carry: dict[str, torch.Tensor], sample_mask: torch.Tensor, metrics: dict[str, float]
 ) -> tuple[KVBatchMeta, torch.Tensor]:
-    """``seq_logprob_error_threshold``: drop sequences whose generation and prev logprobs disagree.
-    The one place the driver reads per-token columns (masking needs whole sequences' errors), and
-    only when the config asks for it (without it the loss computes the statistics, see
-    :data:`SEQ_ERROR_STATS`). Returns the re-stamped receipt and the new (B,) mask."""
+    """``seq_logprob_error_threshold``: drop sequences whose generation and prev logprobs disagree (the one
+    place the driver reads per-token columns). Returns the re-stamped receipt and the new (B,) mask."""
     cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, [GENERATION_LOGPROBS, PREV_LOGPROBS, TOKEN_MASK])
     sample_mask, seq_metrics = seq_logprob_error_mask(
         cols[GENERATION_LOGPROBS][:, 1:], cols[PREV_LOGPROBS][:, 1:], cols[TOKEN_MASK][:, 1:].float(),
@@ -183,21 +165,17 @@ def mask_logprob_errors(
     return meta.stamp_tags([{"sample_mask": float(m)} for m in sample_mask.tolist()]), sample_mask
 
 
-#: Sequence logprob-error statistics the loss computes on every step (over the trained sequences, from
-#: the tokens in the policy workers); with seq_logprob_error_threshold the driver computes them before
-#: its mask, as NeMo RL logs them, and those are kept.
+#: Sequence logprob-error statistics the loss computes each step; with a threshold the driver's are kept.
 SEQ_ERROR_STATS = ("max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error")
 
 
 def add_train_metrics(metrics: dict[str, float], train: dict[str, float]) -> None:
-    """Add the policy training's merged metrics to the step's, keeping the driver's sequence
-    logprob-error statistics where :func:`mask_logprob_errors` computed them."""
+    """Add the policy's merged training metrics, keeping the driver's logprob-error statistics if it made them."""
     metrics.update({k: v for k, v in train.items() if k not in SEQ_ERROR_STATS or k not in metrics})
 
 
 def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[str, float]:
-    """Reward and group statistics of the step's samples (after shaping and sampling);
-    ``num_samples`` is how many the step trains on (prompts × generations)."""
+    """Reward and group statistics of the trained samples; ``num_samples`` = prompts × generations."""
     out = {"filtered_reward": float(carry["rewards"].mean()), "num_samples": float(len(carry["rewards"]))}
     # Per prompt group: all responses wrong (no signal), all right (no signal), or mixed.
     groups, inverse = torch.unique(carry["group"], return_inverse=True)

@@ -1,5 +1,4 @@
-"""The session's logging part: console messages, the progress line or bar (:mod:`rlplane.utils.progress`),
-per-step metrics (JSONL, TensorBoard, wandb / MLflow trackers) and the sample tables (samples.jsonl)."""
+"""The session's logging: console, progress, per-step metric sinks and trackers, sample tables."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from rlplane.utils.trackers import make_trackers
 
 
 class RunLog:
-    """``logger``: the ``logger`` section; ``max_num_steps`` and ``algorithm`` label the progress line;
-    ``run_config``: the whole run config as plain data, which the trackers record with the run."""
+    """``max_num_steps`` and ``algorithm`` label the progress line; ``run_config`` goes to the trackers."""
 
     def __init__(self, logger: LoggerConfig, paths: RunPaths, *, max_num_steps: int, algorithm: str,
                  run_config: dict, quiet: bool = False):
@@ -21,8 +19,7 @@ class RunLog:
                                  enabled=not quiet, bar=logger.progress_bar)
         trackers = make_trackers(logger, paths.run_dir.name, paths.log_dir, run_config)
         self.logger = MetricsLogger(paths.log_dir, logger.jsonl_enabled, logger.tensorboard_enabled, trackers)
-        # (kind, rows) sample tables waiting for the next log() (validation and training samples), and
-        # the last step logged (training samples are due by step).
+        # Sample tables waiting for the next log(), and the last step logged.
         self.pending_samples: list[tuple[str, list[dict]]] = []
         self.last_logged_step = 0
 

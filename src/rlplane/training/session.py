@@ -1,17 +1,12 @@
 """A training session: the named parts a recipe composes, built in the order they are needed.
 
-    s = Session(cfg)           prompts (data errors surface before anything slow), data plane,
-                               workers (not started yet), refit, checkpoints, log
-    start = s.start()          resume from a checkpoint, or warm up and start the workers; validate
-    ... the recipe's steps ...    s.workers / s.refit / s.data_plane / s.prompts, then per step:
+    s = Session(cfg)           prompts, data plane, workers (not started), refit, checkpoints, log
+    start = s.start()          resume, or warm up and start the workers; validate
+    ... the recipe's steps ...
     s.end_step(step, metrics)  validate when due, log, checkpoint when due
-    s.summary()                the run's before/after figures; s.close() (or ``with``) stops everything
+    s.summary(); s.close()     (or ``with``)
 
-Each part has one job: :class:`Prompts` (data), :class:`Workers` (actors, through the runtime
-layer), :class:`Refit` (generator weights), :class:`Checkpoints` (save / restore), :class:`RunLog`
-(console, progress, metric sinks and trackers, sample tables: ``s.log``), :func:`warm_up` (the
-supervised warm-up). The session holds the run config; each part gets its own section (or the
-values it needs) from it.
+Each part gets its own config section, or the values it needs.
 """
 
 from __future__ import annotations
@@ -47,13 +42,12 @@ from rlplane.utils.seeding import seed_everything
 
 
 class Session:
-    """``critic``: the recipe trains a value model; ``teacher_cfg``: the run config of a frozen teacher
-    (its own model and warm-up) whose worker group the recipe reads ``teacher_logprobs`` from."""
+    """``critic``: train a value model; ``teacher_cfg``: a frozen teacher's run config (``teacher_logprobs``)."""
 
     def __init__(self, cfg: RunConfig, quiet: bool = False, *, critic: bool = False,
                  teacher_cfg: RunConfig | None = None):
         self.cfg = cfg
-        # Absolute, created and writable, and no earlier run there unless resuming: checked first.
+        # Run paths absolute, writable, no earlier run unless resuming: checked first.
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
         self._holds_run_dir = True
@@ -61,8 +55,7 @@ class Session:
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
         self._early_messages: list[str] = []  # said once the log exists
-        # Tokenizer, the checkpoint to resume, data and user tasks first: their errors surface before
-        # anything slow starts (or any log file is written).
+        # Tokenizer, checkpoint, data and user tasks first: their errors surface before anything slow.
         model, self.tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
         self.workers = self.shared_paths = None
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
@@ -94,8 +87,7 @@ class Session:
             check_placement(cfg, critic, uses_teacher=teacher_cfg is not None)
         worker_cfg = cfg
         if cfg.runtime == "ray":
-            # Workers may run on other nodes: they get absolute paths (a local model directory resolved
-            # here, the run's directories already are) and first check that they see what the driver wrote.
+            # Workers may be on other nodes: absolute paths, checked first thing in each worker.
             self.shared_paths = write_probes(self._probed_dirs())
             worker_cfg = with_driver_model_path(cfg)
             teacher_cfg = teacher_cfg and with_driver_model_path(teacher_cfg)
@@ -113,7 +105,7 @@ class Session:
         self.teacher_warmup_result: dict[str, float] = {}
         self.last_validation: dict[str, float] = {}
         self._closers: list[Callable[[], None]] = []
-        # Entered around every validation (async GRPO: its collector paused; NeMo RL pauses generation too).
+        # Entered around every validation (async GRPO: its collector paused, as NeMo RL).
         self.while_validating: Callable[[], AbstractContextManager] = nullcontext
 
     def say(self, msg: str) -> None:
@@ -127,8 +119,8 @@ class Session:
         return dirs
 
     def _start_workers(self, state: dict | None = None, teacher_state: dict | None = None) -> None:
-        """Start every worker; under Ray, wait for the rollout actor too (a single actor is not awaited
-        when made), so a worker that cannot see the run's files stops the run here, in one line."""
+        """Start every worker; under Ray wait for the rollout actor too, so a worker that cannot see the run's files
+        stops the run here."""
         try:
             self.workers.start(state, teacher_state)
             if self.cfg.runtime != "local":
@@ -139,17 +131,15 @@ class Session:
             self._write_placement()
 
     def _write_placement(self) -> None:
-        """``logs/placement.json``: the node, placement group and bundles each actor reports from inside
-        itself (worker group → one entry per rank / generator), rewritten at every start: where this
-        attempt of the run actually ran, e.g. that split generators got nodes of their own."""
+        """``logs/placement.json``: the node, placement group and bundles each actor reports, rewritten each start."""
         groups = {**self.workers.trained_groups(), "generators": self.workers.rollout.group}
         where = {name: g.run("placement") for name, g in groups.items()}
         (self.paths.log_dir / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
 
-    # ---- start: resume, or warm up -----------------------------------------------------------------
+    # ---- start: resume, or warm up
     def start(self) -> int:
-        """Resume from the latest checkpoint (``checkpointing.resume``) or warm up; start the workers;
-        validate before the first step (``val_at_start``). Returns the step to start from."""
+        """Resume (``checkpointing.resume``) or warm up; start the workers; validate if ``val_at_start``.
+        Returns the first step."""
         cfg = self.cfg
         latest = self._resume_from
         if latest is not None:
@@ -180,8 +170,7 @@ class Session:
                     raise user_task_error_in(e) or e from None
             start = 0
         if cfg.checkpointing.resume:
-            # The killed stretch's rows (past the checkpoint) are redone: drop them; with nothing to
-            # resume the run starts over and keeps none.
+            # The killed stretch's rows past the checkpoint are redone: drop them.
             if dropped := self.log.logger.drop_after(start if latest is not None else -1):
                 self.say(f"dropped {dropped} metrics rows logged after the checkpoint (those steps are redone)")
         self.write_config()
@@ -196,30 +185,26 @@ class Session:
         return start
 
     def _freeze_heap(self) -> None:
-        """Move everything alive now (modules, models, datasets: millions of objects) out of the cyclic
-        garbage collector's reach until :meth:`close` (:func:`~rlplane.fast.heap.freeze_heap`): a full
-        collection would otherwise walk all of it every few steps."""
+        """Freeze everything alive now out of the cyclic GC's reach until :meth:`close`
+        (:func:`~rlplane.fast.heap.freeze_heap`)."""
         freeze_heap()
         self._frozen = True
 
     def write_config(self) -> None:
-        """``run_dir/config.yaml``: written once the run has really started (a run that failed its
-        checks leaves none, so running it again is not refused as an earlier run)."""
+        """``run_dir/config.yaml``, written once the run has really started (a failed start leaves none)."""
         (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
 
     def begin_step(self, step: int) -> None:
         """Before step ``step``: samples are seeded by (sample key, weight version = step)."""
         if self._frozen and not self._stepped:
-            # Once more before the first step, so that what the recipe built after start() (async GRPO's collector
-            # thread: its model copy, tokenizer, environments) leaves full collections too.
+            # Once more before the first step, for what the recipe built after start().
             freeze_heap()
         self._stepped = True
         self.workers.rollout.call("set_weight_version", step)
         self.prompts.take_step_record()  # what a step that stopped early drew is no step's record
 
     def validate(self) -> dict[str, float]:
-        """``validation/*`` of the current policy (the generator is refit first if stale); the greedy
-        answers go to samples.jsonl with the next log."""
+        """``validation/*`` of the current policy (refit first if stale); greedy answers go to samples.jsonl."""
         self.refit.if_stale()
         with self.while_validating():
             metrics, samples = validate(self.cfg.loop, self.workers.rollout, self.prompts.val_datums,
@@ -228,12 +213,9 @@ class Session:
         return {f"validation/{k}": v for k, v in metrics.items()}
 
     def last_step(self) -> int:
-        """The step the run ends at: ``max_num_steps``, or sooner when ``max_num_epochs`` passes over the
-        prompts run out first (NeMo RL: ``min(max_num_steps, max_num_epochs · batches per epoch)``).
+        """The last step: ``max_num_steps``, or sooner when ``max_num_epochs`` run out (NeMo RL's min).
 
-        Without dynamic sampling each step draws exactly one batch, so the bound is known up front; with
-        it a step draws a varying number of batches and :func:`~rlplane.training.rollouts.collect_rollouts`
-        raises :class:`~rlplane.training.loop.DataExhausted` when the data runs out (then :meth:`stop_early`).
+        With dynamic sampling the bound is unknown up front: :class:`~rlplane.training.loop.DataExhausted`.
         """
         g = self.cfg.loop
         if self.stopped is not None:
@@ -242,10 +224,10 @@ class Session:
             return g.max_num_steps
         return min(g.max_num_steps, g.max_num_epochs * len(self.prompts.loader))
 
-    # ---- after each step ---------------------------------------------------------------------------
+    # ---- after each step
     def end_step(self, step: int, metrics: dict[str, float]) -> bool:
         """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step).
-        Returns True when the validation ended the run (:mod:`~rlplane.training.early_stop`): the caller stops."""
+        True when a validation ended the run (:mod:`~rlplane.training.early_stop`): the caller stops."""
         g, done, end = self.cfg.loop, step + 1, self.last_step()
         kill_point("train")
         if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
@@ -267,8 +249,7 @@ class Session:
         return self.stopped is not None
 
     def stop_early(self, step: int, reason: Exception) -> None:
-        """Step ``step`` found the data used up (``max_num_epochs``, dynamic sampling): the end-of-run
-        validation and checkpoint of the step before, which did not know it was the last."""
+        """Step ``step`` found the data used up: validate and checkpoint the step before as the last."""
         g, done = self.cfg.loop, step
         self.say(f"{reason}: stopping after step {done}")
         if done == 0:
@@ -302,7 +283,7 @@ class Session:
         (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2))
         return out
 
-    # ---- shutdown ----------------------------------------------------------------------------------
+    # ---- shutdown
     def on_close(self, stop: Callable[[], None]) -> None:
         """Run ``stop`` first when the session closes (a recipe's own actor: async GRPO's collector)."""
         self._closers.append(stop)

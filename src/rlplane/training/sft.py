@@ -1,8 +1,5 @@
-"""Supervised warm-up: NLL on reference answers, so a small model starts RL with some reward signal.
-
-Loss is on the answer tokens and the closing eos only (the prompt is context). Stops early once
-held-out greedy accuracy reaches ``target_accuracy``: RL then has room to show what it adds.
-"""
+"""Supervised warm-up: NLL on answer tokens and the closing eos, stopping once held-out accuracy reaches
+``target_accuracy``."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ def supervised_warmup(
     pad_id: int,
     log: Callable[[str], None] = print,
 ) -> dict[str, float]:
-    """Train ``model`` in place. ``batches(n)`` returns n (prompt ids, answer ids + eos) pairs;
-    ``evaluate()`` returns held-out greedy accuracy. Returns steps taken, final accuracy, seconds."""
+    """Train ``model`` in place on ``batches(n)`` (prompt ids, answer ids + eos); returns steps, accuracy, seconds."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     warm = max(cfg.warmup_steps, 1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))

@@ -1,10 +1,5 @@
-"""The session's warm-up: a short supervised stage so that a small model starts RL with reward signal.
-
-:func:`warm_up` trains a fresh copy of ``policy.model_name`` on (prompt, reference answer) pairs from
-the training prompts (:mod:`rlplane.training.sft`), evaluating greedy held-out accuracy as it goes,
-and returns the weights the workers start from. ``rlplane sft`` calls it alone; distillation calls
-it once more for the teacher (with the teacher's config).
-"""
+"""The session's warm-up: a short supervised stage (:mod:`rlplane.training.sft`) on the training prompts'
+reference answers; ``rlplane sft`` runs it alone, distillation also for the teacher."""
 
 from __future__ import annotations
 
@@ -20,14 +15,10 @@ from rlplane.workers.rollout import RolloutWorker
 
 
 def warm_up(cfg: RunConfig, prompts: Prompts, say: Callable[[str], None]) -> tuple[dict, dict[str, float]]:
-    """``(state_dict, result)``: the warmed-up weights of ``cfg``'s model and the warm-up's steps,
-    held-out accuracy and seconds (``warmup.*`` settings)."""
-    # transformers' default attention, whatever policy.attn_implementation says: eager and SDPA round
-    # differently, which moves the step where the warm-up reaches its target, and with it the start of RL
-    # that the default job's before/after figures are measured from.
+    """``(state_dict, result)``: the warmed-up weights and the warm-up's steps, accuracy and seconds."""
+    # transformers' default attention: eager and SDPA round differently, moving where the warm-up stops.
     model, tok = load_configured_policy(cfg.policy.model_copy(update={"attn_implementation": None}), cfg.loop.seed)
-    # The warm-up trains `model` in place and evaluates it as it goes: sample from that very module
-    # (hf), whatever backend the run uses (a vllm engine here would hold stale weights).
+    # Sample from the trained module itself (hf), whatever backend the run uses.
     gen_cfg = cfg.policy.generation.model_copy(update={"backend": "hf"})
     eval_cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"generation": gen_cfg})})
     evaluator = RolloutWorker(eval_cfg, None, model=model, tokenizer=tok, seed=cfg.loop.seed + 1)

@@ -1,10 +1,5 @@
-"""The session's workers: the policy (one per data-parallel rank), the generators (rollout
-workers: an engine and the environments each, ``policy.generation.num_generators`` of them), and,
-when the recipe asks for them, the critic and a frozen teacher. All of them go through the runtime
-layer (:mod:`rlplane.runtime.groups`), so the same code runs them in this process (``runtime:
-local``) or as Ray actors (``runtime: ray``), where they are placed in placement groups
-(:mod:`rlplane.runtime.placement`: colocated or split, ``policy.generation.colocated.enabled``).
-"""
+"""The session's workers: the policy ranks, the generators, and on request the critic and a frozen teacher,
+all through :mod:`rlplane.runtime.groups` (in-process or Ray actors in placement groups)."""
 
 from __future__ import annotations
 
@@ -49,8 +44,7 @@ def teacher_options(teacher_cfg: RunConfig) -> TeacherWorkerOptions:
 
 
 def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> float:
-    """CPUs the run's Ray actors ask for together; Ray never schedules an actor it cannot fit, so a
-    demand above the cluster's CPUs would wait forever."""
+    """CPUs the run's Ray actors ask for together (Ray never schedules an actor it cannot fit)."""
     n = cfg.policy.dp_size
     demand = n * RAY_CPUS_POLICY_RANK + cfg.policy.generation.num_generators * RAY_CPUS_ROLLOUT
     if uses_critic:
@@ -64,8 +58,7 @@ def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False
 
 def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float | None = None,
                         uses_teacher: bool = False) -> None:
-    """A one-line :class:`ConfigError` when the actors cannot all fit the Ray cluster's CPUs
-    (``cluster_cpus``, default: the connected cluster's)."""
+    """A one-line :class:`ConfigError` when the actors cannot fit the Ray cluster's CPUs."""
     if cluster_cpus is None:
         cluster_cpus = ray_cluster_cpus()
     demand = ray_cpu_demand(cfg, uses_critic, uses_teacher)
@@ -84,8 +77,7 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
 
 def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_per_rank: float
                    ) -> placement.PlacementPlan:
-    """The run's placement groups: policy (and critic, teacher) ranks and the generators, colocated
-    or split as ``policy.generation.colocated.enabled`` says."""
+    """The run's placement groups, colocated or split as ``policy.generation.colocated.enabled`` says."""
     rank_cpus, rank_gpus = {"policy": RAY_CPUS_POLICY_RANK}, {"policy": gpus_per_rank}
     if uses_critic:  # a critic rank computes on the policy's device: a GPU of its own
         rank_cpus["value"], rank_gpus["value"] = RAY_CPUS_CRITIC_RANK, gpus_per_rank
@@ -109,9 +101,7 @@ def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = Fals
 class Workers:
     """``policy``, ``rollout`` and the optional ``value`` / ``teacher`` once :meth:`start` has run.
 
-    ``critic``: build the value workers (PPO with GAE). ``teacher_cfg``: the teacher's run config
-    (its ``policy`` section names the teacher's model) for a frozen :class:`TeacherWorker` group.
-    ``shared_paths``: the probes every worker checks first (:mod:`rlplane.runtime.shared_paths`).
+    ``teacher_cfg``: the teacher's run config; ``shared_paths``: probes every worker checks first.
     """
 
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient, *, critic: bool = False,
@@ -120,7 +110,7 @@ class Workers:
         self.critic, self.teacher_cfg = critic, teacher_cfg
         self.policy = self.value = self.teacher = None
         self.rollout: Generators | None = None  # the generators, called like one rollout worker
-        # Whether the generator samples from the policy's own module (hf, colocated): then a refit costs nothing.
+        # Whether the generator samples from the policy's own module (hf, colocated): refit costs nothing.
         self.generator_shares_weights = False
         self.placement_groups: dict = {}  # under Ray: name -> placement group (runtime/placement.py)
 
@@ -145,13 +135,13 @@ class Workers:
             plan = placement_plan(cfg, self.critic, self.teacher_cfg is not None, gpus)
             self.placement_groups = placement.reserve(plan, cfg.cluster.num_nodes)
             slots = {name: placement.scheduling(self.placement_groups, s) for name, s in plan.slots.items()}
-        # Ranks join one process group when there are several, or when FSDP shards even one rank's model.
+        # One process group when several ranks, or when FSDP shards one rank.
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
         self.policy = make_group(runtime, PolicyWorker, per_rank(policy_options(cfg), init_state),
                                  num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=gpus, distributed=distributed,
                                  scheduling=slots.get("policy"), data_plane=self.data_plane)
         if self.critic:
-            # A quarter CPU each: policy (0.5/rank) + rollout (0.5) + critic still fit Ray's 2 CPUs at dp_size 2.
+            # A quarter CPU each, so policy + rollout + critic fit Ray's 2 CPUs at dp_size 2.
             self.value = make_group(runtime, ValueWorker, per_rank(value_options(cfg), init_state),
                                     num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=gpus, distributed=distributed,
                                     scheduling=slots.get("value"), data_plane=self.data_plane)
@@ -163,9 +153,8 @@ class Workers:
         self.rollout = self._start_generators(slots.get("generators"))
 
     def _start_generators(self, scheduling: list | None) -> Generators:
-        """The generators. One in this process samples from the policy's own module (nothing to refit);
-        otherwise each builds its model from the config and the refit pushes the policy's weights in.
-        Each has its own sampling seed (engines without per-sample seeds draw from it)."""
+        """The generators: one in-process samples from the policy's module, else each builds its own model,
+        refit from the policy. Each has its own sampling seed."""
         cfg, gen = self.cfg, self.cfg.policy.generation
         if cfg.runtime == "local" and gen.num_generators == 1:
             w = self.policy.workers[0]
@@ -173,7 +162,7 @@ class Workers:
                                                              tokenizer=w.tokenizer, seed=cfg.loop.seed)])
             self.generator_shares_weights = group.workers[0].backend.shares_weights
             return Generators(group)
-        # The driver's working directory is importable there too (user tasks by import path).
+        # The driver's working directory is importable there too (user tasks).
         try:
             group = make_group(cfg.runtime, RolloutWorker,
                                [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j,
@@ -183,8 +172,7 @@ class Workers:
                                data_plane=self.data_plane)
         except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
             raise user_task_error_in(e) or e from None
-        # Colocated under Ray: they share the policy's bundles, so they sleep while it trains; vLLM with
-        # sleep mode frees its GPU memory for training in every runtime.
+        # Colocated under Ray they sleep while the policy trains; vLLM sleep mode frees GPU memory anywhere.
         sleeps = (cfg.runtime != "local" and gen.colocated.enabled) or (
             gen.backend == "vllm" and gen.vllm_cfg.enable_sleep_mode)
         return Generators(group, sleeps=sleeps)

@@ -1,23 +1,12 @@
 """Atomic, durable checkpoints with best-K retention, and the loading of their weights.
 
-A checkpoint is written into ``tmp_step_N/``, fsynced file by file, then renamed to ``step_N/`` (the
-parent fsynced too): a kill or power loss mid-write leaves only a ``tmp_*`` directory, removed on
-resume. Re-saving a step renames the old one to ``old_step_N`` first, and :meth:`CheckpointManager.repair`
-(run on resume) puts it back if the new one never arrived. Retention keeps the best ``keep_top_k`` by
-the metric in ``training_info.json`` plus the latest; a dropped one is renamed ``pruned_step_N``
-before it is deleted, so a kill mid-delete never leaves a half ``step_N``.
+Written into ``tmp_step_N/``, fsynced, renamed to ``step_N/``; a re-save parks the old one as ``old_step_N``
+and a pruned one becomes ``pruned_step_N`` before deletion, so a kill leaves only debris that
+:meth:`CheckpointManager.repair` cleans. Retention: the best ``keep_top_k`` by metric plus the latest.
 
-Layout of ``step_N/``::
-
-    training_info.json   step, consumed prompts, metric values
-    config.yaml          the resolved config of the run
-    policy/weights/      HF safetensors (one file, or shards + model.safetensors.index.json) + tokenizer
-                         (AutoModelForCausalLM.from_pretrained loads it)
-    policy/optimizer.pt  optimizer and scheduler state (torch.load(weights_only=True))
-    dataloader.pt        dataloader position
-    rng.pt               torch RNG states of the driver and the rollout sampler
-    replay_buffer.pt     async GRPO only: the replay buffer's groups, the collector's loader position,
-                         prompts drawn but not generated yet, and its sampler RNG
+``step_N/``: ``training_info.json`` (step, consumed prompts, metrics), ``config.yaml``, ``policy/weights/``
+(HF safetensors + tokenizer), ``policy/optimizer.pt``, ``dataloader.pt``, ``rng.pt``, and for async GRPO
+``replay_buffer.pt`` (buffer groups, collector loader, pending prompts, sampler RNG).
 """
 
 from __future__ import annotations
@@ -41,13 +30,11 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used (damaged, incomplete, or from a differently shaped model);
-    the message is one line naming the checkpoint and what to do."""
+    """An unusable checkpoint (damaged, incomplete, other model shape); one line naming it and the fix."""
 
 
 def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (and ``root`` itself): a rename is only durable
-    once what it points at is on disk."""
+    """fsync every file and directory under ``root`` and ``root``: a rename is durable only once its target is."""
     for dirpath, _, files in os.walk(root):
         for name in files:
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
@@ -69,15 +56,14 @@ def fsync_dir(path: Path) -> None:
 class CheckpointManager:
     def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str,
                  higher_is_better: bool):
-        # Absolute: workers (Ray actors, maybe on other nodes or in another cwd) write into this path.
+        # Absolute: workers (maybe on other nodes or in another cwd) write here.
         self.dir = Path(checkpoint_dir).expanduser().absolute()
         self.keep_top_k = keep_top_k
         self.metric_name = metric_name
         self.higher_is_better = higher_is_better
 
     def _complete(self) -> dict[int, Path]:
-        """Step -> directory of every complete checkpoint: ``step_N``, or ``old_step_N`` where a re-save
-        of step N was cut between its two renames (no ``step_N``)."""
+        """Step -> directory of every complete checkpoint (``old_step_N`` where a re-save was cut short)."""
         if not self.dir.is_dir():
             return {}
         found: dict[int, Path] = {}
@@ -152,9 +138,9 @@ class CheckpointManager:
         return info
 
     def repair(self) -> list[str]:
-        """Undo what a crash mid-save left: restore ``old_step_N`` to ``step_N`` where the re-save of
-        step N was cut between its renames, then remove ``tmp_step_*`` / other ``old_step_*`` /
-        ``pruned_*`` directories. Returns what it did, one phrase per directory."""
+        """Undo a crash mid-save: restore a cut-short ``old_step_N``, remove ``tmp_*``/``old_*``/``pruned_*`` debris.
+
+        Returns one phrase per directory handled."""
         done = []
         if not self.dir.is_dir():
             return done
@@ -201,10 +187,9 @@ class CheckpointManager:
                 shutil.rmtree(aside)
 
 
-# ---- weights ----------------------------------------------------------------------------------------
+# ---- weights
 def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
-    """The safetensors files of an HF weights directory: the shards its index names (``save_pretrained``
-    shards models above ``max_shard_size``), or the single ``model.safetensors``."""
+    """The safetensors files of an HF weights directory: the shards its index names, or ``model.safetensors``."""
     d = Path(weights_dir)
     index = d / INDEX_FILE
     if index.is_file():
@@ -228,8 +213,7 @@ def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
 
 
 def weight_shapes(weights_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from the safetensors headers only (cheap: no tensor is read). A damaged
-    or truncated file raises :class:`CheckpointError`."""
+    """Tensor name -> shape from the safetensors headers alone; a damaged file raises :class:`CheckpointError`."""
     from safetensors import SafetensorError, safe_open
 
     shapes = {}
@@ -260,8 +244,8 @@ def load_weights(weights_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def check_weights_fit(model: torch.nn.Module, weights_dir: str | os.PathLike, fix: str) -> None:
-    """Raise :class:`CheckpointError` unless the tensors in ``weights_dir`` have ``model``'s names and
-    shapes (tied embeddings may be saved once: a missing ``lm_head`` is fine). ``fix`` ends the message."""
+    """Raise :class:`CheckpointError` unless ``weights_dir`` has ``model``'s names and shapes (a tied
+    ``lm_head`` may be missing); ``fix`` ends the message."""
     saved = weight_shapes(weights_dir)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     for k, shape in expected.items():
@@ -285,7 +269,7 @@ def load_torch_state(path: str | os.PathLike):
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: delete it "
                               "(resume then starts from the one before)") from None
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a damaged file
-        # torch's first sentence is the useful part (the rest advises weights_only=False: not for damage).
+        # torch's first sentence is the useful part.
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         reason = f"{type(e).__name__}: {text.split('. ')[0]}" if text else type(e).__name__
         raise CheckpointError(f"checkpoint file {path} is damaged ({reason}); delete the checkpoint it belongs to "

@@ -1,25 +1,10 @@
-"""A test hook: ``RLPLANE_TEST_KILL_AT=<point>:<n>`` SIGKILLs this process the n-th time it reaches ``point``.
+"""Test hook: ``RLPLANE_TEST_KILL_AT=<point>:<n>`` SIGKILLs this process the n-th time it reaches ``point``.
 
-The exactly-once kill test (``tests/functional/test_kill_resume.py``) kills a run at chosen moments
-and resumes it; random delays rarely land inside a short stretch such as a checkpoint's rename, so
-the code names those stretches with :func:`kill_point`. The points, in the order a step reaches them:
-
-    refit             Refit.if_stale, before the generator may get the policy's weights (a no-op
-                      under runtime: local with hf, whose generator shares the policy's module)
-                      async GRPO: CollectorHandle.refit, the collector paused, not yet updated
-    generation        RolloutWorker.finish, responses generated and scored, not yet in the data plane
-    refill            collect_rollouts, before a dynamic-sampling (or drop_group) refill batch is drawn
-    collector_generation  async GRPO: a collector batch's first group in the replay buffer, the rest not
-    evict             async GRPO: ReplayBuffer.sample, stale groups out of the buffer, their keys not
-                      released (never reached with in_flight_weight_updates off: groups are exactly
-                      max_trajectory_age_steps old there, see rlplane.async_rl.collector)
-    train             after the policy (and critic) trained, before the step is logged
-    logged            Session.end_step, the step's metrics and prompts logged, no checkpoint yet
-    checkpoint_write  Checkpoints.save, the weights written into tmp_step_N, the loader's position not yet
-    checkpoint_rename CheckpointManager.save, tmp_step_N whole and fsynced, before its rename to step_N
-    checkpoint_prune  CheckpointManager._prune, before the first checkpoint past keep_top_k is deleted
-
-Unset (always, outside that test) a point costs one environment lookup.
+For the exactly-once kill test (``tests/functional/test_kill_resume.py``). Points in step order:
+refit (before weights reach the generator; async: collector paused), generation (scored, not yet stored),
+refill (before a dynamic-sampling refill), collector_generation (async: first group of a batch buffered),
+evict (async: stale groups out, keys not released), train, logged, checkpoint_write (weights in
+tmp_step_N), checkpoint_rename (before tmp_step_N -> step_N), checkpoint_prune (before a delete).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""Metric sinks: JSONL (one object per step), TensorBoard and the enabled trackers (wandb, MLflow);
-sample tables (``samples.jsonl``); the prompts each step drew and trained on (``prompts.jsonl``, with
-the JSONL sink); progress on stderr (a bar on a terminal, else a line per N steps)."""
+"""Metric sinks (JSONL, TensorBoard, trackers), sample tables, per-step prompts, and progress on stderr."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ class MetricsLogger:
                 print("rlplane: tensorboard not installed; logging to JSONL only", file=sys.stderr)
 
     def drop_after(self, step: int) -> int:
-        """Forget every logged row past ``step`` (a resumed run redoes those steps): rewrite
-        ``metrics.jsonl``, ``prompts.jsonl`` and ``samples.jsonl`` without them and reopen TensorBoard
-        purging its events past ``step``. Returns how many ``metrics.jsonl`` rows went."""
+        """Forget every row past ``step`` (a resume redoes them) in the JSONL files and TensorBoard; returns
+        how many ``metrics.jsonl`` rows went."""
         dropped = 0
         if self._jsonl is not None:
             self._jsonl.close()
@@ -73,8 +70,7 @@ class MetricsLogger:
         self._prompts.flush()
 
     def log_samples(self, kind: str, step: int, rows: list[dict]) -> None:
-        """Append ``rows`` (prompt, completion, reward, ...) to ``samples.jsonl`` as ``{"kind", "step", ...}``
-        and send them to TensorBoard (a markdown table under ``{kind}/samples``) and the trackers."""
+        """Append ``rows`` to ``samples.jsonl`` as ``{"kind", "step", ...}``, TensorBoard and the trackers."""
         if not rows:
             return
         if self._samples is None:
@@ -129,8 +125,7 @@ def _row_step(line: str) -> float:
 
 
 def _drop_rows_after(path: Path, step: int) -> int:
-    """Rewrite the JSONL file ``path`` (if it exists) without its rows past ``step``, atomically
-    (a kill mid-rewrite leaves the old file); returns how many rows went."""
+    """Rewrite JSONL ``path`` (if any) atomically without its rows past ``step``; returns how many went."""
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines(keepends=True)

@@ -1,12 +1,8 @@
 """Aggregation of per-micro-batch metrics into per-step numbers.
 
-Loss-function metrics arrive already normalised by global counts, so a plain sum over the
-micro-batches of one global batch gives that global batch's value; with several global batches
-per step the sum is divided by their number, giving the mean over global batches (as NeMo RL).
-Extrema (`*_min`, `*_max`, and NeMo RL's `min_*`, `max_*`) are reduced with min/max, ignoring
-infinities (a micro-batch with no valid token reports +-inf). A rank with no value keeps the
-neutral element (+inf for a min, -inf for a max) until the ranks are merged; only the merged
-value, if still none, is reported as -1, so a real -1 is never taken for "no value".
+Loss metrics come normalised by global counts: they sum over micro-batches and average over global
+batches (as NeMo RL). Extrema (`*_min`, `min_*`, ...) reduce by min/max ignoring ±inf; a merged extremum
+with no value is reported as -1.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ def reduce_microbatch_metrics(per_mb: list[dict[str, torch.Tensor]], num_global_
 
 
 def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Combine the metrics of one or several DP ranks: sums add, extrema min/max over the ranks that have
-    one (none: -1), settings (lr) and global counts from rank 0."""
+    """Combine DP ranks' metrics: sums add, extrema min/max (none: -1), settings and global counts from rank 0."""
     out: dict[str, float] = {}
     same_on_every_rank = {"lr", "grad_norm", "global_valid_toks", "global_valid_seqs"}
     for key, first in per_rank[0].items():

@@ -1,9 +1,7 @@
-"""``rlplane plot RUN_DIR [RUN_DIR ...]``: the figures of one or more runs, overlaid, from their
-``logs/metrics.jsonl``: train reward, validation accuracy, KL / entropy / ``token_mult_prob_error``,
-the learning diagnostics (clip fractions, response length, reward spread within groups) and the step
-time per phase. Writes a PNG and an HTML page holding the same figures.
+"""``rlplane plot RUN_DIR ...``: reward, accuracy, KL/entropy/mismatch, clip fractions, response length, reward
+spread within groups and phase times of runs, overlaid.
 
-matplotlib (``pip install 'rlplane[plot]'``) is imported lazily with the Agg backend (no display).
+Writes a PNG and an HTML page; matplotlib (``rlplane[plot]``) is imported lazily, Agg backend.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ TIMING_PREFIX = "timing/train/"
 
 
 def load_run(path: str | Path, say=None) -> tuple[str, list[dict]]:
-    """(run name, metric rows) of a run directory, its ``logs`` directory, or a ``metrics.jsonl``. A last
-    line cut short (a run still writing, or killed mid-line) is skipped, and ``say`` is told so."""
+    """(run name, metric rows) of a run directory, its ``logs`` or a ``metrics.jsonl``; a cut last line is skipped."""
     p = Path(path)
     if not p.exists():
         raise ConfigError([f"rlplane plot {path}: no such file or directory; pass a run directory"])
@@ -92,8 +89,7 @@ def _timing_keys(runs: list[tuple[str, list[dict]]]) -> list[str]:
 
 
 def figures(runs: list[tuple[str, list[dict]]]):
-    """The grid of every panel (:data:`GRID`, the PNG) and one figure per panel (the HTML page), as
-``(grid, [(title, figure), ...])``."""
+    """The :data:`GRID` of panels (the PNG) and one figure per panel (the HTML): ``(grid, [(title, figure), ...])``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,7 +106,7 @@ def figures(runs: list[tuple[str, list[dict]]]):
                 steps, values = _series(rows, key)
                 if not steps:
                     continue
-                # A run keeps its colour across panels; in multi-key panels the metric picks the line style.
+                # A run keeps its colour across panels; in multi-key panels the metric picks the style.
                 style = dict(color=colors[r % len(colors)], linestyle=styles[k % len(styles)])
                 many = len(keys) > 1
                 tag = f"{name}: {label}" if len(runs) > 1 and many else (label if many else name)
@@ -141,8 +137,7 @@ def figures(runs: list[tuple[str, list[dict]]]):
 
 
 def plot_runs(run_dirs: list[str], output: str | Path, say=None) -> tuple[Path, Path]:
-    """Write ``output`` (a PNG with every panel) and the same path with ``.html``. Returns both paths.
-    ``say`` hears about skipped lines (an incomplete last line of a metrics file)."""
+    """Write ``output`` (PNG) and the same path with ``.html``; ``say`` hears of skipped lines. Returns both."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -1,12 +1,6 @@
-"""Progress of a run on stderr: a bar on a terminal, one plain line every N steps otherwise.
-
-A tqdm bar redraws in place with carriage returns; captured to a file (a batch job, ``> log.txt``)
-every redraw is kept and the log grows to hundreds of KB of ``grpo:  37%|...`` frames. Without a
-terminal the same figures (step, reward, validation accuracy, speed, ETA) come as one line per
-``logger.log_every_n_steps`` steps, at each validation and at the last step. Both carry the learning
-diagnostics a drifting run shows first (:data:`DIAGNOSTICS`): entropy, clip fraction, KL to the
-reference, response length, reward std within groups, fraction of all-equal groups.
-"""
+"""Progress on stderr: a tqdm bar on a terminal, else one line per ``logger.log_every_n_steps`` steps
+(a redrawn bar captured to a file would grow it by every frame). Both carry the step's learning
+diagnostics (:data:`DIAGNOSTICS`)."""
 
 from __future__ import annotations
 

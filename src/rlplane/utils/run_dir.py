@@ -1,23 +1,8 @@
 """The run directory and the paths under it, checked before anything slow starts.
 
-A run writes ``run_dir/config.yaml``, ``summary.json``, checkpoints (``checkpointing.checkpoint_dir``,
-default ``run_dir/checkpoints``) and metrics (``logger.log_dir``, default ``run_dir/logs``). Before
-a run starts, :func:`prepare_run_paths`:
-
-- resolves the three to absolute paths on the driver (workers, maybe Ray actors on other nodes or
-  in another working directory, are handed these, never a relative path);
-- creates them and writes a probe file in each, so a path that cannot be written (``/proc/...``,
-  an existing file, a read-only mount) is a one-line error now rather than a traceback at the
-  first checkpoint;
-- locks the run directory (:class:`RunLock`, an ``fcntl.flock`` on ``run_dir/.rlplane.lock`` held
-  while the run lives; the OS drops it when the process ends, however it ends), so a second run in
-  the same directory is refused in one line naming the holder's pid and host;
-- refuses a directory that holds an earlier run (its config, summary, checkpoints or metrics)
-  unless the run resumes it (``checkpointing.resume=true``) or the user asked to replace it
-  (``rlplane train --overwrite``). Each run records what it writes in ``run_dir/.rlplane-run.json``
-  (the manifest); --overwrite deletes only what that manifest names, says each path it deletes, and
-  refuses files no manifest names (the user's own ``config.yaml`` in ``run_dir=.``, another run's
-  checkpoints under ``checkpointing.checkpoint_dir``).
+:func:`prepare_run_paths` makes run, checkpoint and log dirs absolute, probes that each is writable,
+locks ``run_dir`` (:class:`RunLock`), and refuses an earlier run there unless resuming or
+``--overwrite``, which deletes only what that run's manifest (``.rlplane-run.json``) names.
 """
 
 from __future__ import annotations
@@ -67,8 +52,7 @@ def _reason(e: OSError) -> str:
 
 
 def ensure_writable_dir(path: Path, key: str) -> None:
-    """Create ``path`` (with parents) and write and remove a probe file in it; a :class:`ConfigError`
-    naming the config ``key`` if either fails."""
+    """Create ``path`` and write and remove a probe file; a :class:`ConfigError` naming ``key`` if either fails."""
     fix = f"set {key} to a directory you can write"
     if path.exists() and not path.is_dir():
         raise ConfigError([f"{key} = {str(path)!r}: is a file, not a directory; {fix}"])
@@ -85,10 +69,9 @@ def ensure_writable_dir(path: Path, key: str) -> None:
 
 
 class RunLock:
-    """An exclusive ``fcntl.flock`` on ``run_dir/.rlplane.lock`` for the run's life. The file holds the
-    holder's pid and host (for the refusal); the lock itself is the OS's, released when the file is
-    closed or the process ends (a crash or ``kill -9`` included), so a stale file never blocks a run.
-    Re-entrant within a process: the CLI and the training session both take it for one run."""
+    """An exclusive ``fcntl.flock`` on ``run_dir/.rlplane.lock`` (holding pid and host) for the run's life.
+
+    The OS drops it when the process ends, however it ends; re-entrant within a process."""
 
     _held: dict[Path, tuple[int, int]] = {}  # run_dir -> (fd, depth) held by this process
 
@@ -148,9 +131,8 @@ def release_run_dir(run_dir: Path) -> None:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What an rlplane run writes: files and directories by absolute path, and checkpoint directories
-    (``step_*``, ``tmp_step_*``, ``old_step_*``) under ``checkpoint_dir``. On disk, paths inside
-    run_dir are kept relative to it, so a run directory that is moved or copied still owns its files."""
+    """What a run writes: paths, and checkpoint directories under ``checkpoint_dir``; stored relative to
+    run_dir so a moved run directory still owns its files."""
 
     paths: tuple[Path, ...]
     checkpoint_dir: Path
@@ -199,7 +181,7 @@ def _shown(found: list[Path], base: Path) -> str:
 
 
 def _foreign_message(paths: RunPaths, foreign: list[Path]) -> str:
-    """One line naming where the files that no manifest of run_dir names are, and whose they look."""
+    """One line naming the files no manifest of run_dir names, and whose they look."""
     in_ck = [p for p in foreign if p.parent == paths.checkpoint_dir]
     if in_ck:
         owner = next((d for d in (paths.checkpoint_dir, *paths.checkpoint_dir.parents)
@@ -227,9 +209,8 @@ def remove_earlier_run(paths: RunPaths, manifest: Manifest, found: list[Path], s
 
 
 def prepare_run_paths(cfg, *, overwrite: bool = False) -> RunPaths:
-    """Resolve, create and probe the run's directories, lock run_dir (see :class:`RunLock`; give it
-    back with :func:`release_run_dir`); refuse an earlier run there unless the run resumes
-    (``checkpointing.resume``) or ``overwrite`` (which removes what the earlier run's manifest names)."""
+    """Resolve, create and probe the run's directories and lock run_dir (undo: :func:`release_run_dir`);
+    refuse an earlier run unless ``checkpointing.resume`` or ``overwrite`` (deletes what its manifest names)."""
     paths = run_paths(cfg)
     ensure_writable_dir(paths.run_dir, "run_dir")
     if cfg.checkpointing.enabled or cfg.checkpointing.resume:

@@ -1,10 +1,5 @@
-"""Pickling for a pipe between local processes: large tensors as shared-memory handles, small ones by value.
-
-torch's multiprocessing reductions send every tensor as a shared-memory segment (a file descriptor
-passed over a socket): no copy of a large column or weight, but a fixed set-up cost per tensor, which
-for the dozens of (G,) carries a replay-buffer sample returns costs more than their bytes. Below
-``SMALL_TENSOR_BYTES`` a tensor that is not already in shared memory goes by value instead.
-"""
+"""Pickling for a pipe between local processes: large tensors as shared-memory handles, small ones by value
+(below ``SMALL_TENSOR_BYTES`` a segment's set-up costs more than the bytes)."""
 
 from __future__ import annotations
 

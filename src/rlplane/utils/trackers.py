@@ -1,15 +1,7 @@
-"""Experiment trackers beside JSONL and TensorBoard: Weights & Biases and MLflow (NeMo RL key names).
+"""Experiment trackers beside JSONL and TensorBoard: wandb and MLflow (NeMo RL key names), off by default.
 
-Both are off by default and imported only when enabled (``pip install 'rlplane[trackers]'``). A
-sink takes the same calls as :class:`rlplane.utils.logging.MetricsLogger`: ``log(metrics, step)``,
-``log_samples(kind, step, rows)`` (the prompt/completion tables) and ``close()``.
-
-- wandb: ``logger.wandb_enabled``, ``logger.wandb.{project, name, entity, dir}``. It runs offline
-  with ``WANDB_MODE=offline`` (its run directory, ``LOG_DIR/wandb/offline-run-*``, holds the
-  metrics; ``wandb sync`` uploads it later).
-- MLflow: ``logger.mlflow_enabled``, ``logger.mlflow.{experiment_name, run_name, tracking_uri}``;
-  by default a sqlite store in the log directory (``sqlite:///LOG_DIR/mlflow.db``), read with
-  ``mlflow.tracking.MlflowClient`` or ``mlflow ui --backend-store-uri ...``.
+Imported only when enabled (``rlplane[trackers]``); a sink has ``log``, ``log_samples``, ``close``. wandb
+runs offline with ``WANDB_MODE=offline``; MLflow defaults to ``sqlite:///LOG_DIR/mlflow.db``.
 """
 
 from __future__ import annotations
@@ -93,7 +85,7 @@ class MlflowSink:
         self._Metric = Metric
         uri = cfg.tracking_uri or f"sqlite:///{(log_dir / 'mlflow.db').resolve()}"
         if uri.startswith("file:") or "://" not in uri:
-            # MLflow 3 keeps the file store working but in "maintenance mode" behind this opt-in.
+            # MLflow 3 keeps the file store only behind this opt-in.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         try:
             self.client = MlflowClient(uri)
@@ -126,10 +118,10 @@ class MlflowSink:
 
 
 def _wandb_records(run_file: str) -> tuple[list[dict], bool]:
-    """The history rows (``{"_step": N, key: value}``) of a wandb run file ``run-*.wandb``, read without
-    wandb's service (it no longer ships a Python reader). The file is a LevelDB-style log: a 7-byte
-    header (":W&B", magic, version), then 32 KiB blocks of records (crc32c u32, length u16, type u8:
-    1 full, 2 first, 3 middle, 4 last) holding ``wandb.proto`` ``Record`` messages."""
+    """History rows (``{"_step": N, ...}``) of a ``run-*.wandb`` file, read without wandb's service.
+
+    LevelDB-style log: 7-byte header, 32 KiB blocks of records (crc32c u32, length u16, type u8: 1 full,
+    2 first, 3 middle, 4 last) holding ``wandb.proto`` ``Record`` messages."""
     import struct
 
     from wandb.proto import wandb_internal_pb2 as pb
@@ -160,9 +152,8 @@ def _wandb_records(run_file: str) -> tuple[list[dict], bool]:
 
 
 def read_wandb_history(run_file: str, wait_s: float = 30.0) -> list[dict]:
-    """The history rows (``{"_step": N, key: value}``) of a wandb run file ``run-*.wandb``. wandb's
-    service process may still be writing the file after ``finish()`` returns (seen under load), so
-    this waits up to ``wait_s`` for the run's exit record before reading what is there."""
+    """History rows of a ``run-*.wandb`` file, waiting up to ``wait_s`` for its exit record (wandb's service
+    may still be writing after ``finish()``)."""
     deadline = time.monotonic() + wait_s
     while True:
         rows, finished = _wandb_records(run_file)

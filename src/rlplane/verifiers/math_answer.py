@@ -1,13 +1,8 @@
-"""Scoring a free-form math answer against a reference with Hugging Face ``math-verify``.
+"""Scoring a free-form math answer against a reference with ``math-verify``, as NeMo RL's math environment.
 
-As NeMo RL's math environment: the reference is wrapped as ``\\boxed{...}`` (unless it already
-holds a box) and parsed as LaTeX; the prediction is parsed from the whole response with both
-LaTeX (a ``\\boxed{}`` answer takes priority) and plain-expression extraction, and the two are
-compared symbolically (``\\boxed{1/2}`` equals ``0.5``; ``\\{2,1\\}`` equals ``\\{1,2\\}``).
-
-math-verify's own timeouts are turned off here (``parsing_timeout=None``, ``timeout_seconds=None``):
-they rely on ``signal.alarm``, which raises outside the main thread. Run this under
-``rlplane.verifiers.pool.VerifierPool`` for a deadline that works anywhere.
+The reference is parsed as ``\\boxed{...}`` LaTeX, the response with LaTeX and plain extraction, compared
+symbolically. math-verify's own timeouts (``signal.alarm``, main thread only) are off: run this under
+``rlplane.verifiers.pool.VerifierPool`` for a deadline.
 """
 
 from __future__ import annotations
@@ -30,10 +25,7 @@ def boxed_reference(ground_truth: str) -> str:
 
 
 def verify_math_answer(response: str, ground_truth: str) -> tuple[float, str | None]:
-    """``(score, extracted answer)``: 1.0 if the response's answer equals the reference, else 0.0.
-
-    Malformed LaTeX or an answer that cannot be parsed scores 0.0 (never raises).
-    """
+    """``(score, extracted answer)``: 1.0 if the answer equals the reference, else 0.0 (never raises)."""
     try:
         gold = parse(boxed_reference(ground_truth), extraction_config=_GOLD_CONFIG, parsing_timeout=None)
         pred = parse(str(response), extraction_config=_PRED_CONFIG, parsing_timeout=None)

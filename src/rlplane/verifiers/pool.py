@@ -1,10 +1,7 @@
 """A pool of verifier processes with a deadline per item.
 
-Processes, not threads: math-verify can run unboundedly on adversarial answers, its own timeouts
-(``signal.alarm``) work only in the main thread, and only a process can be stopped from outside. An
-item past ``timeout_s`` has its worker killed and replaced and scores ``None`` (0 for the caller);
-the other workers go on. Workers start with ``spawn`` (safe from threads and Ray actors), lazily on
-the first ``map``, and live until ``close()``.
+Processes, since only a process can be stopped from outside: an item past ``timeout_s`` has its worker
+killed and replaced and scores ``None``. Workers are spawned on the first ``map`` and live until ``close()``.
 """
 
 from __future__ import annotations
@@ -65,11 +62,10 @@ class _Worker:
 
 
 class VerifierPool:
-    """Run ``fn(*args)`` for many ``args`` over ``num_workers`` processes, each item cut off after ``timeout_s``.
+    """Run ``fn(*args)`` for many ``args`` over ``num_workers`` processes, each cut off after ``timeout_s``.
 
-    ``fn_spec`` is ``"module:function"`` (importable in a fresh interpreter). ``map`` returns one
-    entry per item, in order: ``fn``'s return value, or ``None`` if it raised, timed out or its
-    worker died; ``last_errors`` lists why. Safe to call from several threads (calls are serialised).
+    ``fn_spec``: ``"module:function"``. ``map`` returns per item ``fn``'s value, or ``None`` if it raised, timed
+    out or its worker died (``last_errors`` says why). Thread-safe (calls are serialised).
     """
 
     def __init__(self, fn_spec: str, *, num_workers: int = 2, timeout_s: float = 5.0):

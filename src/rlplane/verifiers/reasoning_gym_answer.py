@@ -26,15 +26,13 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the box never closes
 
 
-# answer_format values: "any" takes the first found of the chain in extract_answer; the others accept
-# only the one format the prompt asked for, so a right number written any other way scores 0.
+# answer_format: "any" takes the first found of extract_answer's chain; the others only the format asked for.
 ANSWER_FORMATS = ("any", "boxed", "answer_tag")
 
 
 def extract_answer(response: str, answer_format: str = "any") -> str | None:
-    """The last ``\\boxed{}``, else the last ``<answer>`` tag, else the last "answer is X" at a line's
-    end, else the last non-empty line. ``answer_format="boxed"`` / ``"answer_tag"``: only that format
-    counts (None when the response has none)."""
+    """The last ``\\boxed{}``, else ``<answer>`` tag, else "answer is X" at a line end, else the last non-empty
+    line; ``answer_format="boxed"`` / ``"answer_tag"`` accept only that format (else None)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}: use one of {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":
@@ -62,12 +60,10 @@ def _scorer(name: str):
 def score_reasoning_gym_answer(
     response: str, entry: dict[str, Any], partial_credit: bool = True, answer_format: str = "any"
 ) -> tuple[float, str | None]:
-    """``(score in [0, 1], extracted answer)`` by the task named in ``entry["metadata"]["source_dataset"]``.
+    """``(score in [0, 1], extracted answer)`` by the task in ``entry["metadata"]["source_dataset"]``.
 
-    Without ``partial_credit`` the score is 1 for a fully correct answer and 0 otherwise: reasoning-gym's
-    default ``score_answer`` gives ``len(oracle) / len(answer)`` to any answer containing the oracle
-    (``"16."`` scores 2/3 against ``16``), which would make a mean reward read as more than accuracy.
-    ``answer_format``: see :func:`extract_answer`."""
+    Without ``partial_credit`` only a fully correct answer scores (reasoning-gym's default gives ``"16."``
+    2/3 against ``16``, so a mean reward would read as more than accuracy)."""
     answer = extract_answer(response, answer_format)
     if answer is None:
         return 0.0, None

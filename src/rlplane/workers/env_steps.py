@@ -1,7 +1,4 @@
-"""One environment step of a rollout's turn: each task's environment stepped on its active samples,
-every return checked, the failed samples isolated, retried on a fresh environment when asked, then
-scored 0 (the rules are in :mod:`rlplane.workers.turns`, step 3 of a turn).
-"""
+"""One environment step of a rollout's turn: returns checked, failed samples isolated, retried, scored 0."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ log = logging.getLogger("rlplane.workers.turns")
 
 @dataclass(frozen=True)
 class EnvSteps:
-    """How a rollout steps its environments. ``env_for(task_name)`` returns that task's environment;
-    ``renew_env(task_name)`` a fresh one for the ``max_retries`` re-runs of a failed step
-    (``rollout_failure_policy: retry``); a step past ``timeout_s`` raises :class:`DeadlineExceeded`."""
+    """How a rollout steps its environments: ``env_for``, ``renew_env`` (for ``max_retries`` re-runs), and a
+    ``timeout_s`` past which :class:`DeadlineExceeded` is raised."""
 
     env_for: Callable[[str], Any]
     renew_env: Callable[[str], Any] | None = None
@@ -43,13 +39,8 @@ def step_envs(
 ) -> tuple[int, int]:
     """Step each task's environment on its active samples; returns ``(failed, retried)`` sample counts.
 
-    A sample fails when its environment raises on it or returns something malformed for it (see
-    :func:`_checked_step`). When a task's whole batch raises or comes back malformed as a batch
-    (wrong lengths), its samples are stepped one by one, so only the ones that break the
-    environment fail. With ``max_retries`` > 0 (``rollout_failure_policy: retry``) the failed samples
-    are stepped again, up to that many times, each time on a fresh environment from ``renew_env``;
-    the ones still failing then: reward 0, done, one warning line per task. A step that does not
-    return within ``timeout_s`` raises :class:`DeadlineExceeded` (never retried: the run stops).
+    A batch that raises or is malformed is stepped sample by sample; failed samples are retried up to
+    ``max_retries`` times on fresh environments, then get reward 0 and are done. A timeout is never retried.
     """
     by_task: dict[str, list[int]] = {}
     for i in active:
@@ -107,9 +98,8 @@ def step_task(env, task: str, states: list[SampleState], rows: list[int], timeou
 
 
 def _checked_step(env, task: str, batch: list[SampleState]):
-    """Step ``env`` on ``batch``; ``(ret, rewards, terminated, problems, components)`` with per-sample
-    problems ("" where the sample's return is well formed) and the reward components as lists of
-    floats. Raises when the return is malformed as a whole."""
+    """Step ``env`` on ``batch``: ``(ret, rewards, terminated, problems, components)``, per-sample problems
+    ("" if fine); raises when the return is malformed as a whole."""
     ret = env.step([s.message_log for s in batch], [s.env_info for s in batch])
     n = len(batch)
     fields = ("observations", "metadata", "next_stop_strings", "rewards", "terminateds")
@@ -128,7 +118,7 @@ def _checked_step(env, task: str, batch: list[SampleState]):
     if wrong:
         raise ValueError(f"environment {task!r} returned " + ", ".join(f"{v} {k}" for k, v in wrong.items())
                          + f" for {n} samples; every list needs one entry per sample")
-    # As Python floats once per batch, not float() of each element per sample.
+    # Python floats once per batch.
     components = {name: torch.as_tensor(values).reshape(-1).tolist()
                   for name, values in (getattr(ret, "reward_components", None) or {}).items()}
     for name, values in components.items():

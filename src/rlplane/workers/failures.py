@@ -1,18 +1,6 @@
-"""Rollout failures: what a step does with samples whose environment failed (``rollout_failure_policy``).
-
-The policies (``{grpo,ppo}.rollout_failure_policy``):
-
-- ``zero_reward``: the sample scores 0 and is trained on (its group's baseline sees the 0).
-- ``retry``: its environment step is re-run on a fresh environment up to ``rollout_max_retries``
-  times (:func:`rlplane.workers.turns.run_turns`), then it scores 0.
-- ``drop_group``: its whole prompt group leaves the step (:func:`rlplane.algorithms.failed_group_keep_mask`)
-  and is replaced from the next prompts, as dynamic sampling refills (sync); the async collector
-  does not buffer the group and generates another.
-
-Step metrics (sums over the step's generation batches):
-  rollout_failures   samples whose environment failed, after retries
-  rollout_retries    environment steps re-run on a fresh environment
-  dropped_groups     prompt groups dropped because a sample failed (drop_group only)
+"""Rollout failures under ``rollout_failure_policy``: ``zero_reward`` (scored 0, trained), ``retry`` (re-run
+on a fresh environment, then 0), ``drop_group`` (the group leaves the step and is refilled). Metrics
+``rollout_failures``, ``rollout_retries``, ``dropped_groups`` are sums over the step's batches.
 """
 
 from __future__ import annotations

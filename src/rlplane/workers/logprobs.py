@@ -1,11 +1,7 @@
-"""Per-token logprobs under a model's sampling distribution: a whole batch (:func:`token_logprobs`) or one
-micro-batch of a shard (:func:`microbatch_logprobs`: fixed, token-budget or packed rows, the shared-prefix
-forward, and the trained-tokens-only projection).
+"""Per-token logprobs under a model's sampling distribution, for a batch or one micro-batch of a shard.
 
-Convention (as in the seeds): ``logprobs[:, t] = log π(token_t | tokens_<t)`` under the sampling
-distribution of ``policy.generation`` (``logits / temperature``, then top-k, then top-p, renormalised:
-:func:`rlplane.generation.sampling.sampling_logprobs`, the function the sampler draws with),
-``logprobs[:, 0] = 0``.
+``logprobs[:, t] = log π(token_t | tokens_<t)`` under ``policy.generation`` (temperature, top-k, top-p,
+renormalised: :func:`rlplane.generation.sampling.sampling_logprobs`), ``logprobs[:, 0] = 0``.
 """
 
 from __future__ import annotations
@@ -28,11 +24,8 @@ def token_logprobs(
     top_p: float = 1.0,
     unfiltered: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Per-token logprobs of ``input_ids`` under ``model``'s sampling distribution; (B, T), position 0 is 0.
-
-    With ``unfiltered`` also returns the temperature-only logprobs of the same forward pass (for the
-    KL term), as ``(filtered, unfiltered)``.
-    """
+    """(B, T) logprobs of ``input_ids`` under ``model``'s sampling distribution; with ``unfiltered`` also the
+    temperature-only ones, ``(filtered, unfiltered)``."""
     with autocast(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
     return logprobs_from_logits(logits, input_ids, temperature, top_k, top_p, unfiltered)
@@ -52,23 +45,16 @@ def logprobs_from_logits(logits, input_ids, temperature, top_k=None, top_p=1.0, 
 def microbatch_logprobs(model, input_ids, lengths, mb: MicroBatch, trim: bool, temperature, top_k=None, top_p=1.0,
                         unfiltered=False, only: torch.Tensor | None = None, prompt_lens: torch.Tensor | None = None,
                         pad_id: int = 0):
-    """:func:`token_logprobs` of the micro-batch ``mb`` (fixed, token-budget or packed,
-    ``workers/packing.py``) as (b, T) rows in ``mb.rows`` order, T = ``input_ids``' width.
+    """:func:`token_logprobs` of micro-batch ``mb`` as (b, T) rows in ``mb.rows`` order.
 
-    ``only`` (b, T) bool, the tokens a loss reads (its token mask): the logprobs of those tokens alone
-    are computed, the rest are 0 (ignored with packing: every token is computed). Why: on a chat model's
-    GRPO batch prompts and padding are most of each row (SmolLM2 preset: ~9 generated tokens of ~80
-    columns), and the fp32 vocabulary projection (49152 wide) and its log-softmax cost a fifth of a
-    forward+backward at every column they run on.
-
-    ``prompt_lens`` (B,) from :func:`shared_prefix.prompt_lengths` (``policy.shared_prefix_forward``): on
-    unpacked rows each distinct prompt runs once (:func:`shared_prefix.shared_prefix_logprobs`).
+    ``only`` (b, T) bool: compute just those tokens' logprobs (the vocabulary projection is costly), 0
+    elsewhere (ignored with packing). ``prompt_lens`` (B,): run each distinct prompt once (shared prefix).
     """
     packed = mb.packing is not None
     if prompt_lens is not None and not packed:
         return shared_prefix.shared_prefix_logprobs(model, input_ids, lengths, prompt_lens, mb.rows, temperature,
                                                     top_k, top_p, unfiltered, pad_id)
-    # Logits at column t predict token t + 1: the wanted logits sit one column left of the wanted tokens.
+    # Logits at column t predict token t + 1.
     at = F.pad(only[:, 1:].bool(), (0, 1)) if only is not None and not packed else None  # (b, T)
     with autocast(model):
         logits, ids = forward_microbatch(model, input_ids, lengths, mb, trim, at)  # (b, L, V) or (N, V); (b, L)
@@ -81,7 +67,7 @@ def microbatch_logprobs(model, input_ids, lengths, mb: MicroBatch, trim: bool, t
     lp = (sampling_logprobs(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p, tokens=targets),)
     if unfiltered:
         lp += (sampling_logprobs(logits.float(), temperature=temperature, top_k=None, top_p=1.0, tokens=targets),)
-    # Back to (b, T) rows: token t + 1's logprob at column t + 1, 0 at every token not computed.
+    # Back to (b, T) rows, 0 at every token not computed.
     lp = tuple(pad_columns(F.pad(torch.zeros(at.shape, device=x.device).masked_scatter(at, x), (1, 0)), width)
                for x in lp)
     return lp if unfiltered else lp[0]

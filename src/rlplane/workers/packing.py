@@ -1,24 +1,10 @@
-"""How a shard's rows are cut into micro-batches: fixed-size (the default), by token budget (NeMo RL's
-``policy.dynamic_batching``) or packed several sequences to a row (``policy.sequence_packing``).
+"""How a shard's rows are cut into micro-batches: fixed-size, by token budget (``policy.dynamic_batching``)
+or packed several sequences to a row (``policy.sequence_packing``).
 
-Every plan is a list of :class:`MicroBatch`; the worker forwards each one and gets back per-sample rows
-(b, T) in ``mb.rows`` order, so the loss sees exactly what it sees without packing. The loss stays
-normalised by the global batch's valid tokens / sequences (``Trainer.train_global_batches``),
-which is why any partition of a global batch into micro-batches gives the same summed loss and gradient.
-
-- **Dynamic batching**: rows sorted longest first, cut greedily so that ``rows × longest ≤ max_tokens``;
-  each micro-batch is padded only to its own longest sequence.
-- **Sequence packing**: first-fit decreasing into rows of ``width`` = ``row_tokens``, by default the
-  longest sequence of what is planned; ``max_tokens // width`` packed rows per micro-batch. Inside a row,
-  ``position_ids`` restart at 0 for every sequence, and the model gets ``attention_mask=None``:
-  transformers (``masking_utils.find_packed_sequence_indices``, PR #39194, 4.54+) then builds the
-  block-diagonal causal mask itself for SDPA and eager attention, and FlashAttention-2 takes the same
-  input as varlen ``cu_seqlens`` (one input for every backend; a hand-made 4-D mask would rule out
-  FlashAttention). It must be ``None``: with a 2-D mask transformers skips the detection (PR #46634).
-  By default rows are as long as the longest sequence, not one row of ``max_tokens`` as NeMo RL packs
-  on GPU: SDPA/eager on a CPU materialise the dense (W, W) mask and scores, so one 8k-token row would
-  cost 64× the attention of sixty-four 128-token rows; at the longest sequence's width attention costs
-  no more than padding did.
+The loss is normalised by global counts, so any cut gives the same summed loss and gradient. Packed rows
+restart ``position_ids`` per sequence with ``attention_mask=None``, so transformers (4.54+) builds the
+block-diagonal mask for SDPA/eager and varlen for FlashAttention-2. Rows default to the longest sequence's
+width rather than ``max_tokens``: on CPU attention cost grows with the square of the row width.
 """
 
 from __future__ import annotations
@@ -42,8 +28,7 @@ class PackedLayout:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """``rows`` (b,): the shard's rows it holds, in the order its outputs come back; ``packing``: their
-    layout when packed (None: one sample per row, right-padded to the longest of ``rows``)."""
+    """``rows`` (b,): the shard's rows in output order; ``packing``: their packed layout (None: right-padded)."""
 
     rows: torch.Tensor
     packing: PackedLayout | None = None
@@ -55,13 +40,11 @@ def fixed_microbatches(rows: torch.Tensor, size: int) -> list[MicroBatch]:
 
 
 def token_budget_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: int) -> list[MicroBatch]:
-    """Dynamic batching: ``rows`` sorted by length, longest first (ties keep their order), then cut
-    greedily so that a micro-batch's padded size ``len(mb) × its longest`` stays ≤ ``max_tokens``.
-    A sequence longer than the budget gets a micro-batch of its own."""
+    """Dynamic batching: rows longest first (stable), cut greedily so ``len(mb) × its longest ≤ max_tokens``."""
     order = rows[torch.argsort(lengths[rows], descending=True, stable=True)].tolist()
     out: list[list[int]] = []
     for r in order:
-        # Sorted longest first, so the micro-batch's longest is its first row's length.
+        # Longest first: the micro-batch's longest is its first row.
         if out and (len(out[-1]) + 1) * int(lengths[out[-1][0]]) <= max_tokens:
             out[-1].append(r)
         else:
@@ -89,8 +72,8 @@ def first_fit_decreasing(rows: torch.Tensor, lengths: torch.Tensor, width: int) 
 
 def packed_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: int,
                         row_tokens: int | None = None) -> list[MicroBatch]:
-    """Sequence packing: ``rows`` into first-fit-decreasing rows of width ``row_tokens`` (at least the
-    longest of them; None: the longest), then ``max(1, max_tokens // width)`` packed rows per micro-batch."""
+    """Sequence packing: first-fit-decreasing rows of width ``row_tokens`` (None: the longest), then
+    ``max(1, max_tokens // width)`` packed rows per micro-batch."""
     if len(rows) == 0:
         return []
     width = max(int(lengths[rows].max()), row_tokens or 0)
@@ -114,10 +97,8 @@ def packed_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: i
 
 
 def microbatch_planner(policy_cfg, train: bool) -> Callable[[torch.Tensor, torch.Tensor], list[MicroBatch]]:
-    """``plan(rows, lengths)`` for the run's ``policy.sequence_packing`` / ``policy.dynamic_batching``
-    (mutually exclusive, checked with the config), for training (``train_mb_tokens``, default
-    ``max_total_sequence_length × train_micro_batch_size``) or logprobs (``logprob_mb_tokens``, default
-    ``max_total_sequence_length × logprob_batch_size``); off: fixed chunks of the batch size."""
+    """``plan(rows, lengths)`` for the run's packing or dynamic batching, for training or logprobs (budgets
+    default to ``max_total_sequence_length ×`` the micro-batch size); off: fixed chunks."""
     p = policy_cfg
     size = p.train_micro_batch_size if train else p.logprob_batch_size
     for section in (p.sequence_packing, p.dynamic_batching):
@@ -131,10 +112,8 @@ def microbatch_planner(policy_cfg, train: bool) -> Callable[[torch.Tensor, torch
 
 
 def pack_inputs(input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, pad_id: int = 0):
-    """``(input_ids, position_ids, where)``: the first two (R, W) for the packed forward; ``where`` (b, L) the flat
-    index ``row·W + column`` of each sample's token t (t < L = its micro-batch's longest; past a sample's
-    own length it points at column 0 of its row, a value the caller masks). Unused row tails get
-    ``position_ids`` counting from 0 again, so they form a block of their own and attend to no sample."""
+    """``(input_ids, position_ids, where)``: (R, W) packed inputs and (b, L) flat index ``row·W + column`` of each
+    sample's tokens (past its length: column 0, masked). Row tails restart positions, attending to no sample."""
     lay = mb.packing
     n = lengths[mb.rows]  # (b,)
     longest = int(n.max())
@@ -143,7 +122,7 @@ def pack_inputs(input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, 
     where = lay.row[:, None] * lay.width + torch.where(valid, lay.offset[:, None] + t[None, :], 0)  # (b, L)
     flat_ids = torch.full((lay.num_rows * lay.width,), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     flat_ids[where[valid]] = input_ids[mb.rows, :longest][valid]
-    # Position of each column counted from the start of the block it belongs to: a sample, or a row's tail.
+    # Position of each column from the start of its block (a sample, or a row's tail).
     cols = torch.arange(lay.width, device=input_ids.device)
     used = torch.zeros(lay.num_rows, dtype=torch.long, device=input_ids.device)
     used = used.scatter_reduce(0, lay.row, lay.offset + n, reduce="amax")  # (R,) columns holding samples
@@ -159,9 +138,8 @@ def unpack_rows(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def output_rows(model, keep: torch.Tensor):
-    """Within: ``model``'s output projection (lm_head) runs on ``hidden[keep]`` (N, H) only, ``keep`` (b, L)
-    bool, so the model returns (N, V) logits. A pre-hook on the projection rather than transformers'
-    ``logits_to_keep``, whose per-row (2-D boolean) form only recent transformers versions accept."""
+    """Within: the lm_head runs on ``hidden[keep]`` only (``keep`` (b, L) bool), so logits are (N, V).
+    A pre-hook, since only recent transformers accept a 2-D ``logits_to_keep``."""
     handle = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: (args[0][keep], *args[1:]))
     try:
         yield
@@ -171,12 +149,8 @@ def output_rows(model, keep: torch.Tensor):
 
 def forward_microbatch(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, trim: bool,
                        logits_at: torch.Tensor | None = None):
-    """``(logits, ids)``: the model's output (b, L, ...) for the samples of ``mb`` as right-padded rows, and
-    their ids (b, L). L is the micro-batch's longest sequence with ``trim`` or packing, else the shard's
-    width (the fixed path, unchanged). Positions past a sample's length hold values the loss masks.
-
-    ``logits_at`` (b, T) bool, unpacked rows only: the columns whose logits are wanted; the logits come
-    back as (N, V) for those N positions alone (row-major), the projection never runs on the others."""
+    """``(logits, ids)`` (b, L, ...) of ``mb``'s samples as right-padded rows (L: the micro-batch's longest with
+    ``trim`` or packing, else the shard's width); ``logits_at`` (b, T) bool gives (N, V) for those positions only."""
     if mb.packing is not None:
         packed_ids, positions, where = pack_inputs(input_ids, lengths, mb)
         out = model(input_ids=packed_ids, position_ids=positions, attention_mask=None, use_cache=False).logits

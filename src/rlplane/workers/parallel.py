@@ -1,18 +1,8 @@
-"""Data parallelism for the trainable workers: the process group, plain DP's bucketed gradient
-all-reduce, FSDP2 sharding, and the checkpoint layout of a sharded run.
+"""Data parallelism for the trainable workers: the process group, plain DP's bucketed all-reduce, FSDP2
+sharding (``policy.dtensor_cfg.enabled``), and the checkpoint layout of a sharded run.
 
-Two modes, chosen by ``policy.dtensor_cfg.enabled``:
-
-- **plain DP**: every rank holds the whole model and optimizer; after the backward passes of a
-  global batch the gradients are summed across ranks by :func:`bucketed_all_reduce` (a few flat
-  ~25 MB buffers instead of one collective per parameter).
-- **FSDP2** (:func:`shard_model`, ``torch.distributed.fsdp.fully_shard``): each rank holds 1/N of
-  every parameter, gradient and AdamW moment as DTensor shards; parameters are all-gathered per
-  decoder layer for its forward/backward and gradients reduce-scattered. The same code runs on CPU
-  with gloo (where it is tested) and on GPUs with NCCL.
-
-Either way the loss is normalised by *global* token/sequence counts, so the per-rank gradients must
-be **summed**, not averaged: FSDP's default divide-by-world-size is turned off.
+The loss is normalised by global counts, so rank gradients are summed, never averaged (FSDP's divide
+by world size is off). Runs on CPU with gloo and on GPUs with NCCL.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ BUCKET_BYTES = 25 * 2**20  # as torch DDP's default bucket_cap_mb
 LAYOUT_FILE = "parallel.json"
 
 
-# ---- process group ---------------------------------------------------------------------------------
+# ---- process group
 def init_dp_group(address: str, rank: int, world_size: int, device: torch.device):
     """Join the DP process group (NCCL between CUDA ranks, gloo on CPU); returns the WORLD group."""
     if device.type == "cuda":
@@ -39,14 +29,10 @@ def init_dp_group(address: str, rank: int, world_size: int, device: torch.device
     return dist.group.WORLD
 
 
-# ---- plain DP ----------------------------------------------------------------------------------------
+# ---- plain DP
 def bucketed_all_reduce(tensors: list[torch.Tensor], group=None, bucket_bytes: int = BUCKET_BYTES) -> None:
-    """Sum each of ``tensors`` across the ranks of ``group``, in place.
-
-    Tensors are packed, in order, into flat buffers of at most ``bucket_bytes`` (a tensor larger than
-    that gets a bucket of its own), one buffer per dtype and device run, so a model costs a handful of
-    collectives instead of one per parameter (latency-bound on gloo and NCCL alike).
-    """
+    """Sum ``tensors`` across ``group`` in place, packed in order into flat buffers of at most ``bucket_bytes``
+    per dtype and device run (a few collectives instead of one per parameter)."""
     bucket: list[torch.Tensor] = []
     size = 0
 
@@ -72,14 +58,13 @@ def bucketed_all_reduce(tensors: list[torch.Tensor], group=None, bucket_bytes: i
 
 
 def sync_gradients(model: torch.nn.Module, group) -> None:
-    """After a global batch's backward passes: sum gradients across DP ranks (plain DP). Under FSDP
-    the backward already reduce-scattered them, so there is nothing left to do."""
+    """Sum gradients across DP ranks after a global batch's backward (plain DP; FSDP already reduce-scattered)."""
     if group is None or is_sharded(model):
         return
     bucketed_all_reduce([p.grad for p in model.parameters() if p.grad is not None], group)
 
 
-# ---- FSDP2 -----------------------------------------------------------------------------------------
+# ---- FSDP2
 def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -87,13 +72,10 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -> torch.nn.Module:
-    """Shard ``model`` in place with FSDP2 across the ``world_size`` ranks of the default group.
+    """Shard ``model`` in place with FSDP2 over the default group's ``world_size`` ranks.
 
-    Each HF transformer block (``model._no_split_modules``, e.g. ``LlamaDecoderLayer``) is its own
-    FSDP unit, so only one block's full parameters exist at a time; the root unit holds the rest
-    (embeddings, final norm, head; tied weights stay one parameter). Mixed precision follows the
-    model's ``policy.precision`` (``rlplane_autocast_dtype``): bf16 compute on bf16-gathered params,
-    gradients reduced and AdamW state kept in fp32.
+    One FSDP unit per HF block (``_no_split_modules``), the root holds the rest (tied weights stay one).
+    Mixed precision follows ``rlplane_autocast_dtype``: bf16 compute, fp32 reduction and AdamW state.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -106,9 +88,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -
         if type(module).__name__ in block_names:
             fully_shard(module, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    # The loss divides by global counts already: rank gradients must be summed, not averaged. A plain
-    # SUM reduce-scatter (divide factor 1, applied after it, a no-op) also runs on gloo, which lacks
-    # the PREMUL_SUM op FSDP would otherwise use for a custom factor.
+    # Rank gradients must be summed: a plain SUM reduce-scatter (factor 1), which gloo also has (unlike PREMUL_SUM).
     for module in model.modules():
         if is_sharded(module):
             module.set_gradient_divide_factor(1.0)
@@ -117,8 +97,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -
 
 
 def rebuild_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler):
-    """A fresh optimizer of the same class and hyperparameters over ``model``'s (now sharded)
-    parameters, and a LambdaLR with the same schedule: AdamW state is then created per shard."""
+    """A fresh optimizer and LambdaLR like the given ones over the (now sharded) parameters."""
     import inspect
 
     accepted = inspect.signature(type(optimizer).__init__).parameters
@@ -135,12 +114,7 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def extra_forward_rounds(num_local: int, model: torch.nn.Module, group, device: torch.device) -> int:
-    """How many no-op forwards this rank must add so all ranks run the same number of forwards.
-
-    An FSDP forward is a collective (it all-gathers each block's parameters): a rank with fewer
-    logprob chunks than the others (inference shards differ by a row; one may be empty) would
-    leave the others waiting forever. Plain DP forwards are local: 0.
-    """
+    """No-op forwards this rank must add so all ranks run as many (an FSDP forward is a collective); 0 for plain DP."""
     if group is None or not is_sharded(model):
         return 0
     most = torch.tensor([num_local], device=device)
@@ -155,8 +129,7 @@ def noop_forward(model: torch.nn.Module, device: torch.device) -> None:
 
 
 def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes of parameters and optimizer state this rank holds (local shards under FSDP):
-    Σ numel × element size over ``model.parameters()`` and every tensor in ``optimizer.state``."""
+    """Bytes of parameters and optimizer state this rank holds (local shards under FSDP)."""
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
@@ -171,10 +144,9 @@ def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     return {"param_bytes": params, "optimizer_bytes": state}
 
 
-# ---- weights and checkpoints -------------------------------------------------------------------------
+# ---- weights and checkpoints
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights as host tensors. Under FSDP this gathers the shards: a collective
-    every rank must call; rank 0 gets the tensors, the other ranks ``{}``."""
+    """The whole model's weights on the host; under FSDP a collective: rank 0 gets them, others ``{}``."""
     if not is_sharded(model):
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -183,8 +155,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], strict: bool = True):
-    """Load whole (unsharded) weights into ``model``; under FSDP every rank passes the same ``state``
-    and keeps its shard of it."""
+    """Load whole weights into ``model``; under FSDP every rank passes the same ``state`` and keeps its shard."""
     if not is_sharded(model):
         return model.load_state_dict(state, strict=strict)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -193,9 +164,8 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor],
 
 
 def save_sharded_state(path: str, model: torch.nn.Module, optimizer, frozen: dict[str, torch.nn.Module]) -> None:
-    """Every rank writes its shard of the optimizer state (and of ``frozen`` models' weights, e.g. the
-    reference policy) with ``torch.distributed.checkpoint`` under ``path/sharded``; rank 0 records
-    the world size in ``path/parallel.json``. A collective: every rank calls it."""
+    """Each rank writes its optimizer (and ``frozen`` weights) shard under ``path/sharded`` with
+    ``torch.distributed.checkpoint``; rank 0 writes ``parallel.json``. A collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -227,11 +197,7 @@ def load_sharded_state(path: str, model: torch.nn.Module, optimizer, frozen: dic
 
 
 def check_resume_layout(path: str, world_size: int, fsdp: bool) -> None:
-    """A one-line error when a checkpoint's sharding does not match this run's.
-
-    Sharded optimizer state is resumed only by a run with the same world size (resharding is not
-    supported); a plain-DP checkpoint (no ``parallel.json``) cannot feed an FSDP run or vice versa.
-    """
+    """A one-line error unless the checkpoint's sharding matches (same world size; plain DP and FSDP don't mix)."""
     layout_path = os.path.join(path, LAYOUT_FILE)
     saved = None
     if os.path.exists(layout_path):

@@ -1,14 +1,8 @@
 """The policy worker: logprobs and training on its data-parallel shard of a step.
 
-A plain class. ``runtime: local`` calls it in the driver's process; ``runtime: ray`` wraps the
-same class as an actor, one per data-parallel rank, with gradients summed over a gloo group.
-It never receives bulk tensors from the driver: it is handed a :class:`KVBatchMeta` receipt for
-its shard, fetches the fields it needs from the data plane, and writes results back there.
-
-It is made of the blocks every trainable or scoring rank uses: a :class:`~rlplane.workers.rank.DPRank`
-(data plane, device, DP group), a :class:`~rlplane.workers.trainer.Trainer` (model, AdamW, the
-global-batch loop) and, when the KL term needs it, a frozen reference :class:`~rlplane.workers.scorer.Scorer`.
-Logprobs follow :mod:`rlplane.workers.logprobs`' convention; the loss sees every per-token tensor sliced ``[:, 1:]``.
+Handed a receipt for its shard, it fetches its columns from the data plane and writes results back. Made
+of :class:`~rlplane.workers.rank.DPRank`, :class:`~rlplane.workers.trainer.Trainer` and, for the KL term,
+a reference :class:`~rlplane.workers.scorer.Scorer`. The loss sees per-token tensors sliced ``[:, 1:]``.
 """
 
 from __future__ import annotations
@@ -47,17 +41,15 @@ if TYPE_CHECKING:
 
 
 class PolicyLoss(Protocol):
-    """A loss the policy worker trains with, handed in by the recipe (frozen, pickles to Ray actors).
+    """A loss the policy worker trains with, handed in by the recipe (frozen, picklable).
 
-    ``columns`` are the data-plane columns it reads besides ``input_ids``; the worker fetches them
-    for its shard, slices per-token ones ``[:, 1:]`` like the logprobs and passes the micro-batch's
-    rows as ``batch``. Returns ``(loss, metrics)`` as the kernels do (global-count normalised).
+    ``columns``: the columns it reads besides ``input_ids`` (per-token ones sliced ``[:, 1:]``), passed as
+    ``batch``. Returns ``(loss, metrics)``, global-count normalised.
     """
 
     def columns(self) -> list[str]: ...
 
-    # Optional: ``wants_unfiltered_logprobs`` (bool) asks for ``(filtered, unfiltered)`` logprobs
-    # when the sampler filters (top-k/top-p); see ClippedPGLoss.
+    # Optional ``wants_unfiltered_logprobs``: ``(filtered, unfiltered)`` logprobs under top-k/top-p.
 
     def __call__(self, curr_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], sample_mask: torch.Tensor,
                  global_valid_tokens: torch.Tensor, global_valid_seqs: torch.Tensor): ...
@@ -69,8 +61,7 @@ class ClippedPGLoss:
 
     options: ClippedPGOptions
     reference: bool  # the step wrote reference_policy_logprobs (the KL term's input)
-    # No prev-logprob forward ran: π_old is this training forward, detached (config/plan.py's
-    # skips_prev_logprob_forward: force_on_policy_ratio, or one optimizer step per rollout).
+    # π_old is this training forward, detached (config/plan.py's skips_prev_logprob_forward).
     prev_from_forward: bool = False
 
     def columns(self) -> list[str]:
@@ -83,7 +74,7 @@ class ClippedPGLoss:
         return self.reference
 
     def __call__(self, curr_logprobs, batch, sample_mask, global_valid_tokens, global_valid_seqs):
-        # (filtered, unfiltered) when wants_unfiltered_logprobs and the sampler filters; else filtered only.
+        # (filtered, unfiltered) when wants_unfiltered_logprobs and the sampler filters.
         curr, curr_unfiltered = curr_logprobs if isinstance(curr_logprobs, tuple) else (curr_logprobs, None)
         return clipped_pg_loss(
             curr_logprobs=curr,
@@ -138,10 +129,9 @@ class PolicyWorker:
     def frozen_models(self) -> dict[str, torch.nn.Module]:
         return {"reference": self.reference.model} if self.reference is not None else {}
 
-    # ---- what the runtime calls ------------------------------------------------------------------
+    # ---- what the runtime calls
     def setup_distributed(self, address: str) -> None:
-        """Join the group of all DP ranks (called on every rank at once, blocks until all join); with
-        ``policy.dtensor_cfg.enabled`` shard the models with FSDP2."""
+        """Join the DP group (every rank at once); with ``policy.dtensor_cfg.enabled`` shard with FSDP2."""
         self.dp_rank.join(address)
         if self.policy.dtensor_cfg.enabled:
             self.shard_models()
@@ -159,17 +149,17 @@ class PolicyWorker:
     def node_address(self) -> str:
         return rank_block.node_address()
 
-    # ---- logprobs --------------------------------------------------------------------------------
+    # ---- logprobs
     def compute_logprobs(
         self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False
     ) -> KVBatchMeta | None:
-        """Forward the shard without gradients and write per-token logprobs back as ``out_field``: the
-        trained model's under the sampling distribution, or the reference's (temperature only)."""
+        """No-grad logprobs of the shard written back as ``out_field``: the model's (sampling distribution)
+        or the reference's (temperature only)."""
         if reference:
             return self.reference.write_logprobs(meta, out_field)
         return shard_logprobs(self.dp_rank, self.model, meta, out_field, self.policy, self.pad_id, filtered=True)
 
-    # ---- training ------------------------------------------------------------------------------
+    # ---- training
     def train(self, meta: KVBatchMeta, loss: PolicyLoss) -> dict[str, float]:
         """Run every global batch of this rank's shard with ``loss``: micro-batches, all-reduce, clip, AdamW step."""
         p = self.policy
@@ -181,8 +171,7 @@ class PolicyWorker:
         gen = p.generation
         batch = {c: data[c][:,
                             1:] if COLUMNS[c].per_token else data[c] for c in columns}  # aligned with logprobs[:, 1:]
-        # With top-k/top-p on, a KL-to-reference term needs the current policy's unfiltered logprobs as
-        # well (the reference's are unfiltered); both come from one forward pass.
+        # With top-k/top-p a KL term also needs unfiltered logprobs: both from one forward.
         split_kl = getattr(loss, "wants_unfiltered_logprobs", False) and filtering_on(gen.top_k, gen.top_p)
 
         # policy.shared_prefix_forward: each distinct prompt once per micro-batch, when the samples allow it.
@@ -190,8 +179,7 @@ class PolicyWorker:
                    if TOKEN_MASK in data and shared_prefix.applies(p) else None)
 
         def forward(mb: MicroBatch):
-            """(b, T-1) logprobs under the sampling distribution, or (filtered, unfiltered) with ``split_kl``;
-            on the plain path 0 at the tokens the loss masks (not computed)."""
+            """(b, T-1) logprobs, or (filtered, unfiltered) with ``split_kl``; 0 at masked tokens on the plain path."""
             lp = microbatch_logprobs(self.model, ids, lengths, mb, p.dynamic_batching.enabled,
                                      gen.temperature, gen.top_k, gen.top_p, split_kl,
                                      only=data[TOKEN_MASK][mb.rows] if TOKEN_MASK in data else None,
@@ -204,17 +192,15 @@ class PolicyWorker:
             p.max_grad_norm, forward, loss, batch,
         )
 
-    # ---- weights and state -----------------------------------------------------------------------
+    # ---- weights and state
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """What a generator loads: host copies of the weights under HF names (merged, under LoRA;
-        under FSDP a gather every rank calls, rank 0 gets them)."""
+        """Host copies of the weights under HF names (merged under LoRA; under FSDP every rank gathers)."""
         if parallel.is_sharded(self.model):
             return parallel.full_state_dict(self.model)
         return policy_weights(self.model)
 
     def save(self, path: str) -> None:
-        """Write HF weights + tokenizer to ``path/weights`` and optimizer/scheduler (and reference) state
-        (rank 0 only; under FSDP every rank gathers the weights and writes its optimizer shard)."""
+        """HF weights + tokenizer to ``path/weights`` and optimizer state (rank 0; under FSDP each rank its shard)."""
         self.trainer.save(path, self.tokenizer, self.frozen_models())
 
     def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
@@ -231,7 +217,7 @@ class PolicyWorker:
             load_policy_weights(self.model, weights_dir)  # the LoRA adapter
         else:
             check_weights_fit(self.model, weights_dir, "resume with the run's own policy settings (its config.yaml)")
-            # Tied embeddings are saved once (check_weights_fit allows a missing lm_head); single-file or sharded.
+            # Tied embeddings are saved once; single-file or sharded.
             parallel.load_full_state_dict(self.model, load_weights(weights_dir), strict=False)
 
     def set_weights(self, state: dict[str, torch.Tensor]) -> None:

@@ -1,10 +1,5 @@
-"""One data-parallel rank's place in the run: its data-plane client, rank, world size, device and DP group.
-
-The policy, value and teacher workers each hold one (:class:`DPRank`) and hand it to their building
-blocks (:mod:`rlplane.workers.trainer`, :mod:`rlplane.workers.scorer`): fetching this rank's shard onto
-its device, writing per-token rows back, all-reducing over the group, and keeping FSDP's forwards in
-lockstep all go through it. ``node_address`` and ``placement`` are what the runtime asks a Ray actor.
-"""
+"""One data-parallel rank's place in the run: data-plane client, rank, world size, device and DP group,
+held by the policy, value and teacher workers and handed to their blocks."""
 
 from __future__ import annotations
 
@@ -18,9 +13,8 @@ from rlplane.workers import parallel
 
 
 class DPRank:
-    """Made first in every rank's constructor: on another node, a run directory or model this worker
-    cannot see is one line naming ``role``, not a traceback; then its threads and device
-    (``policy.threads_per_worker``, ``policy.device``). ``group`` is None until :meth:`join`."""
+    """Made first in every rank's constructor (an unreachable run directory or model is one line naming
+    ``role``), then threads and device. ``group`` is None until :meth:`join`."""
 
     def __init__(self, role: str, policy, data_plane: DataPlaneClient | None, rank: int, world_size: int,
                  shared_paths: SharedPaths | None):
@@ -42,7 +36,7 @@ class DPRank:
         dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
         return t
 
-    # ---- data ------------------------------------------------------------------------------------
+    # ---- data
     def fetch(self, meta: KVBatchMeta, fields: list[str]) -> dict[str, torch.Tensor]:
         """This rank's shard of ``fields``, padded to the step's common length (all ranks alike)."""
         pad_to = meta.extra_info.get("global_forward_pad_seqlen")
@@ -58,16 +52,13 @@ class DPRank:
         return torch.tensor([float(t.get("sample_mask", 1.0)) for t in meta.tags], device=self.device)
 
     def put_rows(self, meta: KVBatchMeta, field: str, out: torch.Tensor, lengths: torch.Tensor) -> KVBatchMeta:
-        """Write (B, T) ``out`` back as ``field``, each row cut to its length. The receipt goes back to the
-        driver: a driver-held index (``data_plane.index: driver``) takes the write when it arrives, and the
-        store actor's ignores it."""
+        """Write (B, T) ``out`` back as ``field``, rows cut to their lengths; returns the receipt for the driver."""
         return self.dp.put_samples(list(meta.sample_ids), meta.partition_id,
                                    {field: [out[i, : lengths[i]] for i in range(len(out))]})
 
     def lockstep(self, model: torch.nn.Module, num_local: int):
-        """Under FSDP (whose forwards are collectives), a callable that runs the no-op forwards this
-        rank owes after its shard's ``num_local`` no-grad forwards, so every rank runs as many as the
-        busiest. Call it before the first forward: agreeing on the count is itself a collective."""
+        """Under FSDP, a callable running the no-op forwards this rank owes after ``num_local`` forwards; call it
+        before the first forward (agreeing on the count is a collective)."""
         extra = parallel.extra_forward_rounds(num_local, model, self.group, self.device)
 
         def finish() -> None:

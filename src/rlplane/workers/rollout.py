@@ -1,32 +1,11 @@
 """The rollout worker: generation plus environments, writing each sample's columns to the data plane.
 
-For each prompt it draws ``group_size`` responses, scores them with the environment named by the
-prompt's ``task_name`` (over several turns when the loop allows: :mod:`rlplane.workers.turns`),
-mints one key per sample (``{prompt_uid}_g{i}``, or the caller's) and writes the bulk columns under
-those keys in one put. The driver gets back the receipt (:class:`KVBatchMeta`) and a small per-row
-carry: rewards, group index, truncation, environment failure, lengths (prompt, response, generated
-tokens), and the environments' reward components as ``reward/<name>``. Nothing else crosses to the
-driver.
-
-A failed environment step (it raised, or returned something malformed for the sample) follows
-``{grpo,ppo}.rollout_failure_policy``: ``zero_reward`` and ``drop_group`` score it 0 here (the
-driver then drops the group for ``drop_group``), ``retry`` re-runs it on a fresh environment first
-(:meth:`RolloutWorker.renew_env`). Metrics ``rollout_failures`` (samples failed after retries) and
-``rollout_retries`` (environment steps re-run).
-
-Sampling is seeded per sample (with a backend that supports it: ``hf``): the sample
-``(draw of the prompt, i-th of its group)`` under weight version ``v`` gets the seed
-``sample_seed(run seed, sample key, v)`` (:func:`sample_keys`), so it draws the same tokens
-whatever batch or worker generates it and in whatever order.
-
-Columns written: ``ROLLOUT_COLUMNS`` (token ids, token mask, generation logprobs; declared in
-:mod:`rlplane.dataplane.columns`), per-token, jagged, length = prompt + response, plus any the caller
-adds (async GRPO: each generated token's weight version).
-
-:meth:`RolloutWorker.rollout` runs it all; its phases are methods of their own for a caller that
-does other work between them: :meth:`~RolloutWorker.generate` (every generate call),
-:meth:`~RolloutWorker.score` (the environment step that scores), :meth:`~RolloutWorker.finish`
-(columns, carry and metrics, in memory) and :meth:`~RolloutWorker.put` (into the data plane).
+Per prompt it draws ``group_size`` responses, scores them with the prompt's environment (over turns:
+:mod:`rlplane.workers.turns`) and writes ``ROLLOUT_COLUMNS`` under one key per sample in one put; the
+driver gets the receipt and a small (B,) carry (rewards, group, truncation, failure, lengths,
+``reward/<name>``). Failed environment steps follow ``rollout_failure_policy``. Sampling is seeded per
+sample key and weight version (``hf``), so a sample draws the same tokens wherever it is generated.
+Phases for callers that interleave work: ``generate``, ``score``, ``finish``, ``put``.
 """
 
 from __future__ import annotations
@@ -61,19 +40,15 @@ def group_keys(num_groups: int, group_size: int) -> list[str]:
 
 
 def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> list[str]:
-    """The sampling key of each row, group-major: ``{stream}/e{epoch}/p{idx}_g{i}``.
-
-    A prompt draw is named by its dataset position and the epoch that drew it (not by a uuid, which
-    would differ between runs); ``stream`` keeps training and held-out prompts (whose ``idx`` count
-    from 0 in their own set) apart.
-    """
+    """The sampling key of each row, group-major: ``{stream}/e{epoch}/p{idx}_g{i}`` (stable across runs;
+    ``stream`` keeps training and held-out prompts apart)."""
     return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
 
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0,
                  shared_paths: SharedPaths | None = None):
-        # First: on another node, a run directory or model this worker cannot see is one line, not a traceback.
+        # First: a run directory or model this worker cannot see is one line, not a traceback.
         check_shared_paths(shared_paths, "rollout worker", cfg.policy.model_name)
         self.cfg, self.dp = cfg, data_plane
         set_worker_threads(cfg.policy.threads_per_worker)
@@ -87,29 +62,26 @@ class RolloutWorker:
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
         self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
-        # Environment instances by (task, slot): a thread steps the slot it set with env_slot (0 unless set),
-        # so batches scored at once from several threads never step one instance together.
+        # Environments by (task, slot): each thread steps its own slot (env_slot), never one instance together.
         self._envs: dict[tuple[str, int], object] = {}
         self._slot = threading.local()
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     def ping(self) -> int:
-        """Answers once the constructor has finished (a constructor that raised raises here, under Ray)."""
+        """Answers once the constructor has finished (under Ray, raises what it raised)."""
         return 0
 
-    # ---- weights and RNG -------------------------------------------------------------------------
+    # ---- weights and RNG
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Load the policy's weights (waking the engine after :meth:`sleep`); ``version`` stamps the
-        tokens the new weights sample (may land mid-generation: in-flight updates)."""
+        """Load the policy's weights (waking the engine); ``version`` stamps the tokens they sample."""
         if version is None:
             self.backend.update_weights(state_dict)
         else:
             self.backend.update_weights(state_dict, version=version)
 
     def sleep(self) -> None:
-        """Release the engine's memory until the next :meth:`update_weights` (colocated placement: the
-        policy trains on the same resources meanwhile). ``hf`` frees its weights; vLLM sleeps when
-        ``vllm_cfg.enable_sleep_mode`` is on and does nothing otherwise."""
+        """Release the engine's memory until :meth:`update_weights` (colocated: the policy trains meanwhile);
+        vLLM only with ``vllm_cfg.enable_sleep_mode``."""
         self.backend.sleep()
 
     def num_weights_held(self) -> int:
@@ -142,8 +114,7 @@ class RolloutWorker:
         self._envs.clear()
 
     def last_samples(self, limit: int | None = None) -> list[dict]:
-        """The last rollout's samples as text, in row order: task, prompt, completion (every turn after
-        the prompt; non-assistant messages tagged with their role), reward, reference answer."""
+        """The last rollout's samples as text: task, prompt, completion (roles tagged), reward, reference."""
         rows, states = getattr(self, "_last", ([], []))
         out = []
         for d, st in list(zip(rows, states))[:limit]:
@@ -153,9 +124,9 @@ class RolloutWorker:
                         "completion": "\n".join(turns), "reward": float(st.reward), "ground_truth": d.ground_truth})
         return out
 
-    # ---- rollout ---------------------------------------------------------------------------------
+    # ---- rollout
     def env(self, task_name: str):
-        """The environment for ``task_name`` in this thread's slot (:meth:`env_slot`; made on first use, then kept)."""
+        """The environment for ``task_name`` in this thread's slot (made on first use, then kept)."""
         key = self._env_key(task_name)
         if key not in self._envs:
             self._envs[key] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
@@ -163,9 +134,8 @@ class RolloutWorker:
 
     @contextlib.contextmanager
     def env_slot(self, slot: int) -> Iterator[None]:
-        """Inside the block, this thread's environment steps use instance set ``slot`` (each task's
-        own instance, made on first use). The async collector gives each batch it scores at once a
-        slot of its own, so an environment never needs to be safe to call from two threads."""
+        """Inside the block this thread's environment steps use instance set ``slot``, so an environment never
+        needs to be thread-safe."""
         previous = getattr(self._slot, "value", 0)
         self._slot.value = slot
         try:
@@ -174,9 +144,7 @@ class RolloutWorker:
             self._slot.value = previous
 
     def renew_env(self, task_name: str):
-        """A fresh environment for ``task_name`` in place of the kept one of this thread's slot (closed):
-        a failed step's retry should not reuse an instance that may be in a broken state (a dead
-        verifier pool, say)."""
+        """A fresh environment for ``task_name`` in this thread's slot (the old one closed), for a retry."""
         old = self._envs.pop(self._env_key(task_name), None)
         close = getattr(old, "close", None)
         if close is not None:
@@ -187,7 +155,7 @@ class RolloutWorker:
         return task_name, getattr(self._slot, "value", 0)
 
     def _any_env(self, task_name: str):
-        """An instance of ``task_name`` of any slot (what every instance declares is the same), else this slot's."""
+        """An instance of ``task_name`` of any slot, else this slot's."""
         return next((e for (task, _), e in list(self._envs.items()) if task == task_name), None) or self.env(task_name)
 
     def rollout(
@@ -201,14 +169,11 @@ class RolloutWorker:
         keys: Sequence[str] | None = None,
         heldout: bool = False,
     ) -> tuple[KVBatchMeta | None, dict[str, torch.Tensor], dict[str, float]]:
-        """Generate ``group_size`` responses per datum and score them, over up to
-        ``{grpo,ppo}.max_rollout_turns`` turns (:mod:`rlplane.workers.turns`).
+        """Generate ``group_size`` responses per datum and score them over up to ``max_rollout_turns`` turns.
 
-        With a ``partition_id`` the columns go to the data plane under ``keys`` (one per row,
-        group-major; default: fresh :func:`group_keys`) and the receipt is returned; without one
-        (warm-up and stand-alone evaluation) only the carry comes back. Sampling is seeded by each
-        row's :func:`sample_keys` and ``weight_version`` (default: the one set by
-        :meth:`set_weight_version`); ``heldout`` prompts (validation) draw from their own stream.
+        With ``partition_id`` the columns go to the data plane under ``keys`` (default: :func:`group_keys`)
+        and the receipt is returned; without, only the carry. Seeds come from :func:`sample_keys` and
+        ``weight_version``; ``heldout`` prompts draw from their own stream.
         """
         if keys is not None and len(keys) != len(datums) * group_size:
             raise ValueError(f"rollout: {len(keys)} keys for {len(datums)} prompts × {group_size} samples")
@@ -222,8 +187,7 @@ class RolloutWorker:
 
     def generate(self, datums: Sequence[DatumSpec], *, group_size: int, greedy: bool = False,
                  weight_version: int | None = None, heldout: bool = False) -> Generated:
-        """The first phase of :meth:`rollout`: every generate call (and the environment steps of the turns
-        before the last); the scoring is left to :meth:`score`."""
+        """Phase one: every generate call and the environment steps before the last turn."""
         gen = self.cfg.policy.generation
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
             raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
@@ -253,7 +217,7 @@ class RolloutWorker:
         return Generated(list(datums), rows, group_size, version, turns)
 
     def score(self, generated: Generated) -> Generated:
-        """The second phase: the environment step that scores (none if every sample ended before the last turn)."""
+        """Phase two: the scoring environment step (none if every sample ended early)."""
         score_turns(generated.turns, self._env_steps())
         return generated
 
@@ -271,11 +235,10 @@ class RolloutWorker:
             "loss_multiplier": torch.tensor([d.loss_multiplier for d in rows], dtype=torch.float32),
             "prompt_lengths": res.prompt_lengths,
             "response_lengths": res.response_lengths,
-            # Trained tokens per sample (the token mask's ones): async GRPO weighs token ages by them.
+            # Trained tokens per sample (async GRPO weighs token ages by them).
             "generated_tokens": torch.tensor([st.gen_tokens for st in res.states]),  # = each token mask's sum
         }
-        # Every component an environment of the batch declares, 0 where it gave none (a failed
-        # sample): the carry's keys then depend on the tasks only, so batches concatenate.
+        # Every declared component, 0 where none was given, so batches concatenate.
         declared = {n for d in scored.datums for n in getattr(self._any_env(d.task_name), "reward_component_names", ())}
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
@@ -286,8 +249,7 @@ class RolloutWorker:
 
     def put(self, result: TurnsResult, carry: Mapping[str, torch.Tensor], partition_id: str, keys: Sequence[str],
             columns: Mapping[str, list[torch.Tensor]] | None = None) -> KVBatchMeta:
-        """Write a finished rollout's columns (and the caller's own ``columns``) under ``keys`` (one per
-        row, group-major); returns the receipt."""
+        """Write a finished rollout's columns (and ``columns``) under ``keys``, group-major; returns the receipt."""
         return self.dp.put_samples(
             list(keys),
             partition_id,
@@ -305,8 +267,7 @@ class RolloutWorker:
 
 @dataclass
 class Generated:
-    """A rollout between :meth:`RolloutWorker.generate` and :meth:`RolloutWorker.score`: its prompts, their
-    rows (each prompt ``group_size`` times), the weight version that sampled it and its turns so far."""
+    """A rollout between :meth:`RolloutWorker.generate` and :meth:`RolloutWorker.score`."""
 
     datums: list[DatumSpec]
     rows: list[DatumSpec]

@@ -34,8 +34,7 @@ class SampleState:
     env_error: bool = False
 
     def append(self, ids: Sequence[int], generated: torch.Tensor | None, versions: torch.Tensor | None = None) -> None:
-        """Add ``ids``; ``generated`` is their logprobs when the model produced them, None for observations;
-        ``versions`` the weight version of each generated token."""
+        """Add ``ids``; ``generated``: their logprobs (None for observations); ``versions``: their weight versions."""
         n = len(ids)
         self.input_ids.extend(ids)
         if generated is None:

@@ -1,10 +1,5 @@
-"""The scorer block: per-token logprobs of a data-parallel shard under a model, written back into the
-data plane. A :class:`Scorer` holds a frozen model (the reference policy inside the policy worker, the
-teacher of on-policy distillation); the policy worker runs :func:`shard_logprobs` on its trained model too.
-
-As in NeMo RL, the reference policy's logprobs (and the current policy's inside the KL term) are
-unfiltered, temperature only: the reference's top-k/top-p set differs from the policy's.
-"""
+"""The scorer block: per-token logprobs of a DP shard under a frozen model (reference or teacher), written
+back into the data plane. The reference's are temperature-only, as in NeMo RL."""
 
 from __future__ import annotations
 
@@ -21,17 +16,14 @@ from rlplane.workers.rank import DPRank
 @torch.no_grad()
 def shard_logprobs(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_field: str, policy, pad_id: int,
                    filtered: bool) -> KVBatchMeta | None:
-    """Forward ``rank``'s shard ``meta`` through ``model`` without gradients (in eval mode, restored after) and
-    write its per-token logprobs back as ``out_field``: under ``policy.generation``'s sampling distribution
-    with ``filtered``, temperature only without. ``policy`` is the model's ``policy`` section (micro-batching,
-    ``shared_prefix_forward``, ``generation``)."""
+    """No-grad (eval mode) logprobs of ``rank``'s shard written back as ``out_field``: ``policy.generation``'s
+    distribution with ``filtered``, else temperature only."""
     lengths = rank.lengths(meta)
     plan = microbatch_planner(policy, train=False)(torch.arange(len(meta), device=rank.device), lengths)
     finish_lockstep = rank.lockstep(model, len(plan))
     if len(meta) == 0:
         return finish_lockstep()
-    # policy.shared_prefix_forward here too: the training forward's own numbers, so a prev-logprob forward
-    # of the weights being trained gives a ratio of exactly 1, as with the plain forward in both.
+    # shared_prefix_forward here too, so a prev forward of the trained weights gives a ratio of exactly 1.
     shared = shared_prefix.applies(policy)
     data = rank.fetch(meta, [INPUT_IDS, TOKEN_MASK] if shared else [INPUT_IDS])
     ids = data[INPUT_IDS]  # (B, T)
@@ -52,8 +44,7 @@ def shard_logprobs(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_
 
 
 class Scorer:
-    """A frozen ``model`` (moved to ``rank.device``, eval mode, no gradients) that writes logprobs of
-    ``rank``'s shards: filtered by ``policy.generation``'s top-k/top-p (the teacher) or not (the reference)."""
+    """A frozen ``model`` (eval, no gradients) writing logprobs of ``rank``'s shards, filtered or not."""
 
     def __init__(self, model: torch.nn.Module, rank: DPRank, policy, pad_id: int, filtered: bool):
         self.model = model.to(rank.device).eval().requires_grad_(False)

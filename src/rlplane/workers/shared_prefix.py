@@ -1,25 +1,10 @@
 """The training forward with each distinct prompt computed once (``policy.shared_prefix_forward``).
 
-GRPO trains on ``num_generations_per_prompt`` responses to each prompt, and the plain forward runs the
-prompt's tokens once per response: in the default job (prompts of 5-7 tokens, responses of 2-4) that
-is 256 rows x ~10 tokens where 32 prompts + 256 responses hold ~1250 distinct tokens. This forward:
-
-1. runs each distinct prompt of the micro-batch once, right-padded, keeping its keys/values (with
-   gradient) and the logits of its last token, which predict the first response token;
-2. copies the keys/values to every row that has that prompt (an index, so the backward sums the
-   rows' gradients into the shared prompt, as the plain forward sums them over its copies);
-3. runs the responses, right-padded, against them, with ``position_ids`` continuing each prompt's.
-
-Every response token attends to the same tokens at the same positions as in the plain forward, so
-the logprobs are the same numbers up to float rounding (different matmul shapes sum in a different
-order), and so are the gradients (``tests/unit/workers/test_shared_prefix.py``); the prompt tokens'
-logprobs come from the prompt's own forward. The no-grad logprob forwards (prev, reference) take the
-same path, so a prev-logprob forward of the weights being trained gives the training forward's numbers.
-
-It applies to single-turn samples only (each row: a prompt, then generated tokens to its end), the
-fixed and token-budget micro-batch plans (not packing, which already removes the padding another way),
-without activation checkpointing (transformers drops the cache it needs) and without FSDP (two
-forwards per micro-batch whose count could differ between ranks); elsewhere the plain forward runs.
+Runs each distinct prompt once keeping its keys/values (with gradient), indexes them into every row of
+that prompt (the backward sums into the shared prompt), then runs the responses with continued
+``position_ids``. Logprobs and gradients equal the plain forward's up to rounding; no-grad forwards take the
+same path. Single-turn samples, fixed or token-budget plans only; not with packing, activation
+checkpointing or FSDP.
 """
 
 from __future__ import annotations
@@ -32,17 +17,15 @@ from rlplane.models.precision import autocast
 
 
 def applies(policy_cfg) -> bool:
-    """Whether the run's settings allow the shared-prefix forward (the batch is checked by :func:`prompt_lengths`)."""
+    """Whether the run's settings allow the shared-prefix forward (the batch: :func:`prompt_lengths`)."""
     p = policy_cfg
     return (p.shared_prefix_forward and not p.sequence_packing.enabled and not p.activation_checkpointing
             and not p.dtensor_cfg.enabled)
 
 
 def prompt_lengths(token_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
-    """(B,) the position of each row's first generated token, when every row is a prompt of at least one
-    token followed by generated tokens only, up to its length (``token_mask`` (B, T): 1 on generated
-    tokens); a row without generated tokens counts its whole length as prompt. None otherwise
-    (multi-turn samples, whose observations sit between generated tokens)."""
+    """(B,) position of each row's first generated token when every row is a prompt followed by generated
+    tokens only (``token_mask`` (B, T)); None otherwise (multi-turn)."""
     tm = token_mask.bool()
     pos = torch.arange(tm.shape[1], device=tm.device)
     first = torch.where(tm.any(1), tm.int().argmax(1), lengths)  # (B,)
@@ -55,9 +38,8 @@ def prompt_lengths(token_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Ten
 def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor,
                            rows: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0,
                            unfiltered: bool = False, pad_id: int = 0):
-    """Per-token logprobs of ``input_ids[rows]`` (b, T) as :func:`~rlplane.workers.policy.token_logprobs`
-    gives them (position 0 and past each row's length: 0); with ``unfiltered`` also the temperature-only
-    ones, as ``(filtered, unfiltered)``. ``prompt_lens`` (B,) from :func:`prompt_lengths`."""
+    """Per-token logprobs of ``input_ids[rows]`` (b, T) as :func:`token_logprobs` gives them; with ``unfiltered``
+    ``(filtered, unfiltered)``. ``prompt_lens`` (B,) from :func:`prompt_lengths`."""
     ids, n, p = input_ids[rows], lengths[rows], prompt_lens[rows]  # (b, T), (b,), (b,)
     b, width = ids.shape
     device = ids.device
@@ -84,8 +66,7 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
         out = model(input_ids=prefix_ids, attention_mask=prefix_mask,
                     position_ids=cols[None, :].expand(len(pu), P), use_cache=True)
         prompt_logits = out.logits  # (U, P, V): column c predicts the prompt's token c + 1, its last one token p
-        # index_select rather than indexing: the same rows, and its backward (index_add) is faster on a CPU
-        # than indexing's (index_put with accumulate).
+        # index_select: its backward (index_add) is faster on CPU than indexing's index_put.
         last = torch.arange(len(pu), device=device) * P + pu - 1  # (U,) each prompt's last token, flattened
         first_logits = prompt_logits.flatten(0, 1).index_select(0, last)  # (U, V)
         logits = first_logits.index_select(0, row_to_unique)[:, None, :][:, :R]  # (b, min(R, 1), V)
@@ -102,7 +83,7 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
     in_prompt = cols[None, 1:] < pu[:, None]  # (U, P - 1) prompt tokens 1 .. p - 1
 
     def logprobs(top_k, top_p) -> torch.Tensor:
-        """(b, T): the prompt tokens' logprobs (from the prompt's own row) and the response tokens', 0 elsewhere."""
+        """(b, T): prompt tokens' logprobs (from the prompt's row) and response tokens', 0 elsewhere."""
         pre = sampling_logprobs(prompt_logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                 tokens=prefix_ids[:, 1:]).masked_fill(~in_prompt, 0.0)  # (U, P - 1)
         pre = F.pad(pre.index_select(0, row_to_unique), (1, width - P))  # (b, T) columns 1 .. p - 1

@@ -1,12 +1,5 @@
-"""The teacher worker of on-policy distillation: a frozen model of its own that scores the student's tokens.
-
-It computes ``teacher_logprobs`` (log π_teacher of each token the student generated, same
-convention and temperature as the policy's logprobs) over its data-parallel shard and writes them
-back into the data plane; it never trains, so it holds a :class:`~rlplane.workers.scorer.Scorer` and
-no trainer. Its ``policy`` section names the teacher's model
-(:func:`rlplane.recipes.distillation.teacher_config`); it must share the student's tokenizer, since it
-scores the student's token ids.
-"""
+"""The teacher worker of on-policy distillation: a frozen model scoring the student's tokens as
+``teacher_logprobs`` over its DP shard (same tokenizer as the student)."""
 
 from __future__ import annotations
 

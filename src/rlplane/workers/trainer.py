@@ -1,9 +1,5 @@
-"""The trainer block of the policy and value workers: a model, its AdamW and schedule, and the
-global-batch loop (micro-batches → summed gradients → DP all-reduce → clip → optimizer step).
-
-It owns what training changes and what a checkpoint keeps of it (weights, optimizer and scheduler
-state, plain or FSDP2-sharded); the worker that holds it decides what is trained and with which loss.
-"""
+"""The trainer block of the policy and value workers: a model, AdamW and schedule, and the global-batch
+loop (micro-batches → summed gradients → DP all-reduce → clip → step), plus its checkpoint state."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ from rlplane.workers import parallel
 from rlplane.workers.packing import MicroBatch
 from rlplane.workers.rank import DPRank
 
-# (model output of the micro-batch, its rows of the batch, its sample mask, global valid tokens, global valid
-# sequences) -> (loss, detached metrics)
+# (model output, micro-batch rows, sample mask, global valid tokens, global valid seqs) -> (loss, metrics)
 MicroBatchLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -34,10 +29,8 @@ def _lr_lambda(warmup_steps: int, start_factor: float):
 
 
 def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
-    """AdamW over ``model``'s trainable parameters (the adapters only, under LoRA) and a LambdaLR with
-    linear warm-up; ``(optimizer, scheduler)``."""
-    # foreach: one op per update term over all tensors. torch picks it by default only on GPUs; on a
-    # CPU it is the same kernels on each tensor (same numbers) without a Python loop over the parameters.
+    """``(AdamW over trainable parameters, LambdaLR with linear warm-up)``."""
+    # foreach: one op per term over all tensors (the default only on GPUs); same numbers on CPU.
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay,
         betas=tuple(opt.betas), eps=opt.eps, foreach=True
@@ -47,8 +40,7 @@ def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: Scheduler
 
 
 class Trainer:
-    """``model`` (moved to ``rank.device``, in train mode) with AdamW and its schedule (``optimizer`` /
-    ``scheduler`` config sections), training on ``rank``'s shard."""
+    """``model`` on ``rank.device`` in train mode, with AdamW and schedule, training on ``rank``'s shard."""
 
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, scheduler: SchedulerConfig, rank: DPRank):
         self.rank = rank
@@ -57,8 +49,7 @@ class Trainer:
         self.optimizer, self.scheduler = build_optimizer(self.model, optimizer, scheduler)
 
     def shard(self, frozen: list[torch.nn.Module]) -> None:
-        """FSDP2-shard the trained model and the ``frozen`` ones over the joined group; the optimizer is
-        rebuilt over the shards (before any step, so nothing is lost)."""
+        """FSDP2-shard the model and ``frozen`` ones; the optimizer is rebuilt over the shards."""
         for m in (self.model, *frozen):
             parallel.shard_model(m, self.rank.device, self.rank.world_size)
         self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
@@ -76,13 +67,9 @@ class Trainer:
     ) -> dict[str, float]:
         """One optimizer step per global batch of this rank's shard, then one scheduler step.
 
-        ``token_mask`` (B, T') is the loss's token mask (already sliced like the loss inputs) and
-        ``sample_mask`` (B,). ``plan(rows)`` cuts a global batch's rows into micro-batches
-        (``workers/packing.py``); per micro-batch ``mb``: ``loss(forward(mb), {k: v[mb.rows]},
-        sample_mask[mb.rows], global_valid_tokens, global_valid_seqs)``, ``forward`` returning (b, T') rows.
-        The loss is normalised by the global counts of each global batch (summed over micro-batches and
-        DP ranks), so the summed gradient is the global-batch mean, however the rows are cut.
-        Returns the reduced metrics plus ``grad_norm``, ``lr``, ``global_valid_toks/seqs``.
+        ``plan(rows)`` cuts micro-batches; per ``mb``: ``loss(forward(mb), {k: v[mb.rows]}, sample_mask[mb.rows],
+        global_valid_tokens, global_valid_seqs)``, ``token_mask`` (B, T') sliced like the loss inputs. Global
+        counts make the summed gradient the global-batch mean however rows are cut. Adds ``grad_norm``, ``lr``.
         """
         per_rank_gbs = global_batch_size // self.rank.world_size
         num_gb = max(1, len(token_mask) // per_rank_gbs)
@@ -108,14 +95,13 @@ class Trainer:
         out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
         out["grad_norm"] = float(torch.stack(grad_norms).mean())
         out["lr"] = self.optimizer.param_groups[0]["lr"]
-        # Mean over the step's global batches, as grad_norm (NeMo RL reports their mean too).
+        # Mean over the step's global batches (as NeMo RL).
         mean_toks, mean_seqs = torch.stack(valid_counts).float().mean(0).tolist()
         out["global_valid_toks"], out["global_valid_seqs"] = mean_toks, mean_seqs
         return out
 
     def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
-        """After a resume: the run's optimizer settings replace the saved ones that loading the optimizer
-        and scheduler state restored; the learning rate follows the schedule from its restored step."""
+        """After a resume: the run's optimizer settings replace the restored ones; lr follows the restored schedule."""
         groups = self.optimizer.param_groups
         for g in groups:
             g.update(initial_lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
@@ -124,11 +110,10 @@ class Trainer:
             g["lr"] = lr * factor
         self.scheduler._last_lr = [g["lr"] for g in groups]
 
-    # ---- checkpoints -----------------------------------------------------------------------------
+    # ---- checkpoints
     def save(self, path: str, tokenizer, frozen: dict[str, torch.nn.Module]) -> None:
-        """HF weights + ``tokenizer`` to ``path/weights``, optimizer/scheduler state (and the ``frozen`` models'
-        weights, by name) to ``path/optimizer.pt``: rank 0 only. Under FSDP every rank gathers the weights
-        and writes its optimizer shard (``parallel.save_sharded_state``); the scheduler goes to ``scheduler.pt``."""
+        """HF weights + ``tokenizer`` to ``path/weights``, optimizer/scheduler and ``frozen`` state to
+        ``path/optimizer.pt`` (rank 0; under FSDP each rank writes its optimizer shard)."""
         weights_dir = os.path.join(path, "weights")
         if parallel.is_sharded(self.model):
             weights = parallel.full_state_dict(self.model)
@@ -146,8 +131,7 @@ class Trainer:
         torch.save(state, os.path.join(path, "optimizer.pt"))
 
     def load(self, path: str, load_weights: Callable[[str], None], frozen: dict[str, torch.nn.Module]) -> None:
-        """Resume what :meth:`save` wrote: ``load_weights(path/weights)`` puts the weights into the model (the
-        worker knows their kind: full or a LoRA adapter), then the optimizer, scheduler and ``frozen`` state."""
+        """Resume what :meth:`save` wrote; ``load_weights`` knows their kind (full or LoRA adapter)."""
         from rlplane.utils.checkpoint import load_torch_state
 
         parallel.check_resume_layout(path, self.rank.world_size, parallel.is_sharded(self.model))

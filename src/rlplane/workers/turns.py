@@ -1,46 +1,10 @@
 """The turn loop of a rollout: generate, step the environments, append their observations, repeat.
 
-Semantics of the seeds' ``run_multi_turn_rollout`` (``reference/nemo_rl_notes.md`` §7). Each turn:
-
-1. generate for the samples still active (prompt = everything so far: prompt, earlier responses,
-   observations), each with its own stop strings (``policy.generation.stop_strings`` plus the
-   datum's for the first turn, plus what its environment returned for later ones);
-2. cut each response at the sample's room (``max_total_sequence_length`` minus its length so far);
-3. step each sample's environment (grouped by ``task_name``) on its message log; rewards are
-   **summed** over turns (and so are the optional reward components). An environment that raises,
-   or returns a malformed batch (lists of the wrong length), is retried sample by sample; the
-   samples that still raise, or whose own entry is malformed (an observation that is not a dict, a
-   non-finite reward, bad stop strings), are retried on a fresh environment when asked
-   (``max_env_retries``), and then fail: total reward 0, sample done, counted in ``env_errors``,
-   one warning line per task; the others go on;
-4. a sample is done when its environment terminates it, when it reaches the turn limit, or when it
-   has no room left (a response that fills the sequence is marked truncated): the observation
-   (tokenized without special tokens) is appended, cut to the room left, and a sample that could not
-   take it whole plus one more generated token is marked truncated and done.
-
-Only generated tokens are trained on: ``token_mask`` is 1 exactly on them and ``generation_logprobs``
-holds their sampler logprobs at the same positions (0 on prompt and observation tokens).
-
-With one turn this is the single-turn rollout: one ``generate`` call with the same arguments, the
-environment stepped once, nothing appended.
-
-A rollout runs in two phases: :func:`generate_turns` makes every ``generate`` call (stepping the
-environments of the turns before the last), :func:`score_turns` steps the last turn's environments,
-which score; a caller may do other work in between (free the weights, start another generation).
-:func:`run_turns` runs both. The environment step (3.) is :mod:`rlplane.workers.env_steps`.
-
-Metrics (means are over the batch's samples):
-  mean_gen_tokens_per_sample / max_gen_tokens_per_sample   tokens the model generated
-  mean_env_tokens_per_sample                               observation tokens appended
-  mean_total_tokens_per_sample                             prompt + generated + observation tokens
-  avg_turns_per_sample / max_turns_per_sample              generation calls a sample took part in
-  natural_termination_rate                                 share its environment terminated
-  truncation_rate                                          share that hit max_total_sequence_length (a
-                                                           response cut there, or an observation that did not fit)
-  max_turns_reached_rate                                   share stopped by the turn limit
-  env_errors / env_error_rate                              samples whose environment raised or returned
-                                                           something malformed (count, share), after retries
-  env_retries                                              environment steps re-run on a fresh environment
+As the seeds' ``run_multi_turn_rollout``: per turn, generate for the active samples (each with its stop
+strings), cut each response to the sample's room, step the environments (:mod:`rlplane.workers.env_steps`;
+rewards summed over turns, failures retried then scored 0), append observations; a sample ends when
+terminated, at the turn limit, or out of room (truncated). ``token_mask`` is 1 exactly on generated tokens.
+Two phases (:func:`generate_turns`, :func:`score_turns`); metrics are defined in ``docs/algorithms.md``.
 """
 
 from __future__ import annotations
@@ -78,8 +42,7 @@ class TurnsResult:
 
 @dataclass
 class Turns:
-    """A rollout between its two phases: every generate call made; the environment step of the last
-    turn (the scoring) still due for the ``active`` samples (none when every sample ended before it)."""
+    """A rollout between its two phases: the last turn's scoring step still due for the ``active`` samples."""
 
     states: list[SampleState]
     active: list[int]
@@ -102,13 +65,10 @@ def generate_turns(
     generation_timeout_s: float | None = None,
     **sampling: Any,
 ) -> Turns:
-    """Roll out ``datums`` (one sample each) up to the last turn's environment step (:func:`score_turns`).
+    """Roll out ``datums`` (one sample each) up to the last turn's environment step.
 
-    ``sampling`` goes to ``backend.generate`` (temperature, top_p, top_k, greedy, generator).
-    ``row_seeds`` (one per datum) go with their rows to every turn's call: the backend draws by
-    position in the sequence, which grows across turns. The environments of the turns before the
-    last are stepped here (``envs``). A ``generate`` call past ``generation_timeout_s`` raises
-    :class:`DeadlineExceeded` (:mod:`rlplane.runtime.deadlines`): not a sample failure, the end of the run.
+    ``row_seeds`` go with their rows to every turn's call. A ``generate`` past ``generation_timeout_s``
+    raises :class:`DeadlineExceeded`, which ends the run.
     """
     if max_turns < 1:
         raise ValueError(f"max_turns = {max_turns}: must be >= 1")
@@ -117,14 +77,14 @@ def generate_turns(
         SampleState(
             input_ids=list(d.prompt_token_ids), prompt_length=len(d.prompt_token_ids),
             message_log=[dict(m) for m in d.message_log],
-            # A copy per sample: group members share their datum, and an env may update its state in place.
+            # A copy per sample: an env may update its state in place.
             env_info=dict(d.extra_env_info) if isinstance(d.extra_env_info, dict) else d.extra_env_info,
             task_name=d.task_name,
             stop_strings=d.stop_strings,
         )
         for d in datums
     ]
-    # The prompts' chunks: views of one zero buffer per column (only ever read, by _result's cat).
+            # The prompts' chunks: views of one zero buffer per column (read only).
     longest = max((s.prompt_length for s in states), default=0)
     zero_mask, zero_logprobs = torch.zeros(longest, dtype=torch.int8), torch.zeros(longest)
     zero_versions = torch.full((longest,), -1, dtype=torch.long)  # -1: not a generated token
@@ -140,7 +100,7 @@ def generate_turns(
         if not active:
             break
         rooms = [max_total - len(states[i].input_ids) for i in active]
-        # One generate call for all active rows: the longest room bounds it, each row is cut to its own below.
+        # One generate call for all active rows, bounded by the longest room; each row is cut below.
         out = call_with_deadline(
             lambda: backend.generate(
                 [states[i].input_ids for i in active],
@@ -214,22 +174,20 @@ def run_turns(
     env_step_timeout_s: float | None = None,
     **kwargs: Any,
 ) -> TurnsResult:
-    """Roll out ``datums`` for up to ``max_turns`` turns and score them: :func:`generate_turns` then
-    :func:`score_turns` (``kwargs``: those of :func:`generate_turns`)."""
+    """:func:`generate_turns` then :func:`score_turns` for up to ``max_turns`` turns."""
     envs = EnvSteps(env_for, renew_env, max_env_retries, env_step_timeout_s)
     return turns_result(score_turns(generate_turns(backend, tokenizer, datums, envs, **kwargs), envs))
 
 
 def _row_stop_strings(common: Sequence[str] | None, per_row: list[list[str] | None]):
-    """The flat common list when no row has its own (the single-turn call, unchanged), else per-row lists."""
+    """The flat common list when no row has its own, else per-row lists."""
     if not any(per_row):
         return list(common) if common else common
     return [[*(common or []), *(r or [])] for r in per_row]
 
 
 def _rows(flat: list, lengths: list[int], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """Per-sample rows of ``lengths`` from all samples' values (ints, with ``dtype``) or chunks (tensors),
-    in order: one tensor built and split into views, not one (plus a cat) per sample."""
+    """Per-sample rows of ``lengths`` from all samples' values or chunks: one tensor split into views."""
     if not lengths:
         return []
     whole = torch.tensor(flat, dtype=dtype) if dtype is not None else torch.cat(flat)

@@ -1,15 +1,8 @@
 """The value worker (PPO critic): the policy's architecture with a scalar head, on its DP shard.
 
-The model is ``AutoModelForTokenClassification`` with ``num_labels = 1`` built from the policy's
-config (for Llama: ``LlamaForTokenClassification``, the trunk plus a linear ``score`` head;
-:func:`rlplane.models.configured.build_value_model`), so its checkpoint is an ordinary HF directory.
-It starts from the policy's initial trunk weights (the warm-up state, or ``policy.model_name``) and a
-zero head: V ≡ 0 before the first update.
-
-Value convention (as NeMo RL): ``values[:, t] = V(s_t)``, the value of the state *before* token t,
-which is the head's output at position t − 1 (it has seen tokens ≤ t − 1). So the head output is
-right-shifted by one and ``values[:, 0] = 0``; with ``token_mask`` on response tokens, GAE and the
-value loss use ``values``, ``returns`` and ``token_mask`` unshifted against each other.
+``AutoModelForTokenClassification`` (``num_labels = 1``) from the policy's config and initial trunk, zero
+head (V ≡ 0 at first). ``values[:, t] = V(s_t)``: the head at t − 1 shifted right, ``values[:, 0] = 0``
+(as NeMo RL), so GAE and the loss use values, returns and ``token_mask`` unshifted.
 """
 
 from __future__ import annotations
@@ -54,8 +47,7 @@ def shifted_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 def microbatch_values(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb: MicroBatch, trim: bool):
-    """:func:`shifted_values` of the micro-batch ``mb`` (fixed, token-budget or packed, ``workers/packing.py``)
-    as (b, T) rows in ``mb.rows`` order, T = ``input_ids``' width."""
+    """:func:`shifted_values` of micro-batch ``mb`` as (b, T) rows in ``mb.rows`` order."""
     out, _ = forward_microbatch(model, input_ids, lengths, mb, trim)  # (b, L, 1)
     return pad_columns(F.pad(out[..., 0].float()[:, :-1], (1, 0)), input_ids.shape[1])
 
@@ -70,8 +62,7 @@ class ValueWorkerOptions:
 
 
 class ValueWorker:
-    """One data-parallel rank of the critic: ``compute_values`` and ``train`` on its shard, with a
-    :class:`~rlplane.workers.rank.DPRank` and a :class:`~rlplane.workers.trainer.Trainer`."""
+    """One data-parallel rank of the critic: ``compute_values`` and ``train`` on its shard."""
 
     def __init__(
         self,
@@ -91,9 +82,9 @@ class ValueWorker:
     def model(self) -> torch.nn.Module:
         return self.trainer.model
 
-    # ---- what the runtime calls ------------------------------------------------------------------
+    # ---- what the runtime calls
     def setup_distributed(self, address: str) -> None:
-        """Join the group of all DP ranks; with ``policy.dtensor_cfg.enabled`` shard the critic with FSDP2."""
+        """Join the DP group; with ``policy.dtensor_cfg.enabled`` shard the critic with FSDP2."""
         self.dp_rank.join(address)
         if self.policy.dtensor_cfg.enabled:
             self.shard_models()
@@ -110,7 +101,7 @@ class ValueWorker:
     def node_address(self) -> str:
         return rank_block.node_address()
 
-    # ---- values and training ---------------------------------------------------------------------
+    # ---- values and training
     @torch.no_grad()
     def compute_values(self, meta: KVBatchMeta, out_field: str = VALUES) -> KVBatchMeta | None:
         """Forward the shard without gradients and write ``V(s_t)`` per token back as ``out_field``."""
@@ -132,15 +123,14 @@ class ValueWorker:
         return r.put_rows(meta, out_field, out, lengths)
 
     def train(self, meta: KVBatchMeta, **_: Any) -> dict[str, float]:
-        """Every global batch of this rank's shard with the clipped value loss (``value.loss_fn``):
-        ``0.5·scale·Σ max((v − R)², (clamp(v, v_old ± ε) − R)²)·m / N_tok`` against the stored
-        ``returns``, ``v_old`` = the stored ``values``. Metrics: :func:`rlplane.algorithms.value_loss`'s."""
+        """Every global batch of this rank's shard with the clipped value loss (``value.loss_fn``) against the
+        stored ``returns``, ``v_old`` = the stored ``values``."""
         p, v = self.policy, self.value
         data = self.dp_rank.fetch(meta, [INPUT_IDS, TOKEN_MASK, VALUES, RETURNS])
         lengths = self.dp_rank.lengths(meta)
         ids = data[INPUT_IDS]
         sample_mask = self.dp_rank.sample_mask(meta)  # (B,)
-        # Position 0 is never a response token; values/returns are aligned with the token mask.
+        # Position 0 is never a response token.
         batch = {TOKEN_MASK: data[TOKEN_MASK][:, 1:].float(), VALUES: data[VALUES][:, 1:],
                  RETURNS: data[RETURNS][:, 1:]}
 
@@ -153,15 +143,13 @@ class ValueWorker:
             v.max_grad_norm, forward, CriticLoss(v.loss_fn.cliprange, v.loss_fn.scale), batch,
         )
 
-    # ---- weights and state -----------------------------------------------------------------------
+    # ---- weights and state
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host copies of the whole weights; under FSDP a gather every rank calls (rank 0 gets them)."""
         return parallel.full_state_dict(self.model)
 
     def save(self, path: str) -> None:
-        """HF weights (``AutoModelForTokenClassification.from_pretrained`` loads them) + tokenizer to
-        ``path/weights``, optimizer/scheduler state to ``path/optimizer.pt`` (rank 0 only; under FSDP
-        every rank gathers the weights and writes its optimizer shard)."""
+        """HF weights + tokenizer to ``path/weights``, optimizer state to ``path/optimizer.pt`` (rank 0)."""
         self.trainer.save(path, self.tokenizer, {})
 
     def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
