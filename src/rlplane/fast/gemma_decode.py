@@ -1,17 +1,9 @@
-"""The fused decode forward for Gemma 3 text models (``gemma3_text``), on :class:`LlamaDecoder`'s cache and loop.
+"""The fused decode forward for Gemma 3 text models (``gemma3_text``) on :class:`LlamaDecoder`'s cache and loop.
 
-What Gemma 3 adds to the Llama forward, each as transformers' ``Gemma3ForCausalLM`` computes it:
-
-- the embeddings scaled by sqrt(hidden) (the model's own embedding module does it);
-- RMSNorms that scale by ``1 + weight``, four per layer: before and after attention, before and after
-  the MLP (the post-norms round to the compute dtype, as HF's ``type_as`` of a compute-dtype input);
-- RMSNorms over each head's queries and keys before the rotary embedding;
-- sliding-window layers (``layer_types``): a key at cache index ``j`` is seen from query index ``i``
-  when ``i - j < sliding_window``, with their own rotary base; the other layers attend globally;
-- a tanh-GELU gated MLP; the attention scale ``query_pre_attn_scalar ** -0.5``;
-- ``final_logit_softcapping`` on the logits where set (HF's Gemma 3 attention applies no logit cap).
-
-Plain twin: the model's own forward (``policy.generation.hf_decode: hf``); parity:
+Gemma 3's additions, as transformers computes them: embeddings scaled by sqrt(hidden) (the model's own module),
+``1 + weight`` RMSNorms before and after attention and MLP (post-norms round to the compute dtype), query/key
+norms, sliding-window layers (key index ``j`` seen from query ``i`` when ``i - j < sliding_window``; their own
+rotary base), a tanh-GELU MLP, ``final_logit_softcapping``. Plain twin: the model's own forward; parity:
 ``tests/unit/fast/test_gemma_decode.py``.
 """
 

@@ -1,8 +1,6 @@
-"""When a run ends before ``max_num_steps`` on its validations: NeMo RL's threshold rule
-(``<loop>.stop_at_validation_metric`` reaches ``stop_at_validation_threshold``) and the plateau/drop rule
-of the ``early_stop`` section (no new best by more than ``min_delta`` in ``patience`` validations, or a
-fall of more than ``max_drop`` below the best). Every validation counts, the one before the first step
-included (it sets the first best); the state rides in checkpoints so a resumed run goes on counting."""
+"""Ending a run on its validations: NeMo RL's threshold (``stop_at_validation_metric`` >= ``_threshold``) and
+``early_stop``'s plateau (no new best by ``min_delta`` in ``patience`` validations) or drop (below best -
+``max_drop``) rules. Every validation counts, the first included; the state rides in checkpoints."""
 
 from __future__ import annotations
 
