@@ -1,13 +1,14 @@
 """Generation throughput: rlplane's ``hf`` backend beside transformers' ``model.generate`` and the FLOP limit.
 
 Same prompts, weights and settings for every contender. Prompts are GRPO-shaped: ``batch /
-group_size`` distinct prompts (chat-formatted arithmetic questions for SmolLM2), each repeated
+group_size`` distinct prompts (chat-formatted arithmetic questions for SmolLM2, ``Question: ... Answer:``
+text for the Gemma 3 270M base model, which has no chat template), each repeated
 ``group_size`` times; sampling at temperature 1 with eos ignored, so every contender generates
 exactly ``batch × max_new_tokens`` tokens (equal work). Contenders:
 
 - ``rlplane``: :class:`rlplane.generation.HFGenerationBackend` on the policy as rlplane loads it
   (fp32 master weights, ``policy.precision`` resolved as in training, ``auto`` by default), with the
-  fused Llama decode forward where it applies (``--decode hf``: the model's own forward);
+  fused decode forward where it applies (Llama family, Gemma 3; ``--decode hf``: the model's own forward);
 - ``model.generate``: transformers' own sampler on the same weights cast to the same compute dtype
   (``from_pretrained(dtype=bfloat16)`` is what a user would run), ``min_new_tokens`` = ``max_new_tokens``;
 - ``vllm`` (``--vllm``, where installed): :class:`VLLMGenerationBackend`;
@@ -21,6 +22,7 @@ printed before and after: on a shared machine, compare only numbers taken at sim
 
     python benchmarks/generation.py                              # SmolLM2, 64 sequences x 32 tokens
     python benchmarks/generation.py --batch-sizes 64,256 --repeats 5
+    python benchmarks/generation.py --models smollm2,gemma3
     python benchmarks/generation.py --models tiny --precision fp32
 """
 
@@ -36,6 +38,9 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+PACKAGED = {"smollm2": "packaged:smollm2-135m-instruct", "gemma3": "packaged:gemma3-270m"}
 
 
 def load(name: str, precision: str):
@@ -54,14 +59,13 @@ def load(name: str, precision: str):
                                                                          intermediate_size=256))
         prompts = [tok(p)["input_ids"] for p in problems]
     else:
-        model, tok = load_policy("packaged:smollm2-135m-instruct")
-        prompts = [
-            tok.apply_chat_template(
-                [{"role": "user", "content": f"What is {p[:-1]}? Think step by step, then give the answer."}],
-                add_generation_prompt=True, tokenize=True, return_dict=False,
-            )
-            for p in problems
-        ]
+        model, tok = load_policy(PACKAGED[name])
+        questions = [f"What is {p[:-1]}? Think step by step, then give the answer." for p in problems]
+        if tok.chat_template:
+            prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=False) for q in questions]
+        else:  # a base model: the data.prompt.processor=base text
+            prompts = [tok(f"Question: {q}\nAnswer:")["input_ids"] for q in questions]
     chosen = apply_precision(model, precision)
     return model, tok, prompts, chosen
 
@@ -169,7 +173,7 @@ def run(name: str, args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="smollm2", help="comma list of: smollm2, tiny")
+    ap.add_argument("--models", default="smollm2", help="comma list of: smollm2, gemma3, tiny")
     ap.add_argument("--batch-sizes", default="64", help="comma list: sequences per generate "
                                                         "call (GRPO: prompts × group)")
     ap.add_argument("--group-size", type=int, default=8, help="each distinct prompt is repeated this many times")
@@ -179,7 +183,7 @@ def main() -> None:
                                                                                       "(default: all cores)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per contender (after one warm-up call)")
     ap.add_argument("--decode", default="auto", choices=["auto", "hf", "fused"],
-                    help="rlplane's forward: the fused Llama one where it applies (auto), or the model's own (hf)")
+                    help="rlplane's forward: the fused one where it applies (auto), or the model's own (hf)")
     ap.add_argument("--skip-generate", action="store_true", help="time rlplane only (no model.generate)")
     ap.add_argument("--vllm", action="store_true", help="also time the vllm backend (its venv: docs/vllm.md)")
     args = ap.parse_args()

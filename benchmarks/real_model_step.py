@@ -1,9 +1,20 @@
-"""rlplane's GRPO step on SmolLM2-135M-Instruct beside a plain transformers loop doing the same work.
+"""rlplane's GRPO step on a real model (SmolLM2-135M-Instruct, Gemma 3 270M) beside a plain transformers loop
+doing the same work, and the training phase's achieved FLOP/s against the machine's matmul limit.
 
-One process, steps interleaved (rlplane, plain, rlplane, ...), both from the same weights
-(``packaged:smollm2-135m-instruct``) on the same prompt batches (the run's training loader, in
-order), with the small preset's settings: ``configs/grpo_smollm2.yaml`` where it exists, else
-``grpo_smollm2_reasoning_gym`` with 4 prompts x 4 samples x 64 new tokens (override with KEY=VALUE).
+One process per model, steps interleaved (rlplane, plain, rlplane, ...), both from the same weights
+(``packaged:smollm2-135m-instruct`` / ``packaged:gemma3-270m``) on the same prompt batches (the run's
+training loader, in order), with the small preset's settings: ``configs/grpo_smollm2.yaml`` where it
+exists, else ``grpo_smollm2_reasoning_gym`` with 4 prompts x 4 samples x 64 new tokens (override with
+KEY=VALUE). Gemma 3 (a base model, no chat template) gets ``data.prompt.processor=auto``: the
+``Question: ... Answer:`` prompt.
+
+FLOP/s of the training phase (advantages + forward/backward + optimizer step): the model FLOPs of the
+step's forward and backward, 6 x (parameters of the decoder's linear layers) per token of every sequence
+plus 6 x (the output projection's parameters) per trained token (rlplane projects only those onto the
+vocabulary; attention's score matmuls are left out, a few % at these lengths), over its median seconds.
+The limit: the best of a square 1024^3 matmul and a training-shaped (tokens of a micro-batch) x hidden x
+MLP matmul in the compute dtype (bf16 where ``policy.precision`` resolves to it on this CPU, else fp32),
+timed in the same run with the same threads.
 
 The plain loop, per step: ``model.generate`` (sampling at temperature 1, no top-k/top-p, stops at
 eos) on the prompts repeated per group → rewards from the same environment → group-mean/std
@@ -20,7 +31,8 @@ skips it when the rollout gets one optimizer step, see ``rlplane.config.plan``),
 (advantages, forward+backward, clip, optimizer). Generated-token counts differ between the two
 (different random draws, eos stops), so tokens/s is printed beside the times.
 
-    python benchmarks/real_model_step.py [--steps 5] [--warmup-steps 1] [KEY=VALUE overrides...]
+    python benchmarks/real_model_step.py [--models smollm2,gemma3] [--steps 3] [--warmup-steps 1] [--no-plain]
+                                         [KEY=VALUE overrides...]
 """
 
 from __future__ import annotations
@@ -49,6 +61,8 @@ from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
          "policy.generation.max_new_tokens=64"]
+MODELS = {"smollm2": [], "gemma3": ["policy.model_name=packaged:gemma3-270m", "data.prompt.processor=auto",
+                                     "data.prompt.template=null"]}
 QUIET = ["checkpointing.enabled=false", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
          "logger.jsonl_enabled=false", "grpo.val_at_start=false", "grpo.val_period=0"]
 
@@ -144,69 +158,123 @@ def split(r: dict[str, float]) -> str:
     return ", ".join(f"{k} {r[k]:.2f}" for k in ("generation", "logprobs", "training"))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=5, help="timed steps of each")
-    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first "
-                                                                "(lazy AdamW state, caches)")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
-    import transformers
+def linear_params(model) -> tuple[int, int]:
+    """(parameters of the decoder's linear layers, parameters of the output projection)."""
+    head = model.get_output_embeddings()
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    return body, head.weight.numel()
 
-    transformers.utils.logging.disable_progress_bar()
+
+def matmul_limit(dtype: torch.dtype, rows: int, hidden: int, inner: int, seconds: float = 1.0) -> float:
+    """Best GFLOP/s of a square 1024^3 matmul and a training-shaped (rows x hidden) @ (hidden x inner) one."""
+    best = 0.0
+    for m, k, n in ((1024, 1024, 1024), (rows, hidden, inner)):
+        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+        for _ in range(2):
+            a @ b
+        times, deadline = [], time.perf_counter() + seconds / 2
+        while time.perf_counter() < deadline or len(times) < 3:
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        best = max(best, 2 * m * k * n / statistics.median(times) / 1e9)
+    return best
+
+
+def run_model(model_key: str, args) -> None:
     name, small = preset()
+    overrides = [*small, *MODELS[model_key], *QUIET, *args.overrides]
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(name, [*small, *QUIET, f"run_dir={tmp}", *args.overrides])
+        cfg = load_config(name, [*overrides, f"run_dir={tmp}"])
         s = Session(cfg, quiet=True)
         s.start()
         loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
                              prev_from_forward=skips_prev_logprob_forward(cfg))  # as recipes.grpo.train builds it
         w = s.workers.policy.workers[0]
         dtype = getattr(w.model, "rlplane_autocast_dtype", None)
-        model_dir = os.path.join(tmp, "start")
-        w.model.save_pretrained(model_dir, safe_serialization=True)  # the exact start weights, plain HF
-        w.tokenizer.save_pretrained(model_dir)
-        plain = PlainLoop(cfg, model_dir, dtype, s.workers.rollout.group.workers[0].env)
+        plain = None
+        if not args.no_plain:
+            model_dir = os.path.join(tmp, "start")
+            w.model.save_pretrained(model_dir, safe_serialization=True)  # the exact start weights, plain HF
+            w.tokenizer.save_pretrained(model_dir)
+            plain = PlainLoop(cfg, model_dir, dtype, s.workers.rollout.group.workers[0].env)
+        body, head = linear_params(w.model)
         g = cfg.grpo
-        print(f"config {name} {' '.join(small + args.overrides)}: {g.num_prompts_per_step} prompts x "
+        print(f"{model_key}: config {name} {' '.join(small + MODELS[model_key] + args.overrides)}: "
+              f"{g.num_prompts_per_step} prompts x "
               f"{g.num_generations_per_prompt} samples x {cfg.policy.generation.max_new_tokens} new tokens, "
               f"compute {dtype or 'fp32'}, activation checkpointing {cfg.policy.activation_checkpointing}, "
               f"{torch.get_num_threads()} threads; rlplane skips the prev-logprob forward: "
-              f"{skips_prev_logprob_forward(cfg)}; load average {os.getloadavg()[0]:.2f}", flush=True)
+              f"{skips_prev_logprob_forward(cfg)}; linear parameters {body / 1e6:.1f}M + output "
+              f"{head / 1e6:.1f}M; load average {os.getloadavg()[0]:.2f}", flush=True)
         ours, base = [], []
         for i in range(args.warmup_steps + args.steps):
             t0 = time.perf_counter()
             s.begin_step(i)
             m = grpo_step(s, loss, i)
             total = time.perf_counter() - t0
-            tp = plain.step()
+            tp = plain.step() if plain is not None else None
             if i < args.warmup_steps:
                 continue
             tm = phases = {k.removeprefix("timing/train/"): v for k, v in m.items() if k.startswith("timing/train/")}
+            gen_tokens = m["train/mean_gen_tokens_per_sample"] * m["train/num_samples"]
+            training = tm.get("advantages", 0.0) + tm.get("policy_training", 0.0)
+            flops = 6.0 * body * m["train/total_num_tokens"] + 6.0 * head * gen_tokens
             ours.append({"generation": tm.get("generation", 0.0), "logprobs": tm.get("logprobs", 0.0),
-                         "training": tm.get("advantages", 0.0) + tm.get("policy_training", 0.0),
-                         "generated_tokens": m["train/mean_gen_tokens_per_sample"] * m["train/num_samples"],
-                         "total": total,
+                         "training": training, "generated_tokens": gen_tokens, "total": total,
+                         "training_gflops": flops / training / 1e9,
                          "token_mult_prob_error": m.get("train/token_mult_prob_error", float("nan"))})
-            base.append(tp)
-            print(f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s ({split(ours[-1])}), plain loop "
-                  f"{tp['total']:.2f} s ({split(tp)}) (load {os.getloadavg()[0]:.2f})", flush=True)
+            line = f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s ({split(ours[-1])})"
+            if tp is not None:
+                base.append(tp)
+                line += f", plain loop {tp['total']:.2f} s ({split(tp)})"
+            print(f"{line}; training {ours[-1]['training_gflops']:.1f} GFLOP/s (load {os.getloadavg()[0]:.2f})",
+                  flush=True)
+        tokens_per_micro = cfg.policy.train_micro_batch_size * cfg.policy.max_total_sequence_length
+        limit = matmul_limit(dtype or torch.float32, tokens_per_micro, w.model.config.hidden_size,
+                             w.model.config.intermediate_size)
         s.close()
+    report(model_key, args, ours, base, phases, limit, dtype)
 
+
+def report(model_key, args, ours, base, phases, limit, dtype) -> None:
     def med(rows, k):
         return statistics.median(r[k] for r in rows)
 
-    print(f"median of {args.steps} steps (seconds)   rlplane    plain loop")
+    cols = "   rlplane    plain loop" if base else "   rlplane"
+    print(f"{model_key}: median of {args.steps} steps (seconds){cols}")
     for k in ("generation", "logprobs", "training", "total"):
-        print(f"  {k:28s} {med(ours, k):8.2f}    {med(base, k):8.2f}")
-    print(f"  generated tokens/step (median)  {med(ours, 'generated_tokens'):8.0f}    "
-          f"{med(base, 'generated_tokens'):8.0f}")
+        print(f"  {k:28s} {med(ours, k):8.2f}" + (f"    {med(base, k):8.2f}" if base else ""))
+    print(f"  generated tokens/step (median)  {med(ours, 'generated_tokens'):8.0f}"
+          + (f"    {med(base, 'generated_tokens'):8.0f}" if base else ""))
     print("  generation tokens/s (median)    "
           f"{statistics.median(r['generated_tokens'] / r['generation'] for r in ours):8.1f}"
-          f"    {statistics.median(r['generated_tokens'] / r['generation'] for r in base):8.1f}")
+          + (f"    {statistics.median(r['generated_tokens'] / r['generation'] for r in base):8.1f}" if base else ""))
     print(f"  rlplane's timing/train/* (last step, s): {', '.join(f'{k} {v:.2f}' for k, v in phases.items())}; "
           f"rlplane token_mult_prob_error (median): {med(ours, 'token_mult_prob_error'):.4f}")
-    print(f"ratio rlplane / plain loop: {med(ours, 'total') / med(base, 'total'):.3f}")
+    achieved = med(ours, "training_gflops")
+    print(f"  training phase: {achieved:.1f} GFLOP/s achieved (median) of a {limit:.1f} GFLOP/s "
+          f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} matmul limit measured now: {achieved / limit:.0%}")
+    if base:
+        print(f"ratio rlplane / plain loop: {med(ours, 'total') / med(base, 'total'):.3f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2", help="comma list of: " + ", ".join(MODELS))
+    ap.add_argument("--steps", type=int, default=3, help="timed steps of each (medians)")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="untimed steps of each first "
+                                                                "(lazy AdamW state, caches)")
+    ap.add_argument("--no-plain", action="store_true", help="time rlplane only (no plain transformers loop)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    for model_key in args.models.split(","):
+        if model_key not in MODELS:
+            ap.error(f"--models: {model_key!r} is not one of {', '.join(MODELS)}")
+        run_model(model_key, args)
     return 0
 
 

@@ -90,6 +90,8 @@ def _prepared_run(cfg, args):
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
 
+    if args.early_stop:  # before the user's overrides: early_stop.* given there win
+        args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
     with _prepared_run(cfg, args):
         summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
@@ -98,6 +100,8 @@ def cmd_train(args) -> int:
     name = cfg.algorithm.upper()
     print(f"held-out accuracy before {name}: {fmt(before)}")
     print(f"held-out accuracy after {name}:  {fmt(after)}")
+    if stopped := summary.get("stopped_early"):
+        print(f"stopped early after step {stopped['after_step']}: {stopped['reason']}")
     print(f"run directory: {summary['run_dir']}  ({summary['wall_seconds']:.0f} s)")
     return 0
 
@@ -321,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    p.add_argument("--early-stop", action="store_true",
+                   help="stop when validation accuracy has not improved in early_stop.patience (3) validations or "
+                        "drops by more than early_stop.max_drop; early_stop.metric / min_delta tune it")
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("sft", help="only the supervised warm-up; saves an HF model to RUN_DIR/sft")
     _add_config_args(p)
@@ -331,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="a run directory (latest checkpoint), a "
                                                       "step_N checkpoint or an HF model directory")
     p.add_argument("--model", default=None, help="a policy.model_name instead: packaged:smollm2-135m-instruct, "
-                                                 "embedded:tiny-llama, a directory")
+                                                 "packaged:gemma3-270m, embedded:tiny-llama, a directory")
     p.add_argument("--dataset", default=None,
                    help="arithmetic | reasoning_gym:TASK[,TASK] | FILE (.jsonl, "
                         ".json, .parquet, .csv); default: the config's data")

@@ -106,21 +106,23 @@ def test_plot_renders_every_panel(run, tmp_path):
     tmp, _, _ = run
     assert main(["plot", str(tmp), str(tmp), "-o", str(tmp_path / "p.png")]) == 0  # two runs overlaid
     img = np.asarray(Image.open(tmp_path / "p.png").convert("RGB")).astype(int)
-    assert img.shape == (1200, 1200, 3)
+    h, w = img.shape[:2]
+    assert (h, w, img.shape[2]) == (1200, 1800, 3)
     grid, singles = figures([load_run(tmp)])
     titles = [ax.get_title() for ax in grid.axes]
-    assert len(titles) == 6 and any("KL" in t for t in titles) and any("per phase" in t for t in titles)
+    assert len(titles) == 9 and any("KL" in t for t in titles) and any("per phase" in t for t in titles)
+    assert any("clip" in t for t in titles) and any("within groups" in t for t in titles)
     for ax in grid.axes:
         # Data lines are coloured; frame, grid and text are grey. Coloured pixels inside each panel's
         # box (figure fractions -> pixels, y from the top) mean the panel drew its series.
         box = ax.get_position()
-        x0, x1 = int(box.x0 * 1200), int(box.x1 * 1200)
-        y0, y1 = int((1 - box.y1) * 1200), int((1 - box.y0) * 1200)
+        x0, x1 = int(box.x0 * w), int(box.x1 * w)
+        y0, y1 = int((1 - box.y1) * h), int((1 - box.y0) * h)
         panel = img[y0:y1, x0:x1]
         coloured = (panel.max(axis=2) - panel.min(axis=2) > 60).sum()
         assert coloured > 200 and panel.std() > 10, (ax.get_title(), coloured)
         assert all(np.isfinite(line.get_ydata()).all() for line in ax.get_lines()) and ax.get_lines()
     page = (tmp_path / "p.html").read_text()
     images = page.split('src="data:image/png;base64,')[1:]
-    assert len(images) == len(singles) == 6
+    assert len(images) == len(singles) == 9
     assert all(base64.b64decode(s.split('"')[0])[:8] == b"\x89PNG\r\n\x1a\n" for s in images)

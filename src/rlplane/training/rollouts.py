@@ -189,6 +189,14 @@ def rollout_metrics(carry: dict[str, torch.Tensor], lengths: list[int]) -> dict[
     out["baseline_reward/pct_0"] = float((group_mean == 0).float().mean())
     out["baseline_reward/pct_1"] = float((group_mean == 1).float().mean())
     out["baseline_reward/pct_mixed"] = 1.0 - out["baseline_reward/pct_0"] - out["baseline_reward/pct_1"]
+    # Spread within groups (what the advantages are made of): the mean of each group's reward std, and
+    # the fraction of groups whose rewards are all equal (any value; no advantage signal).
+    dev = (carry["rewards"] - group_mean[inverse]) ** 2
+    group_std = (torch.zeros(len(groups)).scatter_add_(0, inverse, dev) / torch.bincount(inverse)).sqrt()
+    lo = torch.full((len(groups),), float("inf")).scatter_reduce(0, inverse, carry["rewards"], "amin")
+    hi = torch.full((len(groups),), float("-inf")).scatter_reduce(0, inverse, carry["rewards"], "amax")
+    out["reward_std_in_group"] = float(group_std.mean())
+    out["equal_reward_groups"] = float((lo == hi).float().mean())
     out["truncated_fraction"] = float(carry["truncated"].float().mean())
     out["total_num_tokens"] = float(sum(lengths))
     return out

@@ -33,6 +33,7 @@ from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
 from rlplane.training.components import Components, LoggerSink
+from rlplane.training.early_stop import EarlyStop
 from rlplane.training.loop import validate
 from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
@@ -86,6 +87,8 @@ class Session:
         self.prompts = Prompts(cfg.dataset_options(), self.tokenizer, dataset=c.dataset, dataloader=c.dataloader,
                                val_dataset=c.val_dataset)
         self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
+        self.early_stop = EarlyStop(cfg.loop, cfg.early_stop)
+        self.stopped: tuple[int, str] | None = None  # (steps done, why) once a validation ended the run
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
                          within=functools.partial(_user_call, cfg.env.step_timeout_s))
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
@@ -168,6 +171,7 @@ class Session:
             self.initial_validation = info.get("initial_validation", {})
             self.warmup_result = info.get("warmup", {})
             self.teacher_warmup_result = info.get("teacher_warmup", {})
+            self.early_stop.load_state(info.get("early_stop"))
             self.refit.mark_stale()
             self.refit.version = int(info["step"])
             self.log.last_logged_step = int(info["step"])
@@ -197,6 +201,9 @@ class Session:
         if start == 0 and cfg.loop.val_at_start:
             self.initial_validation = self.validate()
             self.log.log(self.initial_validation, step=0)
+            if reason := self.early_stop.observe(self.initial_validation):
+                self.stopped = (0, reason)
+                self.say(f"{reason}: stopping before the first step")
         self.last_validation = dict(self.initial_validation)
         self._freeze_heap()
         return start
@@ -236,13 +243,16 @@ class Session:
         With dynamic sampling the bound is unknown up front: :class:`~rlplane.training.loop.DataExhausted`.
         """
         g = self.cfg.loop
+        if self.stopped is not None:
+            return self.stopped[0]
         if g.use_dynamic_sampling:
             return g.max_num_steps
         return min(g.max_num_steps, g.max_num_epochs * len(self.prompts.loader))
 
     # ---- after each step
-    def end_step(self, step: int, metrics: dict[str, float]) -> None:
-        """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step)."""
+    def end_step(self, step: int, metrics: dict[str, float]) -> bool:
+        """After step ``step`` (from 0): validate when due, log, checkpoint when due (and at the last step).
+        True when a validation ended the run (:mod:`~rlplane.training.early_stop`): the caller stops."""
         g, done, end = self.cfg.loop, step + 1, self.last_step()
         self.refit.version = done  # the weights the step trained serve the next one
         kill_point("train")
@@ -251,6 +261,10 @@ class Session:
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
             metrics["timing/validation/total"] = time.perf_counter() - t0
+            if done < end and (reason := self.early_stop.observe(self.last_validation)):
+                self.stopped = (done, reason)
+                self.say(f"{reason}: stopping after step {done}")
+                end = done
         metrics.update(self.refit.take_metrics(step))
         self.log.log(metrics, step=done)
         self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
@@ -259,6 +273,7 @@ class Session:
         kill_point("logged")  # a checkpoint not written yet: resuming drops the rows and redoes the step
         if self.checkpoints.due(done) or (done == end and self.cfg.checkpointing.enabled):
             self.save_checkpoint(done, metrics)
+        return self.stopped is not None
 
     def stop_early(self, step: int, reason: Exception) -> None:
         """Step ``step`` found the data used up: validate and checkpoint the step before as the last."""
@@ -274,7 +289,8 @@ class Session:
 
     def save_checkpoint(self, step: int, metrics: dict) -> Path:
         """``step_N`` now (``end_step`` calls it when due); returns its directory."""
-        info = {"initial_validation": self.initial_validation, "warmup": self.warmup_result}
+        info = {"initial_validation": self.initial_validation, "warmup": self.warmup_result,
+                "early_stop": self.early_stop.state()}
         if self.teacher_warmup_result:
             info["teacher_warmup"] = self.teacher_warmup_result
         return self.checkpoints.save(step, metrics, info)
@@ -289,6 +305,8 @@ class Session:
         }
         if self.teacher_warmup_result:
             out["teacher_warmup"] = self.teacher_warmup_result
+        if self.stopped is not None:
+            out["stopped_early"] = {"after_step": self.stopped[0], "reason": self.stopped[1]}
         (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2))
         return out
 

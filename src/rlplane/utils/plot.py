@@ -1,4 +1,5 @@
-"""``rlplane plot RUN_DIR ...``: reward, accuracy, KL/entropy/mismatch and phase times of runs, overlaid.
+"""``rlplane plot RUN_DIR ...``: reward, accuracy, KL/entropy/mismatch, clip fractions, response length, reward
+spread within groups and phase times of runs, overlaid.
 
 Writes a PNG and an HTML page; matplotlib (``rlplane[plot]``) is imported lazily, Agg backend.
 """
@@ -21,8 +22,15 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("KL and entropy", [("train/kl_penalty", "KL to reference"), ("train/gen_kl_error", "KL gen vs train"),
                         ("train/approx_entropy", "entropy")]),
     ("token_mult_prob_error (1 = generator and trainer agree)", [("train/token_mult_prob_error", "prob error")]),
+    ("clip fraction", [("train/clip_fraction", "clipped"), ("train/clip_fraction_low", "low"),
+                       ("train/clip_fraction_high", "high")]),
+    ("response length (tokens)", [("train/mean_gen_tokens_per_sample", "mean"),
+                                  ("train/max_gen_tokens_per_sample", "max")]),
+    ("reward spread within groups", [("train/reward_std_in_group", "reward std (mean over groups)"),
+                                     ("train/equal_reward_groups", "all-equal groups (fraction)")]),
     ("total step time (s)", [("timing/train/total_step_time", "step time")]),
 ]
+GRID = (3, 3)  # rows, columns of the PNG: every panel and the step time per phase
 TIMING_PREFIX = "timing/train/"
 
 
@@ -81,7 +89,7 @@ def _timing_keys(runs: list[tuple[str, list[dict]]]) -> list[str]:
 
 
 def figures(runs: list[tuple[str, list[dict]]]):
-    """The 3 x 2 grid (the PNG) and one figure per panel (the HTML): ``(grid, [(title, figure), ...])``."""
+    """The :data:`GRID` of panels (the PNG) and one figure per panel (the HTML): ``(grid, [(title, figure), ...])``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,7 +121,7 @@ def figures(runs: list[tuple[str, list[dict]]]):
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         return drawn
 
-    grid, axes = plt.subplots(3, 2, figsize=(12, 12))
+    grid, axes = plt.subplots(*GRID, figsize=(6 * GRID[1], 4 * GRID[0]))
     for ax, (title, keys) in zip(axes.flat, panels):
         draw(ax, title, keys)
     names = ", ".join(name for name, _ in runs)

@@ -1,10 +1,21 @@
 """Progress on stderr: a tqdm bar on a terminal, else one line per ``logger.log_every_n_steps`` steps
-(a redrawn bar captured to a file would grow it by every frame)."""
+(a redrawn bar captured to a file would grow it by every frame). Both carry the step's learning
+diagnostics (:data:`DIAGNOSTICS`)."""
 
 from __future__ import annotations
 
 import sys
 import time
+
+# (short label, metric key): the compact diagnostics of each step, where logged.
+DIAGNOSTICS = (("ent", "train/approx_entropy"), ("clip", "train/clip_fraction"), ("kl", "train/kl_penalty"),
+               ("len", "train/mean_gen_tokens_per_sample"), ("rstd", "train/reward_std_in_group"),
+               ("eq", "train/equal_reward_groups"))
+
+
+def diagnostics(metrics: dict) -> dict[str, float]:
+    """``{label: value}`` of the :data:`DIAGNOSTICS` that ``metrics`` holds."""
+    return {label: float(metrics[key]) for label, key in DIAGNOSTICS if isinstance(metrics.get(key), (int, float))}
 
 
 def _duration(seconds: float) -> str:
@@ -42,14 +53,16 @@ class Progress:
                 self._bar = tqdm(total=self.total, initial=step - 1, desc=self.desc, file=self.stream,
                                  dynamic_ncols=True)
             self._bar.n = step
-            self._bar.set_postfix({k: f"{v:.3f}" for k, v in post.items()}, refresh=True)
+            self._bar.set_postfix({**{k: f"{v:.3f}" for k, v in post.items()},
+                                   **{k: f"{v:.3g}" for k, v in diagnostics(metrics).items()}}, refresh=True)
             return
         if step % self.every and step != self.total and "val_acc" not in post:
             return
         done = step - self._step0
         per_step = (now - self._t0) / max(done, 1)
+        diag = " ".join(f"{k} {v:.3g}" for k, v in diagnostics(metrics).items())
         parts = [f"{self.desc} step {step}/{self.total}", *(f"{k} {v:.3f}" for k, v in post.items()),
-                 f"{per_step:.2f} s/step", f"elapsed {_duration(now - self._t0)}",
+                 *([diag] if diag else []), f"{per_step:.2f} s/step", f"elapsed {_duration(now - self._t0)}",
                  f"eta {_duration(per_step * (self.total - step))}"]
         print(" | ".join(parts), file=self.stream, flush=True)
 

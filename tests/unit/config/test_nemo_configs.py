@@ -86,7 +86,7 @@ def test_distillation_anchors_and_relative_interpolation(capsys):
 
 def test_nemo_only_features_that_are_on_are_refused_one_line_each():
     on = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.tensor_parallel_size=2",
-          "grpo.val_start_at=5", "grpo.stop_at_validation_metric=val:accuracy", "grpo.batch_multiplier=1.5",
+          "grpo.val_start_at=5", "grpo.batch_multiplier=1.5",
           "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true", "data_plane.backend=mooncake_cpu",
           "policy.generation.backend=sglang"]
     with pytest.raises(ConfigError) as e:

@@ -39,7 +39,8 @@ def test_math_processor_template_and_chat_template_auto():
 def test_processor_errors_are_one_line():
     tok = build_char_tokenizer()
     for overrides, fragment in [
-        (["data.prompt.processor=nope"], "data.prompt.processor = 'nope': unknown processor; known: default, math"),
+        (["data.prompt.processor=nope"], "data.prompt.processor = 'nope': unknown processor; known: auto, base, "
+                                           "default, instruct, math"),
         (["data.prompt.template=Question"], "needs a {problem} placeholder"),
         (["data.prompt.chat_template=true"], "the tokenizer has no chat template"),
     ]:
@@ -132,3 +133,23 @@ def test_reasoning_gym_env_scores_with_task_verifier():
         assert ret.rewards.tolist() == [1.0, 0.0] and ret.answers[0] == gts[0]
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("processor, chat_tok, chat, template", [
+    ("auto", False, False, "Question: {problem}\nAnswer:"),  # a base model: plain question/answer text
+    ("auto", True, True, "{problem}"),  # an instruct model: the problem as the user's message
+    ("base", True, False, "Question: {problem}\nAnswer:"),  # base text even where a chat template exists
+    ("instruct", True, True, "{problem}"),
+    ("instruct", False, False, "{problem}"),
+])
+def test_base_and_instruct_processors_follow_the_chat_template(processor, chat_tok, chat, template):
+    cfg = load_config(None, [f"data.prompt.processor={processor}"])
+    tok = _ChatTok() if chat_tok else build_char_tokenizer()
+    fmt = resolve_prompt_format(cfg.data.prompt, tok)
+    assert (fmt.use_chat_template, fmt.template) == (chat, template)
+
+
+def test_base_processor_with_chat_template_forced_on():
+    cfg = load_config(None, ["data.prompt.processor=base", "data.prompt.chat_template=true"])
+    assert resolve_prompt_format(cfg.data.prompt, _ChatTok()).use_chat_template
+

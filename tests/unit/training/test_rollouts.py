@@ -74,3 +74,15 @@ def test_train_metrics_keep_the_drivers_sequence_logprob_errors():
     add_train_metrics(metrics, {"max_seq_mult_prob_error": 1.5, "mean_seq_mult_prob_error": 1.2, "loss": 0.1})
     assert metrics == {"max_seq_mult_prob_error": 3.0, "reward": 0.5, "mean_seq_mult_prob_error": 1.2, "loss": 0.1}
     assert set(SEQ_ERROR_STATS) == {f"{k}_seq_mult_prob_error" for k in ("max", "mean", "min")}
+
+
+def test_group_spread_metrics():
+    from rlplane.training.rollouts import rollout_metrics
+
+    # Groups by id (not contiguous): {0: [1, 0, 1, 0]} std 0.5; {1: [0.3, 0.3]} equal; {2: [2, 2]} equal.
+    carry = {"rewards": torch.tensor([1.0, 0.3, 0.0, 2.0, 1.0, 0.3, 0.0, 2.0]),
+             "group": torch.tensor([0, 1, 0, 2, 0, 1, 0, 2]), "truncated": torch.zeros(8, dtype=torch.bool)}
+    m = rollout_metrics(carry, [5] * 8)
+    assert m["reward_std_in_group"] == pytest.approx(0.5 / 3)
+    assert m["equal_reward_groups"] == pytest.approx(2 / 3)
+    assert m["baseline_reward/pct_mixed"] == 1.0  # means 0.5, 0.3, 2: never all-0 or all-1, yet two give no signal
