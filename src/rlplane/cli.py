@@ -20,14 +20,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.envs.sandbox import SandboxUnavailable
-    from rlplane.errors import ConfigError
+    from rlplane.errors import ConfigError, WorkerFailed
     from rlplane.models.loading import ModelLoadError
     from rlplane.runtime.deadlines import DeadlineExceeded
     from rlplane.training import TrainingStopped
     from rlplane.utils.checkpoint import CheckpointError
 
     return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
-            CheckpointError, DeadlineExceeded, SandboxUnavailable)
+            CheckpointError, DeadlineExceeded, SandboxUnavailable, WorkerFailed)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,9 +88,10 @@ def _prepared_run(cfg, args):
 
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
+    from rlplane.runtime.interrupts import stop_at_step_boundary
 
     cfg = _load(args)
-    with _prepared_run(cfg, args):
+    with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM: stop after the step in progress
         summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -363,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
+    from rlplane.errors import TrainingInterrupted
+
     try:
         return args.fn(args)
+    except TrainingInterrupted as e:
+        print(f"rlplane: {e}", file=sys.stderr)
+        return 128 + e.signum
     except _user_errors() as e:
         # A Ray worker's error arrives wrapped (RayTaskError, also an instance of the cause's class).
         cause = getattr(e, "cause", None)
