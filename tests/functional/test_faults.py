@@ -343,8 +343,9 @@ def test_watchdog_in_a_local_run(cwd, capsys, monkeypatch):
     def hang(s):
         s.workers.rollout.group.workers[0].backend.generate = _hang
 
-    line = fails_with_one_line(capsys, cwd / "run", Injected(monkeypatch, 1, hang), "local generator hangs (watchdog 2 s)",
-                               "runtime=local", "data_plane.backend=memory", "grpo.watchdog_s=2",
+    injected = Injected(monkeypatch, 1, hang)
+    line = fails_with_one_line(capsys, cwd / "run", injected, "local generator hangs (watchdog 2 s)", "runtime=local",
+                               "data_plane.backend=memory", "grpo.watchdog_s=2",
                                "policy.generation.timeout_s=null")
     assert line.startswith("rlplane: error: watchdog: no progress for 2 s (grpo.watchdog_s = 2); stuck: generator 0 "
                            "(rollout, running "), line
