@@ -81,16 +81,22 @@ REPORT: list[str] = []
 
 
 @pytest.fixture
-def cwd(tmp_path, monkeypatch, ray_session):
+def local_cwd(tmp_path, monkeypatch):
     """A working directory holding the scenarios' user tasks (importable in the driver and the actors)."""
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the in-actor patches below travel by value
     (tmp_path / "fault_tasks.py").write_text(TASKS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("fault_tasks", None)
     return tmp_path
+
+
+@pytest.fixture
+def cwd(local_cwd, ray_session):
+    """:func:`local_cwd`, with the shared Ray instance."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the in-actor patches below travel by value
+    return local_cwd
 
 
 def report(name: str, outcome: str, seconds: float) -> None:
@@ -338,19 +344,19 @@ def test_watchdog_names_the_stuck_worker_and_dumps_stacks(cwd, capsys, monkeypat
     check_state(cwd / "run", 1)
 
 
-def test_watchdog_in_a_local_run(cwd, capsys, monkeypatch):
+def test_watchdog_in_a_local_run(local_cwd, capsys, monkeypatch):
     """runtime: local: the stuck call is in this process; the watchdog wakes the main thread with SIGINT."""
     def hang(s):
         s.workers.rollout.group.workers[0].backend.generate = _hang
 
     injected = Injected(monkeypatch, 1, hang)
-    line = fails_with_one_line(capsys, cwd / "run", injected, "local generator hangs (watchdog 2 s)", "runtime=local",
-                               "data_plane.backend=memory", "grpo.watchdog_s=2",
+    line = fails_with_one_line(capsys, local_cwd / "run", injected, "local generator hangs (watchdog 2 s)",
+                               "runtime=local", "data_plane.backend=memory", "grpo.watchdog_s=2",
                                "policy.generation.timeout_s=null")
     assert line.startswith("rlplane: error: watchdog: no progress for 2 s (grpo.watchdog_s = 2); stuck: generator 0 "
                            "(rollout, running "), line
-    assert "in _hang" in (cwd / "run" / "logs" / "stacks.txt").read_text()
-    check_state(cwd / "run", 1)
+    assert "in _hang" in (local_cwd / "run" / "logs" / "stacks.txt").read_text()
+    check_state(local_cwd / "run", 1)
 
 
 def test_sigint_stops_at_the_step_boundary_and_resumes(cwd, capsys, monkeypatch):
