@@ -39,7 +39,7 @@ TINY = [
 ]
 
 TASKS = '''
-import os, signal, time
+import time
 CALLS = [0]
 
 def odd(prompt, completion, extra):
@@ -57,18 +57,11 @@ def raise_on_every_third(prompt, completion, extra):
         raise RuntimeError("reward function crashed")
     return odd(prompt, completion, extra)
 
-def verify_or_die(response, truth):
-    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verifier_killed")
-    if not os.path.exists(marker):
-        open(marker, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
-    return float(response.strip() == truth), response
-
 from rlplane.envs.math_env import PooledVerifierEnv
 
 class DyingVerifierEnv(PooledVerifierEnv):
     """Scores in one verifier process, which SIGKILLs itself on its first answer."""
-    verify_fn = "fault_tasks:verify_or_die"
+    verify_fn = "fault_verify:verify_or_die"
 
     def __init__(self, **kwargs):
         super().__init__(num_workers=1, timeout_s=30)
@@ -77,13 +70,24 @@ class DyingVerifierEnv(PooledVerifierEnv):
         return (response, str(metadata["ground_truth"]))
 '''
 
-REPORT: list[str] = []
+# The verifier process imports this module only (not rlplane, not torch).
+VERIFY = '''
+import os, signal
+
+def verify_or_die(response, truth):
+    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verifier_killed")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return float(response.strip() == truth), response
+'''
 
 
 @pytest.fixture
 def local_cwd(tmp_path, monkeypatch):
     """A working directory holding the scenarios' user tasks (importable in the driver and the actors)."""
     (tmp_path / "fault_tasks.py").write_text(TASKS)
+    (tmp_path / "fault_verify.py").write_text(VERIFY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("fault_tasks", None)

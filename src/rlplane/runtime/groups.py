@@ -36,6 +36,21 @@ def worker_died(e: BaseException, label: str, method: str) -> WorkerFailed:
                         "with checkpointing.resume=true")
 
 
+def _dead_among(where: dict, method: str, timeout_s: float = 5.0) -> WorkerFailed | None:
+    """The one line for the first actor of ``where`` (ref -> (label, actor)) found dead within ``timeout_s``."""
+    import ray
+
+    ready, _ = ray.wait(list(where), num_returns=len(where), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as e:
+            return worker_died(e, where[ref][0], method)
+        except Exception:  # noqa: BLE001, S110 - that rank's own error: not a death
+            pass
+    return None
+
+
 class LocalGroup:
     """Workers constructed in this process; calls run one after the other. ``name`` labels rank ``i``
     as ``{name} {i}`` for the watchdog."""
@@ -161,6 +176,11 @@ class RayGroup:
             except ray.exceptions.RayActorError as e:
                 label = self.labels.get(e.actor_id or "", f"a {self.name} worker")
                 raise worker_died(e, label, method) from None
+            except ray.exceptions.RayTaskError:
+                # A rank whose peer died fails too (a collective with a dead rank): name the dead one.
+                if (dead := _dead_among(where, method)) is not None:
+                    raise dead from None
+                raise
 
     def _received(self, results: list) -> list:
         """``results`` after the driver's index took the write receipts in them."""
