@@ -40,6 +40,8 @@ def _dead_among(where: dict, method: str, timeout_s: float = 5.0) -> WorkerFaile
     """The one line for the first actor of ``where`` (ref -> (label, actor)) found dead within ``timeout_s``."""
     import ray
 
+    if not where:
+        return None
     ready, _ = ray.wait(list(where), num_returns=len(where), timeout=timeout_s)
     for ref in ready:
         try:
