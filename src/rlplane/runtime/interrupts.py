@@ -1,10 +1,8 @@
-"""SIGINT and SIGTERM to the driver: stop at the next step boundary instead of mid-step.
+"""SIGINT and SIGTERM to the driver stop the run at the next step boundary, with a checkpoint.
 
-Inside :func:`stop_at_step_boundary` (the command line wraps ``rlplane train`` in it) the first
-SIGINT or SIGTERM only records a request; the session ends the step in progress, logs it, writes a
-checkpoint (when checkpointing is on) and raises :class:`RunInterrupted`. A second signal stops
-at once (``KeyboardInterrupt``), as does :func:`interrupt_now` (the watchdog's way to end a stuck
-step). ``ray.init`` installs its own SIGTERM handler in the driver: :func:`reinstall` puts ours back.
+Inside :func:`stop_at_step_boundary` (``rlplane train``) the first signal records a request; the
+session ends the step, checkpoints it and raises :class:`~rlplane.errors.TrainingInterrupted`. A
+second signal, or :func:`interrupt_now` (the watchdog), stops at once (``KeyboardInterrupt``).
 """
 
 from __future__ import annotations

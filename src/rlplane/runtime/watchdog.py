@@ -1,13 +1,10 @@
-"""The watchdog: a step that makes no progress for ``{loop}.watchdog_s`` seconds dumps every worker's
-stack and stops the run naming the stuck worker.
+"""The watchdog: a step with no progress for ``{loop}.watchdog_s`` seconds dumps every worker's stack to
+``logs/stacks.txt`` and stops the run naming the stuck worker.
 
-Progress is a worker call returning (every call goes through :mod:`rlplane.runtime.groups`, which
-records it in flight with :func:`tracking`) or a step starting or ending (:func:`progress`). When
-none came for ``timeout_s``: the driver's threads (:mod:`faulthandler`) and each Ray actor's
-(``SIGUSR1``, on which every actor dumps its threads with :func:`install_stack_dump`) go to
-``logs/stacks.txt``; the stuck worker is the one whose call is still running (the innermost call
-in flight, or a Ray call whose result is not ready); the main thread is interrupted and the session
-turns that into one :class:`~rlplane.errors.WorkerFailed` line (:attr:`Watchdog.verdict`).
+Progress is a worker call returning (:func:`tracking`, from runtime/groups.py) or a step boundary
+(:func:`progress`). The stuck worker is the one whose call still runs; a stuck Ray actor is killed
+(the driver's wait ends), a stuck local call gets a SIGINT in the main thread. Ray actors dump
+their threads on ``SIGUSR1`` (:func:`install_stack_dump`; actors on the driver's node only).
 """
 
 from __future__ import annotations
