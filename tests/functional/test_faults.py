@@ -315,15 +315,11 @@ def small_disk(tmp_path):
 
 
 def test_disk_full_during_checkpoint_write(cwd, capsys, monkeypatch, small_disk):
-    def fill(s):  # step_1 is written; leave the disk a few KiB for step_2
-        with open(small_disk / "filler", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-            except OSError:
-                pass
-        os.truncate(small_disk / "filler", os.path.getsize(small_disk / "filler") - 8192)
+    def fill(s):  # step_1 is written; leave the disk 8 KiB for step_2
+        st = os.statvfs(small_disk)
+        fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT)
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - 8192)
+        os.close(fd)
 
     injected = Injected(monkeypatch, 1, fill)
     line = fails_with_one_line(capsys, cwd / "run", injected, "disk full during a checkpoint write (8 MiB tmpfs)",
