@@ -21,14 +21,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rlplane.dataplane import DataPlaneError
     from rlplane.envs import UnknownEnvironmentError
     from rlplane.envs.sandbox import SandboxUnavailable
-    from rlplane.errors import ConfigError
+    from rlplane.errors import ConfigError, WorkerFailed
     from rlplane.models.loading import ModelLoadError
     from rlplane.runtime.deadlines import DeadlineExceeded
     from rlplane.training import TrainingStopped
     from rlplane.utils.checkpoint import CheckpointError
 
     return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
-            CheckpointError, DeadlineExceeded, SandboxUnavailable)
+            CheckpointError, DeadlineExceeded, SandboxUnavailable, WorkerFailed)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,11 +89,12 @@ def _prepared_run(cfg, args):
 
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
+    from rlplane.runtime.interrupts import stop_at_step_boundary
 
     if args.early_stop:  # before the user's overrides: early_stop.* given there win
         args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
-    with _prepared_run(cfg, args):
+    with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM: stop after the step in progress
         summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -379,11 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
+    from rlplane.errors import TrainingInterrupted
+
     try:
         from rlplane.fast.switches import check_switches
 
         check_switches()
         return args.fn(args)
+    except TrainingInterrupted as e:
+        print(f"rlplane: {e}", file=sys.stderr)
+        return 128 + e.signum
     except BrokenPipeError:  # `rlplane show-config | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush too
         return 141

@@ -9,3 +9,15 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+class WorkerFailed(RuntimeError):
+    """A worker died, hung past the watchdog or returned garbage: one line naming it; the run stops."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped the run at a step boundary (one line; ``signum``: the signal)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum

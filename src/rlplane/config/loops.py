@@ -48,6 +48,11 @@ class RolloutLoopConfig(StrictModel):
     rollout_max_retries: int = Field(
         2, ge=1, description="Environment re-runs per failed step (rollout_failure_policy: retry)."
     )
+    watchdog_s: float | None = Field(
+        3600.0, gt=0, description="Seconds a step may go without progress (no worker call returning) before the run "
+        "dumps every worker's stack to logs/stacks.txt and stops naming the stuck worker (null = never). Above "
+        "policy.generation.timeout_s, so a hung generate call is named by its own deadline first."
+    )
     skip_reference_policy_logprobs_calculation: bool = Field(
         False, description="Skip reference logprobs (also skipped when the KL penalty is 0)."
     )

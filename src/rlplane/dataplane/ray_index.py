@@ -87,6 +87,9 @@ def _wait(answer: Any) -> Any:
         if isinstance(err.cause, DataPlaneError):
             raise err.cause from None
         raise
+    except ray.exceptions.RayActorError:
+        raise DataPlaneError("data plane: its index's store actor died (the keys of the step in flight are lost); "
+                             "the run stops: resume from its last checkpoint with checkpointing.resume=true") from None
 
 
 class StoreIndex:

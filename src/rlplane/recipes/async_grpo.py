@@ -69,7 +69,7 @@ class CollectorHandle:
         # A child process builds its environments from its own registry: send this one's.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
                                 max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
-                                setup=[(restore_env_registry, (env_registry_snapshot(),))])
+                                setup=[(restore_env_registry, (env_registry_snapshot(),))], name="async collector")
         self._policy = policy
         self._prompts = s.prompts
         self._seconds: dict[str, float] = {}  # the collector's time counters at the last refit

@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, shard_meta_for_dp
+from rlplane.errors import WorkerFailed
 from rlplane.fast.heap import freeze_actor_heap
+from rlplane.runtime import interrupts, watchdog
 from rlplane.runtime.process_actor import ProcessActor
 from rlplane.runtime.worker_env import WORKER_ENV
 from rlplane.utils.reachable import check_reachable
@@ -27,30 +29,59 @@ def _per_rank_shards(meta: KVBatchMeta, world: int, batch_size: int | None) -> l
     return [{"meta": m} for m in metas]
 
 
-class LocalGroup:
-    """Workers constructed in this process; calls run one after the other."""
+def worker_died(e: BaseException, label: str, method: str) -> WorkerFailed:
+    """The one line for a Ray actor that died (or was killed) while ``method`` ran or was queued on it."""
+    detail = " ".join(str(e).split())
+    why = "killed" if "ray.kill" in detail else "its process exited" if "process has died" in detail else "died"
+    return WorkerFailed(f"{label} died during {method} ({why}); the run stops: resume from its last checkpoint "
+                        "with checkpointing.resume=true")
 
-    def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]]):
+
+def _dead_among(where: dict, method: str, timeout_s: float = 5.0) -> WorkerFailed | None:
+    """The one line for the first actor of ``where`` (ref -> (label, actor)) found dead within ``timeout_s``."""
+    import ray
+
+    if not where:
+        return None
+    ready, _ = ray.wait(list(where), num_returns=len(where), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as e:
+            return worker_died(e, where[ref][0], method)
+        except Exception:  # noqa: BLE001, S110 - that rank's own error: not a death
+            pass
+    return None
+
+
+class LocalGroup:
+    """Workers constructed in this process; calls run one after the other. ``name`` labels rank ``i``
+    as ``{name} {i}`` for the watchdog."""
+
+    def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], name: str | None = None):
+        self.name = name or cls.__name__
         self.workers = [cls(**kw) for kw in per_rank_kwargs]
 
     def __len__(self) -> int:
         return len(self.workers)
 
     def run(self, method: str, *args, per_rank: list[dict] | None = None, **kwargs) -> list:
-        return [
-            getattr(w, method)(*args, **kwargs, **(per_rank[i] if per_rank else {})) for i, w in enumerate(self.workers)
-        ]
+        with watchdog.tracking(self.name, method):
+            return [getattr(w, method)(*args, **kwargs, **(per_rank[i] if per_rank else {}))
+                    for i, w in enumerate(self.workers)]
 
     def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
         """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its shard."""
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
         results = []
-        for worker, shard in zip(self.workers, shards):  # a plain loop: one frame less between a step and its worker
-            results.append(getattr(worker, method)(**kwargs, **shard))
+        with watchdog.tracking(self.name, method):
+            for worker, shard in zip(self.workers, shards):  # a plain loop: one frame less to the worker
+                results.append(getattr(worker, method)(**kwargs, **shard))
         return results
 
     def lazy(self, method: str, *args, rank: int = 0, **kwargs):
-        return getattr(self.workers[rank], method)(*args, **kwargs)
+        with watchdog.tracking(f"{self.name} {rank}", method):
+            return getattr(self.workers[rank], method)(*args, **kwargs)
 
     def wait(self, handles: list) -> list:
         """The results of calls made with :meth:`lazy` (already computed in this process)."""
@@ -68,10 +99,12 @@ class RayGroup:
 
     def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], num_cpus: float = 1.0,
                  distributed: bool = False, num_gpus: float = 0.0, scheduling: list | None = None,
-                 env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None):
+                 env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None,
+                 name: str | None = None):
         import ray
 
         self.data_plane = data_plane
+        self.name = name or cls.__name__
 
         remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus,
                                 runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})(cls)
@@ -81,6 +114,11 @@ class RayGroup:
             for i, kw in enumerate(per_rank_kwargs)
         ]
         await_actors(self.workers)
+        self.labels = {w._actor_id.hex(): f"{self.name} {i}" for i, w in enumerate(self.workers)}
+        self._by_id = {w._actor_id.hex(): w for w in self.workers}
+        self._lazy: dict[str, str] = {}  # a lazy call's object ref (hex) -> its method, for wait (the latest few)
+        for w in self.workers:  # its stacks on SIGUSR1, for the watchdog
+            watchdog.register_actor(self.labels[w._actor_id.hex()], w.__ray_call__.remote(watchdog.install_stack_dump))
         # Each actor's model and imports out of full GC's reach (rlplane.fast.heap).
         ray.get([w.__ray_call__.remote(freeze_actor_heap) for w in self.workers])
         if distributed:  # its own process group (gloo/NCCL): every actor is its own process
@@ -96,7 +134,7 @@ class RayGroup:
             getattr(w, method).remote(*args, **kwargs, **(per_rank[i] if per_rank else {}))
             for i, w in enumerate(self.workers)
         ]
-        return self._received(ray.get(refs))
+        return self._received(self._get(refs, method, ray.get))
 
     def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
         """Shard ``meta`` over the ranks and call ``method`` on each with its located shard; receipts are taken
@@ -106,17 +144,46 @@ class RayGroup:
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
         if self.data_plane is not None:
             shards = [{"meta": self.data_plane.located(shard["meta"])} for shard in shards]
-        return self._received(ray.get([getattr(w, method).remote(**kwargs, **shards[i])
-                                       for i, w in enumerate(self.workers)]))
+        refs = [getattr(w, method).remote(**kwargs, **shards[i]) for i, w in enumerate(self.workers)]
+        return self._received(self._get(refs, method, ray.get))
 
     def lazy(self, method: str, *args, rank: int = 0, **kwargs):
-        return getattr(self.workers[rank], method).remote(*args, **kwargs)
+        ref = getattr(self.workers[rank], method).remote(*args, **kwargs)
+        self._lazy[ref.hex()] = method  # a hex, not the ref: holding it would pin the result in the object store
+        if len(self._lazy) > 64:  # refs handed to other actors are never waited for here
+            self._lazy.pop(next(iter(self._lazy)))
+        return ref
 
     def wait(self, handles: list) -> list:
         """The results of calls started with :meth:`lazy` (a deadline hit in an actor comes out as one line)."""
         from rlplane.runtime.deadlines import ray_get
 
-        return self._received(ray_get(handles))
+        methods = [self._lazy.pop(h.hex(), None) for h in handles]
+        method = next((m for m in methods if m is not None), "a call")
+        where = {}
+        for h in handles:
+            actor = h.task_id().actor_id().hex()
+            if actor in self._by_id:
+                where[h] = (self.labels[actor], self._by_id[actor])
+        return self._received(self._get(handles, method, ray_get, where))
+
+    def _get(self, refs: list, method: str, get, where: dict | None = None) -> list:
+        """``get(refs)``, watched (:mod:`~rlplane.runtime.watchdog`); an actor that died is one line naming it."""
+        import ray
+
+        if where is None:
+            where = {r: (self.labels[w._actor_id.hex()], w) for r, w in zip(refs, self.workers)}
+        with watchdog.tracking(self.name, method, where):
+            try:
+                return get(refs)
+            except ray.exceptions.RayActorError as e:
+                label = self.labels.get(e.actor_id or "", f"a {self.name} worker")
+                raise worker_died(e, label, method) from None
+            except ray.exceptions.RayTaskError:
+                # A rank whose peer died fails too (a collective with a dead rank): name the dead one.
+                if (dead := _dead_among(where, method)) is not None:
+                    raise dead from None
+                raise
 
     def _received(self, results: list) -> list:
         """``results`` after the driver's index took the write receipts in them."""
@@ -128,6 +195,7 @@ class RayGroup:
         import ray
 
         for w in self.workers:
+            watchdog.forget_actor(self.labels[w._actor_id.hex()])
             ray.kill(w)
 
     kill = close
@@ -136,11 +204,13 @@ class RayGroup:
 class LocalActor:
     """One worker in this process. ``obj`` is the worker itself (colocated parts may share its module)."""
 
-    def __init__(self, cls: type, kwargs: dict[str, Any]):
+    def __init__(self, cls: type, kwargs: dict[str, Any], name: str | None = None):
         self.obj = cls(**kwargs)
+        self.name = name or cls.__name__
 
     def call(self, method: str, *args, **kwargs):
-        return getattr(self.obj, method)(*args, **kwargs)
+        with watchdog.tracking(self.name, method):
+            return getattr(self.obj, method)(*args, **kwargs)
 
     lazy = call
 
@@ -160,8 +230,10 @@ class RayActor:
     obj = None  # the worker lives in another process
 
     def __init__(self, cls: type, kwargs: dict[str, Any], num_cpus: float = 0.5, max_concurrency: int | None = None,
-                 env_vars: dict[str, str] | None = None):
+                 env_vars: dict[str, str] | None = None, name: str | None = None):
         import ray
+
+        self.name = name or cls.__name__
 
         options: dict[str, Any] = dict(num_cpus=num_cpus, runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})
         if max_concurrency is not None:
@@ -169,12 +241,19 @@ class RayActor:
         self.handle = ray.remote(**options)(cls).remote(**kwargs)
         # Queued after the constructor, not awaited (the first call reports a constructor that raised).
         self.handle.__ray_call__.remote(freeze_actor_heap)
+        watchdog.register_actor(self.name, self.handle.__ray_call__.remote(watchdog.install_stack_dump))
 
     def call(self, method: str, *args, **kwargs):
+        import ray
+
         from rlplane.runtime.deadlines import ray_get
 
-        # A deadline hit inside the actor comes out as its own one line, not Ray's traceback.
-        return ray_get(getattr(self.handle, method).remote(*args, **kwargs))
+        ref = getattr(self.handle, method).remote(*args, **kwargs)
+        with watchdog.tracking(self.name, method, {ref: (self.name, self.handle)}):
+            try:  # a deadline hit inside the actor comes out as its own one line, not Ray's traceback
+                return ray_get(ref)
+            except ray.exceptions.RayActorError as e:
+                raise worker_died(e, self.name, method) from None
 
     def lazy(self, method: str, *args, **kwargs):
         return getattr(self.handle, method).remote(*args, **kwargs)
@@ -186,33 +265,35 @@ class RayActor:
     def close(self) -> None:
         import ray
 
+        watchdog.forget_actor(self.name)
         ray.kill(self.handle)  # the actor's processes (and its envs' workers) go with it
 
 
 def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *, num_cpus: float = 1.0,
                num_gpus: float = 0.0, distributed: bool = False, scheduling: list | None = None,
-               env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None
-               ) -> LocalGroup | RayGroup:
+               env_vars: dict[str, str] | None = None, data_plane: DataPlaneClient | None = None,
+               name: str | None = None) -> LocalGroup | RayGroup:
     """A group of ``cls`` workers, one per ``per_rank_kwargs`` entry, under ``runtime`` (local | ray).
 
     Ray: ``distributed`` joins a process group, ``scheduling`` places rank ``i``, ``env_vars`` go to the
-    actors, ``data_plane`` locates metas and takes receipts. Locally workers hold the driver's own client."""
+    actors, ``data_plane`` locates metas and takes receipts. Locally workers hold the driver's own client.
+    ``name`` labels rank ``i`` as ``{name} {i}`` in errors and the watchdog's verdict."""
     if runtime == "local":
-        return LocalGroup(cls, per_rank_kwargs)
+        return LocalGroup(cls, per_rank_kwargs, name=name)
     return RayGroup(cls, per_rank_kwargs, num_cpus=num_cpus, num_gpus=num_gpus, distributed=distributed,
-                    scheduling=scheduling, env_vars=env_vars, data_plane=data_plane)
+                    scheduling=scheduling, env_vars=env_vars, data_plane=data_plane, name=name)
 
 
 def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
                max_concurrency: int | None = None, env_vars: dict[str, str] | None = None, process: bool = False,
-               setup: Sequence[tuple[Callable, tuple]] = ()):
+               setup: Sequence[tuple[Callable, tuple]] = (), name: str | None = None):
     """A single ``cls`` worker under ``runtime``; ``process`` (local only): in a child process of its own
     (:class:`~rlplane.runtime.process_actor.ProcessActor`, ``setup`` run there first)."""
     if runtime == "local" and process:
         return ProcessActor(cls, kwargs, setup=setup)
     if runtime == "local":
-        return LocalActor(cls, kwargs)
-    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars)
+        return LocalActor(cls, kwargs, name=name)
+    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars, name=name)
 
 
 def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None:
@@ -271,3 +352,4 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
         ray.init(address=target, **kwargs)
     else:
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)
+    interrupts.reinstall()  # ray.init set its own SIGTERM handler in the driver

@@ -24,10 +24,12 @@ from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import make_data_plane
 from rlplane.envs.user import EnvErrorWindow, UserTaskError, check_user_tasks, user_task_error_in
+from rlplane.errors import WorkerFailed
 from rlplane.fast.heap import freeze_heap
 from rlplane.fast.switches import check_switches
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import load_configured_policy
+from rlplane.runtime import interrupts, watchdog
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
@@ -89,6 +91,8 @@ class Session:
         self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
         self.early_stop = EarlyStop(cfg.loop, cfg.early_stop)
         self.stopped: tuple[int, str] | None = None  # (steps done, why) once a validation ended the run
+        self.watchdog = watchdog.Watchdog(cfg.loop.watchdog_s, f"{cfg.algorithm}.watchdog_s",
+                                          self.paths.log_dir / "stacks.txt")
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
                          within=functools.partial(_user_call, cfg.env.step_timeout_s))
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
@@ -206,6 +210,7 @@ class Session:
                 self.say(f"{reason}: stopping before the first step")
         self.last_validation = dict(self.initial_validation)
         self._freeze_heap()
+        self.watchdog.start()  # from the first step on: start-up and warm-up are not watched
         return start
 
     def _freeze_heap(self) -> None:
@@ -225,6 +230,7 @@ class Session:
             freeze_heap()
         self._stepped = True
         self.refit.version = step
+        watchdog.progress()
         self.workers.rollout.call("set_weight_version", step)
         self.prompts.take_step_record()  # what a step that stopped early drew is no step's record
 
@@ -255,6 +261,7 @@ class Session:
         True when a validation ended the run (:mod:`~rlplane.training.early_stop`): the caller stops."""
         g, done, end = self.cfg.loop, step + 1, self.last_step()
         self.refit.version = done  # the weights the step trained serve the next one
+        watchdog.progress()
         kill_point("train")
         if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
             t0 = time.perf_counter()
@@ -271,9 +278,19 @@ class Session:
         if (record := self.prompts.take_step_record()) is not None:
             self.log.log_prompts(done, record)
         kill_point("logged")  # a checkpoint not written yet: resuming drops the rows and redoes the step
+        saved = None
         if self.checkpoints.due(done) or (done == end and self.cfg.checkpointing.enabled):
-            self.save_checkpoint(done, metrics)
+            saved = self.save_checkpoint(done, metrics)
+        if (sig := interrupts.requested()) is not None and done < end:
+            self._stop_on_signal(sig, done, metrics, saved)
         return self.stopped is not None
+
+    def _stop_on_signal(self, sig, done: int, metrics: dict, saved: Path | None) -> None:
+        """SIGINT / SIGTERM asked to stop: a checkpoint of step ``done`` (unless just written, or checkpointing
+        is off), then the one line (:class:`~rlplane.errors.TrainingInterrupted`)."""
+        if saved is None and self.cfg.checkpointing.enabled:
+            saved = self.save_checkpoint(done, metrics)
+        raise interrupts.stop_message(sig, done, saved)
 
     def stop_early(self, step: int, reason: Exception) -> None:
         """Step ``step`` found the data used up: validate and checkpoint the step before as the last."""
@@ -316,6 +333,7 @@ class Session:
         self._closers.append(stop)
 
     def close(self) -> None:
+        self.watchdog.stop()
         for stop in self._closers:
             stop()
         self._closers.clear()
@@ -335,5 +353,7 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
+        if exc is not None and self.watchdog.verdict:  # the watchdog ended a stuck step: its line, not the interrupt
+            raise WorkerFailed(self.watchdog.verdict) from None

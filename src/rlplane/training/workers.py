@@ -139,17 +139,17 @@ class Workers:
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
         self.policy = make_group(runtime, PolicyWorker, per_rank(policy_options(cfg), init_state),
                                  num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=gpus, distributed=distributed,
-                                 scheduling=slots.get("policy"), data_plane=self.data_plane)
+                                 scheduling=slots.get("policy"), data_plane=self.data_plane, name="policy rank")
         if self.critic:
             # A quarter CPU each, so policy + rollout + critic fit Ray's 2 CPUs at dp_size 2.
             self.value = make_group(runtime, ValueWorker, per_rank(value_options(cfg), init_state),
                                     num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=gpus, distributed=distributed,
-                                    scheduling=slots.get("value"), data_plane=self.data_plane)
+                                    scheduling=slots.get("value"), data_plane=self.data_plane, name="critic rank")
         if self.teacher_cfg is not None:
             self.teacher = make_group(runtime, TeacherWorker,
                                       per_rank(teacher_options(self.teacher_cfg), teacher_state),
                                       num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"),
-                                      data_plane=self.data_plane)
+                                      data_plane=self.data_plane, name="teacher rank")
         self.rollout = self._start_generators(slots.get("generators"))
 
     def _start_generators(self, scheduling: list | None) -> Generators:
@@ -159,7 +159,8 @@ class Workers:
         if cfg.runtime == "local" and gen.num_generators == 1:
             w = self.policy.workers[0]
             group = make_group("local", RolloutWorker, [dict(cfg=cfg, data_plane=self.data_plane, model=w.model,
-                                                             tokenizer=w.tokenizer, seed=cfg.loop.seed)])
+                                                             tokenizer=w.tokenizer, seed=cfg.loop.seed)],
+                               name="generator")
             self.generator_shares_weights = group.workers[0].backend.shares_weights
             return Generators(group)
         # The driver's working directory is importable there too (user tasks).
@@ -169,7 +170,7 @@ class Workers:
                                      shared_paths=self.shared_paths)
                                 for j in range(gen.num_generators)],
                                num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env(),
-                               data_plane=self.data_plane)
+                               data_plane=self.data_plane, name="generator")
         except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
             raise user_task_error_in(e) or e from None
         # Colocated under Ray they sleep while the policy trains; vLLM sleep mode frees GPU memory anywhere.

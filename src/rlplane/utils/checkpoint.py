@@ -53,6 +53,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_failure(e: BaseException, where: Path) -> str | None:
+    """Why writing a checkpoint into ``where`` failed, when the disk failed it (None: another error).
+    A worker's error arrives wrapped (Ray: ``cause``); torch.save on a full disk says only "unexpected pos"."""
+    cause = getattr(e, "cause", None) or e
+    if isinstance(cause, OSError):
+        return cause.strerror or type(cause).__name__
+    if "No space left on device" in str(cause):
+        return "No space left on device"
+    try:
+        full = shutil.disk_usage(where).free < 2**20
+    except OSError:
+        return None
+    return "No space left on device" if full else None
+
+
 class CheckpointManager:
     def __init__(self, checkpoint_dir: str | os.PathLike, keep_top_k: int | None, metric_name: str,
                  higher_is_better: bool):
@@ -102,9 +117,12 @@ class CheckpointManager:
             write(tmp)
             (tmp / "training_info.json").write_text(json.dumps(training_info, indent=2, sort_keys=True))
             fsync_tree(tmp)
-        except OSError as e:  # a full disk, a quota, a mount gone read-only: one line, no half checkpoint
+        except Exception as e:  # a full disk, a quota, a mount gone read-only: one line, no half checkpoint
+            why = write_failure(e, self.dir)  # before the partial files go (they may be what filled the disk)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"checkpoint {tmp}: cannot write it ({e.strerror or type(e).__name__}); free space "
+            if why is None:
+                raise
+            raise CheckpointError(f"checkpoint {tmp}: cannot write it ({why}); free space "
                                   "there or set checkpointing.checkpoint_dir elsewhere, then resume") from None
         kill_point("checkpoint_rename")
         final = self.dir / f"step_{step}"

@@ -24,6 +24,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
 from rlplane.envs.user import register_user_tasks
+from rlplane.errors import WorkerFailed
 from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
@@ -239,6 +240,7 @@ class RolloutWorker:
     def finish(self, scored: Generated) -> tuple[TurnsResult, dict[str, torch.Tensor], dict[str, float]]:
         """A scored rollout's per-token columns (:class:`TurnsResult`), (B,) carry and metrics."""
         res = turns_result(scored.turns)
+        check_finite_logprobs(res.generation_logprobs, scored.version)
         kill_point("generation")
         rows = scored.rows
         self._last = (rows, res.states)  # for last_samples (sample tables); replaced by the next rollout
@@ -278,6 +280,17 @@ class RolloutWorker:
         return EnvSteps(self.env, self.renew_env,
                         loop.rollout_max_retries if loop.rollout_failure_policy == "retry" else 0,
                         self.cfg.env.step_timeout_s)
+
+
+def check_finite_logprobs(logprobs: Sequence[torch.Tensor], version: int) -> None:
+    """Stop with one line when the engine returned NaN or infinite logprobs (broken weights or engine):
+    they would reach the loss (importance weights, the logprob error) silently."""
+    bad = [i for i, lp in enumerate(logprobs) if not bool(torch.isfinite(lp).all())]
+    if bad:
+        raise WorkerFailed(
+            f"generator: non-finite logprobs in {len(bad)} of {len(logprobs)} samples (first: row {bad[0]}, weight "
+            f"version {version}); the generator's weights or engine are broken (a failed refit, an overflow at "
+            "policy.precision); the run stops")
 
 
 @dataclass

@@ -215,3 +215,25 @@ def test_resumed_run_logs_each_step_once(tmp_path):
     prompts = [json.loads(line) for line in (run / "logs" / "prompts.jsonl").read_text().splitlines()]
     assert [r["step"] for r in prompts] == [1, 2, 3] and all(len(r["trained"]) == 2 for r in prompts)
     assert json.loads((run / "checkpoints" / "step_3" / "training_info.json").read_text())["step"] == 3
+
+
+def test_a_worker_s_torch_save_on_a_full_disk_is_named_as_such(tmp_path, monkeypatch):
+    """torch.save's zip writer on a full disk raises RuntimeError("... unexpected pos ..."), under Ray wrapped
+    with the error as ``cause``: still the one "No space left" line, and no half checkpoint."""
+
+    class Wrapped(RuntimeError):
+        cause = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    def write(d):
+        (d / "part").write_text("x")
+        raise Wrapped("ray task error")
+
+    manager = CheckpointManager(tmp_path, None, "val:accuracy", True)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(CheckpointError, match=r"tmp_step_2: cannot write it \(No space left on device\)"):
+        manager.save(2, {"step": 2}, write)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()  # plenty of space: another error, raised as it is
+    with pytest.raises(Wrapped):
+        manager.save(2, {"step": 2}, write)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,79 @@
+"""The watchdog (a call with no progress: stacks dumped, the stuck worker named, the main thread woken)
+and the step-boundary stop on SIGINT / SIGTERM, in this process (no Ray)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from rlplane.errors import TrainingInterrupted, WorkerFailed
+from rlplane.runtime import interrupts, watchdog
+from rlplane.runtime.groups import LocalActor
+from rlplane.workers.rollout import check_finite_logprobs
+
+
+class Stuck:
+    def wait_forever(self):
+        threading.Event().wait()
+
+
+def test_a_stuck_local_call_is_named_and_interrupted(tmp_path):
+    dog = watchdog.Watchdog(0.5, "grpo.watchdog_s", tmp_path / "stacks.txt")
+    actor = LocalActor(Stuck, {}, name="generator")
+    dog.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            actor.call("wait_forever")
+    finally:
+        dog.stop()
+    assert dog.verdict.startswith("watchdog: no progress for 0.5 s (grpo.watchdog_s = 0.5); stuck: generator "
+                                  "(wait_forever, running ")
+    assert f"every worker's stack is in {tmp_path / 'stacks.txt'}" in dog.verdict
+    stacks = (tmp_path / "stacks.txt").read_text()
+    assert stacks.startswith(f"== driver (pid {os.getpid()})") and "in wait_forever" in stacks
+
+
+def test_progress_keeps_the_watchdog_quiet(tmp_path):
+    dog = watchdog.Watchdog(0.4, "grpo.watchdog_s", tmp_path / "stacks.txt")
+    dog.start()
+    try:
+        for _ in range(8):
+            with watchdog.tracking("policy rank 0", "train"):
+                threading.Event().wait(0.1)
+    finally:
+        dog.stop()
+    assert dog.verdict is None and not (tmp_path / "stacks.txt").exists()
+
+
+def test_off_starts_no_thread(tmp_path):
+    dog = watchdog.Watchdog(None, "grpo.watchdog_s", tmp_path / "stacks.txt")
+    dog.start()
+    assert dog._thread is None
+
+
+def test_first_signal_requests_a_stop_the_second_stops_now():
+    with interrupts.stop_at_step_boundary():
+        assert signal.getsignal(signal.SIGTERM) is interrupts._handler
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert interrupts.requested() == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert interrupts.requested() is None and signal.getsignal(signal.SIGTERM) is not interrupts._handler
+
+
+def test_stop_message_names_the_signal_step_and_checkpoint(tmp_path):
+    e = interrupts.stop_message(signal.SIGINT, 4, tmp_path / "step_4")
+    assert isinstance(e, TrainingInterrupted) and e.signum == signal.SIGINT
+    assert str(e) == f"stopped by SIGINT after step 4 (checkpoint {tmp_path / 'step_4'}; resume with " \
+                     "checkpointing.resume=true)"
+    assert "checkpointing is off" in str(interrupts.stop_message(signal.SIGTERM, 1, None))
+
+
+def test_non_finite_generation_logprobs_stop_the_run():
+    check_finite_logprobs([torch.zeros(3), torch.tensor([-0.5, 0.0])], version=2)
+    with pytest.raises(WorkerFailed, match=r"non-finite logprobs in 1 of 2 samples \(first: row 1, weight version 2\)"):
+        check_finite_logprobs([torch.zeros(3), torch.tensor([-0.5, float("nan")])], version=2)
