@@ -48,17 +48,14 @@ class Environment(abc.ABC):
         """Score the last assistant message of each log against that sample's ``metadata``."""
 
     def metrics(self, rewards: torch.Tensor, batch: EnvBatch | None = None) -> dict[str, float]:
-        """Summary metrics of this environment's samples of a rollout (NeMo RL's
-        ``global_post_process_and_metrics``), logged as ``train/env/<task_name>/<name>``; overridable.
-        By default :func:`default_env_metrics`."""
+        """This environment's metrics of a rollout's samples (NeMo RL's ``global_post_process_and_metrics``),
+        logged as ``train/env/<task_name>/<name>``; by default :func:`default_env_metrics`."""
         return default_env_metrics(rewards, batch)
 
 
 @dataclass(frozen=True)
 class EnvBatch:
-    """What :meth:`Environment.metrics` sees of its samples besides the rewards, all (B,):
-    ``group`` the prompt group of each sample, ``truncated`` whether its sequence hit a length limit,
-    ``prompt_lengths`` / ``response_lengths`` in tokens (response: everything after the prompt)."""
+    """Per sample, (B,): prompt ``group``, ``truncated``, ``prompt_lengths`` and ``response_lengths`` in tokens."""
 
     group: torch.Tensor
     truncated: torch.Tensor
@@ -67,15 +64,22 @@ class EnvBatch:
 
 
 def default_env_metrics(rewards: torch.Tensor, batch: EnvBatch | None = None) -> dict[str, float]:
-    """``accuracy`` = mean reward; with a ``batch`` also (NeMo RL's ``MathEnvironment`` names)
-    ``pass@k`` = share of prompt groups (k samples each) with a sample rewarded > 0,
-    ``fraction_of_samples_properly_ended`` = share not truncated, ``generation_lengths`` and
-    ``prompt_lengths`` = mean tokens per sample."""
+    """``accuracy`` = mean reward; with a ``batch`` (NeMo RL's names): ``pass@k`` = share of groups (k samples)
+    with a reward > 0, ``fraction_of_samples_properly_ended`` = share not truncated, ``generation_lengths`` /
+    ``prompt_lengths`` = mean tokens."""
     if not rewards.numel():
         return {"accuracy": 0.0}
     out = {"accuracy": float(rewards.float().mean())}
     if batch is None:
         return out
+    groups, inverse, sizes = torch.unique(batch.group, return_inverse=True, return_counts=True)
+    hit = torch.zeros(len(groups)).scatter_reduce_(0, inverse, (rewards > 0).float(), "amax")  # (G,)
+    if int(sizes.min()) == int(sizes.max()):  # pass@k names one k
+        out[f"pass@{int(sizes[0])}"] = float(hit.mean())
+    out["fraction_of_samples_properly_ended"] = float((~batch.truncated.bool()).float().mean())
+    out["generation_lengths"] = float(batch.response_lengths.float().mean())
+    out["prompt_lengths"] = float(batch.prompt_lengths.float().mean())
+    return out
     groups, inverse, sizes = torch.unique(batch.group, return_inverse=True, return_counts=True)
     hit = torch.zeros(len(groups)).scatter_reduce_(0, inverse, (rewards > 0).float(), "amax")  # (G,)
     if int(sizes.min()) == int(sizes.max()):  # pass@k names one k

@@ -1,18 +1,8 @@
 """Environments as Ray actors (``runtime: ray``): one pool of actors per environment, by ``task_name``.
 
-NeMo RL runs each environment as a Ray actor (``MathEnvironment.remote(...)``) and routes a
-rollout's samples to it by ``task_name``. Here the driver starts a pool of ``env.actors_per_env``
-actors (``env.actors.<task>`` for one task) per environment the data names, before the rollout
-workers, and hands each rollout worker the pools (plain data: actor handles). A rollout steps a
-task's samples through that task's :class:`EnvPool`: the batch is split contiguously over the pool's
-actors, the calls run at once, the returns are joined in order. Validation samples of a task named
-in ``env.val_task_to_env`` go to a pool of their own, ``val/<task>``.
-
-An actor that dies is restarted by Ray (``max_restarts=-1``, as NeMo RL's environments; its
-environment is built again by its constructor). The calls it held are not retried by Ray
-(``max_task_retries=0``): their samples fail with :class:`EnvActorDied` and follow
-``rollout_failure_policy`` like any failed environment step (:mod:`rlplane.workers.env_steps`).
-Before each call the pool waits, up to ``RESTART_TIMEOUT_S``, for an actor that is restarting.
+A task's batch is split contiguously over its pool's actors and the calls run at once. A dead actor is
+restarted by Ray (``max_restarts=-1``, no task retries); the samples it held fail with :class:`EnvActorDied`
+and follow ``rollout_failure_policy``; later calls wait for the restart (``RESTART_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -34,8 +24,7 @@ VAL_PREFIX = "val/"
 
 
 class EnvActorDied(RuntimeError):
-    """Environment actors died (or could not come back) during a step; ``rows``: the positions, in
-    the stepped batch, of the samples they held."""
+    """Environment actors died during a step; ``rows``: the batch positions of the samples they held."""
 
     def __init__(self, message: str, rows: Sequence[int]):
         super().__init__(message)
@@ -55,8 +44,7 @@ def pool_env_names(task_names: Sequence[str], val_task_to_env: Mapping[str, str]
 
 
 def call_env_metrics(env: Any, rewards: torch.Tensor, batch: EnvBatch) -> dict[str, float]:
-    """``env.metrics(rewards, batch)``; a one-argument override gets the rewards only, and an
-    environment without ``metrics`` (a duck-typed class) gets :func:`default_env_metrics`."""
+    """``env.metrics(rewards, batch)``; a one-argument override gets the rewards, an env without one the default."""
     fn = getattr(env, "metrics", None)
     if fn is None:
         return default_env_metrics(rewards, batch)
@@ -72,12 +60,8 @@ def call_env_metrics(env: Any, rewards: torch.Tensor, batch: EnvBatch) -> dict[s
 
 
 class EnvActor:
-    """One environment in a Ray actor's process (``runtime: ray``).
-
-    ``registry``: the driver's environment registry (:func:`~rlplane.envs.registry.env_registry_snapshot`),
-    so environments registered at run time and user tasks (``env_cfg``, imported here) resolve as there.
-    Its calls run on two threads so that ``ping`` answers during a long step; the lock keeps the
-    environment's own calls one at a time (an environment need not be thread-safe)."""
+    """One environment in a Ray actor, built from the driver's registry snapshot and user tasks (``env_cfg``).
+    Two threads, so ``ping`` answers during a long step; the lock keeps the environment's calls one at a time."""
 
     def __init__(self, pool: str, env_name: str, kwargs: dict[str, Any], registry: dict[str, Any], env_cfg=None):
         from rlplane.envs.user import register_user_tasks
@@ -128,8 +112,7 @@ class EnvActor:
 
 @dataclass
 class EnvPool:
-    """The actors of one environment's pool, used like one environment (``step``, ``metrics``,
-    ``reward_component_names``). Plain data: sent to every rollout worker as it is."""
+    """One environment's actors, used like one environment; plain data, sent to every rollout worker."""
 
     name: str
     env_name: str
@@ -147,8 +130,8 @@ class EnvPool:
         return self._components
 
     def step(self, message_logs: Sequence, metadata: Sequence) -> EnvironmentReturn:
-        """Step the batch split contiguously over the actors, all at once; their returns joined in order.
-        Raises :class:`EnvActorDied` naming the rows of actors that died (the others' rows: step again)."""
+        """The batch split over the actors, stepped at once, joined in order; :class:`EnvActorDied` names the
+        rows of actors that died."""
         import ray
 
         n = len(message_logs)
@@ -189,8 +172,7 @@ class EnvPool:
         return n
 
     def renew(self) -> EnvPool:
-        """Every actor with a fresh environment (each waits to be back first, if it was restarting).
-        An actor that is gone, or whose environment cannot be built again, fails its samples at the step."""
+        """Every actor builds a fresh environment (a gone actor is left to fail its samples at the step)."""
         import ray
 
         refs = []
@@ -237,9 +219,7 @@ class EnvPool:
 
 def start_env_pools(specs: Mapping[str, tuple[str, int]], kwargs_of, registry: dict[str, Any], env_cfg=None,
                     num_cpus: float = 0.0, env_vars: dict[str, str] | None = None) -> dict[str, EnvPool]:
-    """For each pool ``name -> (environment, n)`` of ``specs``, ``n`` :class:`EnvActor` hosting the
-    environment (``kwargs_of(environment)``: its factory's keyword arguments). The actors are created,
-    not awaited: :func:`await_env_pools` waits for their constructors."""
+    """``n`` :class:`EnvActor` per pool ``name -> (environment, n)``, created, not awaited (:func:`await_env_pools`)."""
     import ray
 
     from rlplane.runtime.worker_env import WORKER_ENV
@@ -263,8 +243,7 @@ def await_env_pools(pools: Mapping[str, EnvPool], timeout_s: float = RESTART_TIM
 
 
 def join_returns(parts: Sequence[EnvironmentReturn], metadata: Sequence[Sequence]) -> EnvironmentReturn:
-    """The returns of consecutive chunks of a batch as one (``metadata``: each chunk's input metadata,
-    standing in where a chunk returned None, which means unchanged)."""
+    """Consecutive chunks' returns as one; a chunk's None metadata (unchanged) becomes its input ``metadata``."""
     sizes = [len(m) for m in metadata]
 
     def joined(name: str, fill):

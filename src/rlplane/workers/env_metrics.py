@@ -1,14 +1,6 @@
-"""Each environment's own metrics of a rollout (NeMo RL's ``global_post_process_and_metrics``).
-
-After a rollout is scored, every task's environment gets its samples' rewards and an
-:class:`~rlplane.envs.interface.EnvBatch` (prompt groups, truncation, lengths) and returns named
-floats (:meth:`Environment.metrics <rlplane.envs.interface.Environment.metrics>`). They are reported
-as ``env/<task_name>/<name>``, with ``env/<task_name>/num_samples``; a recipe logs them under
-``train/`` for the step's rollouts and ``validation/`` for validation's. A rollout made of several
-calls (generators, dynamic-sampling batches, validation batches) merges them with
-:func:`merge_env_metrics`: per task, ``num_samples`` and ``actor_deaths`` (under ``runtime: ray``:
-the task's environment actors that died during the rollout) summed, ``max_*`` the maximum,
-``min_*`` the minimum, every other metric the mean weighted by the task's samples in each call.
+"""Each environment's own metrics of a rollout (NeMo RL's ``global_post_process_and_metrics``), as
+``env/<task_name>/<name>`` plus ``num_samples``. Merging several calls' (:func:`merge_env_metrics`): per task,
+``num_samples`` and ``actor_deaths`` summed, ``max_*`` / ``min_*`` the extreme, the rest weighted by samples.
 """
 
 from __future__ import annotations
@@ -31,9 +23,8 @@ COUNTS = (NUM_SAMPLES, "actor_deaths")  # summed when merged; actor_deaths: a po
 def env_metrics(task_names: Sequence[str], rewards: torch.Tensor, batch: EnvBatch,
                 metrics_of: Callable[[str], Callable[[torch.Tensor, EnvBatch], Mapping[str, float]]]
                 ) -> dict[str, float]:
-    """``env/<task>/<name>`` for each task of ``task_names`` (one per sample, (B,) ``rewards`` and
-    ``batch``): ``metrics_of(task)(rewards, batch)`` on that task's samples. An environment whose
-    metrics raise gets a warning and none logged; the run goes on."""
+    """``metrics_of(task)(rewards, batch)`` on each task's samples (``task_names``: one per sample), as
+    ``env/<task>/<name>``; metrics that raise are a warning, not the end of the run."""
     out: dict[str, float] = {}
     for task in dict.fromkeys(task_names):
         idx = torch.tensor([i for i, t in enumerate(task_names) if t == task])
@@ -54,8 +45,7 @@ def is_env_metric(key: str) -> bool:
 
 
 def merge_env_metrics(parts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The ``env/`` metrics of several rollout calls' metrics ``parts`` as one (the rules above);
-    other keys are ignored."""
+    """The ``env/`` metrics of several rollout calls' ``parts`` as one (other keys left out)."""
     out: dict[str, float] = {}
     weights: dict[str, float] = {}  # task -> samples so far
     for part in parts:
