@@ -207,3 +207,17 @@ def test_a_rollout_calls_each_environments_metrics_and_validation_uses_val_task_
     _, carry, metrics = worker.rollout(datums, group_size=1, partition_id=None, heldout=True)
     assert carry["rewards"].tolist() == [0.25] * 3 and with_metrics.calls == [6]  # scored by `strict`
     assert metrics["env/arithmetic/accuracy"] == 0.25  # the default metrics of the validation environment
+
+
+def test_pool_specs_one_per_environment_under_ray_only():
+    from rlplane.training.workers import env_pool_specs, ray_cpu_demand
+
+    cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "env.actors_per_env=2", "env.actors.code=0",
+                             "env.actors.calculator=3", "env.val_task_to_env.arithmetic=calculator"])
+    register_env("made_here", lambda **kw: Strict())  # a lambda cannot reach another process: no pool
+    specs = env_pool_specs(cfg, ["arithmetic", "calculator", "code", "made_here"])
+    assert specs == {"arithmetic": ("arithmetic", 2), "calculator": ("calculator", 3),
+                     "val/arithmetic": ("calculator", 3)}
+    assert env_pool_specs(load_config(None, []), ["arithmetic"]) == {}  # runtime: local keeps them in-process
+    cpus = load_config(None, ["runtime=ray", "data_plane.backend=ray", "env.cpus_per_actor=0.25"])
+    assert ray_cpu_demand(cpus, uses_critic=False, env_actors=4) == 0.5 + 0.5 + 4 * 0.25
