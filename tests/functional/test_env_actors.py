@@ -89,8 +89,8 @@ def test_two_environment_pools_survive_a_killed_actor_and_log_their_metrics(ray_
                     "prompt_lengths"} <= {k.rsplit("/", 1)[1] for k in r if k.startswith(f"train/env/{task}/")}
         assert f"validation/env/{task}/accuracy" in second  # flaky's by the arithmetic pool val/flaky
     assert first["train/env/flaky/accuracy"] == 0.0
-    out = capsys.readouterr().out
-    line = [x for x in out.splitlines() if "environment actor(s)" in x]
+    said = capsys.readouterr()
+    line = [x for x in (said.out + said.err).splitlines() if "environment actor(s)" in x]
     assert line == ["step 1: 1 environment actor(s) of 'flaky' died during train and were restarted; the samples "
                     "they held followed grpo.rollout_failure_policy = zero_reward (train/rollout_failures = 4, "
                     "rollout_retries = 0)"]
