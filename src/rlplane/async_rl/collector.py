@@ -52,9 +52,10 @@ class AsyncTrajectoryCollector:
         fields: Sequence[str] = ASYNC_ROLLOUT_COLUMNS,
         init_weights: Mapping[str, torch.Tensor] | None = None,
         options: AsyncOptions | None = None,
+        env_pools: Mapping[str, Any] | None = None,
     ):
         """``partition_id`` is registered here with ``fields`` (the rollout's and the trainer's columns);
-        ``options`` default to ``cfg.grpo``'s."""
+        ``options`` default to ``cfg.grpo``'s; ``env_pools``: the run's environment actors (runtime: ray)."""
         self.options = opts = options or AsyncOptions.from_config(cfg.grpo)
         self.schedule = Schedule(opts, start_version)
         self.buffer = ReplayBuffer(opts.buffer_capacity, release=self._clear)
@@ -62,7 +63,7 @@ class AsyncTrajectoryCollector:
         # Registered from this process: under Ray its later puts are ordered after it.
         self.dp.register_partition(partition_id, list(dict.fromkeys([*ASYNC_ROLLOUT_COLUMNS, *fields])),
                                    opts.buffer_capacity * opts.group_size)
-        self.worker = RolloutWorker(cfg, data_plane, seed=seed)  # its own model copy
+        self.worker = RolloutWorker(cfg, data_plane, seed=seed, env_pools=env_pools)  # its own model copy
         if init_weights is not None:
             self.worker.update_weights(init_weights, version=start_version)
         self.loader = loader

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -129,6 +129,23 @@ class EnvConfig(StrictModel):
         "malformed) on more than this share of the samples over the last error_window_steps steps (null = never)."
     )
     error_window_steps: int = Field(5, ge=1, description="Steps over which max_error_rate is judged.")
+    actors_per_env: int = Field(
+        1, ge=0, description="runtime=ray: Ray actors in each environment's pool; a task's samples of a step are "
+        "split over its pool's actors (0: environments run inside the rollout actor). runtime=local: unused."
+    )
+    actors: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="Pool size of one environment, by task_name, in place of actors_per_env "
+        "(env.actors.math=4)."
+    )
+    cpus_per_actor: float = Field(
+        0.0, ge=0, description="CPUs each environment actor reserves from Ray (0: scheduled anywhere, sharing the "
+        "node's CPUs; give more to an environment whose step is heavy)."
+    )
+    val_task_to_env: dict[str, str] = Field(
+        default_factory=dict, description="Validation samples of a task_name scored by another environment (a "
+        "registered name or a user task, with its own env.<name> settings), in pools of their own under "
+        "runtime=ray: env.val_task_to_env.math=math_strict. Unnamed tasks validate on their training environment."
+    )
     math: MathEnvConfig = Field(default_factory=MathEnvConfig, description="The math-verify environment.")
     reasoning_gym: ReasoningGymEnvConfig = Field(
         default_factory=ReasoningGymEnvConfig, description="The reasoning-gym environment."
@@ -143,6 +160,10 @@ class EnvConfig(StrictModel):
         if isinstance(section, UserTaskConfig):
             return dict(section.kwargs)
         return section.model_dump() if isinstance(section, StrictModel) else {}
+
+    def pool_size(self, task_name: str) -> int:
+        """Actors in ``task_name``'s pool (``env.actors``, else ``env.actors_per_env``)."""
+        return self.actors.get(task_name, self.actors_per_env)
 
     def user_tasks(self) -> dict[str, UserTaskConfig]:
         """The user tasks named in the config, by task name."""

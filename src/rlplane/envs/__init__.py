@@ -1,7 +1,7 @@
 """Environments: the seeds' ``step(message_logs, metadata) -> EnvironmentReturn`` interface and a registry."""
 
 from rlplane.envs.arithmetic import ArithmeticEnv, extract_answer, score_answer, score_answers
-from rlplane.envs.interface import Environment, EnvironmentReturn, last_assistant_content
+from rlplane.envs.interface import EnvBatch, Environment, EnvironmentReturn, last_assistant_content
 from rlplane.envs.registry import (
     ENV_REGISTRY,
     UnknownEnvironmentError,
@@ -14,6 +14,7 @@ from rlplane.envs.registry import (
 __all__ = [
     "ENV_REGISTRY",
     "ArithmeticEnv",
+    "EnvBatch",
     "Environment",
     "EnvironmentReturn",
     "UnknownEnvironmentError",

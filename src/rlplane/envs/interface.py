@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -46,9 +47,47 @@ class Environment(abc.ABC):
     def step(self, message_logs: Sequence[list[Message]], metadata: Sequence[Any]) -> EnvironmentReturn:
         """Score the last assistant message of each log against that sample's ``metadata``."""
 
-    def metrics(self, rewards: torch.Tensor) -> dict[str, float]:
-        """Per-batch summary metrics (overridable); by default the mean reward as ``accuracy``."""
-        return {"accuracy": float(rewards.float().mean()) if rewards.numel() else 0.0}
+    def metrics(self, rewards: torch.Tensor, batch: EnvBatch | None = None) -> dict[str, float]:
+        """This environment's metrics of a rollout's samples (NeMo RL's ``global_post_process_and_metrics``),
+        logged as ``train/env/<task_name>/<name>``; by default :func:`default_env_metrics`."""
+        return default_env_metrics(rewards, batch)
+
+
+@dataclass(frozen=True)
+class EnvBatch:
+    """Per sample, (B,): prompt ``group``, ``truncated``, ``prompt_lengths`` and ``response_lengths`` in tokens."""
+
+    group: torch.Tensor
+    truncated: torch.Tensor
+    prompt_lengths: torch.Tensor
+    response_lengths: torch.Tensor
+
+
+def default_env_metrics(rewards: torch.Tensor, batch: EnvBatch | None = None) -> dict[str, float]:
+    """``accuracy`` = mean reward; with a ``batch`` (NeMo RL's names): ``pass@k`` = share of groups (k samples)
+    with a reward > 0, ``fraction_of_samples_properly_ended`` = share not truncated, ``generation_lengths`` /
+    ``prompt_lengths`` = mean tokens."""
+    if not rewards.numel():
+        return {"accuracy": 0.0}
+    out = {"accuracy": float(rewards.float().mean())}
+    if batch is None:
+        return out
+    groups, inverse, sizes = torch.unique(batch.group, return_inverse=True, return_counts=True)
+    hit = torch.zeros(len(groups)).scatter_reduce_(0, inverse, (rewards > 0).float(), "amax")  # (G,)
+    if int(sizes.min()) == int(sizes.max()):  # pass@k names one k
+        out[f"pass@{int(sizes[0])}"] = float(hit.mean())
+    out["fraction_of_samples_properly_ended"] = float((~batch.truncated.bool()).float().mean())
+    out["generation_lengths"] = float(batch.response_lengths.float().mean())
+    out["prompt_lengths"] = float(batch.prompt_lengths.float().mean())
+    return out
+    groups, inverse, sizes = torch.unique(batch.group, return_inverse=True, return_counts=True)
+    hit = torch.zeros(len(groups)).scatter_reduce_(0, inverse, (rewards > 0).float(), "amax")  # (G,)
+    if int(sizes.min()) == int(sizes.max()):  # pass@k names one k
+        out[f"pass@{int(sizes[0])}"] = float(hit.mean())
+    out["fraction_of_samples_properly_ended"] = float((~batch.truncated.bool()).float().mean())
+    out["generation_lengths"] = float(batch.response_lengths.float().mean())
+    out["prompt_lengths"] = float(batch.prompt_lengths.float().mean())
+    return out
 
 
 def last_assistant_content(message_log: list[Message]) -> str:

@@ -104,6 +104,11 @@ def env_registry_snapshot() -> dict[str, Any]:
     return out
 
 
+def sendable_env_names() -> set[str]:
+    """The registered names whose factory can be sent to another process (:func:`env_registry_snapshot`)."""
+    return {name for name, entry in env_registry_snapshot().items() if not isinstance(entry, _Unsendable)}
+
+
 def restore_env_registry(entries: dict[str, Any]) -> None:
     """Install a registry snapshot taken in another process."""
     ENV_REGISTRY.update(entries)

@@ -232,14 +232,14 @@ def register_user_tasks(env_cfg, import_now: bool = False) -> None:
             import_object(task.reward_fn or task.class_, f"env.{name}.{key}")
 
 
-def user_task_error_in(err: BaseException) -> UserTaskError | None:
+def user_task_error_in(err: BaseException, actor: str = "the Ray rollout actor") -> UserTaskError | None:
     """The :class:`UserTaskError` that killed a Ray actor at start-up, from the error Ray raises, if any."""
     text = str(err)
     marker = "UserTaskError: "
     if marker not in text:
         return None
     line = text[text.rindex(marker) + len(marker):].strip().splitlines()[0]
-    return UserTaskError(f"{line} (in the Ray rollout actor)")
+    return UserTaskError(f"{line} (in {actor})")
 
 
 LOCAL_TASK_ATTR = "rlplane_user_task"  # set on a factory registered for a Python object (rlplane.train(reward_fns=))

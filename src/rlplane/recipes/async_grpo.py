@@ -65,7 +65,7 @@ class CollectorHandle:
         kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
                       data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
                       init_weights=policy.lazy("get_weights"),  # straight from the rank-0 policy, not via the driver
-                      options=self.options)
+                      options=self.options, env_pools=s.workers.env_pools)
         # A child process builds its environments from its own registry: send this one's.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
                                 max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,

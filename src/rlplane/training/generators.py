@@ -13,6 +13,7 @@ import torch
 
 from rlplane.dataplane import concat_metas
 from rlplane.runtime.groups import LocalGroup, RayGroup
+from rlplane.workers.env_metrics import is_env_metric, merge_env_metrics
 
 # Event counts are summed; ``max_*`` take the maximum; the rest are means weighted by rows.
 COUNT_METRICS = ("env_errors", "env_retries", "rollout_failures", "rollout_retries")
@@ -30,10 +31,11 @@ def spread(num_items: int, num_workers: int) -> list[tuple[int, int]]:
 
 
 def merge_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
-    """One rollout's metrics from each generator's ``(metrics, rows)``: counts summed, ``max_*`` max, others by rows."""
+    """One rollout's metrics from each generator's ``(metrics, rows)``: counts summed, ``max_*`` max, others by
+    rows; ``env/<task>/*`` by each task's samples (:func:`merge_env_metrics`)."""
     total = sum(rows for _, rows in parts) or 1
-    out = {}
-    for k in dict.fromkeys(k for m, _ in parts for k in m):
+    out = merge_env_metrics([m for m, _ in parts])
+    for k in dict.fromkeys(k for m, _ in parts for k in m if not is_env_metric(k)):
         vals = [(m[k], rows) for m, rows in parts if k in m]
         if k in COUNT_METRICS:
             out[k] = float(sum(v for v, _ in vals))

@@ -12,6 +12,7 @@ from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.runtime.groups import LocalActor, RayActor
 from rlplane.training.samples import val_samples
+from rlplane.workers.env_metrics import merge_env_metrics
 
 VAL_PARTITION = "val"  # validation rollouts' columns, cleared after each validation
 
@@ -44,7 +45,8 @@ class Timer:
 
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
              data_plane: DataPlaneClient, tokenizer) -> tuple[dict[str, float], list[dict]]:
-    """Greedy accuracy on the held-out set (pass@k when k > 1) and the greedy answers as samples.jsonl rows.
+    """Greedy accuracy on the held-out set (pass@k when k > 1), the environments' ``env/<task>/*`` metrics of
+    the greedy answers, and the greedy answers as samples.jsonl rows.
 
     As NeMo RL's ``validate_sync``, per batch: ``VAL_PARTITION`` registered, the samples put under its keys,
     the driver reads the carry and the samples' text from the plane, the partition cleared.
@@ -52,16 +54,17 @@ def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: li
     g = loop
     datums = datums[: g.max_val_samples]
     k = g.val_num_generations_per_prompt
-    correct, passed, samples = [], [], []
+    correct, passed, samples, env_parts = [], [], [], []
     for i in range(0, len(datums), g.val_batch_size):
         batch = datums[i : i + g.val_batch_size]
         data_plane.register_partition(VAL_PARTITION, list(ROLLOUT_COLUMNS), len(batch) * (1 + (k > 1) * k))
         # A round trip, so Ray orders the register above before the rollout worker's puts.
         data_plane.list_samples(VAL_PARTITION)
         try:
-            meta, carry, _ = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION, greedy=True,
-                                          heldout=True)
+            meta, carry, rollout_metrics = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION,
+                                                        greedy=True, heldout=True)
             correct.append(carry["rewards"])
+            env_parts.append(rollout_metrics)
             samples += val_samples(data_plane, meta, carry, batch, tokenizer)
             if k > 1:
                 _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=VAL_PARTITION, greedy=False,
@@ -69,7 +72,7 @@ def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: li
                 passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
         finally:
             data_plane.clear_samples(None, VAL_PARTITION)
-    out = {"accuracy": float(torch.cat(correct).double().mean())}
+    out = {"accuracy": float(torch.cat(correct).double().mean()), **merge_env_metrics(env_parts)}
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())
     return out, samples

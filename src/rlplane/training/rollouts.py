@@ -22,6 +22,7 @@ from rlplane.dataplane import KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, TOKEN_MASK
 from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
 from rlplane.utils.kill_points import kill_point
+from rlplane.workers.env_metrics import merge_env_metrics
 from rlplane.workers.failures import FAILED_GROUPS_HINT, FAILURE_COUNTS, add_failure_counts
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def collect_rollouts(
     raw_rewards = []  # (B_i,) per generation batch, before scaling, shaping and the selection
     drop_failed = g.rollout_failure_policy == "drop_group"  # failed groups are dropped and refilled too
     failures = dict.fromkeys(FAILURE_COUNTS, 0.0)
+    env_parts = []  # each generation batch's metrics: the environments' env/* merge over all of them
     while True:
         if batches_available(s) <= 0:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)  # the step's samples so far: it will not run
@@ -84,13 +86,14 @@ def collect_rollouts(
         with timer("generation"):
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
         raw_rewards.append(c["rewards"])
+        env_parts.append(gen_metrics)
         metrics["reward"] = float(torch.cat(raw_rewards).mean())
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
         unshaped, c["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, c)
         failures = add_failure_counts(failures, gen_metrics, c, drop_failed)
         if not g.use_dynamic_sampling and not drop_failed:
-            metrics.update({**gen_metrics, **failures})
+            metrics.update({**gen_metrics, **failures, **merge_env_metrics(env_parts)})
             return meta, c
         metas.append(meta)
         carries.append(c)
@@ -120,7 +123,7 @@ def collect_rollouts(
     meta = concat_metas([m.subset(idx.tolist()) for m, idx in zip(metas, selection.indices)])
     carry = {k: torch.cat([c[k][idx] for c, idx in zip(carries, selection.indices)]) for k in carries[0]}
     s.prompts.note_trained(torch.unique(carry["group"]).tolist())  # group g = the g-th prompt drawn this step
-    metrics.update({**gen_metrics, **failures})
+    metrics.update({**gen_metrics, **failures, **merge_env_metrics(env_parts)})
     metrics["dynamic_sampling_num_gen_batches"] = selection.num_gen_batches
     metrics["dynamic_sampling_num_discarded_valid_samples"] = selection.num_discarded_valid_samples
     return meta, carry

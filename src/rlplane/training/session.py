@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from rlplane.config.data import task_names_of
 from rlplane.config.loading import dump_config
 from rlplane.config.plan import data_plane_index
 from rlplane.config.schema import RunConfig
@@ -41,7 +42,7 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
-from rlplane.training.workers import Workers, check_placement, check_ray_resources
+from rlplane.training.workers import Workers, check_placement, check_ray_resources, env_pool_specs
 from rlplane.utils.kill_points import check_kill_spec, kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
@@ -109,8 +110,11 @@ class Session:
                      "(data.on_overlong_prompt: zero_loss; skip drops them)")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
+        # Under Ray, one pool of environment actors per environment the data names (none locally).
+        pools = env_pool_specs(cfg, self.task_names())
         if cfg.runtime == "ray":
-            check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None)
+            check_ray_resources(cfg, critic, uses_teacher=teacher_cfg is not None,
+                                env_actors=sum(n for _, n in pools.values()))
             check_placement(cfg, critic, uses_teacher=teacher_cfg is not None)
         worker_cfg = cfg
         if cfg.runtime == "ray":
@@ -124,7 +128,7 @@ class Session:
             print(f"data_plane.index: {dp.index} -> {index} ({why})", flush=True)
         self.data_plane = make_data_plane(dp.backend, **({"index": index} if dp.backend == "ray" else {}))
         self.workers = Workers(worker_cfg, self.data_plane, critic=critic, teacher_cfg=teacher_cfg,
-                               shared_paths=self.shared_paths)
+                               shared_paths=self.shared_paths, env_pool_specs=pools)
         self.refit = Refit(self.workers, say=self.say)
         self.checkpoints.attach(self.workers, self.prompts)
         self.initial_validation: dict[str, float] = {}
@@ -137,6 +141,12 @@ class Session:
 
     def say(self, msg: str) -> None:
         self.log.say(msg)
+
+    def task_names(self) -> list[str]:
+        """The task names of the training and validation rows (the config's, for a procedural dataset)."""
+        rows = [*getattr(self.prompts.dataset, "datums", []), *self.prompts.val_datums]
+        names = [] if hasattr(self.prompts.dataset, "datums") else task_names_of(self.cfg.data)
+        return list(dict.fromkeys([*names, *(d.task_name for d in rows)]))
 
     def _probed_dirs(self) -> dict:
         """The directories workers write into: the run directory, and the checkpoints wherever they go."""
@@ -158,9 +168,12 @@ class Session:
             self._write_placement()
 
     def _write_placement(self) -> None:
-        """``logs/placement.json``: the node, placement group and bundles each actor reports, rewritten each start."""
+        """``logs/placement.json``: the node, placement group and bundles each actor reports, rewritten each start
+        (``environments``: each environment pool's actors, node and pid)."""
         groups = {**self.workers.trained_groups(), "generators": self.workers.rollout.group}
         where = {name: g.run("placement") for name, g in groups.items()}
+        if self.workers.env_pools:
+            where["environments"] = self.workers.env_placement()
         (self.paths.log_dir / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
 
     # ---- start: resume, or warm up
@@ -274,6 +287,7 @@ class Session:
                 end = done
         metrics.update(self.refit.take_metrics(step))
         self.log.log(metrics, step=done)
+        self._say_actor_deaths(done, metrics)
         self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
         if (record := self.prompts.take_step_record()) is not None:
             self.log.log_prompts(done, record)
@@ -291,6 +305,17 @@ class Session:
         if saved is None and self.cfg.checkpointing.enabled:
             saved = self.save_checkpoint(done, metrics)
         raise interrupts.stop_message(sig, done, saved)
+
+    def _say_actor_deaths(self, step: int, metrics: dict[str, float]) -> None:
+        """One line per environment whose actors died during the step (runtime: ray; Ray restarted them)."""
+        for key, deaths in metrics.items():
+            if key.endswith("/actor_deaths") and deaths:
+                phase, _, task, _ = key.split("/")
+                self.say(f"step {step}: {deaths:g} environment actor(s) of {task!r} died during {phase} and were "
+                         f"restarted; the samples they held followed {self.cfg.algorithm}.rollout_failure_policy = "
+                         f"{self.cfg.loop.rollout_failure_policy} ({phase}/rollout_failures = "
+                         f"{metrics.get(f'{phase}/rollout_failures', 0):g}, rollout_retries = "
+                         f"{metrics.get(f'{phase}/rollout_retries', 0):g})")
 
     def stop_early(self, step: int, reason: Exception) -> None:
         """Step ``step`` found the data used up: validate and checkpoint the step before as the last."""

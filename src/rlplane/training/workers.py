@@ -1,14 +1,17 @@
-"""The session's workers: the policy ranks, the generators, and on request the critic and a frozen teacher,
-all through :mod:`rlplane.runtime.groups` (in-process or Ray actors in placement groups)."""
+"""The session's workers: the policy ranks, the generators, the environment actor pools (``runtime: ray``),
+and on request the critic and a frozen teacher, all through :mod:`rlplane.runtime.groups` (in-process or Ray
+actors in placement groups; environment actors: :mod:`rlplane.runtime.env_pools`)."""
 
 from __future__ import annotations
 
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
+from rlplane.envs.registry import env_registry_snapshot, sendable_env_names
 from rlplane.envs.user import import_path_env, user_task_error_in
 from rlplane.errors import ConfigError
 from rlplane.runtime import placement
 from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
+from rlplane.runtime.env_pools import EnvPool, await_env_pools, pool_env_names, start_env_pools
 from rlplane.runtime.groups import (
     cluster_cpus as ray_cluster_cpus,
     cluster_gpus as ray_cluster_gpus,
@@ -43,10 +46,22 @@ def teacher_options(teacher_cfg: RunConfig) -> TeacherWorkerOptions:
     return TeacherWorkerOptions(policy=teacher_cfg.policy, seed=teacher_cfg.loop.seed)
 
 
-def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> float:
+def env_pool_specs(cfg: RunConfig, task_names) -> dict[str, tuple[str, int]]:
+    """Pool name -> (environment, actors) for ``task_names`` and ``env.val_task_to_env`` under ``runtime: ray``.
+    An environment whose factory cannot be sent to another process gets no pool (it runs in the rollout worker)."""
+    if cfg.runtime == "local":
+        return {}
+    sendable = sendable_env_names()
+    specs = {name: (env, cfg.env.pool_size(env))
+             for name, env in pool_env_names(task_names, cfg.env.val_task_to_env).items()}
+    return {name: (env, n) for name, (env, n) in specs.items() if env in sendable and n > 0}
+
+
+def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False, env_actors: int = 0) -> float:
     """CPUs the run's Ray actors ask for together (Ray never schedules an actor it cannot fit)."""
     n = cfg.policy.dp_size
     demand = n * RAY_CPUS_POLICY_RANK + cfg.policy.generation.num_generators * RAY_CPUS_ROLLOUT
+    demand += env_actors * cfg.env.cpus_per_actor
     if uses_critic:
         demand += n * RAY_CPUS_CRITIC_RANK
     if uses_teacher:
@@ -57,13 +72,15 @@ def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False
 
 
 def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float | None = None,
-                        uses_teacher: bool = False) -> None:
+                        uses_teacher: bool = False, env_actors: int = 0) -> None:
     """A one-line :class:`ConfigError` when the actors cannot fit the Ray cluster's CPUs."""
     if cluster_cpus is None:
         cluster_cpus = ray_cluster_cpus()
-    demand = ray_cpu_demand(cfg, uses_critic, uses_teacher)
+    demand = ray_cpu_demand(cfg, uses_critic, uses_teacher, env_actors)
     if demand > cluster_cpus:
         parts = f"{RAY_CPUS_POLICY_RANK:g} per policy rank + {RAY_CPUS_ROLLOUT:g} per generator"
+        parts += (f" + {cfg.env.cpus_per_actor:g} per environment actor ({env_actors})"
+                  if env_actors and cfg.env.cpus_per_actor else "")
         parts += f" + {RAY_CPUS_CRITIC_RANK:g} per critic rank" if uses_critic else ""
         parts += f" + {RAY_CPUS_TEACHER_RANK:g} per teacher rank" if uses_teacher else ""
         parts += (f" + {RAY_CPUS_COLLECTOR:g} collector"
@@ -105,9 +122,12 @@ class Workers:
     """
 
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient, *, critic: bool = False,
-                 teacher_cfg: RunConfig | None = None, shared_paths=None):
+                 teacher_cfg: RunConfig | None = None, shared_paths=None,
+                 env_pool_specs: dict[str, tuple[str, int]] | None = None):
         self.cfg, self.data_plane, self.shared_paths = cfg, data_plane, shared_paths
         self.critic, self.teacher_cfg = critic, teacher_cfg
+        self.env_pool_specs = dict(env_pool_specs or {})  # pool name -> (environment, actors); runtime: ray
+        self.env_pools: dict[str, EnvPool] = {}
         self.policy = self.value = self.teacher = None
         self.rollout: Generators | None = None  # the generators, called like one rollout worker
         # Whether the generator samples from the policy's own module (hf, colocated): refit costs nothing.
@@ -150,7 +170,20 @@ class Workers:
                                       per_rank(teacher_options(self.teacher_cfg), teacher_state),
                                       num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"),
                                       data_plane=self.data_plane, name="teacher rank")
+        self.env_pools = self._start_env_pools()
         self.rollout = self._start_generators(slots.get("generators"))
+        try:  # awaited after the generators: a user task the rollout actor cannot import is said by it first
+            await_env_pools(self.env_pools)
+        except Exception as e:
+            raise user_task_error_in(e, "an environment actor") or e from None
+
+    def _start_env_pools(self) -> dict[str, EnvPool]:
+        """Under Ray, the pools of ``env_pool_specs`` (created, not awaited)."""
+        if not self.env_pool_specs:
+            return {}
+        env = self.cfg.env
+        return start_env_pools(self.env_pool_specs, env.env_kwargs, env_registry_snapshot(), env,
+                               num_cpus=env.cpus_per_actor, env_vars=import_path_env())
 
     def _start_generators(self, scheduling: list | None) -> Generators:
         """The generators: one in-process samples from the policy's module, else each builds its own model,
@@ -167,7 +200,7 @@ class Workers:
         try:
             group = make_group(cfg.runtime, RolloutWorker,
                                [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j,
-                                     shared_paths=self.shared_paths)
+                                     shared_paths=self.shared_paths, env_pools=self.env_pools)
                                 for j in range(gen.num_generators)],
                                num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env(),
                                data_plane=self.data_plane, name="generator")
@@ -183,10 +216,17 @@ class Workers:
         groups = {"policy": self.policy, "value": self.value, "teacher": self.teacher}
         return {name: g for name, g in groups.items() if g is not None}
 
+    def env_placement(self) -> dict[str, list[dict]]:
+        """Pool name -> where each of its environment actors runs (node, pid)."""
+        return {name: pool.placement() for name, pool in self.env_pools.items()}
+
     def close(self) -> None:
         for g in (*self.trained_groups().values(), self.rollout):
             if g is not None:
                 g.close()
+        for pool in self.env_pools.values():
+            pool.close()
+        self.env_pools = {}
         if self.placement_groups:
             placement.release(self.placement_groups)
             self.placement_groups = {}

@@ -1,10 +1,13 @@
-"""One environment step of a rollout's turn: returns checked, failed samples isolated, retried, scored 0."""
+"""One environment step of a rollout's turn: returns checked, failed samples isolated, retried, scored 0.
+Under ``runtime: ray`` the tasks' actor pools are stepped at once, and the samples a dead actor held fail
+together (:class:`EnvActorDied`)."""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +15,7 @@ import torch
 
 from rlplane.envs.user import EnvReturnError
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
+from rlplane.runtime.env_pools import EnvActorDied
 from rlplane.workers.sample_state import SampleState
 
 # The rollout's warnings keep the turn loop's logger name (what users filter on).
@@ -21,12 +25,13 @@ log = logging.getLogger("rlplane.workers.turns")
 @dataclass(frozen=True)
 class EnvSteps:
     """How a rollout steps its environments: ``env_for``, ``renew_env`` (for ``max_retries`` re-runs), and a
-    ``timeout_s`` past which :class:`DeadlineExceeded` is raised."""
+    ``timeout_s`` past which :class:`DeadlineExceeded` is raised; ``concurrent``: tasks stepped at once (pools)."""
 
     env_for: Callable[[str], Any]
     renew_env: Callable[[str], Any] | None = None
     max_retries: int = 0
     timeout_s: float | None = None
+    concurrent: bool = False
 
 
 def step_envs(
@@ -36,23 +41,35 @@ def step_envs(
     renew_env: Callable[[str], Any] | None = None,
     max_retries: int = 0,
     timeout_s: float | None = None,
+    concurrent: bool = False,
 ) -> tuple[int, int]:
     """Step each task's environment on its active samples; returns ``(failed, retried)`` sample counts.
 
     A batch that raises or is malformed is stepped sample by sample; failed samples are retried up to
     ``max_retries`` times on fresh environments, then get reward 0 and are done. A timeout is never retried.
+    With ``concurrent`` the tasks are stepped on threads of their own.
     """
     by_task: dict[str, list[int]] = {}
     for i in active:
         by_task.setdefault(states[i].task_name, []).append(i)
-    failed = retried = 0
-    for task, rows in by_task.items():
-        problems = step_task(env_for(task), task, states, rows, timeout_s)
+
+    def run(task: str, rows: list[int]) -> tuple[dict[int, str], int]:
+        problems, retried = step_task(env_for(task), task, states, rows, timeout_s), 0
         for _ in range(max_retries if renew_env is not None else 0):
             if not problems:
                 break
             retried += len(problems)
             problems = step_task(renew_env(task), task, states, list(problems), timeout_s)
+        return problems, retried
+
+    if concurrent and len(by_task) > 1:
+        with ThreadPoolExecutor(len(by_task), thread_name_prefix="env-step") as pool:
+            outcomes = list(pool.map(run, by_task, by_task.values()))
+    else:
+        outcomes = [run(task, rows) for task, rows in by_task.items()]
+    failed = retried = 0
+    for (task, rows), (problems, task_retried) in zip(by_task.items(), outcomes):
+        retried += task_retried
         for i in problems:
             s = states[i]
             s.reward, s.env_error, s.done = 0.0, True, True
@@ -79,6 +96,11 @@ def step_task(env, task: str, states: list[SampleState], rows: list[int], timeou
         outcomes = [(rows, step([states[i] for i in rows]))]
     except (DeadlineExceeded, EnvReturnError):
         raise
+    except EnvActorDied as e:  # the samples a dead actor held fail together; the others are stepped again
+        lost = {rows[j] for j in e.rows} if e.rows else set(rows)
+        problems = {i: f"EnvActorDied: {e}" for i in rows if i in lost}
+        rest = [i for i in rows if i not in lost]
+        return {**problems, **(step_task(env, task, states, rest, timeout_s) if rest else {})}
     except Exception:  # isolate the samples that break the environment
         outcomes = []
         for i in rows:

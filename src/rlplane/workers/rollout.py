@@ -6,11 +6,14 @@ driver gets the receipt and a small (B,) carry (rewards, group, truncation, fail
 ``reward/<name>``). Failed environment steps follow ``rollout_failure_policy``. Sampling is seeded per
 sample key and weight version (``hf``), so a sample draws the same tokens wherever it is generated.
 Phases for callers that interleave work: ``generate``, ``score``, ``finish``, ``put``.
+Environments run here, or under ``runtime: ray`` in the driver's actor pools (``env_pools``); held-out
+rollouts use ``env.val_task_to_env``'s; each task's ``metrics()`` is reported as ``env/<task>/*``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,14 +26,17 @@ from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
 from rlplane.envs import create_env
+from rlplane.envs.interface import EnvBatch
 from rlplane.envs.user import register_user_tasks
 from rlplane.errors import WorkerFailed
 from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
 from rlplane.generation.sampling import sample_seed
 from rlplane.models.configured import load_configured_policy
+from rlplane.runtime.env_pools import EnvPool, call_env_metrics, pool_name
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
+from rlplane.workers.env_metrics import env_metrics
 from rlplane.workers.turns import EnvSteps, Turns, TurnsResult, generate_turns, score_turns, turns_result
 from rlplane.workers.weight_sync import GeneratorReport, model_precision, run_probe
 
@@ -49,7 +55,7 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0,
-                 shared_paths: SharedPaths | None = None):
+                 shared_paths: SharedPaths | None = None, env_pools: Mapping[str, EnvPool] | None = None):
         # First: a run directory or model this worker cannot see is one line, not a traceback.
         check_shared_paths(shared_paths, "rollout worker", cfg.policy.model_name)
         self.cfg, self.dp = cfg, data_plane
@@ -67,6 +73,7 @@ class RolloutWorker:
         # Environments by (task, slot): each thread steps its own slot (env_slot), never one instance together.
         self._envs: dict[tuple[str, int], object] = {}
         self._slot = threading.local()
+        self.env_pools = dict(env_pools or {})  # pool name -> EnvPool (runtime: ray), owned by the driver
         register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
 
     def ping(self) -> int:
@@ -141,11 +148,16 @@ class RolloutWorker:
         return out
 
     # ---- rollout
-    def env(self, task_name: str):
-        """The environment for ``task_name`` in this thread's slot (made on first use, then kept)."""
-        key = self._env_key(task_name)
+    def env(self, task_name: str, validation: bool = False):
+        """The environment for ``task_name``: its actor pool, else this thread's slot's instance (made on first
+        use, then kept); ``validation``: ``env.val_task_to_env``'s."""
+        name = pool_name(task_name, validation, self.cfg.env.val_task_to_env)
+        if name in self.env_pools:
+            return self.env_pools[name]
+        key = self._env_key(name)
         if key not in self._envs:
-            self._envs[key] = create_env(task_name, **self.cfg.env.env_kwargs(task_name))
+            env_name = self.cfg.env.val_task_to_env[task_name] if name != task_name else task_name
+            self._envs[key] = create_env(env_name, **self.cfg.env.env_kwargs(env_name))
         return self._envs[key]
 
     @contextlib.contextmanager
@@ -159,20 +171,28 @@ class RolloutWorker:
         finally:
             self._slot.value = previous
 
-    def renew_env(self, task_name: str):
-        """A fresh environment for ``task_name`` in this thread's slot (the old one closed), for a retry."""
-        old = self._envs.pop(self._env_key(task_name), None)
+    def renew_env(self, task_name: str, validation: bool = False):
+        """A fresh environment for ``task_name`` in this thread's slot (the old one closed), for a retry; a pool's
+        actors each build a fresh one."""
+        name = pool_name(task_name, validation, self.cfg.env.val_task_to_env)
+        if name in self.env_pools:
+            return self.env_pools[name].renew()
+        old = self._envs.pop(self._env_key(name), None)
         close = getattr(old, "close", None)
         if close is not None:
             close()
-        return self.env(task_name)
+        return self.env(task_name, validation)
 
     def _env_key(self, task_name: str) -> tuple[str, int]:
         return task_name, getattr(self._slot, "value", 0)
 
-    def _any_env(self, task_name: str):
-        """An instance of ``task_name`` of any slot, else this slot's."""
-        return next((e for (task, _), e in list(self._envs.items()) if task == task_name), None) or self.env(task_name)
+    def _any_env(self, task_name: str, validation: bool = False):
+        """An instance of ``task_name`` of any slot, else this slot's (a pool: itself)."""
+        name = pool_name(task_name, validation, self.cfg.env.val_task_to_env)
+        if name in self.env_pools:
+            return self.env_pools[name]
+        return (next((e for (task, _), e in list(self._envs.items()) if task == name), None)
+                or self.env(task_name, validation))
 
     def rollout(
         self,
@@ -217,7 +237,7 @@ class RolloutWorker:
             self.backend,
             self.tokenizer,
             rows,
-            self._env_steps(),
+            self._env_steps(heldout),
             max_turns=self.cfg.loop.max_rollout_turns,
             max_total_sequence_length=self.cfg.policy.max_total_sequence_length,
             max_new_tokens=gen.max_new_tokens,
@@ -230,11 +250,11 @@ class RolloutWorker:
             row_seeds=row_seeds,
             generation_timeout_s=gen.timeout_s,
         )
-        return Generated(list(datums), rows, group_size, version, turns)
+        return Generated(list(datums), rows, group_size, version, turns, heldout)
 
     def score(self, generated: Generated) -> Generated:
         """Phase two: the scoring environment step (none if every sample ended early)."""
-        score_turns(generated.turns, self._env_steps())
+        score_turns(generated.turns, self._env_steps(generated.heldout))
         return generated
 
     def finish(self, scored: Generated) -> tuple[TurnsResult, dict[str, torch.Tensor], dict[str, float]]:
@@ -256,12 +276,20 @@ class RolloutWorker:
             "generated_tokens": torch.tensor([st.gen_tokens for st in res.states]),  # = each token mask's sum
         }
         # Every declared component, 0 where none was given, so batches concatenate.
-        declared = {n for d in scored.datums for n in getattr(self._any_env(d.task_name), "reward_component_names", ())}
+        declared = {n for task in dict.fromkeys(d.task_name for d in scored.datums)
+                    for n in getattr(self._any_env(task, scored.heldout), "reward_component_names", ())}
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
         metrics = {**res.metrics, "rollout_failures": res.metrics["env_errors"],
                    "rollout_retries": res.metrics["env_retries"]}
+        for task in dict.fromkeys(d.task_name for d in rows):  # actor pools: how many died under this rollout
+            pool = self.env_pools.get(pool_name(task, scored.heldout, self.cfg.env.val_task_to_env))
+            if pool is not None:
+                metrics[f"env/{task}/actor_deaths"] = float(pool.take_deaths())
+        batch = EnvBatch(carry["group"], carry["truncated"], carry["prompt_lengths"], carry["response_lengths"])
+        metrics.update(env_metrics([d.task_name for d in rows], res.rewards, batch, lambda task: functools.partial(
+            call_env_metrics, self._any_env(task, scored.heldout))))
         return res, carry, metrics
 
     def put(self, result: TurnsResult, carry: Mapping[str, torch.Tensor], partition_id: str, keys: Sequence[str],
@@ -275,11 +303,12 @@ class RolloutWorker:
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
 
-    def _env_steps(self) -> EnvSteps:
+    def _env_steps(self, validation: bool = False) -> EnvSteps:
         loop = self.cfg.loop
-        return EnvSteps(self.env, self.renew_env,
+        return EnvSteps(functools.partial(self.env, validation=validation),
+                        functools.partial(self.renew_env, validation=validation),
                         loop.rollout_max_retries if loop.rollout_failure_policy == "retry" else 0,
-                        self.cfg.env.step_timeout_s)
+                        self.cfg.env.step_timeout_s, concurrent=bool(self.env_pools))
 
 
 def check_finite_logprobs(logprobs: Sequence[torch.Tensor], version: int) -> None:
@@ -302,6 +331,7 @@ class Generated:
     group_size: int
     version: int
     turns: Turns
+    heldout: bool = False  # validation prompts: scored by env.val_task_to_env's environments
 
     @property
     def needs_scoring(self) -> bool:

@@ -153,7 +153,8 @@ def score_turns(turns: Turns, envs: EnvSteps) -> Turns:
 
 
 def _step_turn(turns: Turns, active: list[int], envs: EnvSteps) -> None:
-    failed, retried = step_envs(turns.states, active, envs.env_for, envs.renew_env, envs.max_retries, envs.timeout_s)
+    failed, retried = step_envs(turns.states, active, envs.env_for, envs.renew_env, envs.max_retries, envs.timeout_s,
+                                envs.concurrent)
     turns.env_errors += failed
     turns.env_retries += retried
 
