@@ -121,10 +121,10 @@ class AllTaskProcessedDataset(Dataset):
                 self.num_zero_loss_overlong += 1
                 datum = zero_loss_datum(datum, max_seq_length)
             self.datums.append(datum)
-        if not self.datums:
+        if len(self.datums) == self.num_zero_loss_overlong:  # none left, or only zero-loss ones: nothing trains
             raise DatasetError(
-                f"{source}: no prompts left ({self.num_skipped_overlong} of {rows} longer than "
-                f"max_prompt_length = {max_seq_length}); raise the maximum"
+                f"{source}: no prompts left ({self.num_skipped_overlong + self.num_zero_loss_overlong} of {rows} "
+                f"longer than max_prompt_length = {max_seq_length}); raise the maximum"
             )
 
     def _process(self, row: dict, tokenizer, max_seq_length: int | None) -> DatumSpec:

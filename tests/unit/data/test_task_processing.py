@@ -78,6 +78,8 @@ def test_overlong_prompts_zero_loss_by_default_skip_or_error(tok):
     assert ds.num_zero_loss_overlong == 1 and ds.num_skipped_overlong == 0
     skipped = AllTaskProcessedDataset(rows, tok, TaskDataSpec(), max_seq_length=8, on_overlong="skip")
     assert len(skipped) == 1 and skipped.num_skipped_overlong == 1
+    with pytest.raises(DatasetError, match=r"no prompts left \(1 of 1 longer than max_prompt_length = 8\)"):
+        AllTaskProcessedDataset(rows[1:], tok, TaskDataSpec(), max_seq_length=8)  # only zero-loss ones: an error
     with pytest.raises(DatasetError, match=r"dataset, line 2: prompt is 10 tokens, over max_prompt_length = 8"):
         AllTaskProcessedDataset(rows, tok, TaskDataSpec(), max_seq_length=8, on_overlong="error")
 
