@@ -55,7 +55,7 @@ class GenerationConfig(StrictModel):
         "a fingerprint of the weights it holds and scores a fixed probe the trainer scores too (docs/weight_sync.md): "
         "`fail` stops the run at a mismatch with one line, `warn` says the line and goes on, `off` checks nothing."
     )
-    # The probe costs ~13 ms on the default job's ~0.2 s step; fingerprints find every wrong tensor anyway.
+    # The probe is the check's costly part (two forwards); versions and fingerprints catch wrong tensors every refit.
     verify_probe_every: int = Field(
         10, ge=0, description="Run the weight-sync probe at the weight versions (steps) divisible by N (0 = never: "
         "version and fingerprint only)."
