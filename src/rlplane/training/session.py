@@ -70,6 +70,14 @@ class Session:
         self.paths = prepare_run_paths(cfg)
         self.run_dir = self.paths.run_dir
         self._holds_run_dir = True
+        try:
+            self._set_up(cfg, quiet, critic, teacher_cfg)
+        except BaseException:  # a session that failed to start gives run_dir back, as close() does
+            release_run_dir(self.run_dir)
+            self._holds_run_dir = False
+            raise
+
+    def _set_up(self, cfg: RunConfig, quiet: bool, critic: bool, teacher_cfg: RunConfig | None) -> None:
         set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
