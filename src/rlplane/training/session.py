@@ -63,7 +63,7 @@ class Session:
     def __init__(self, cfg: RunConfig, quiet: bool = False, *, critic: bool = False,
                  teacher_cfg: RunConfig | None = None, components: Components | None = None):
         self.cfg = cfg
-        self.components = c = components or Components()
+        self.components = components or Components()
         # Run paths absolute, writable, no earlier run unless resuming: checked first.
         check_switches()
         check_kill_spec()
@@ -78,6 +78,7 @@ class Session:
             raise
 
     def _set_up(self, cfg: RunConfig, quiet: bool, critic: bool, teacher_cfg: RunConfig | None) -> None:
+        c = self.components
         set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
