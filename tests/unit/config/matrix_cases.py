@@ -332,6 +332,8 @@ case("config/yaml-duplicate-section", ["train", "-c", "{w}/dup_section.yaml", *T
 for name in ("null", "object", "list", "bool", "empty", "blank"):
     case(f"data/answer-{name}", ["train", *T, *J, f"data.train.path={{w}}/answer_{name}.jsonl"])
 case("eval/dataset-answer-null", [*E, "--dataset", "{w}/answer_null.jsonl"])
+for name in ("null", "empty", "blank"):  # the hf loader reads the same rows through datasets
+    case(f"data/hf-answer-{name}", ["train", *T, *H, f"data.train.path={{w}}/answer_{name}.jsonl"])
 
 # user code: reward functions and environment classes named in the config
 for cid, ov in [("user/reward-sys-exit", "env.arithmetic.reward_fn=matrix_user:exits"),
