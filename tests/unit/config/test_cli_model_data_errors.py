@@ -9,6 +9,11 @@ import pytest
 from rlplane.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path, monkeypatch):
+    """The default run_dir is relative: a test process of its own (pytest -n) must not share it."""
+    monkeypatch.chdir(tmp_path)
+
 def run(capsys, *argv):
     rc = main(list(argv))
     err = capsys.readouterr().err
