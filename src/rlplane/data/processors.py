@@ -17,7 +17,7 @@ from rlplane.data.datum import DatumSpec, PromptFormat, make_prompt_datum
 from rlplane.data.errors import DatasetError
 
 if TYPE_CHECKING:
-    from rlplane.data.tasks import TaskDataSpec
+    from rlplane.data.task_spec import TaskDataSpec
 
 # (raw row, its task's TaskDataSpec, tokenizer, max prompt tokens or None, index) -> DatumSpec
 DataProcessor = Callable[[dict, "TaskDataSpec", PreTrainedTokenizerBase, "int | None", int], DatumSpec]

@@ -14,7 +14,8 @@ from rlplane.algorithms.losses import clipped_pg_loss
 from rlplane.config.loading import load_config
 from rlplane.data import DatasetError, DatumSpec
 from rlplane.data.processors import register_processor
-from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec, nemo_template
+from rlplane.data.task_spec import nemo_template
+from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 from rlplane.datasets import build_datasets
 from rlplane.models import build_char_tokenizer
 from rlplane.workers.packing import MicroBatch
