@@ -232,6 +232,8 @@ def start_env_pools(specs: Mapping[str, tuple[str, int]], kwargs_of, registry: d
 
 def await_env_pools(pools: Mapping[str, EnvPool], timeout_s: float = RESTART_TIMEOUT_S) -> None:
     """Wait until every actor of ``pools`` has built its environment (a constructor that raised raises here)."""
+    if not pools:  # runtime: local has none; ray.wait would start a Ray instance of its own
+        return
     import ray
 
     refs = [a.ping.remote() for p in pools.values() for a in p.actors]

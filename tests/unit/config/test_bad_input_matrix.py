@@ -271,9 +271,9 @@ SIGNAL_CASES = [("signal/sigint-mid-run", "SIGINT"), ("signal/sigterm-mid-run", 
 
 @pytest.mark.parametrize("cid, name", SIGNAL_CASES, ids=[c[0] for c in SIGNAL_CASES])
 def test_a_signal_mid_run_stops_it_cleanly(cid, name, world, tmp_path):
-    """What exists: SIGINT is `rlplane: interrupted` (130). SIGTERM and SIGHUP end the process by the signal
-    (no line, no checkpoint at the step boundary: handling them is missing); every case leaves no process
-    behind, the run directory unlocked and no traceback."""
+    """SIGINT and SIGTERM stop after the step in progress with one line (exit 128 + the signal); SIGHUP ends the
+    process by the signal (no line: handling it is missing). Every case leaves no process behind, the run
+    directory unlocked and no traceback."""
     proc = _console(_fill(LONG, world, tmp_path), {}, tmp_path, stdout=subprocess.DEVNULL)
     _wait_for_a_step(tmp_path / "r", proc)
     proc.send_signal(getattr(signal, name))
@@ -281,12 +281,14 @@ def test_a_signal_mid_run_stops_it_cleanly(cid, name, world, tmp_path):
     with open(tmp_path / "r" / ".rlplane.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a process still holds the run
     left = _group_left(proc.pid)
+    last = err.strip().splitlines()[-1:]
     if "Traceback" in err:
         verdict = "traceback"
     elif left:
         verdict = "wrong: a process of the run is left"
-    elif name == "SIGINT":
-        ok = proc.returncode == 130 and err.strip().splitlines()[-1:] == ["rlplane: interrupted"]
+    elif name in ("SIGINT", "SIGTERM"):
+        ok = proc.returncode == 128 + getattr(signal, name) and bool(last) and (
+            last[0].startswith(f"rlplane: stopped by {name}") or last[0] == "rlplane: interrupted")
         verdict = "one-line" if ok else f"wrong: exit {proc.returncode}, {err.strip().splitlines()[-2:]}"
     else:
         verdict = f"missing: ends by {name} (exit {proc.returncode}), no line, no checkpoint at the step boundary"

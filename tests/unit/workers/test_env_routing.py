@@ -221,3 +221,13 @@ def test_pool_specs_one_per_environment_under_ray_only():
     assert env_pool_specs(load_config(None, []), ["arithmetic"]) == {}  # runtime: local keeps them in-process
     cpus = load_config(None, ["runtime=ray", "data_plane.backend=ray", "env.cpus_per_actor=0.25"])
     assert ray_cpu_demand(cpus, uses_critic=False, env_actors=4) == 0.5 + 0.5 + 4 * 0.25
+
+
+def test_no_pools_start_no_ray(monkeypatch):
+    """runtime: local has no pools: waiting for none must not touch Ray (ray.wait would start an instance)."""
+    import ray
+
+    from rlplane.runtime.env_pools import await_env_pools
+
+    monkeypatch.setattr(ray, "wait", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ray.wait called")))
+    await_env_pools({})
