@@ -350,7 +350,7 @@ class GatedJudge:
         self.cache = {}
         collector.worker.env = self.env
 
-    def env(self, task_name):
+    def env(self, task_name, validation=False):
         if task_name not in self.cache:
             real, gate = self.real_env(task_name), self
 
@@ -435,7 +435,7 @@ class TrackingJudge:
         self.cache = {}
         collector.worker.env = self.env
 
-    def env(self, task_name):
+    def env(self, task_name, validation=False):
         if task_name not in self.cache:
             real, judge = self.real_env(task_name), self
 

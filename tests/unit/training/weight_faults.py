@@ -90,12 +90,12 @@ def faulty_worker(schedule: dict[int, str], generator: int = 1, varied_rewards: 
     the arithmetic task with :class:`OddFirstDigit` in every generator's process."""
 
     class FaultyRolloutWorker(RolloutWorker):
-        def __init__(self, cfg, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None):
+        def __init__(self, cfg, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None, env_pools=None):
             if varied_rewards:
                 from rlplane.envs import register_env
 
                 register_env("arithmetic", OddFirstDigit)
-            super().__init__(cfg, data_plane, model, tokenizer, seed, shared_paths)
+            super().__init__(cfg, data_plane, model, tokenizer, seed, shared_paths, env_pools=env_pools)
             if seed == cfg.loop.seed + generator:
                 self.backend = FaultyBackend(self.backend, schedule)
 
