@@ -148,8 +148,10 @@ def test_generation_failures_stop_the_run_with_the_collectors_reason(tmp_path, m
         monkeypatch.setattr(async_grpo, "make_actor", make_actor)
     else:
         monkeypatch.setattr(HFGenerationBackend, "generate", broken_generate)
+    # verify_weights=off: the start-up weight probe would meet the broken generator before the collector does.
     cfg = cfg_for(tmp_path, "grpo.max_num_steps=2", "grpo.async_grpo.max_generation_failures=1",
-                  "checkpointing.enabled=false", f"grpo.async_grpo.collector_process={str(process).lower()}")
+                  "checkpointing.enabled=false", f"grpo.async_grpo.collector_process={str(process).lower()}",
+                  "policy.generation.verify_weights=off")
     with pytest.raises(TrainingStopped) as e:
         async_grpo.train(cfg, quiet=True)
     assert str(e.value).startswith("async collector: generation failed 2 times in a row")

@@ -73,7 +73,8 @@ def assert_same_samples(one: dict, two: dict) -> None:
     # The merged rollout metrics are one generator's (means weighted by rows, counts summed).
     assert one["metrics"].keys() == two["metrics"].keys()
     for k, v in one["metrics"].items():
-        assert math.isclose(v, two["metrics"][k], rel_tol=1e-9, abs_tol=1e-9), k
+        tol = 1e-6 if k.startswith("env/") else 1e-9  # environments' metrics are float32 means, merged per generator
+        assert math.isclose(v, two["metrics"][k], rel_tol=tol, abs_tol=tol), (k, v, two["metrics"][k])
     # Not trivially equal: the group's samples differ from each other.
     assert len({tuple(t) for t in one["tokens"]}) > len(set(one["group"].tolist()))
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from transformers.utils import logging as hf_logging
+
 from rlplane.config.data import task_names_of
 from rlplane.config.loading import dump_config
 from rlplane.config.plan import data_plane_index
@@ -79,6 +81,7 @@ class Session:
 
     def _set_up(self, cfg: RunConfig, quiet: bool, critic: bool, teacher_cfg: RunConfig | None) -> None:
         c = self.components
+        hf_logging.disable_progress_bar()  # the run prints its own progress; no bar per checkpoint write
         set_worker_threads(cfg.policy.threads_per_worker)
         seed_everything(cfg.loop.seed)
         self._t_start = time.perf_counter()
