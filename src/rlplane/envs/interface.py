@@ -77,16 +77,8 @@ def default_env_metrics(rewards: torch.Tensor, batch: EnvBatch | None = None) ->
     if int(sizes.min()) == int(sizes.max()):  # pass@k names one k
         out[f"pass@{int(sizes[0])}"] = float(hit.mean())
     out["fraction_of_samples_properly_ended"] = float((~batch.truncated.bool()).float().mean())
-    out["generation_lengths"] = float(batch.response_lengths.float().mean())
-    out["prompt_lengths"] = float(batch.prompt_lengths.float().mean())
-    return out
-    groups, inverse, sizes = torch.unique(batch.group, return_inverse=True, return_counts=True)
-    hit = torch.zeros(len(groups)).scatter_reduce_(0, inverse, (rewards > 0).float(), "amax")  # (G,)
-    if int(sizes.min()) == int(sizes.max()):  # pass@k names one k
-        out[f"pass@{int(sizes[0])}"] = float(hit.mean())
-    out["fraction_of_samples_properly_ended"] = float((~batch.truncated.bool()).float().mean())
-    out["generation_lengths"] = float(batch.response_lengths.float().mean())
-    out["prompt_lengths"] = float(batch.prompt_lengths.float().mean())
+    out["generation_lengths"] = float(batch.response_lengths.double().mean())
+    out["prompt_lengths"] = float(batch.prompt_lengths.double().mean())
     return out
 
 
