@@ -18,6 +18,7 @@ import torch
 
 from rlplane.envs.interface import EnvBatch, EnvironmentReturn, default_env_metrics
 from rlplane.envs.registry import create_env, restore_env_registry
+from rlplane.runtime.groups import spread
 
 RESTART_TIMEOUT_S = 120.0
 VAL_PREFIX = "val/"
@@ -137,7 +138,7 @@ class EnvPool:
         n = len(message_logs)
         if n == 0:
             return EnvironmentReturn([], [], [], torch.zeros(0), torch.zeros(0, dtype=torch.bool), [])
-        spans = [(j, a, b) for j, (a, b) in enumerate(_spread(n, len(self.actors))) if b > a]
+        spans = [(j, a, b) for j, (a, b) in enumerate(spread(n, len(self.actors))) if b > a]
         refs, dead = {}, {}
         for j, a, b in spans:
             try:
@@ -267,17 +268,6 @@ def join_returns(parts: Sequence[EnvironmentReturn], metadata: Sequence[Sequence
         answers=joined("answers", [[None] * s for s in sizes]),
         reward_components=components,
     )
-
-
-def _spread(n: int, k: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` ranges of ``n`` items over ``k`` actors, sizes differing by at most one."""
-    base, extra = divmod(n, k)
-    out, start = [], 0
-    for j in range(k):
-        end = start + base + (j < extra)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _first_line(e: BaseException) -> str:

@@ -353,3 +353,14 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
     else:
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)
     interrupts.reinstall()  # ray.init set its own SIGTERM handler in the driver
+
+
+def spread(num_items: int, num_workers: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` ranges, sizes within one, larger first: ``spread(5, 2) == [(0, 3), (3, 5)]``."""
+    base, extra = divmod(num_items, num_workers)
+    out, start = [], 0
+    for w in range(num_workers):
+        end = start + base + (w < extra)
+        out.append((start, end))
+        start = end
+    return out

@@ -12,22 +12,11 @@ from collections.abc import Sequence
 import torch
 
 from rlplane.dataplane import concat_metas
-from rlplane.runtime.groups import LocalGroup, RayGroup
+from rlplane.runtime.groups import LocalGroup, RayGroup, spread
 from rlplane.workers.env_metrics import is_env_metric, merge_env_metrics
 
 # Event counts are summed; ``max_*`` take the maximum; the rest are means weighted by rows.
 COUNT_METRICS = ("env_errors", "env_retries", "rollout_failures", "rollout_retries")
-
-
-def spread(num_items: int, num_workers: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` ranges, sizes within one, larger first: ``spread(5, 2) == [(0, 3), (3, 5)]``."""
-    base, extra = divmod(num_items, num_workers)
-    out, start = [], 0
-    for w in range(num_workers):
-        end = start + base + (w < extra)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def merge_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
