@@ -94,7 +94,7 @@ def cmd_train(args) -> int:
     if args.early_stop:  # before the user's overrides: early_stop.* given there win
         args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
-    with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM: stop after the step in progress
+    with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM / SIGHUP: stop after the step
         summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731

@@ -16,7 +16,7 @@ class WorkerFailed(RuntimeError):
 
 
 class TrainingInterrupted(RuntimeError):
-    """SIGINT or SIGTERM stopped the run at a step boundary (one line; ``signum``: the signal)."""
+    """SIGINT, SIGTERM or SIGHUP stopped the run at a step boundary (one line; ``signum``: the signal)."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)

@@ -5,7 +5,7 @@ consistent (every logged step once, no prompt drawn twice).
 The driver is this process (``rlplane.cli.main`` on the shared Ray instance); a fault is injected at
 the start of a chosen step (``Session.begin_step``), either from the driver (``ray.kill``) or inside an
 actor (``__ray_call__`` patches the actor's engine or trainer to SIGKILL its own process, hang or return
-NaN). SIGTERM goes to a driver of its own (``rlplane train`` in a subprocess joining the same Ray);
+NaN). SIGTERM and SIGHUP go to a driver of its own (``rlplane train`` in a subprocess joining the same Ray);
 the disk-full fault writes checkpoints to a small tmpfs (skipped where ``mount`` is refused).
 ``FAULTS_REPORT=path`` appends one line per scenario (name, outcome, seconds from injection to outcome).
 """
@@ -370,7 +370,8 @@ def test_sigint_stops_at_the_step_boundary_and_resumes(cwd, capsys, monkeypatch)
     check_state(cwd / "run", 3, saved=[2, 3])
 
 
-def test_sigterm_to_a_driver_process_stops_it_and_resumes(cwd, ray_session):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_a_driver_process_stops_it_and_resumes(cwd, ray_session, sig):
     """A driver of its own joining this Ray (ray.init there installs Ray's SIGTERM handler: ours replaces it)."""
     run_dir = cwd / "run"
     address = ray_session.get_runtime_context().gcs_address
@@ -382,15 +383,15 @@ def test_sigterm_to_a_driver_process_stops_it_and_resumes(cwd, ray_session):
     while proc.poll() is None and not rows(run_dir / "logs" / "prompts.jsonl"):
         time.sleep(0.05)
     at = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     seconds = time.monotonic() - at
     # Ray's own start-up lines (joining the cluster) come first; then ours, alone.
     ours = [line for line in err.splitlines() if line.startswith("rlplane:")]
-    assert proc.returncode == 128 + signal.SIGTERM and len(ours) == 1, (proc.returncode, err)
+    assert proc.returncode == 128 + sig and len(ours) == 1, (proc.returncode, err)
     assert err.strip().splitlines()[-1] == ours[0] and "Traceback" not in err, err
-    report("SIGTERM to the driver", f"`{ours[0]}`", seconds)
-    assert ours[0].startswith("rlplane: stopped by SIGTERM after step ")
+    report(f"{sig.name} to the driver", f"`{ours[0]}`", seconds)
+    assert ours[0].startswith(f"rlplane: stopped by {sig.name} after step ")
     done = int(ours[0].split("after step ")[1].split(" ")[0])
     check_state(run_dir, done, saved=[done])  # no checkpoint was due: the stop wrote step_<done>
     assert train(run_dir, f"grpo.max_num_steps={done + 1}", "checkpointing.save_period=50") == 0

@@ -1,24 +1,28 @@
-"""SIGINT and SIGTERM to the driver stop the run at the next step boundary, with a checkpoint.
+"""SIGINT, SIGTERM and SIGHUP to the driver stop the run at the next step boundary, with a checkpoint.
 
 Inside :func:`stop_at_step_boundary` (``rlplane train``) the first signal records a request; the
 session ends the step, checkpoints it and raises :class:`~rlplane.errors.TrainingInterrupted`. A
-second signal, or :func:`interrupt_now` (the watchdog), stops at once (``KeyboardInterrupt``).
+second SIGINT or SIGTERM, or :func:`interrupt_now` (the watchdog), stops at once (``KeyboardInterrupt``).
+SIGHUP (the terminal closed) never stops at once: a closing terminal sends it more than once. It is left
+ignored where it was (``nohup``).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from rlplane.errors import TrainingInterrupted
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _State:
-    installed = False
+    installed: tuple[signal.Signals, ...] = ()
     requested: signal.Signals | None = None
     force = False
 
@@ -27,35 +31,55 @@ _state = _State()
 
 
 def _handler(signum, frame) -> None:
-    if _state.force or _state.requested is not None:
+    sig = signal.Signals(signum)
+    if sig == signal.SIGHUP:
+        _mute_hung_up_outputs()
+        if _state.force or _state.requested is not None:
+            return
+    elif _state.force or _state.requested is not None:
         raise KeyboardInterrupt
-    _state.requested = signal.Signals(signum)
+    _state.requested = sig
+    again = "send SIGINT or SIGTERM to stop now" if sig == signal.SIGHUP else "send it again to stop now"
     # On stdout with the progress output: stderr keeps the run's one closing line.
-    print(f"rlplane: {_state.requested.name} received: stopping after this step (send it again to stop now)",
-          flush=True)
+    with suppress(OSError):
+        print(f"rlplane: {sig.name} received: stopping after this step ({again})", flush=True)
+
+
+def _mute_hung_up_outputs() -> None:
+    """stdout / stderr on a terminal that hung up (writes fail with EIO) point at /dev/null from now on, so the
+    step in progress, its checkpoint and the closing line do not fail on them."""
+    for fd in (1, 2):
+        try:
+            os.write(fd, b"")
+        except OSError as e:
+            if e.errno == errno.EIO:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
 
 
 @contextmanager
 def stop_at_step_boundary() -> Iterator[None]:
-    """Within the block (in the main thread), SIGINT / SIGTERM request a stop at the next step boundary."""
+    """Within the block (in the main thread), SIGINT / SIGTERM / SIGHUP request a stop at the next step boundary."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = {s: signal.getsignal(s) for s in SIGNALS}
-    _state.installed, _state.requested, _state.force = True, None, False
+    ours = tuple(s for s in SIGNALS if not (s == signal.SIGHUP and old[s] == signal.SIG_IGN))  # nohup: keep it
+    _state.installed, _state.requested, _state.force = ours, None, False
     reinstall()
     try:
         yield
     finally:
-        _state.installed, _state.requested = False, None
+        _state.installed, _state.requested = (), None
         for s, h in old.items():
             signal.signal(s, h)
 
 
 def reinstall() -> None:
     """Our handlers again, where :func:`stop_at_step_boundary` is active (after ``ray.init`` replaced SIGTERM's)."""
-    if _state.installed and threading.current_thread() is threading.main_thread():
-        for s in SIGNALS:
+    if threading.current_thread() is threading.main_thread():
+        for s in _state.installed:
             signal.signal(s, _handler)
 
 

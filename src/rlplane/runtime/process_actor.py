@@ -208,7 +208,9 @@ def _resolve(value: Any, staged: dict[str, tuple[int, dict]]) -> Any:
 
 def _child_main(conn: Any, parent_pid: int, setup: list, threads: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes this process
+    # Ctrl-C and a closed terminal reach the whole process group: the parent handles them and closes this process.
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     torch.set_num_threads(threads)
     obj = None
     staged: dict[str, tuple[int, dict]] = {}

@@ -312,7 +312,7 @@ class Session:
         return self.stopped is not None
 
     def _stop_on_signal(self, sig, done: int, metrics: dict, saved: Path | None) -> None:
-        """SIGINT / SIGTERM asked to stop: a checkpoint of step ``done`` (unless just written, or checkpointing
+        """SIGINT / SIGTERM / SIGHUP asked to stop: a checkpoint of step ``done`` (unless just written, or checkpointing
         is off), then the one line (:class:`~rlplane.errors.TrainingInterrupted`)."""
         if saved is None and self.cfg.checkpointing.enabled:
             saved = self.save_checkpoint(done, metrics)

@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 
 import rlplane
 from rlplane.cli import main
+from rlplane.runtime.process_actor import PARENT_POLL_S
 
 _spec = importlib.util.spec_from_file_location("matrix_cases", Path(__file__).with_name("matrix_cases.py"))
 C = importlib.util.module_from_spec(_spec)
@@ -271,9 +273,8 @@ SIGNAL_CASES = [("signal/sigint-mid-run", "SIGINT"), ("signal/sigterm-mid-run", 
 
 @pytest.mark.parametrize("cid, name", SIGNAL_CASES, ids=[c[0] for c in SIGNAL_CASES])
 def test_a_signal_mid_run_stops_it_cleanly(cid, name, world, tmp_path):
-    """SIGINT and SIGTERM stop after the step in progress with one line (exit 128 + the signal); SIGHUP ends the
-    process by the signal (no line: handling it is missing). Every case leaves no process behind, the run
-    directory unlocked and no traceback."""
+    """SIGINT, SIGTERM and SIGHUP stop after the step in progress with one line (exit 128 + the signal),
+    leave no process behind, the run directory unlocked and no traceback."""
     proc = _console(_fill(LONG, world, tmp_path), {}, tmp_path, stdout=subprocess.DEVNULL)
     _wait_for_a_step(tmp_path / "r", proc)
     proc.send_signal(getattr(signal, name))
@@ -286,14 +287,48 @@ def test_a_signal_mid_run_stops_it_cleanly(cid, name, world, tmp_path):
         verdict = "traceback"
     elif left:
         verdict = "wrong: a process of the run is left"
-    elif name in ("SIGINT", "SIGTERM"):
+    else:
         ok = proc.returncode == 128 + getattr(signal, name) and bool(last) and (
             last[0].startswith(f"rlplane: stopped by {name}") or last[0] == "rlplane: interrupted")
         verdict = "one-line" if ok else f"wrong: exit {proc.returncode}, {err.strip().splitlines()[-2:]}"
-    else:
-        verdict = f"missing: ends by {name} (exit {proc.returncode}), no line, no checkpoint at the step boundary"
     RESULTS[cid] = verdict
-    assert verdict == "one-line" or verdict.startswith("missing"), f"{cid}: {verdict}\n{err[-1500:]}"
+    assert verdict == "one-line", f"{cid}: {verdict}\n{err[-1500:]}"
+
+
+ASYNC_IN_A_PROCESS = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
+                      "grpo.async_grpo.collector_process=true"]
+
+
+def test_a_closed_terminal_stops_an_async_run_at_a_step_boundary(world, tmp_path):
+    """The terminal closes under a run whose collector is a child process: writes to the terminal fail (EIO) and
+    SIGHUP reaches the whole process group twice (from the shell, then from the kernel as the shell exits). The
+    run stops after the step in progress with a checkpoint (exit 129), leaves no process behind, and resumes."""
+    master, terminal = pty.openpty()
+    argv = _fill(["train", *TINY, *ASYNC_IN_A_PROCESS, "grpo.max_num_steps=100000",
+                  "checkpointing.save_period=100000", "run_dir={t}/r"], world, tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "rlplane.cli", *argv], cwd=tmp_path, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                            stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    try:
+        _wait_for_a_step(tmp_path / "r", proc)
+        os.close(master)  # the terminal hangs up
+        for _ in range(2):
+            os.killpg(proc.pid, signal.SIGHUP)
+            time.sleep(0.2)
+        assert proc.wait(timeout=120) == 128 + signal.SIGHUP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(PARENT_POLL_S * 4)  # an orphaned child would see its parent gone by then
+    assert not _group_left(proc.pid), "a process of the run is left"
+    done = (tmp_path / "r" / "logs" / "metrics.jsonl").read_text().count("\n")
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").glob("step_*")) == [f"step_{done}"]
+    resumed = _console(_fill(["train", "--quiet", *TINY, *ASYNC_IN_A_PROCESS, f"grpo.max_num_steps={done + 1}",
+                              "checkpointing.resume=true", "run_dir={t}/r"], world, tmp_path), {}, tmp_path,
+                       stdout=subprocess.DEVNULL)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-1500:]
 
 
 def test_a_reader_that_leaves_early_is_no_traceback(world, tmp_path):

@@ -1,5 +1,5 @@
 """The watchdog (a call with no progress: stacks dumped, the stuck worker named, the main thread woken)
-and the step-boundary stop on SIGINT / SIGTERM, in this process (no Ray)."""
+and the step-boundary stop on SIGINT / SIGTERM / SIGHUP, in this process (no Ray)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,30 @@ def test_first_signal_requests_a_stop_the_second_stops_now():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert interrupts.requested() is None and signal.getsignal(signal.SIGTERM) is not interrupts._handler
+
+
+def test_sighup_requests_a_stop_and_never_stops_at_once():
+    """A closing terminal sends SIGHUP more than once: the repeats keep the stop at the step boundary."""
+    with interrupts.stop_at_step_boundary():
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert interrupts.requested() == signal.SIGHUP
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGHUP) is not interrupts._handler
+
+
+def test_an_ignored_sighup_stays_ignored():
+    """``nohup rlplane train``: the run goes on when the terminal closes."""
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with interrupts.stop_at_step_boundary():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert interrupts.requested() is None
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
 
 
 def test_stop_message_names_the_signal_step_and_checkpoint(tmp_path):
