@@ -15,7 +15,7 @@ from rlplane.datasets import build_datasets
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.groups import make_actor
 
-from .test_collector import G, P, make_cfg
+from .collector_helpers import G, P, make_cfg
 
 
 def start_collector(plane, start_version=0, state_file=None):

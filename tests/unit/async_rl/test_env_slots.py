@@ -13,7 +13,7 @@ import pytest
 from rlplane.envs import ArithmeticEnv
 from rlplane.envs.interface import EnvironmentReturn
 from rlplane.workers import rollout as rollout_module
-from tests.unit.async_rl.test_collector import P, make_collector, wait_until
+from tests.unit.async_rl.collector_helpers import P, make_collector, wait_until
 
 
 class Tracker:
