@@ -60,7 +60,7 @@ class RolloutLoopConfig(StrictModel):
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
     stop_at_validation_metric: str | None = Field(
-        None, description="End the run once this validation metric (accuracy, pass_k, ...) reaches "
+        None, description="End the run once this validation metric (accuracy, pass@k, env/<task>/<name>) reaches "
         "stop_at_validation_threshold (NeMo RL's early stop; checked at every validation, the first included)."
     )
     stop_at_validation_threshold: float | None = Field(None, description="See stop_at_validation_metric.")
@@ -82,7 +82,8 @@ class EarlyStopConfig(StrictModel):
     """Stop a run whose validation metric stopped improving or fell (``rlplane train --early-stop``)."""
 
     enabled: bool = Field(False, description="Check the rule below at every validation.")
-    metric: str = Field("accuracy", description="The validation metric watched (higher is better).")
+    metric: str = Field("accuracy", description="The validation metric watched (higher is better): accuracy, "
+                        "pass@k (val_num_generations_per_prompt = k > 1) or env/<task>/<name>.")
     patience: int = Field(3, ge=1, description="Stop after this many validations in a row without a new best "
                                                "(better than the best so far by more than min_delta).")
     min_delta: float = Field(0.0, ge=0, description="How much better than the best a validation must be to count.")

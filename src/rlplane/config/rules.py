@@ -6,6 +6,7 @@ values, fix). :data:`SECTION_RULES` run first, then :data:`RULES`; every line is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from rlplane.config.data import task_names_of
@@ -334,6 +335,28 @@ def async_one_generator(cfg) -> list[str]:
     return []
 
 
+def validation_metric_known(cfg) -> list[str]:
+    """The metric an early stop watches is one validation logs (a misspelt one never stops the run), and the
+    threshold is a number (NaN is never reached)."""
+    loop, key = cfg.loop, RECIPES[cfg.algorithm].loop
+    k = loop.val_num_generations_per_prompt
+    known = ["accuracy", *([f"pass@{k}"] if k > 1 else [])]
+    watched = [("early_stop.metric", cfg.early_stop.metric)] if cfg.early_stop.enabled else []
+    if loop.stop_at_validation_metric is not None:
+        watched.append((f"{key}.stop_at_validation_metric", loop.stop_at_validation_metric))
+    errors = []
+    for where, name in watched:
+        bare = name.removeprefix("validation/")
+        if bare in known or (bare.startswith("env/") and bare.count("/") >= 2):
+            continue
+        hint = f" (pass@k needs {key}.val_num_generations_per_prompt > 1)" if bare.startswith("pass") and k == 1 else ""
+        errors.append(f"{where} = {name!r}: validation logs no such metric; use {' or '.join(known)} or an "
+                      f"environment's env/<task>/<name>{hint}")
+    if loop.stop_at_validation_threshold is not None and math.isnan(loop.stop_at_validation_threshold):
+        errors.append(f"{key}.stop_at_validation_threshold = nan: no validation reaches it; give a number")
+    return errors
+
+
 #: Run first: when one finds something, the rest are not run (they would judge the wrong section).
 SECTION_RULES: list[Rule] = [foreign_sections]
 
@@ -370,6 +393,7 @@ RULES: list[Rule] = [
     async_without_on_policy_ratio,
     async_without_vllm_sleep,
     async_one_generator,
+    validation_metric_known,
 ]
 
 

@@ -13,6 +13,7 @@ RAY = {"runtime": "ray", "data_plane.backend": "ray"}
 ASYNC = {"grpo.async_grpo.enabled": True, "loss_fn.use_importance_sampling_correction": True}
 KL_IN_REWARD = {"loss_fn.use_kl_in_reward": True, "grpo.adv_estimator.name": "reinforce_plus_plus"}
 FSDP = {"policy.dtensor_cfg.enabled": True, **RAY}
+THRESHOLD = {"grpo.stop_at_validation_metric": "accuracy", "grpo.stop_at_validation_threshold": 0.5}
 
 # (rule, algorithm, a config that keeps it, the changes that break it, the line it reports).
 # Configs are dotted keys over the defaults (32 prompts x 8 generations = 256 samples, batch 256).
@@ -137,6 +138,12 @@ CASES = [
     (rules.async_one_generator, "grpo", ASYNC, {"policy.generation.num_generators": 2},
      "policy.generation.num_generators = 2 with grpo.async_grpo.enabled: the async collector is one generator; "
      "set num_generators=1"),
+    (rules.validation_metric_known, "ppo", {"early_stop.enabled": True, "ppo.val_num_generations_per_prompt": 4,
+                                            "early_stop.metric": "pass@4"}, {"early_stop.metric": "pass@8"},
+     "early_stop.metric = 'pass@8': validation logs no such metric; use accuracy or pass@4 or an environment's "
+     "env/<task>/<name>"),
+    (rules.validation_metric_known, "grpo", THRESHOLD, {"grpo.stop_at_validation_threshold": float("nan")},
+     "grpo.stop_at_validation_threshold = nan: no validation reaches it; give a number"),
 ]
 
 # backend: vllm cannot load where vllm is not installed: these configs are made without validation.

@@ -31,8 +31,9 @@ def test_nemo_threshold_stops_at_the_first_validation_reaching_it():
     rule = _stop("grpo.stop_at_validation_metric=accuracy", "grpo.stop_at_validation_threshold=0.6")
     i, reason = _first_stop(rule, [0.2, 0.59, 0.6, 0.9])
     assert i == 2 and "reached stop_at_validation_threshold 0.6" in reason
-    rule = _stop("grpo.stop_at_validation_metric=pass_k", "grpo.stop_at_validation_threshold=0.5")
-    assert _first_stop(rule, [0.2, 0.7], key="validation/pass_k")[0] == 1
+    rule = _stop("grpo.val_num_generations_per_prompt=4", "grpo.stop_at_validation_metric=pass@4",
+                 "grpo.stop_at_validation_threshold=0.5")
+    assert _first_stop(rule, [0.2, 0.7], key="validation/pass@4")[0] == 1
 
 
 def test_threshold_needs_both_keys():
@@ -69,7 +70,7 @@ def test_state_carries_over_a_resume():
 
 
 def test_missing_metric_is_no_validation():
-    rule = _stop("early_stop.enabled=true", "early_stop.patience=1", "early_stop.metric=pass_k")
+    rule = _stop("early_stop.enabled=true", "early_stop.patience=1", "early_stop.metric=env/arithmetic/x")
     assert _first_stop(rule, [0.1, 0.0, 0.0]) == (None, None)  # only accuracy logged
 
 
