@@ -1,11 +1,12 @@
 """A GRPO run that a validation ends: the plateau rule after two validations without a new best (the
-last step checkpointed, the summary says why), and NeMo RL's threshold met by the validation before the
-first step (no step runs)."""
+last step checkpointed, the summary says why), NeMo RL's threshold met by the validation before the
+first step (no step runs), and ``rlplane train --early-stop`` saying why in one line."""
 
 from __future__ import annotations
 
 import json
 
+from rlplane.cli import main
 from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
 from rlplane.utils.logging import read_metrics
@@ -33,3 +34,23 @@ def test_threshold_met_at_start_runs_no_step(tmp_path):
     summary = train(cfg, quiet=True)
     assert [r["step"] for r in read_metrics(tmp_path / "logs")] == [0]
     assert summary["stopped_early"]["after_step"] == 0
+
+
+TINY = ["warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+        "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
+        "grpo.max_num_steps=6", "grpo.val_period=1", "grpo.val_at_start=false", "grpo.max_val_samples=4",
+        "grpo.val_batch_size=4", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
+        "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "checkpointing.save_period=100"]
+
+
+def test_the_early_stop_flag_ends_a_run_and_says_why_in_one_line(tmp_path, capsys):
+    # Patience 1, min_delta 1: step 1's validation sets the best, step 2's cannot better it: 2 of 6 steps run.
+    rc = main(["train", "--quiet", "--early-stop", *TINY, f"run_dir={tmp_path}", "early_stop.patience=1",
+               "early_stop.min_delta=1"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    why = [line for line in out if "early stop" in line]
+    assert len(why) == 1 and why[0].startswith("stopped early after step 2: early stop: validation accuracy has "
+                                               "not bettered "), out
+    assert why[0].endswith(" by more than min_delta 1 in 1 validations (patience 1)")
+    assert [r["step"] for r in read_metrics(tmp_path / "logs")] == [1, 2]
