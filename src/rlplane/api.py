@@ -146,13 +146,15 @@ def _prepare(config, overrides, envs, reward_fns) -> tuple[RunConfig, dict]:
 def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
           envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
           quiet: bool = False, loss_fn: Any = None, task_to_env: Mapping[str, Any] | None = None,
-          dataset: Any = None, val_dataset: Any = None, dataloader: Any = None, logger: Any = None) -> dict:
+          dataset: Any = None, val_dataset: Any = None, dataloader: Any = None, logger: Any = None,
+          policy: Any = None, policy_generation: Any = None, checkpointer: Any = None) -> dict:
     """Warm-up (if enabled) and the config's recipe, as ``rlplane train``; returns the summary.
 
     ``reward_fns``: task -> ``fn(prompt, completion, extra) -> float`` or ``"module:function"``; ``envs``: task
     -> :class:`rlplane.envs.Environment` class or ``"module:Class"``. Parts as objects, as NeMo RL's ``grpo_train``
     takes them (:mod:`rlplane.training.components`): ``loss_fn``, ``task_to_env`` (task -> environment object,
-    ``runtime: local``), ``dataset`` / ``val_dataset`` or ``dataloader``, ``logger`` (``log_metrics``)."""
+    ``runtime: local``), ``dataset`` / ``val_dataset`` or ``dataloader``, ``logger`` (``log_metrics``),
+    ``policy``, ``policy_generation``, ``checkpointer`` (an object, or a wrapper of the run's own)."""
     from rlplane.config.recipes import recipe_for, train_function
     from rlplane.errors import ConfigError
     from rlplane.training.components import Components
@@ -167,7 +169,8 @@ def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[s
         local[task] = _object_factory(env, task)
     run = train_function(recipe_for(cfg))
     parts = Components(loss_fn=loss_fn, dataset=dataset, val_dataset=val_dataset, dataloader=dataloader,
-                       logger=logger)
+                       logger=logger, policy=policy, policy_generation=policy_generation, checkpointer=checkpointer)
+    parts.check()
     with _registered(local), _user_code_exit():
         return run(cfg, quiet=quiet, components=parts)
 

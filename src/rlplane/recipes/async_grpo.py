@@ -207,7 +207,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
 
     # ---- train; the step is over; refit the collector ---------------------------------------------
     with timer("policy_training"):
-        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+        results = s.policy.train_from_meta(meta, loss)
     s.refit.mark_stale()
     # This step's keys only: the next steps' groups wait in the same partition.
     s.data_plane.clear_samples(meta, None, wait=False)
