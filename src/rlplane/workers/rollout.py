@@ -283,13 +283,14 @@ class RolloutWorker:
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
         metrics = {**res.metrics, "rollout_failures": res.metrics["env_errors"],
                    "rollout_retries": res.metrics["env_retries"]}
-        for task in dict.fromkeys(d.task_name for d in rows):  # actor pools: how many died under this rollout
-            pool = self.env_pools.get(pool_name(task, scored.heldout, self.cfg.env.val_task_to_env))
-            if pool is not None:
-                metrics[f"env/{task}/actor_deaths"] = float(pool.take_deaths())
         batch = EnvBatch(carry["group"], carry["truncated"], carry["prompt_lengths"], carry["response_lengths"])
         metrics.update(env_metrics([d.task_name for d in rows], res.rewards, batch, lambda task: functools.partial(
             call_env_metrics, self._any_env(task, scored.heldout))))
+        # Actor pools: how many died under this rollout, its steps and metrics() calls (so after those).
+        for task in dict.fromkeys(d.task_name for d in rows):
+            pool = self.env_pools.get(pool_name(task, scored.heldout, self.cfg.env.val_task_to_env))
+            if pool is not None:
+                metrics[f"env/{task}/actor_deaths"] = float(pool.take_deaths())
         return res, carry, metrics
 
     def put(self, result: TurnsResult, carry: Mapping[str, torch.Tensor], partition_id: str, keys: Sequence[str],
