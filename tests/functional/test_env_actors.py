@@ -111,6 +111,6 @@ def test_two_environment_pools_survive_a_killed_actor_and_log_their_metrics(ray_
     assert first["train/env/flaky/accuracy"] == 0.0
     said = capsys.readouterr()
     line = [x for x in (said.out + said.err).splitlines() if "environment actor(s)" in x]
-    assert sorted(line) == [f"step 1: 1 environment actor(s) of {task!r} died during train and were restarted; the samples "
-                    "they held followed grpo.rollout_failure_policy = zero_reward (train/rollout_failures = 4, "
-                    "rollout_retries = 0)" for task in ("arithmetic", "flaky")]
+    assert sorted(line) == [f"step 1: 1 environment actor(s) of {task!r} died during train and were restarted; the "
+                            "samples they held followed grpo.rollout_failure_policy = zero_reward "
+                            "(train/rollout_failures = 4, rollout_retries = 0)" for task in ("arithmetic", "flaky")]
