@@ -90,3 +90,33 @@ def test_a_part_lacking_a_needed_method_is_one_line(tmp_path, parts, said):
     with pytest.raises(ConfigError) as e:
         rlplane.train(None, overrides=[*TINY, f"run_dir={tmp_path / 'r'}"], quiet=True, **parts)
     assert str(e.value).strip().splitlines()[-1].strip().lstrip("- ") == said
+
+
+class Counting:
+    """Reward 1 for an even-length response; counts the samples it scored."""
+
+    def __init__(self):
+        self.scored = 0
+
+    def step(self, message_logs, metadata):
+        import torch
+
+        from rlplane.envs import EnvironmentReturn
+
+        self.scored += len(message_logs)
+        n = len(message_logs)
+        rewards = torch.tensor([float(len(log[-1]["content"]) % 2 == 0) for log in message_logs])
+        return EnvironmentReturn([None] * n, list(metadata), None, rewards, torch.ones(n, dtype=torch.bool), None)
+
+
+def test_val_task_to_env_objects_score_validation_apart(tmp_path):
+    from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
+    from rlplane.models import build_char_tokenizer
+
+    rows = [{"problem": f"{i}+{i}=", "answer": str(2 * i), "task_name": "even"} for i in range(6)]
+    dataset = AllTaskProcessedDataset(rows, build_char_tokenizer(), TaskDataSpec("even"))
+    train_env, val_env = Counting(), Counting()
+    rlplane.train(None, overrides=[*TINY, f"run_dir={tmp_path / 'run'}", "checkpointing.enabled=false",
+                                   "grpo.val_period=2"], quiet=True,
+                  dataset=dataset, task_to_env={"even": train_env}, val_task_to_env={"even": val_env})
+    assert train_env.scored == 2 * 4 and val_env.scored == 2  # 2 steps x 4 samples; one validation of 2 prompts
