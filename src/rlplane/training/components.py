@@ -11,6 +11,7 @@ place of the session's own, or a function (or class) of the session's own return
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,22 +72,31 @@ class DataPlanePolicy:
     def __init__(self, group, train_global_batch_size: int):
         self.group, self.train_global_batch_size = group, train_global_batch_size
 
-    def get_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
-        """``prev_logprobs`` under the trained weights; ``micro_batch_size`` None: ``policy.logprob_batch_size``."""
-        self.group.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS,
-                               **_given(micro_batch_size=micro_batch_size))
+    def get_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None, timer=None) -> None:
+        """``prev_logprobs`` under the trained weights; ``micro_batch_size`` None: ``policy.logprob_batch_size``;
+        ``timer``: a :class:`~rlplane.training.loop.Timer` the call is timed in (NeMo RL's nested timing)."""
+        with _timed(timer, "policy_logprobs"):
+            self.group.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS,
+                                   **_given(micro_batch_size=micro_batch_size))
 
-    def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
+    def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None,
+                                                timer=None) -> None:
         """``reference_policy_logprobs`` (temperature only) under the frozen initial weights."""
-        self.group.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True,
-                               **_given(micro_batch_size=micro_batch_size))
+        with _timed(timer, "reference_policy_logprobs"):
+            self.group.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True,
+                                   **_given(micro_batch_size=micro_batch_size))
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn, eval_mode: bool = False, gbs: int | None = None,
-                        mbs: int | None = None) -> list[dict[str, float]]:
+                        mbs: int | None = None, timer=None) -> list[dict[str, float]]:
         """One training pass (``eval_mode``: loss and metrics only); the ranks' metrics, one dict each."""
         extra = _given(eval_mode=eval_mode or None, gbs=gbs, mbs=mbs)
-        return self.group.run_sharded("train", meta, batch_size=gbs or self.train_global_batch_size, loss=loss_fn,
-                                      **extra)
+        with _timed(timer, "policy_training"):
+            return self.group.run_sharded("train", meta, batch_size=gbs or self.train_global_batch_size,
+                                          loss=loss_fn, **extra)
+
+
+def _timed(timer, name: str):
+    return timer(name) if timer is not None else contextlib.nullcontext()
 
 
 def _given(**kwargs) -> dict:

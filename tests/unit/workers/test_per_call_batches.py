@@ -117,3 +117,33 @@ def test_eval_mode_gives_the_loss_and_metrics_without_a_step():
         if k != "lr":
             assert abs(evaluated[k] - trained[k]) < 1e-5, (k, evaluated[k], trained[k])
     assert any(not torch.equal(v, before[k]) for k, v in worker.model.state_dict().items())
+
+
+def test_the_driver_side_calls_pass_only_the_sizes_given_and_time_themselves():
+    from rlplane.training.components import DataPlanePolicy
+    from rlplane.training.loop import Timer
+
+    class Group:
+        def __init__(self):
+            self.calls = []
+
+        def run_sharded(self, method, meta, batch_size=None, **kwargs):
+            self.calls.append((method, batch_size, kwargs))
+            return [{}]
+
+    group, timer = Group(), Timer()
+    policy = DataPlanePolicy(group, train_global_batch_size=8)
+    policy.get_logprobs_from_meta("m")
+    policy.get_logprobs_from_meta("m", micro_batch_size=2, timer=timer)
+    policy.get_reference_policy_logprobs_from_meta("m", 3)
+    policy.train_from_meta("m", "loss")
+    policy.train_from_meta("m", "loss", eval_mode=True, gbs=4, mbs=1, timer=timer)
+    assert group.calls == [
+        ("compute_logprobs", None, {"out_field": "prev_logprobs"}),
+        ("compute_logprobs", None, {"out_field": "prev_logprobs", "micro_batch_size": 2}),
+        ("compute_logprobs", None, {"out_field": "reference_policy_logprobs", "reference": True,
+                                    "micro_batch_size": 3}),
+        ("train", 8, {"loss": "loss"}),
+        ("train", 4, {"loss": "loss", "eval_mode": True, "gbs": 4, "mbs": 1}),
+    ]
+    assert set(timer.times) == {"policy_logprobs", "policy_training"}
