@@ -27,7 +27,7 @@ import torch
 from rlplane.envs import EnvironmentReturn
 
 class TagEnv:
-    """Deterministic: reward from its tag and the sample; odd samples go on with an observation naming the tag."""
+    """Deterministic: reward from its tag and the sample; every sample goes on with an observation naming the tag."""
     reward_component_names = ("tag",)
 
     def __init__(self, tag):
@@ -36,7 +36,7 @@ class TagEnv:
     def step(self, logs, meta):
         n = len(logs)
         rewards = torch.tensor([10.0 * self.tag + len(log[-1]["content"]) + 0.5 * m["i"] for log, m in zip(logs, meta)])
-        done = torch.tensor([m["i"] % 2 == 0 for m in meta])
+        done = torch.zeros(n, dtype=torch.bool)  # not done: the observation and metadata land in the sample
         obs = [{"role": "environment", "content": f"tag {self.tag} saw {m['i']}"} for m in meta]
         info = [{**m, "by": self.tag, "pid": os.getpid()} for m in meta]
         return EnvironmentReturn(obs, info, [None] * n, rewards, done, None, {"tag": torch.full((n,), float(self.tag))})
@@ -68,8 +68,9 @@ def test_each_tasks_samples_go_to_its_pool_and_match_the_in_process_path(ray_ses
                                                                          overrides, sizes):
     (tmp_path / f"{MODULE}.py").write_text(SOURCE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = load_config(None, ["runtime=ray", "warmup.enabled=false", f"env.a.class={MODULE}:TagEnv",
-                             "env.a.kwargs.tag=1", f"env.b.class={MODULE}:TagEnv", "env.b.kwargs.tag=2", *overrides])
+    cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "warmup.enabled=false",
+                             f"env.a.class={MODULE}:TagEnv", "env.a.kwargs.tag=1", f"env.b.class={MODULE}:TagEnv",
+                             "env.b.kwargs.tag=2", *overrides])
     local = RolloutWorker(cfg, None)  # registers the user tasks; no pools: every task in-process
     specs = env_pool_specs(cfg, ["a", "b"])
     assert {name: n for name, (_, n) in specs.items()} == sizes
