@@ -146,13 +146,17 @@ def _prepare(config, overrides, envs, reward_fns) -> tuple[RunConfig, dict]:
 def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[str] | None = None,
           envs: Mapping[str, Any] | None = None, reward_fns: Mapping[str, Any] | None = None,
           quiet: bool = False, loss_fn: Any = None, task_to_env: Mapping[str, Any] | None = None,
-          dataset: Any = None, val_dataset: Any = None, dataloader: Any = None, logger: Any = None) -> dict:
+          val_task_to_env: Mapping[str, Any] | None = None,
+          dataset: Any = None, val_dataset: Any = None, dataloader: Any = None, logger: Any = None,
+          policy: Any = None, policy_generation: Any = None, checkpointer: Any = None) -> dict:
     """Warm-up (if enabled) and the config's recipe, as ``rlplane train``; returns the summary.
 
     ``reward_fns``: task -> ``fn(prompt, completion, extra) -> float`` or ``"module:function"``; ``envs``: task
     -> :class:`rlplane.envs.Environment` class or ``"module:Class"``. Parts as objects, as NeMo RL's ``grpo_train``
-    takes them (:mod:`rlplane.training.components`): ``loss_fn``, ``task_to_env`` (task -> environment object,
-    ``runtime: local``), ``dataset`` / ``val_dataset`` or ``dataloader``, ``logger`` (``log_metrics``)."""
+    takes them (:mod:`rlplane.training.components`): ``loss_fn``, ``task_to_env`` / ``val_task_to_env`` (task ->
+    environment object, ``runtime: local``; validation's as ``env.val_task_to_env``), ``dataset`` / ``val_dataset``
+    or ``dataloader``, ``logger`` (``log_metrics``), ``policy``, ``policy_generation``, ``checkpointer`` (an
+    object, or a wrapper of the run's own)."""
     from rlplane.config.recipes import recipe_for, train_function
     from rlplane.errors import ConfigError
     from rlplane.training.components import Components
@@ -160,27 +164,40 @@ def train(config: str | dict | RunConfig | None = None, *, overrides: Sequence[s
     cfg, local = _prepare(config, overrides, envs, reward_fns)
     if dataset is not None and dataloader is not None:
         raise ConfigError(["rlplane.train: give dataset or dataloader, not both"])
-    for task, env in (task_to_env or {}).items():
-        if cfg.runtime != "local":
-            raise ConfigError([f"task_to_env[{task!r}]: an environment object lives in this process; use "
-                               "runtime: local, or pass its class as envs={...} (or env.<task>.class)"])
-        local[task] = _object_factory(env, task)
+    for given, validation in ((task_to_env, False), (val_task_to_env, True)):
+        for task, env in (given or {}).items():
+            if cfg.runtime != "local":
+                raise ConfigError([f"{'val_' * validation}task_to_env[{task!r}]: an environment object lives in "
+                                   "this process; use runtime: local, or pass its class as envs={...} (or "
+                                   "env.<task>.class)"])
+            if validation:  # registered under a name of its own, which env.val_task_to_env names
+                local[f"{task}{VALIDATION_SUFFIX}"] = _object_factory(env, task, checked=False)
+            else:
+                local[task] = _object_factory(env, task)
+    if val_task_to_env:
+        cfg = load_config(cfg, [f"env.val_task_to_env.{t}={t}{VALIDATION_SUFFIX}" for t in val_task_to_env])
     run = train_function(recipe_for(cfg))
     parts = Components(loss_fn=loss_fn, dataset=dataset, val_dataset=val_dataset, dataloader=dataloader,
-                       logger=logger)
+                       logger=logger, policy=policy, policy_generation=policy_generation, checkpointer=checkpointer)
+    parts.check()
     with _registered(local), _user_code_exit():
         return run(cfg, quiet=quiet, components=parts)
 
 
-def _object_factory(env: Any, task: str) -> Callable:
-    """A registry factory that hands out the given environment object itself (kwargs of the config unused)."""
+VALIDATION_SUFFIX = "@validation"  # registry name of a val_task_to_env object: <task>@validation
+
+
+def _object_factory(env: Any, task: str, checked: bool = True) -> Callable:
+    """A registry factory that hands out the given environment object itself (kwargs of the config unused);
+    ``checked``: the data must name ``task`` (a validation environment's name is its own)."""
     from rlplane.envs.user import LOCAL_TASK_ATTR
 
     def factory(**_kwargs):
         return env
 
     factory.reward_component_names = tuple(getattr(env, "reward_component_names", ()))
-    setattr(factory, LOCAL_TASK_ATTR, f"task_to_env[{task!r}]")
+    if checked:
+        setattr(factory, LOCAL_TASK_ATTR, f"task_to_env[{task!r}]")
     return factory
 
 

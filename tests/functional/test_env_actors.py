@@ -1,7 +1,8 @@
 """runtime: ray with two environments (two task_names) as actor pools: placement.json names their
 actors, one actor kills itself during the first step (Ray restarts it; its samples follow
-rollout_failure_policy and the run goes on), each environment's metrics are logged per task, and a
-task named in env.val_task_to_env validates in a pool of its own."""
+rollout_failure_policy and the run goes on), the other during its first metrics() call (counted, asked
+again), each environment's metrics are logged per task, and a task named in env.val_task_to_env validates
+in a pool of its own."""
 
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ class DiesOnce(ArithmeticEnv):
                 f.write(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
         return super().step(logs, meta)
+
+
+class DiesInMetricsOnce(ArithmeticEnv):
+    """Arithmetic scoring; the first metrics() call outside the driver kills its own process (kill -9)."""
+
+    def __init__(self, marker, driver_pid):
+        super().__init__()
+        self.marker, self.driver_pid = marker, str(driver_pid)
+
+    def metrics(self, rewards, batch=None):
+        if str(os.getpid()) != self.driver_pid and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().metrics(rewards, batch)
 '''
 
 TINY = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=8",
@@ -63,6 +79,8 @@ def test_two_environment_pools_survive_a_killed_actor_and_log_their_metrics(ray_
         *TINY, "runtime=ray", "data_plane.backend=ray", "data.dataset=jsonl", "data.train.path=d.jsonl",
         f"env.flaky.class={MODULE}:DiesOnce", f"env.flaky.kwargs.marker={marker}",
         f"env.flaky.kwargs.driver_pid={os.getpid()}", "env.val_task_to_env.flaky=arithmetic",
+        f"env.arithmetic.class={MODULE}:DiesInMetricsOnce", f"env.arithmetic.kwargs.marker={tmp_path / 'metrics'}",
+        f"env.arithmetic.kwargs.driver_pid={os.getpid()}",
         f"run_dir={run}"], quiet=False)
 
     where = json.loads((run / "logs" / "placement.json").read_text())["environments"]
@@ -78,7 +96,9 @@ def test_two_environment_pools_survive_a_killed_actor_and_log_their_metrics(ray_
     steps = [r for r in read_metrics(run / "logs") if r["step"] > 0]
     first, second = steps
     assert first["train/env/flaky/actor_deaths"] == 1 and second["train/env/flaky/actor_deaths"] == 0
-    assert first["train/env/arithmetic/actor_deaths"] == 0
+    # arithmetic's actor died in its first metrics() call: counted in that step, its metrics asked again.
+    assert first["train/env/arithmetic/actor_deaths"] == 1 and second["train/env/arithmetic/actor_deaths"] == 0
+    assert int((tmp_path / "metrics").read_text()) == where["arithmetic"][0]["pid"]
     # zero_reward: the dead actor's samples (all of the step's flaky ones) scored 0 and were trained on.
     assert first["train/rollout_failures"] == first["train/env/flaky/num_samples"] == 4
     assert second["train/rollout_failures"] == 0
@@ -91,6 +111,6 @@ def test_two_environment_pools_survive_a_killed_actor_and_log_their_metrics(ray_
     assert first["train/env/flaky/accuracy"] == 0.0
     said = capsys.readouterr()
     line = [x for x in (said.out + said.err).splitlines() if "environment actor(s)" in x]
-    assert line == ["step 1: 1 environment actor(s) of 'flaky' died during train and were restarted; the samples "
-                    "they held followed grpo.rollout_failure_policy = zero_reward (train/rollout_failures = 4, "
-                    "rollout_retries = 0)"]
+    assert sorted(line) == [f"step 1: 1 environment actor(s) of {task!r} died during train and were restarted; the "
+                            "samples they held followed grpo.rollout_failure_policy = zero_reward "
+                            "(train/rollout_failures = 4, rollout_retries = 0)" for task in ("arithmetic", "flaky")]

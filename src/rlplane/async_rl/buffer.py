@@ -30,7 +30,7 @@ class TrajectoryGroup:
     target_version: the training step it is meant for.
     meta: the receipt of its G samples in the data plane.
     carry: (G,) tensors (rewards, truncated, loss_multiplier, lengths, generated_tokens, ``reward/<name>``).
-    rollout_metrics: the metrics of the generation batch it came from.
+    rollout_metrics: the metrics of the generation batch it came from; ``env/<task>/*``: this group's own.
     """
 
     prompt_idx: int
@@ -70,9 +70,10 @@ CARRY = ["rewards", "truncated", "loss_multiplier", "prompt_lengths", "response_
 
 def batch_groups(datums: Sequence[DatumSpec], target_version: int, meta: KVBatchMeta,
                  carry: Mapping[str, torch.Tensor], rollout_metrics: Mapping[str, float],
-                 keep: Sequence[bool] | None = None) -> list[TrajectoryGroup]:
+                 keep: Sequence[bool] | None = None,
+                 env_parts: Sequence[Mapping[str, float]] | None = None) -> list[TrajectoryGroup]:
     """A generation batch's groups for ``target_version``: datum ``i`` gets rows ``i*G .. i*G+G-1`` (copies),
-    except where ``keep[i]`` is false."""
+    except where ``keep[i]`` is false; ``env_parts[i]``: group ``i``'s own ``env/<task>/*`` metrics."""
     G = len(meta) // max(len(datums), 1)
     groups = []
     for i, d in enumerate(datums):
@@ -89,7 +90,7 @@ def batch_groups(datums: Sequence[DatumSpec], target_version: int, meta: KVBatch
             # The fixed carry plus reward/<name> components (for GDPO).
             carry={k: carry[k][rows].clone() for k in carry
                    if k in CARRY or k.startswith(("reward/", "version_tokens/"))},
-            rollout_metrics=dict(rollout_metrics),
+            rollout_metrics={**rollout_metrics, **(env_parts[i] if env_parts is not None else {})},
         ))
     return groups
 

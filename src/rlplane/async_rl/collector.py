@@ -29,7 +29,8 @@ from rlplane.envs.user import user_exit_message
 from rlplane.fast.threads import lower_thread_priority
 from rlplane.runtime.deadlines import DeadlineExceeded
 from rlplane.utils.kill_points import kill_point
-from rlplane.workers.rollout import RolloutWorker
+from rlplane.workers.env_metrics import is_env_metric
+from rlplane.workers.rollout import ENV_GROUPS, RolloutWorker
 
 
 def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
@@ -352,7 +353,7 @@ class AsyncTrajectoryCollector:
             finally:
                 self._event(self.schedule.batch_scored, job.number, slot)
             with w.env_slot(self.options.generating_slot):
-                result, carry, rollout_metrics = w.finish(generated)
+                result, carry, rollout_metrics = w.finish(generated, per_group=True)
             versions = token_versions(result.generation_versions, result.token_mask, job.version)
             carry.update(version_carry(versions, result.token_mask, job.version, self.options.max_age_steps))
             meta = w.put(result, carry, self.partition_id, group_sample_keys(job.target, job.number, datums, G),
@@ -386,9 +387,11 @@ class AsyncTrajectoryCollector:
         G = self.options.group_size
         failed = carry["env_failed"].view(len(datums), G).any(dim=1).tolist() if self.options.drop_failed_groups \
             else [False] * len(datums)
+        env_parts = group_env_metrics(rollout_metrics, failed)
         rollout_metrics = {k: float(v) for k, v in {**rollout_metrics, "dropped_groups": sum(failed)}.items()}
         # Made before the turn.
-        groups = batch_groups(datums, job.target, meta, carry, rollout_metrics, keep=[not f for f in failed])
+        groups = batch_groups(datums, job.target, meta, carry, rollout_metrics, keep=[not f for f in failed],
+                              env_parts=env_parts)
         self._wait_to_land(job)
         with self._cond:
             self.counters["dropped_groups"] += sum(failed)
@@ -414,6 +417,17 @@ class AsyncTrajectoryCollector:
                 self.counters["groups_generated"] += 1
             if i == 0:
                 kill_point("collector_generation")  # the batch half in the buffer
+
+
+def group_env_metrics(rollout_metrics: dict, failed: list[bool]) -> list[dict[str, float]]:
+    """Each group's own ``env/<task>/*`` metrics, taken out of ``rollout_metrics`` (``finish(per_group=True)``);
+    the batch's actor deaths go to its first kept group, so the step that trains it counts them once."""
+    parts = [dict(p) for p in rollout_metrics.pop(ENV_GROUPS)]
+    deaths = {k: rollout_metrics.pop(k) for k in [k for k in rollout_metrics if is_env_metric(k)]}
+    first = next((i for i, f in enumerate(failed) if not f), None)
+    if first is not None:
+        parts[first].update({k: float(v) for k, v in deaths.items()})
+    return parts
 
 
 # The trainer's step is the critical path, so under ``runtime: local`` the collector thread yields the CPU.

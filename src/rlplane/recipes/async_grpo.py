@@ -46,6 +46,7 @@ from rlplane.training.weight_check import WeightCheck
 from rlplane.training.workers import RAY_CPUS_COLLECTOR
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.metrics import merge_rank_metrics
+from rlplane.workers.env_metrics import is_env_metric, merge_env_metrics
 from rlplane.workers.policy import ClippedPGLoss
 
 CHECKPOINT_FILE = "replay_buffer.pt"
@@ -163,9 +164,10 @@ def step_carry(groups: list[TrajectoryGroup]) -> dict[str, torch.Tensor]:
 
 
 def merge_rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
-    """The step's groups' rollout metrics: ``max_*`` the maximum, the rest the mean over groups."""
-    keys = {k for g in groups for k in g.rollout_metrics}
-    out = {}
+    """The step's groups' rollout metrics: ``max_*`` the maximum, the rest the mean over groups; ``env/<task>/*``
+    merged from each group's own (over exactly the samples the step trains, :func:`merge_env_metrics`)."""
+    keys = {k for g in groups for k in g.rollout_metrics if not is_env_metric(k)}
+    out = merge_env_metrics([g.rollout_metrics for g in groups])
     for k in sorted(keys):
         vals = [g.rollout_metrics[k] for g in groups if k in g.rollout_metrics]
         out[k] = max(vals) if k.startswith("max_") else sum(vals) / len(vals)
@@ -207,7 +209,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
 
     # ---- train; the step is over; refit the collector ---------------------------------------------
     with timer("policy_training"):
-        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+        results = s.policy.train_from_meta(meta, loss)
     s.refit.mark_stale()
     # This step's keys only: the next steps' groups wait in the same partition.
     s.data_plane.clear_samples(meta, None, wait=False)

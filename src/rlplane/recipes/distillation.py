@@ -41,7 +41,7 @@ def teacher_config(cfg: RunConfig) -> RunConfig:
 
 def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, float]:
     """One distillation step; returns its metrics (train/*, timing/train/*)."""
-    cfg, g = s.cfg, s.cfg.distillation
+    g = s.cfg.distillation
     timer = Timer()
     metrics: dict[str, float] = {}
 
@@ -61,7 +61,7 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
 
     # ---- train on the reverse KL; the step is over ----------------------------------------------
     with timer("policy_training"):
-        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+        results = s.policy.train_from_meta(meta, loss)
     s.refit.mark_stale()
     s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 

@@ -39,7 +39,7 @@ TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFE
 
 def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     """One GRPO step; returns its metrics (train/*, timing/train/*)."""
-    cfg, g = s.cfg, s.cfg.grpo
+    g = s.cfg.grpo
     timer = Timer()
     metrics: dict[str, float] = {}
 
@@ -67,7 +67,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     # ---- train; the step is over ----------------------------------------------------------------
     with timer("policy_training"):
-        results = s.workers.policy.run_sharded("train", meta, batch_size=cfg.policy.train_global_batch_size, loss=loss)
+        results = s.policy.train_from_meta(meta, loss)
     s.refit.mark_stale()
     s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait
 

@@ -151,8 +151,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
                 critic_passes.append(merge_rank_metrics(critic.run_sharded("train", meta, batch_size=gbs)))
         if train_actor:
             with timer("policy_training"):
-                actor_passes.append(merge_rank_metrics(
-                    s.workers.policy.run_sharded("train", meta, batch_size=gbs, loss=loss)))
+                actor_passes.append(merge_rank_metrics(s.policy.train_from_meta(meta, loss)))
     if train_actor:
         s.refit.mark_stale()
     s.data_plane.clear_samples(None, TRAIN_PARTITION, wait=False)  # nobody needs the answer: do not wait

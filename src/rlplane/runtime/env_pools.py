@@ -2,7 +2,8 @@
 
 A task's batch is split contiguously over its pool's actors and the calls run at once. A dead actor is
 restarted by Ray (``max_restarts=-1``, no task retries); the samples it held fail with :class:`EnvActorDied`
-and follow ``rollout_failure_policy``; later calls wait for the restart (``RESTART_TIMEOUT_S``).
+and follow ``rollout_failure_policy``; later calls wait for the restart (``RESTART_TIMEOUT_S``). A death
+during a step or a ``metrics()`` call is counted (``take_deaths``); ``metrics()`` is asked again.
 """
 
 from __future__ import annotations
@@ -163,9 +164,21 @@ class EnvPool:
         return join_returns([parts[j] for j, _, _ in spans], [metadata[a:b] for _, a, b in spans])
 
     def metrics(self, rewards: torch.Tensor, batch: EnvBatch) -> dict[str, float]:
+        """The environment's metrics from actor 0; an actor that dies during the call is counted with the step's
+        deaths and asked again once Ray has restarted it (metrics are a function of their arguments)."""
         import ray
 
-        return ray.get(self._ready(0).metrics.remote(rewards, batch))
+        tries = 0
+        while True:
+            try:
+                return ray.get(self._ready(0).metrics.remote(rewards, batch))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                self._deaths, tries = self._deaths + 1, tries + 1
+                if tries > 1:
+                    raise EnvActorDied(f"environment actor {self.name!r} #0 died during metrics() twice "
+                                       f"({_first_line(e)})", []) from None
+            except ray.exceptions.RayTaskError as e:  # the environment raised: as it would in-process
+                raise (e.cause if isinstance(e.cause, Exception) else e.as_instanceof_cause()) from None
 
     def take_deaths(self) -> int:
         """Actor deaths this copy's steps met since the last call (the rollout reports them)."""

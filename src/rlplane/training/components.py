@@ -3,12 +3,28 @@
 ``loss_fn``: the policy's loss (:class:`rlplane.workers.policy.PolicyLoss`); ``dataset`` (``DatumSpec``
 records) or ``dataloader`` (a ``PromptDataLoader``) instead of ``data.*``, ``val_dataset`` (default: the
 first ``max_val_samples`` training prompts); ``logger``: ``log_metrics(metrics, step)`` or
-``log(metrics, step)``, besides rlplane's sinks. ``rlplane.train`` registers ``task_to_env`` objects."""
+``log(metrics, step)``, besides rlplane's sinks. ``rlplane.train`` registers ``task_to_env`` objects.
+
+``policy``, ``policy_generation``, ``checkpointer``: an object with the methods in :data:`NEEDS`, used in
+place of the session's own, or a function (or class) of the session's own returning one (a wrapper).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
+
+from rlplane.dataplane import KVBatchMeta
+from rlplane.dataplane.columns import PREV_LOGPROBS, REFERENCE_LOGPROBS
+from rlplane.errors import ConfigError
+
+# What the session calls on each injectable part.
+NEEDS = {
+    "policy": ("get_logprobs_from_meta", "get_reference_policy_logprobs_from_meta", "train_from_meta"),
+    "policy_generation": ("call", "update_weights"),
+    "checkpointer": ("check_resume", "attach", "restore", "due", "save"),
+}
 
 
 @dataclass
@@ -18,6 +34,74 @@ class Components:
     val_dataset: Any = None
     dataloader: Any = None
     logger: Any = None
+    policy: Any = None
+    policy_generation: Any = None
+    checkpointer: Any = None
+
+    def check(self) -> None:
+        """Parts given as objects (not as wrappers of the session's own) have what the session calls."""
+        for name in NEEDS:
+            given = getattr(self, name)
+            if given is not None and not _is_wrapper(given, name):
+                _check(name, given)
+
+    def use(self, name: str, built: Any) -> Any:
+        """The part to use for ``name``: the given object, the given wrapper applied to ``built``, or ``built``."""
+        given = getattr(self, name)
+        if given is None:
+            return built
+        return _check(name, given(built) if _is_wrapper(given, name) else given)
+
+
+def _is_wrapper(given: Any, name: str) -> bool:
+    return callable(given) and (isinstance(given, type) or not all(hasattr(given, m) for m in NEEDS[name]))
+
+
+def _check(name: str, obj: Any) -> Any:
+    missing = [m for m in NEEDS[name] if not callable(getattr(obj, m, None))]
+    if missing:
+        raise ConfigError([f"rlplane.train({name}=...): {type(obj).__name__} has no {', '.join(missing)}; give an "
+                           f"object with {', '.join(NEEDS[name])}, or a function of the run's own {name}"])
+    return obj
+
+
+class DataPlanePolicy:
+    """The policy ranks as NeMo RL's data-plane policy (``TQPolicy``'s ``*_from_meta`` calls): each call shards
+    ``meta`` over the ranks, which read their columns from the plane and write their results back."""
+
+    def __init__(self, group, train_global_batch_size: int):
+        self.group, self.train_global_batch_size = group, train_global_batch_size
+
+    def get_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None, timer=None) -> None:
+        """``prev_logprobs`` under the trained weights; ``micro_batch_size`` None: ``policy.logprob_batch_size``;
+        ``timer``: a :class:`~rlplane.training.loop.Timer` the call is timed in (NeMo RL's nested timing)."""
+        with _timed(timer, "policy_logprobs"):
+            self.group.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS,
+                                   **_given(micro_batch_size=micro_batch_size))
+
+    def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None,
+                                                timer=None) -> None:
+        """``reference_policy_logprobs`` (temperature only) under the frozen initial weights."""
+        with _timed(timer, "reference_policy_logprobs"):
+            self.group.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True,
+                                   **_given(micro_batch_size=micro_batch_size))
+
+    def train_from_meta(self, meta: KVBatchMeta, loss_fn, eval_mode: bool = False, gbs: int | None = None,
+                        mbs: int | None = None, timer=None) -> list[dict[str, float]]:
+        """One training pass (``eval_mode``: loss and metrics only); the ranks' metrics, one dict each."""
+        extra = _given(eval_mode=eval_mode or None, gbs=gbs, mbs=mbs)
+        with _timed(timer, "policy_training"):
+            return self.group.run_sharded("train", meta, batch_size=gbs or self.train_global_batch_size,
+                                          loss=loss_fn, **extra)
+
+
+def _timed(timer, name: str):
+    return timer(name) if timer is not None else contextlib.nullcontext()
+
+
+def _given(**kwargs) -> dict:
+    """Only the arguments set: ranks that take no per-call sizes keep working with the defaults."""
+    return {k: v for k, v in kwargs.items() if v is not None}
 
 
 class LoggerSink:

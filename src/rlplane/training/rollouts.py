@@ -152,9 +152,9 @@ def policy_logprobs(
         reference = REFERENCE_LOGPROBS in loss.columns()
     with timer("logprobs"):
         if not prev_from_forward:
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS)
+            s.policy.get_logprobs_from_meta(meta)
         if reference:
-            s.workers.policy.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True)
+            s.policy.get_reference_policy_logprobs_from_meta(meta)
     if s.cfg.loop.seq_logprob_error_threshold is not None:
         meta, sample_mask = mask_logprob_errors(s, meta, carry, sample_mask, metrics)
     return meta, sample_mask

@@ -37,7 +37,7 @@ from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import init_ray
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, with_driver_model_path, write_probes
 from rlplane.training.checkpoints import Checkpoints
-from rlplane.training.components import Components, LoggerSink
+from rlplane.training.components import Components, DataPlanePolicy, LoggerSink
 from rlplane.training.early_stop import EarlyStop
 from rlplane.training.loop import validate
 from rlplane.training.prompts import Prompts
@@ -92,10 +92,10 @@ class Session:
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
         self._stepped = False
         p = cfg.policy
-        self.checkpoints = Checkpoints(cfg.checkpointing, self.paths.checkpoint_dir,
+        self.checkpoints = c.use("checkpointer", Checkpoints(cfg.checkpointing, self.paths.checkpoint_dir,
                                        max_num_steps=cfg.loop.max_num_steps, config_yaml=dump_config(cfg),
                                        run_config=cfg.model_dump(mode="json"),
-                                       dp_size=p.dp_size, fsdp=p.dtensor_cfg.enabled)
+                                       dp_size=p.dp_size, fsdp=p.dtensor_cfg.enabled))
         self._resume_from = (self.checkpoints.check_resume(model, self._early_messages.append)
                              if cfg.checkpointing.resume else None)
         del model
@@ -154,6 +154,14 @@ class Session:
     def say(self, msg: str) -> None:
         self.log.say(msg)
 
+    @property
+    def policy(self):
+        """The policy's data-plane calls (:class:`DataPlanePolicy` over the policy ranks, or the given one)."""
+        if getattr(self, "_policy", None) is None:
+            built = DataPlanePolicy(self.workers.policy, self.cfg.policy.train_global_batch_size)
+            self._policy = self.components.use("policy", built)
+        return self._policy
+
     def task_names(self) -> list[str]:
         """The task names of the training and validation rows (the config's, for a procedural dataset)."""
         rows = [*getattr(self.prompts.dataset, "datums", []), *self.prompts.val_datums]
@@ -172,6 +180,10 @@ class Session:
         stops the run here."""
         try:
             self.workers.start(state, teacher_state)
+            # The generators and the policy's data-plane calls: the run's own, or the ones given to rlplane.train.
+            self.workers.rollout = self.components.use("policy_generation", self.workers.rollout)
+            self._policy = None
+            _ = self.policy
             if self.cfg.runtime != "local":
                 self.workers.rollout.call("ping")
         except Exception as e:  # Ray's text of an actor's constructor error: its one line, not the trace

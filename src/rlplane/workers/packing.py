@@ -96,11 +96,15 @@ def packed_microbatches(rows: torch.Tensor, lengths: torch.Tensor, max_tokens: i
     return out
 
 
-def microbatch_planner(policy_cfg, train: bool) -> Callable[[torch.Tensor, torch.Tensor], list[MicroBatch]]:
+def microbatch_planner(policy_cfg, train: bool,
+                       size: int | None = None) -> Callable[[torch.Tensor, torch.Tensor], list[MicroBatch]]:
     """``plan(rows, lengths)`` for the run's packing or dynamic batching, for training or logprobs (budgets
-    default to ``max_total_sequence_length ×`` the micro-batch size); off: fixed chunks."""
+    default to ``max_total_sequence_length ×`` the micro-batch size); off: fixed chunks. ``size``: a per-call
+    micro-batch size in place of the config's (NeMo RL's ``micro_batch_size`` / ``mbs``)."""
     p = policy_cfg
-    size = p.train_micro_batch_size if train else p.logprob_batch_size
+    if size is not None and size < 1:
+        raise ValueError(f"micro-batch size {size}: must be >= 1")
+    size = size or (p.train_micro_batch_size if train else p.logprob_batch_size)
     for section in (p.sequence_packing, p.dynamic_batching):
         if section.enabled:
             budget = section.train_mb_tokens if train else section.logprob_mb_tokens

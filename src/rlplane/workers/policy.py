@@ -153,17 +153,24 @@ class PolicyWorker:
 
     # ---- logprobs
     def compute_logprobs(
-        self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False
+        self, meta: KVBatchMeta, out_field: str = PREV_LOGPROBS, reference: bool = False,
+        micro_batch_size: int | None = None,
     ) -> KVBatchMeta | None:
         """No-grad logprobs of the shard written back as ``out_field``: the model's (sampling distribution)
-        or the reference's (temperature only)."""
+        or the reference's (temperature only); ``micro_batch_size`` None: ``policy.logprob_batch_size``."""
         if reference:
-            return self.reference.write_logprobs(meta, out_field)
-        return shard_logprobs(self.dp_rank, self.model, meta, out_field, self.policy, self.pad_id, filtered=True)
+            return self.reference.write_logprobs(meta, out_field, micro_batch_size)
+        return shard_logprobs(self.dp_rank, self.model, meta, out_field, self.policy, self.pad_id, filtered=True,
+                              micro_batch_size=micro_batch_size)
 
     # ---- training
-    def train(self, meta: KVBatchMeta, loss: PolicyLoss) -> dict[str, float]:
-        """Run every global batch of this rank's shard with ``loss``: micro-batches, all-reduce, clip, AdamW step."""
+    def train(self, meta: KVBatchMeta, loss: PolicyLoss, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None) -> dict[str, float]:
+        """Run every global batch of this rank's shard with ``loss``: micro-batches, all-reduce, clip, AdamW step.
+
+        ``eval_mode``: loss and metrics only (no gradients, no optimizer or scheduler step); ``gbs`` / ``mbs``:
+        global and micro-batch sizes for this call (None: ``train_global_batch_size`` / ``train_micro_batch_size``).
+        """
         p = self.policy
         columns = loss.columns()
         data = self.dp_rank.fetch(meta, [INPUT_IDS, *columns])
@@ -188,10 +195,10 @@ class PolicyWorker:
                                      prompt_lens=prompts, pad_id=self.pad_id)
             return (lp[0][:, 1:], lp[1][:, 1:]) if split_kl else lp[:, 1:]
 
-        plan = microbatch_planner(p, train=True)
+        plan = microbatch_planner(p, train=True, size=mbs)
         return self.trainer.train_global_batches(
-            batch[TOKEN_MASK], sample_mask, p.train_global_batch_size, lambda rows: plan(rows, lengths),
-            p.max_grad_norm, forward, loss, batch,
+            batch[TOKEN_MASK], sample_mask, gbs or p.train_global_batch_size, lambda rows: plan(rows, lengths),
+            p.max_grad_norm, forward, loss, batch, eval_mode=eval_mode,
         )
 
     # ---- weights and state

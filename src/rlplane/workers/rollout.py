@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +40,8 @@ from rlplane.utils.kill_points import kill_point
 from rlplane.workers.env_metrics import env_metrics
 from rlplane.workers.turns import EnvSteps, Turns, TurnsResult, generate_turns, score_turns, turns_result
 from rlplane.workers.weight_sync import GeneratorReport, model_precision, run_probe
+
+ENV_GROUPS = "env_groups"  # finish(per_group=True): each prompt group's env/<task>/* metrics, in order
 
 
 def group_keys(num_groups: int, group_size: int) -> list[str]:
@@ -257,8 +260,11 @@ class RolloutWorker:
         score_turns(generated.turns, self._env_steps(generated.heldout))
         return generated
 
-    def finish(self, scored: Generated) -> tuple[TurnsResult, dict[str, torch.Tensor], dict[str, float]]:
-        """A scored rollout's per-token columns (:class:`TurnsResult`), (B,) carry and metrics."""
+    def finish(self, scored: Generated, per_group: bool = False
+               ) -> tuple[TurnsResult, dict[str, torch.Tensor], dict[str, Any]]:
+        """A scored rollout's per-token columns (:class:`TurnsResult`), (B,) carry and metrics; ``per_group``: the
+        environments' metrics of each prompt group apart, a list under ``ENV_GROUPS`` (async GRPO trains groups of
+        one batch at different steps)."""
         res = turns_result(scored.turns)
         check_finite_logprobs(res.generation_logprobs, scored.version)
         kill_point("generation")
@@ -283,13 +289,23 @@ class RolloutWorker:
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
         metrics = {**res.metrics, "rollout_failures": res.metrics["env_errors"],
                    "rollout_retries": res.metrics["env_retries"]}
-        for task in dict.fromkeys(d.task_name for d in rows):  # actor pools: how many died under this rollout
+        parts = carry["group"], carry["truncated"], carry["prompt_lengths"], carry["response_lengths"]
+        tasks = [d.task_name for d in rows]
+
+        def metrics_of(task):
+            return functools.partial(call_env_metrics, self._any_env(task, scored.heldout))
+
+        if per_group:
+            spans = [slice(i * scored.group_size, (i + 1) * scored.group_size) for i in range(len(scored.datums))]
+            metrics[ENV_GROUPS] = [env_metrics(tasks[r], res.rewards[r], EnvBatch(*(x[r] for x in parts)), metrics_of)
+                                   for r in spans]
+        else:
+            metrics.update(env_metrics(tasks, res.rewards, EnvBatch(*parts), metrics_of))
+        # Actor pools: how many died under this rollout, its steps and metrics() calls (so after those).
+        for task in dict.fromkeys(d.task_name for d in rows):
             pool = self.env_pools.get(pool_name(task, scored.heldout, self.cfg.env.val_task_to_env))
             if pool is not None:
                 metrics[f"env/{task}/actor_deaths"] = float(pool.take_deaths())
-        batch = EnvBatch(carry["group"], carry["truncated"], carry["prompt_lengths"], carry["response_lengths"])
-        metrics.update(env_metrics([d.task_name for d in rows], res.rewards, batch, lambda task: functools.partial(
-            call_env_metrics, self._any_env(task, scored.heldout))))
         return res, carry, metrics
 
     def put(self, result: TurnsResult, carry: Mapping[str, torch.Tensor], partition_id: str, keys: Sequence[str],

@@ -15,11 +15,12 @@ from rlplane.workers.rank import DPRank
 
 @torch.no_grad()
 def shard_logprobs(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_field: str, policy, pad_id: int,
-                   filtered: bool) -> KVBatchMeta | None:
+                   filtered: bool, micro_batch_size: int | None = None) -> KVBatchMeta | None:
     """No-grad (eval mode) logprobs of ``rank``'s shard written back as ``out_field``: ``policy.generation``'s
-    distribution with ``filtered``, else temperature only."""
+    distribution with ``filtered``, else temperature only; ``micro_batch_size`` (None: ``logprob_batch_size``)."""
     lengths = rank.lengths(meta)
-    plan = microbatch_planner(policy, train=False)(torch.arange(len(meta), device=rank.device), lengths)
+    plan = microbatch_planner(policy, train=False, size=micro_batch_size)(torch.arange(len(meta), device=rank.device),
+                                                                         lengths)
     finish_lockstep = rank.lockstep(model, len(plan))
     if len(meta) == 0:
         return finish_lockstep()
@@ -50,5 +51,7 @@ class Scorer:
         self.model = model.to(rank.device).eval().requires_grad_(False)
         self.rank, self.policy, self.pad_id, self.filtered = rank, policy, pad_id, filtered
 
-    def write_logprobs(self, meta: KVBatchMeta, out_field: str) -> KVBatchMeta | None:
-        return shard_logprobs(self.rank, self.model, meta, out_field, self.policy, self.pad_id, self.filtered)
+    def write_logprobs(self, meta: KVBatchMeta, out_field: str, micro_batch_size: int | None = None
+                       ) -> KVBatchMeta | None:
+        return shard_logprobs(self.rank, self.model, meta, out_field, self.policy, self.pad_id, self.filtered,
+                              micro_batch_size)

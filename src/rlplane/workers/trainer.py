@@ -3,6 +3,7 @@ loop (micro-batches → summed gradients → DP all-reduce → clip → step), p
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -64,8 +65,10 @@ class Trainer:
         forward: Callable[[MicroBatch], torch.Tensor],
         loss: MicroBatchLoss,
         batch: dict[str, torch.Tensor],
+        eval_mode: bool = False,
     ) -> dict[str, float]:
-        """One optimizer step per global batch of this rank's shard, then one scheduler step.
+        """One optimizer step per global batch of this rank's shard, then one scheduler step; ``eval_mode``: the
+        same loss and metrics under ``no_grad`` in eval mode, no step (no ``grad_norm``).
 
         ``plan(rows)`` cuts micro-batches; per ``mb``: ``loss(forward(mb), {k: v[mb.rows]}, sample_mask[mb.rows],
         global_valid_tokens, global_valid_seqs)``, ``token_mask`` (B, T') sliced like the loss inputs. Global
@@ -75,30 +78,48 @@ class Trainer:
         num_gb = max(1, len(token_mask) // per_rank_gbs)
         metrics_per_mb: list[dict[str, torch.Tensor]] = []
         grad_norms, valid_counts = [], []
-        for g in range(num_gb):
-            gb = slice(g * per_rank_gbs, (g + 1) * per_rank_gbs)
-            tm = token_mask[gb].float() * sample_mask[gb, None]
-            counts = self.rank.all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
-            global_toks, global_seqs = counts[0], counts[1]
-            valid_counts.append(counts)
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
-                value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
-                                global_toks, global_seqs)
-                value.backward()
-                metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
-            parallel.sync_gradients(self.model, self.rank.group)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
-            grad_norms.append(parallel.as_float(norm))
-            self.optimizer.step()
-        self.scheduler.step()
+        was_training = self.model.training
+        self.model.train(not eval_mode)
+        with torch.no_grad() if eval_mode else contextlib.nullcontext():
+            for g in range(num_gb):
+                counts, norm = self._global_batch(slice(g * per_rank_gbs, (g + 1) * per_rank_gbs), token_mask,
+                                                  sample_mask, plan, max_grad_norm, forward, loss, batch,
+                                                  metrics_per_mb, eval_mode)
+                valid_counts.append(counts)
+                grad_norms += [norm] if norm is not None else []
+        self.model.train(was_training)
+        if not eval_mode:
+            self.scheduler.step()
         out = reduce_microbatch_metrics(metrics_per_mb, num_global_batches=num_gb)
-        out["grad_norm"] = float(torch.stack(grad_norms).mean())
+        if grad_norms:
+            out["grad_norm"] = float(torch.stack(grad_norms).mean())
         out["lr"] = self.optimizer.param_groups[0]["lr"]
         # Mean over the step's global batches (as NeMo RL).
         mean_toks, mean_seqs = torch.stack(valid_counts).float().mean(0).tolist()
         out["global_valid_toks"], out["global_valid_seqs"] = mean_toks, mean_seqs
         return out
+
+    def _global_batch(self, gb: slice, token_mask, sample_mask, plan, max_grad_norm, forward, loss, batch,
+                      metrics_per_mb, eval_mode) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows ``gb``: their micro-batches, then (unless ``eval_mode``) sync, clip and step. Returns the global
+        (valid tokens, valid seqs) and the grad norm (None in ``eval_mode``)."""
+        tm = token_mask[gb].float() * sample_mask[gb, None]
+        counts = self.rank.all_reduce(torch.stack([tm.sum(), sample_mask[gb].sum()]))
+        global_toks, global_seqs = counts[0], counts[1]
+        if not eval_mode:
+            self.optimizer.zero_grad(set_to_none=True)
+        for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
+            value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
+                            global_toks, global_seqs)
+            if not eval_mode:
+                value.backward()
+            metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
+        if eval_mode:
+            return counts, None
+        parallel.sync_gradients(self.model, self.rank.group)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
+        self.optimizer.step()
+        return counts, parallel.as_float(norm)
 
     def apply_optimizer_settings(self, lr: float, weight_decay: float, betas: list[float], eps: float) -> None:
         """After a resume: the run's optimizer settings replace the restored ones; lr follows the restored schedule."""

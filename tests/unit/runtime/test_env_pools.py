@@ -1,6 +1,6 @@
 """Environment actor pools on the shared Ray instance: a batch split over the pool's actors in order,
 metrics and placement from the actors, an actor killed between steps or during one restarted by Ray
-(the samples it held fail with EnvActorDied, later steps go on)."""
+(the samples it held fail with EnvActorDied, later steps go on), one killed in metrics() counted and asked again."""
 
 from __future__ import annotations
 
@@ -36,14 +36,23 @@ class PidEnv:
                                  [str(os.getpid())] * n, {"one": torch.ones(n)})
 
     def metrics(self, rewards, batch):
+        marker = os.path.join(os.path.dirname(__file__), "die_in_metrics")
+        if os.path.exists(marker):
+            os.remove(marker)
+            os.kill(os.getpid(), 9)
         return {"pid": float(os.getpid()), "seen": float(len(rewards))}
 '''
 
 
 @pytest.fixture(scope="module")
-def pool(ray_session, tmp_path_factory):
+def source_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("pid_env")
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session, source_dir):
     """One pool of two actors for the module (actors take seconds to start); each test reads where they are now."""
-    tmp_path = tmp_path_factory.mktemp("pid_env")
+    tmp_path = source_dir
     (tmp_path / f"{MODULE}.py").write_text(SOURCE)
     env_cfg = load_config(None, [f"env.pid.class={MODULE}:PidEnv"]).env
     register_user_tasks(env_cfg)  # the driver's registry names the task; the actors import the module
@@ -95,3 +104,14 @@ def test_the_samples_an_actor_held_when_it_died_fail_and_the_pool_goes_on(pool):
     assert ret.answers == [str(new[0]["pid"])] * 2 + [str(pids[1])] * 2
     pool.renew()  # a retry's fresh environments: every actor rebuilds its own
     assert step(pool, 2).rewards.tolist() == [1.0, 1.0]
+
+
+def test_an_actor_that_dies_in_metrics_is_counted_and_asked_again_once_restarted(pool, source_dir):
+    before = pool.placement()[0]["pid"]
+    pool.take_deaths()
+    (source_dir / "die_in_metrics").write_text("")  # metrics() removes it, then kills its process
+    batch = EnvBatch(torch.arange(3), torch.zeros(3, dtype=torch.bool), torch.ones(3), torch.ones(3))
+    out = pool.metrics(torch.ones(3), batch)
+    after = pool.placement()[0]["pid"]
+    assert after != before and out == {"pid": float(after), "seen": 3.0}  # the restarted actor's answer
+    assert pool.take_deaths() == 1 and pool.take_deaths() == 0
