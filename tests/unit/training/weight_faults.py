@@ -54,10 +54,14 @@ class FaultyBackend:
         elif kind == "corrupt":
             k = _first_matrix(sd)
             sd[k] = sd[k] + 1e-3 * torch.randn(sd[k].shape, generator=torch.Generator().manual_seed(0))
-        elif kind == "lora_twice":  # W + 2Δ, Δ = sent - base (the base is frozen: the fresh weights)
-            sd = {k: 2 * v - self.initial[k] if k in self.initial else v for k, v in sd.items()}
-        elif kind == "lora_none":
-            sd = {k: self.initial.get(k, v) for k, v in sd.items()}
+        elif kind in ("lora_twice", "lora_none"):
+            if all(torch.equal(v, self.initial[k]) for k, v in sd.items() if k in self.initial):
+                # Δ = 0 (an adapter that never trained): the fault would change nothing, the trial would mean nothing
+                raise AssertionError(f"{kind}: the sent weights equal the base's, the LoRA adapter has not trained")
+            if kind == "lora_twice":  # W + 2Δ, Δ = sent - base (the base is frozen: the fresh weights)
+                sd = {k: 2 * v - self.initial[k] if k in self.initial else v for k, v in sd.items()}
+            else:
+                sd = {k: self.initial.get(k, v) for k, v in sd.items()}
         return sd
 
     def generate(self, *args, **kwargs):
@@ -87,7 +91,12 @@ class OddFirstDigit:
 
 def faulty_worker(schedule: dict[int, str], generator: int = 1, varied_rewards: bool = False) -> type:
     """A rollout worker class whose generator ``generator`` suffers ``schedule``; ``varied_rewards`` scores
-    the arithmetic task with :class:`OddFirstDigit` in every generator's process."""
+    the arithmetic task with :class:`OddFirstDigit` in every generator's process and in this one (whose
+    registry the environment actors of ``runtime: ray`` get; the test session restores it after each test)."""
+    if varied_rewards:
+        from rlplane.envs import register_env
+
+        register_env("arithmetic", OddFirstDigit)
 
     class FaultyRolloutWorker(RolloutWorker):
         def __init__(self, cfg, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None, env_pools=None):
