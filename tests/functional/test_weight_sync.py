@@ -18,25 +18,14 @@ from rlplane.extras import vllm_available
 from rlplane.recipes import async_grpo
 from rlplane.recipes.grpo import train
 from rlplane.training.weight_check import WeightSyncError
-from tests.unit.training.weight_faults import DETECTED_AFTER, faulty_worker, ship_to_ray
+from tests.unit.training import weight_faults
+from tests.unit.training.weight_faults import DETECTED_AFTER, LORA, PLAIN, RUNTIMES, SMALL, faulty_worker, ship_to_ray
 
 TRIALS = int(os.environ.get("RLPLANE_WEIGHT_SYNC_TRIALS", "1"))
-SMALL = [
-    "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=8",
-    "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8", "policy.generation.max_new_tokens=4",
-    "grpo.val_at_start=false", "grpo.val_period=0", "grpo.val_at_end=false", "warmup.enabled=false",
-    "checkpointing.enabled=false", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
-    "policy.generation.num_generators=2",
-]
-# Split placement under Ray: colocated generators free their weights between steps, so a skipped refit
-# leaves one with none and the rollout after it fails (the check has already named it by then).
-RUNTIMES = {"local": [], "ray": ["runtime=ray", "data_plane.backend=ray", "policy.generation.colocated.enabled=false"]}
-PLAIN, LORA = ["skip", "wrong", "corrupt", "restart"], ["lora_twice", "lora_none"]
 
 
 def schedule(kinds: list[str]) -> dict[int, str]:
-    """Every trial of every kind at its own odd refit, a clean refit between two (where a restart shows)."""
-    return {2 * (t * len(kinds) + j) + 1: kind for t in range(TRIALS) for j, kind in enumerate(kinds)}
+    return weight_faults.schedule(kinds, TRIALS)
 
 
 def run(tmp_path, monkeypatch, runtime: str, faults: dict[int, str], *extra: str) -> dict[int, dict]:

@@ -25,6 +25,24 @@ KINDS = {
 }
 # The refit (counted from the one at start) at which a fault shows: a restart after refit n shows at n + 1.
 DETECTED_AFTER = {"restart": 1}
+PLAIN, LORA = ["skip", "wrong", "corrupt", "restart"], ["lora_twice", "lora_none"]  # LORA: with policy.lora
+# A GRPO run of a few seconds a step on the tiny model, two generators (generator 1 is the faulted one).
+SMALL = [
+    "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=8",
+    "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8", "policy.generation.max_new_tokens=4",
+    "grpo.val_at_start=false", "grpo.val_period=0", "grpo.val_at_end=false", "warmup.enabled=false",
+    "checkpointing.enabled=false", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
+    "policy.generation.num_generators=2",
+]
+# Split placement under Ray: colocated generators free their weights between steps, so a skipped refit
+# leaves one with none and the rollout after it fails (the check has already named it by then).
+RUNTIMES = {"local": [], "ray": ["runtime=ray", "data_plane.backend=ray", "policy.generation.colocated.enabled=false"]}
+
+
+def schedule(kinds: list[str], trials: int = 1, offset: int = 0) -> dict[int, str]:
+    """Every trial of every kind at its own refit, ``offset`` + an odd one, a clean refit between two (where a
+    restart shows)."""
+    return {offset + 2 * (t * len(kinds) + j) + 1: kind for t in range(trials) for j, kind in enumerate(kinds)}
 
 
 class FaultyBackend:
