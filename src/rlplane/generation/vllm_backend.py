@@ -111,6 +111,37 @@ def _load_weights(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]])
                 dispatch(module, remove_weight=False)
 
 
+def engine_weights(model: torch.nn.Module, sent: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                   tied: bool) -> dict[str, torch.Tensor]:
+    """The engine's weights under the HF names of ``sent`` (name -> shape, dtype of the last refit): fused
+    projections split back by the sent row counts, padded vocabulary rows cut; a name it cannot match or
+    holds in another dtype (a quantized engine) is left out."""
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.named_parameters():
+        module, _, leaf = name.rpartition(".")
+        parent, _, fused = module.rpartition(".")
+        parts = [f"{parent}.{p}.{leaf}" for p in packed.get(fused, ())]
+        if parts and all(p in sent for p in parts) and t.shape[0] == sum(sent[p][0][0] for p in parts):
+            out.update(zip(parts, t.detach().split([sent[p][0][0] for p in parts])))
+        else:
+            out[name] = t.detach()
+    if tied and "lm_head.weight" in sent and "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    held = {}
+    for name, (shape, dtype) in sent.items():
+        t = out.get(name)
+        if t is None or t.dtype != dtype or t.dim() != len(shape) or any(a < b for a, b in zip(t.shape, shape)):
+            continue
+        held[name] = t[tuple(slice(0, n) for n in shape)]  # (the vocabulary is padded to a multiple of 64)
+    return held
+
+
+def _engine_print(model: torch.nn.Module, sent, tied: bool) -> Fingerprint:
+    """Runs inside the engine (``LLM.apply_model``): the fingerprint of :func:`engine_weights`."""
+    return fingerprint(engine_weights(model, sent, tied))
+
+
 def _model_len(requested: int | None, model_max: int | None) -> int | None:
     """The engine's context length: ``requested``, capped at the model's positions (vLLM refuses more)."""
     if requested is None or model_max is None:
@@ -269,12 +300,19 @@ class VLLMGenerationBackend(GenerationBackend):
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         with _ENGINE_LOCK:
             self.engine.load_weights(state_dict)
+        self._sent = {k: (tuple(v.shape), v.dtype) for k, v in state_dict.items()}
         self._received = fingerprint(state_dict)
 
     def fingerprint(self, names: Sequence[str] | None = None) -> Fingerprint:
-        """The fingerprint of what the last refit handed the engine (it stores its weights fused, under vLLM's
-        own names): the weight-sync probe checks what the engine computes with them."""
-        return getattr(self, "_received", None) or fingerprint({})
+        """The fingerprint of the weights the engine holds, under the last refit's HF names (its fused tensors
+        split back). Where it holds a name in another form (sharded over ranks, another dtype, quantized),
+        that of what the refit handed it: the weight-sync probe checks what the engine computes with them."""
+        received = getattr(self, "_received", None) or fingerprint({})
+        if not received.tensors or not self.engine.engine_in_process:
+            return received
+        with _ENGINE_LOCK:
+            held = self.llm.apply_model(functools.partial(_engine_print, sent=self._sent, tied=self._tied))[0]
+        return Fingerprint(tuple(sorted({**dict(received.tensors), **dict(held.tensors)}.items())))
 
     def sleep(self) -> None:
         """Free the GPU for the trainer (``vllm_cfg.enable_sleep_mode``; otherwise nothing)."""

@@ -260,3 +260,26 @@ def test_an_engine_shutting_down_leaves_the_others_running(engine, model, tok):
     other.llm.llm_engine.engine_core.shutdown()
     other.close()
     assert _greedy(engine, prompts) == before
+
+
+def test_the_fingerprint_is_of_the_weights_the_engine_holds(engine, model, tok):
+    # The engine stores q/k/v and gate/up fused and the vocabulary padded: its fingerprint, split back
+    # under HF names, equals that of what was sent; a tensor changed inside the engine after the refit shows.
+    from rlplane.models.fingerprint import difference, fingerprint
+
+    new = _model(tok, seed=5)
+    sent = {k: v.detach().clone() for k, v in new.state_dict().items()}
+    try:
+        engine.update_weights(sent)
+        assert difference(fingerprint(sent), engine.fingerprint()) is None
+        assert {"model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"} <= set(
+            dict(engine.fingerprint().tensors))
+
+        def damage(m):
+            with torch.no_grad():
+                m.model.layers[1].self_attn.qkv_proj.weight[-1, :3] += 0.5  # a row of v_proj
+        engine.llm.apply_model(damage)
+        assert (difference(fingerprint(sent), engine.fingerprint()) or "").startswith(
+            "model.layers.1.self_attn.v_proj.weight differs")
+    finally:
+        engine.update_weights(model.state_dict())

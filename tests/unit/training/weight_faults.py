@@ -48,9 +48,12 @@ def schedule(kinds: list[str], trials: int = 1, offset: int = 0) -> dict[int, st
 class FaultyBackend:
     """Delegates to ``inner`` except where ``schedule`` (refit index -> fault kind) says otherwise."""
 
-    def __init__(self, inner, schedule: dict[int, str]):
+    def __init__(self, inner, schedule: dict[int, str], initial: dict | None = None):
+        """``initial``: the fresh weights, where ``inner`` keeps no module of its own (vllm)."""
         self.inner, self.schedule, self.refits = inner, dict(schedule), 0
-        self.initial = {k: v.detach().clone() for k, v in inner.model.state_dict().items()}  # the fresh weights
+        if initial is None:
+            initial = inner.model.state_dict()
+        self.initial = {k: v.detach().clone() for k, v in initial.items()}
         self._restart = False
 
     def __getattr__(self, name):
@@ -85,7 +88,10 @@ class FaultyBackend:
     def generate(self, *args, **kwargs):
         if self._restart and not kwargs.get("greedy"):  # the first rollout after the refit, not its probe
             self._restart = False
-            self.inner.model.load_state_dict(self.initial)
+            if hasattr(self.inner, "model"):
+                self.inner.model.load_state_dict(self.initial)
+            else:  # a fresh engine: its own weights, no refit on record
+                self.inner._load_weights(self.initial)
             self.inner._swap.version = None
         return self.inner.generate(*args, **kwargs)
 
@@ -124,7 +130,12 @@ def faulty_worker(schedule: dict[int, str], generator: int = 1, varied_rewards: 
                 register_env("arithmetic", OddFirstDigit)
             super().__init__(cfg, data_plane, model, tokenizer, seed, shared_paths, env_pools=env_pools)
             if seed == cfg.loop.seed + generator:
-                self.backend = FaultyBackend(self.backend, schedule)
+                initial = None
+                if not hasattr(self.backend, "model"):  # the fresh weights it was built from (the same seed)
+                    from rlplane.models.configured import load_configured_policy
+
+                    initial = load_configured_policy(cfg.policy, cfg.loop.seed)[0].state_dict()
+                self.backend = FaultyBackend(self.backend, schedule, initial)
 
     return FaultyRolloutWorker
 
