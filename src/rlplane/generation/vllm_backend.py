@@ -38,6 +38,7 @@ from rlplane.generation.interface import (
     normalize_stop_strings,
 )
 from rlplane.models.fingerprint import Fingerprint, fingerprint
+from rlplane.models.lora import is_lora, policy_weights
 
 
 def _import_vllm():
@@ -253,7 +254,10 @@ class VLLMGenerationBackend(GenerationBackend):
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
-        model.save_pretrained(self._dir, safe_serialization=True)
+        if is_lora(model):  # the trainer's own LoRA module (one local generator): the merged weights, HF layout
+            model.get_base_model().save_pretrained(self._dir, state_dict=policy_weights(model), safe_serialization=True)
+        else:
+            model.save_pretrained(self._dir, safe_serialization=True)
         tokenizer.save_pretrained(self._dir)
         # The trainer's compute dtype (bf16 under autocast), so both sides round alike.
         dtype = getattr(model, "rlplane_autocast_dtype", None) or next(model.parameters()).dtype
