@@ -171,8 +171,10 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+    steady = (rows[-1]["seconds"] - rows[0]["seconds"]) / max(rows[-1]["step"] - rows[0]["step"], 1)
     print(f"soak: async GRPO, runtime={args.runtime}, collector={args.collector}, {rows[-1]['step']} steps in "
-          f"{wall:.0f} s ({wall / rows[-1]['step'] * 1000:.0f} ms/step), sampled every {args.every} steps")
+          f"{wall:.0f} s ({rows[0]['seconds']:.0f} s to the end of step 1, then {steady * 1000:.0f} ms/step), "
+          f"sampled every {args.every} steps")
     for r in rows:
         print("  " + " ".join(f"{k}={_show(k, v)}" for k, v in r.items()))
     print(f"{'figure':<20} {'step ' + str(rows[0]['step']):>14} {'step ' + str(rows[len(rows) // 2]['step']):>14} "

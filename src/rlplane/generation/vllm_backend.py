@@ -38,6 +38,7 @@ from rlplane.generation.interface import (
     normalize_stop_strings,
 )
 from rlplane.models.fingerprint import Fingerprint, fingerprint
+from rlplane.models.lora import is_lora, policy_weights
 
 
 def _import_vllm():
@@ -109,6 +110,37 @@ def _load_weights(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]])
         for module in model.modules():
             if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None and module.weight.numel():
                 dispatch(module, remove_weight=False)
+
+
+def engine_weights(model: torch.nn.Module, sent: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                   tied: bool) -> dict[str, torch.Tensor]:
+    """The engine's weights under the HF names of ``sent`` (name -> shape, dtype of the last refit): fused
+    projections split back by the sent row counts, padded vocabulary rows cut; a name it cannot match or
+    holds in another dtype (a quantized engine) is left out."""
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.named_parameters():
+        module, _, leaf = name.rpartition(".")
+        parent, _, fused = module.rpartition(".")
+        parts = [f"{parent}.{p}.{leaf}" for p in packed.get(fused, ())]
+        if parts and all(p in sent for p in parts) and t.shape[0] == sum(sent[p][0][0] for p in parts):
+            out.update(zip(parts, t.detach().split([sent[p][0][0] for p in parts])))
+        else:
+            out[name] = t.detach()
+    if tied and "lm_head.weight" in sent and "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    held = {}
+    for name, (shape, dtype) in sent.items():
+        t = out.get(name)
+        if t is None or t.dtype != dtype or t.dim() != len(shape) or any(a < b for a, b in zip(t.shape, shape)):
+            continue
+        held[name] = t[tuple(slice(0, n) for n in shape)]  # (the vocabulary is padded to a multiple of 64)
+    return held
+
+
+def _engine_print(model: torch.nn.Module, sent, tied: bool) -> Fingerprint:
+    """Runs inside the engine (``LLM.apply_model``): the fingerprint of :func:`engine_weights`."""
+    return fingerprint(engine_weights(model, sent, tied))
 
 
 def _model_len(requested: int | None, model_max: int | None) -> int | None:
@@ -222,7 +254,10 @@ class VLLMGenerationBackend(GenerationBackend):
         self.stop_token_ids = default_stop_token_ids(model, tokenizer)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self._dir = tempfile.mkdtemp(prefix="rlplane-vllm-")
-        model.save_pretrained(self._dir, safe_serialization=True)
+        if is_lora(model):  # the trainer's own LoRA module (one local generator): the merged weights, HF layout
+            model.get_base_model().save_pretrained(self._dir, state_dict=policy_weights(model), safe_serialization=True)
+        else:
+            model.save_pretrained(self._dir, safe_serialization=True)
         tokenizer.save_pretrained(self._dir)
         # The trainer's compute dtype (bf16 under autocast), so both sides round alike.
         dtype = getattr(model, "rlplane_autocast_dtype", None) or next(model.parameters()).dtype
@@ -269,12 +304,19 @@ class VLLMGenerationBackend(GenerationBackend):
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         with _ENGINE_LOCK:
             self.engine.load_weights(state_dict)
+        self._sent = {k: (tuple(v.shape), v.dtype) for k, v in state_dict.items()}
         self._received = fingerprint(state_dict)
 
     def fingerprint(self, names: Sequence[str] | None = None) -> Fingerprint:
-        """The fingerprint of what the last refit handed the engine (it stores its weights fused, under vLLM's
-        own names): the weight-sync probe checks what the engine computes with them."""
-        return getattr(self, "_received", None) or fingerprint({})
+        """The fingerprint of the weights the engine holds, under the last refit's HF names (its fused tensors
+        split back). Where it holds a name in another form (sharded over ranks, another dtype, quantized),
+        that of what the refit handed it: the weight-sync probe checks what the engine computes with them."""
+        received = getattr(self, "_received", None) or fingerprint({})
+        if not received.tensors or not self.engine.engine_in_process:
+            return received
+        with _ENGINE_LOCK:
+            held = self.llm.apply_model(functools.partial(_engine_print, sent=self._sent, tied=self._tied))[0]
+        return Fingerprint(tuple(sorted({**dict(received.tensors), **dict(held.tensors)}.items())))
 
     def sleep(self) -> None:
         """Free the GPU for the trainer (``vllm_cfg.enable_sleep_mode``; otherwise nothing)."""

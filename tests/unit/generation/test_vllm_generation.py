@@ -260,3 +260,48 @@ def test_an_engine_shutting_down_leaves_the_others_running(engine, model, tok):
     other.llm.llm_engine.engine_core.shutdown()
     other.close()
     assert _greedy(engine, prompts) == before
+
+
+def test_the_fingerprint_is_of_the_weights_the_engine_holds(engine, model, tok):
+    # The engine stores q/k/v and gate/up fused and the vocabulary padded: its fingerprint, split back
+    # under HF names, equals that of what was sent; a tensor changed inside the engine after the refit shows.
+    from rlplane.models.fingerprint import difference, fingerprint
+
+    new = _model(tok, seed=5)
+    sent = {k: v.detach().clone() for k, v in new.state_dict().items()}
+    try:
+        engine.update_weights(sent)
+        assert difference(fingerprint(sent), engine.fingerprint()) is None
+        assert {"model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"} <= set(
+            dict(engine.fingerprint().tensors))
+
+        def damage(m):
+            with torch.no_grad():
+                m.model.layers[1].self_attn.qkv_proj.weight[-1, :3] += 0.5  # a row of v_proj
+        engine.llm.apply_model(damage)
+        assert (difference(fingerprint(sent), engine.fingerprint()) or "").startswith(
+            "model.layers.1.self_attn.v_proj.weight differs")
+    finally:
+        engine.update_weights(model.state_dict())
+
+
+def test_an_engine_built_from_a_lora_module_generates_with_the_merged_weights(tok):
+    # One local generator is built from the trainer's own module, a PEFT model under policy.lora.
+    pytest.importorskip("peft")
+    from rlplane.models.lora import apply_lora, policy_weights
+
+    lora = apply_lora(_model(tok, seed=3), 4, 8.0, ["q_proj", "v_proj", "up_proj"], 0.0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g))  # B = 0 at init: the merge would change nothing
+    merged = _model(tok, seed=3)
+    merged.load_state_dict(policy_weights(lora))
+    prompts = _prompts(8, seed=4)
+    backend = VLLMGenerationBackend(lora, tok, max_model_len=64, max_num_seqs=64)
+    try:
+        assert _greedy(backend, prompts) == _greedy(HFGenerationBackend(merged, tok), prompts)
+        assert _greedy(HFGenerationBackend(_model(tok, seed=3), tok), prompts) != _greedy(backend, prompts)
+    finally:
+        backend.close()
