@@ -396,3 +396,39 @@ def test_a_signal_to_a_driver_process_stops_it_and_resumes(cwd, ray_session, sig
     check_state(run_dir, done, saved=[done])  # no checkpoint was due: the stop wrote step_<done>
     assert train(run_dir, f"grpo.max_num_steps={done + 1}", "checkpointing.save_period=50") == 0
     check_state(run_dir, done + 1, saved=[done, done + 1])
+
+
+def test_a_closed_terminal_stops_a_driver_and_the_local_ray_it_started(cwd):
+    """SIGHUP reaches the driver's whole process group twice (from the shell, then the kernel as the shell exits),
+    the local Ray the driver started included: Ray's processes ignore it, the driver stops at the step boundary,
+    leaves no process behind, and the run resumes."""
+    run_dir = cwd / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "rlplane.cli", "train", "--quiet", *TINY, f"run_dir={run_dir}",
+                             "cluster.num_cpus=2", "grpo.max_num_steps=50", "checkpointing.save_period=50"],
+                            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    while proc.poll() is None and not rows(run_dir / "logs" / "prompts.jsonl"):
+        time.sleep(0.05)
+    at = time.monotonic()
+    for _ in range(2):
+        os.killpg(proc.pid, signal.SIGHUP)
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=120)
+    seconds = time.monotonic() - at
+    ours = [line for line in err.splitlines() if line.startswith("rlplane:")]
+    assert proc.returncode == 128 + signal.SIGHUP and len(ours) == 1 and "Traceback" not in err, (proc.returncode, err)
+    report("SIGHUP to the driver's process group (its local Ray in it)", f"`{ours[0]}`", seconds)
+    for _ in range(100):  # Ray's processes end with the driver's ray.shutdown
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a process of the run's group is left")
+    done = int(ours[0].split("after step ")[1].split(" ")[0])
+    check_state(run_dir, done, saved=[done])
+    assert train(run_dir, f"grpo.max_num_steps={done + 1}", "checkpointing.save_period=50") == 0
+    check_state(run_dir, done + 1, saved=[done, done + 1])

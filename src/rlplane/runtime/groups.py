@@ -351,7 +351,8 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
                                "resources: unset cluster.num_cpus and cluster.gpus_per_node, or unset RAY_ADDRESS"])
         ray.init(address=target, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)
+        with interrupts.children_ignore_sighup():  # Ray's own processes are in the driver's process group
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)
     interrupts.reinstall()  # ray.init set its own SIGTERM handler in the driver
 
 

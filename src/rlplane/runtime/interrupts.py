@@ -25,6 +25,7 @@ class _State:
     installed: tuple[signal.Signals, ...] = ()
     requested: signal.Signals | None = None
     force = False
+    hung_up = False  # a SIGHUP came: the terminal is gone
 
 
 _state = _State()
@@ -33,6 +34,7 @@ _state = _State()
 def _handler(signum, frame) -> None:
     sig = signal.Signals(signum)
     if sig == signal.SIGHUP:
+        _state.hung_up = True
         _mute_hung_up_outputs()
         if _state.force or _state.requested is not None:
             return
@@ -66,14 +68,14 @@ def stop_at_step_boundary() -> Iterator[None]:
         return
     old = {s: signal.getsignal(s) for s in SIGNALS}
     ours = tuple(s for s in SIGNALS if not (s == signal.SIGHUP and old[s] == signal.SIG_IGN))  # nohup: keep it
-    _state.installed, _state.requested, _state.force = ours, None, False
+    _state.installed, _state.requested, _state.force, _state.hung_up = ours, None, False, False
     reinstall()
     try:
         yield
     finally:
         _state.installed, _state.requested = (), None
-        for s, h in old.items():
-            signal.signal(s, h)
+        for s, h in old.items():  # after a hang-up, a later SIGHUP would only kill the teardown
+            signal.signal(s, signal.SIG_IGN if s == signal.SIGHUP and _state.hung_up else h)
 
 
 def reinstall() -> None:
@@ -81,6 +83,20 @@ def reinstall() -> None:
     if threading.current_thread() is threading.main_thread():
         for s in _state.installed:
             signal.signal(s, _handler)
+
+
+@contextmanager
+def children_ignore_sighup() -> Iterator[None]:
+    """Processes started within inherit an ignored SIGHUP (a local Ray's): a closed terminal's SIGHUP to the whole
+    process group is then the driver's alone, which stops at the step boundary and ends them."""
+    if signal.SIGHUP not in _state.installed or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, _handler)
 
 
 def requested() -> signal.Signals | None:
@@ -101,4 +117,4 @@ def stop_message(sig: signal.Signals, step: int, checkpoint) -> TrainingInterrup
     return TrainingInterrupted(f"stopped by {sig.name} after step {step} ({where})", int(sig))
 
 
-__all__ = ["interrupt_now", "reinstall", "requested", "stop_at_step_boundary", "stop_message"]
+__all__ = ["children_ignore_sighup", "interrupt_now", "reinstall", "requested", "stop_at_step_boundary", "stop_message"]

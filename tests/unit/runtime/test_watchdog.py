@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 
 import pytest
@@ -67,13 +68,30 @@ def test_first_signal_requests_a_stop_the_second_stops_now():
 
 def test_sighup_requests_a_stop_and_never_stops_at_once():
     """A closing terminal sends SIGHUP more than once: the repeats keep the stop at the step boundary."""
+    old = signal.getsignal(signal.SIGHUP)
     with interrupts.stop_at_step_boundary():
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGHUP)
         assert interrupts.requested() == signal.SIGHUP
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
-    assert signal.getsignal(signal.SIGHUP) is not interrupts._handler
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # a late one does not kill the teardown
+    signal.signal(signal.SIGHUP, old)
+
+
+def test_processes_started_for_the_run_ignore_sighup():
+    """A local Ray's processes share the driver's process group: a closed terminal's SIGHUP is the driver's."""
+    with interrupts.stop_at_step_boundary():
+        with interrupts.children_ignore_sighup():
+            child = subprocess.Popen(["sleep", "30"])
+        assert signal.getsignal(signal.SIGHUP) is interrupts._handler
+    try:
+        ignored = next(int(line.split()[1], 16) for line in open(f"/proc/{child.pid}/status")
+                       if line.startswith("SigIgn:"))
+        assert ignored & (1 << (signal.SIGHUP - 1))
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_an_ignored_sighup_stays_ignored():
