@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+import signal
 import threading
 import time
 import weakref
@@ -27,6 +28,10 @@ def resolve(spec: str) -> Callable:
 
 
 def _worker_main(conn, fn_spec: str) -> None:
+    # Ctrl-C or a closed terminal reaches the whole process group: the driver stops at a step boundary
+    # and closes the pool, so its workers finish the items in flight instead of dying with the signal.
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     fn = resolve(fn_spec)
     conn.send(_READY)
     while True:

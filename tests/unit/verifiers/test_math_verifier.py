@@ -113,3 +113,21 @@ def test_math_env_in_a_threaded_ray_actor(ray_session):
     out = ray.get([actor.step.remote(_logs(responses), meta) for _ in range(2)], timeout=120)
     assert [o.rewards.tolist() for o in out] == [[e for _, _, e in CASES] + [0.0]] * 2
     ray.kill(actor)
+
+
+
+def test_pool_workers_survive_a_group_sigint_or_sighup():
+    import os
+    import signal
+
+    pool = VerifierPool("math:sqrt", num_workers=1, timeout_s=30.0)
+    try:
+        assert pool.map([(4.0,)]) == [2.0]
+        (worker,) = pool._workers
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            os.kill(worker.proc.pid, sig)
+        time.sleep(0.2)
+        assert pool.map([(9.0,)]) == [3.0]
+        assert worker.proc.is_alive() and pool._workers == [worker]
+    finally:
+        pool.close()
