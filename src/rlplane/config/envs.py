@@ -26,11 +26,13 @@ class ReasoningGymEnvConfig(StrictModel):
         description="Keep the task's partial scores (e.g. 2/3 for '16.' against 16); false: 1 for a fully "
         "correct answer, else 0, so accuracy is the fraction exactly right.",
     )
-    answer_format: Literal["any", "boxed", "answer_tag"] = Field(
+    answer_format: Literal["any", "boxed", "answer_tag", "lenient"] = Field(
         "any",
         description="Where the answer is read: `any` = the last \\boxed{}, else <answer> tag, else 'answer is X', "
         "else the last line; `boxed` / `answer_tag`: only that format counts (strict: a right answer written "
-        "another way scores 0).",
+        "another way scores 0); `lenient`: like `any` with quotes and a final period dropped, and without a "
+        "marked answer the best of the last line, the value it ends on ('The GCD of 3 and 5 is 1.' -> 1) and its "
+        "last number.",
     )
 class CalculatorEnvConfig(StrictModel):
     """The calculator tool (``rlplane.envs.calculator``)."""

@@ -45,3 +45,33 @@ def test_strict_answer_tag_format_scores_only_a_tagged_answer():
 def test_unknown_answer_format_is_refused():
     with pytest.raises(ValueError, match="answer_format 'xml': use one of any, boxed, answer_tag"):
         score_reasoning_gym_answer("16", ENTRY, False, "xml")
+
+
+GCD = {"question": "Find the GCD of 3, 5.", "answer": "1", "metadata": {"source_dataset": "gcd"}}
+
+
+def test_lenient_reads_the_value_a_sentence_ends_on():
+    # No "answer is" marker: the default reads the whole last line, which the exact scorer refuses.
+    assert score_reasoning_gym_answer("The GCD of 3 and 5 is 1.", GCD, False) == (0.0, "The GCD of 3 and 5 is 1.")
+    assert score_reasoning_gym_answer("The GCD of 3 and 5 is 1.", GCD, False, "lenient") == (1.0, "1")
+    assert score_reasoning_gym_answer("6 + 10 = 16", ENTRY, False, "lenient") == (1.0, "16")
+    assert score_reasoning_gym_answer("It appears 16 times in the text.", ENTRY, False, "lenient") == (1.0, "16")
+    assert score_reasoning_gym_answer("The GCD of 3 and 5 is 3.", GCD, False, "lenient")[0] == 0.0
+
+
+def test_lenient_drops_quotes_and_a_final_period_of_a_marked_answer():
+    entry = {"question": "Spell backward: ab", "answer": "ba", "metadata": {"source_dataset": "spell_backward"}}
+    assert score_reasoning_gym_answer('The answer is "ba."', entry, False) == (0.0, '"ba."')
+    assert score_reasoning_gym_answer('The answer is "ba."', entry, False, "lenient") == (1.0, "ba")
+
+
+def test_lenient_takes_a_marked_answer_alone():
+    # A wrong marked answer is not rescued by a right number elsewhere, nor by a later line's number.
+    assert score_reasoning_gym_answer("1 and 5... The answer is 5.", GCD, False, "lenient") == (0.0, "5")
+    assert score_reasoning_gym_answer("The answer is 5.\nSo 1 it is, or 1", GCD, False, "lenient") == (0.0, "5")
+    assert score_reasoning_gym_answer("\\boxed{5} is 1", GCD, False, "lenient") == (0.0, "5")
+
+
+def test_lenient_reads_only_the_last_line():
+    assert score_reasoning_gym_answer("The GCD is 1.\nI am not sure.", GCD, False, "lenient") == (0.0, "I am not sure")
+    assert score_reasoning_gym_answer("", GCD, False, "lenient") == (0.0, None)
