@@ -7,6 +7,7 @@ slows torch 3-30x. One Ray instance serves the whole session (start-up costs ~3 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -18,6 +19,13 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# The signal tests start runs as from a terminal: a suite launched as a script's background job (SIGINT
+# ignored) or under nohup (SIGHUP ignored) would otherwise pass those ignores on to every run it starts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

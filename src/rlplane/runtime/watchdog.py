@@ -147,10 +147,14 @@ class Watchdog:
         self.verdict: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._old_sigint = None
 
     def start(self) -> None:
         if self.timeout_s is None or self._thread is not None:
             return
+        if threading.current_thread() is threading.main_thread() and not callable(signal.getsignal(signal.SIGINT)):
+            # SIGINT ignored (a background job of a script, `nohup ... &`): the wake-up below would be lost.
+            self._old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         progress()
         self._thread = threading.Thread(target=self._watch, name="rlplane-watchdog", daemon=True)
         self._thread.start()
@@ -187,3 +191,6 @@ class Watchdog:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self._old_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._old_sigint)
+            self._old_sigint = None

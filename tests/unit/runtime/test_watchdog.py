@@ -38,6 +38,25 @@ def test_a_stuck_local_call_is_named_and_interrupted(tmp_path):
     assert stacks.startswith(f"== driver (pid {os.getpid()})") and "in wait_forever" in stacks
 
 
+def test_a_stuck_call_is_interrupted_where_sigint_was_ignored(tmp_path):
+    # A background job of a script (`nohup rlplane train ... &`) starts with SIGINT ignored: the watchdog's
+    # wake-up still lands, and the ignore is back once it stops.
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        dog = watchdog.Watchdog(0.5, "grpo.watchdog_s", tmp_path / "stacks.txt")
+        actor = LocalActor(Stuck, {}, name="generator")
+        dog.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                actor.call("wait_forever")
+        finally:
+            dog.stop()
+        assert dog.verdict.startswith("watchdog: no progress for 0.5 s")
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def test_progress_keeps_the_watchdog_quiet(tmp_path):
     dog = watchdog.Watchdog(0.4, "grpo.watchdog_s", tmp_path / "stacks.txt")
     dog.start()
