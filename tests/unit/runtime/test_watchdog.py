@@ -22,7 +22,8 @@ class Stuck:
         threading.Event().wait()
 
 
-def test_a_stuck_local_call_is_named_and_interrupted(tmp_path):
+def _stuck_call_under_a_watchdog(tmp_path) -> watchdog.Watchdog:
+    """A local call that never returns, under a 0.5 s watchdog: the call ends in KeyboardInterrupt."""
     dog = watchdog.Watchdog(0.5, "grpo.watchdog_s", tmp_path / "stacks.txt")
     actor = LocalActor(Stuck, {}, name="generator")
     dog.start()
@@ -31,6 +32,11 @@ def test_a_stuck_local_call_is_named_and_interrupted(tmp_path):
             actor.call("wait_forever")
     finally:
         dog.stop()
+    return dog
+
+
+def test_a_stuck_local_call_is_named_and_interrupted(tmp_path):
+    dog = _stuck_call_under_a_watchdog(tmp_path)
     assert dog.verdict.startswith("watchdog: no progress for 0.5 s (grpo.watchdog_s = 0.5); stuck: generator "
                                   "(wait_forever, running ")
     assert f"every worker's stack is in {tmp_path / 'stacks.txt'}" in dog.verdict
@@ -43,14 +49,7 @@ def test_a_stuck_call_is_interrupted_where_sigint_was_ignored(tmp_path):
     # wake-up still lands, and the ignore is back once it stops.
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        dog = watchdog.Watchdog(0.5, "grpo.watchdog_s", tmp_path / "stacks.txt")
-        actor = LocalActor(Stuck, {}, name="generator")
-        dog.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                actor.call("wait_forever")
-        finally:
-            dog.stop()
+        dog = _stuck_call_under_a_watchdog(tmp_path)
         assert dog.verdict.startswith("watchdog: no progress for 0.5 s")
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
