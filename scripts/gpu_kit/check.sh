@@ -17,6 +17,7 @@
 # part runs on the CPU with tiny sizes (a check of the kit itself), and the report says device: cpu.
 #
 # Usage: OUT=DIR scripts/gpu_kit/check.sh     (whole script < 8 min on one GPU)
+#        ONLY="generation fsdp" OUT=DIR scripts/gpu_kit/check.sh   (a rerun of some parts; env always runs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -53,8 +54,10 @@ else
 fi
 export PYTHONPATH="$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
+ONLY=${ONLY:-}
 part() {  # $1 name, $2 timeout (s), rest: command. Writes $OUT/part_NAME.json.
   local name=$1 limit=$2; shift 2
+  if [ -n "$ONLY" ] && [ "$name" != env ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local log="$OUT/$name.log" t0=$SECONDS rc status
   echo "== $name (timeout ${limit}s)"
   timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1

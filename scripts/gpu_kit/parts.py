@@ -240,6 +240,7 @@ def fsdp() -> None:
     from rlplane.config.loading import load_config
     from rlplane.dataplane import make_data_plane
     from rlplane.recipes.ppo import TRAIN_COLUMNS
+    from rlplane.training.workers import policy_options
     from rlplane.workers.parallel import is_sharded
     from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
@@ -250,7 +251,7 @@ def fsdp() -> None:
                              "loss_fn.reference_policy_kl_penalty=0.05", "runtime=ray", "data_plane.backend=ray",
                              "policy.dtensor_cfg.enabled=true", f"policy.device={DEVICE}"])
     client = make_data_plane("memory")
-    worker = PolicyWorker(cfg, client, rank=0, world_size=1)
+    worker = PolicyWorker(policy_options(cfg), client, rank=0, world_size=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
