@@ -88,7 +88,7 @@ PY
 PARTS="$ROOT/scripts/gpu_kit/parts.py"
 part env 30 "$PY" "$PARTS" env
 # The tests that touch devices: CUDA branches run where a GPU is visible, the CPU ones everywhere.
-part device_tests 100 "$PY" -m pytest -q -p no:cacheprovider -x --timeout 60 \
+part device_tests 100 "$PY" -m pytest -q -p no:cacheprovider --timeout 60 \
   tests/unit/workers/test_device_audit.py tests/unit/generation/test_vllm_gpu_paths.py \
   tests/unit/algorithms/test_nemo_rl_cases_advantages.py
 part default_job 150 "$PY" "$PARTS" default_job "$WORK/default" "$STEPS" 135

@@ -227,6 +227,8 @@ def generation(work: str) -> None:
                     times.append(time.perf_counter() - t)
             tokens = sum(len(o) for o in out)
             result[name] = {"tokens": tokens, "tokens_per_s": round(tokens / statistics.median(times), 1)}
+            if name == "rlplane_hf":
+                result[name]["decode"] = rl.last_decode  # fused, or the model's own forward
         except Exception as e:  # one contender failing still reports the other
             result[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
     result["peak_memory_mib"] = _peak_mib()

@@ -236,9 +236,9 @@ class HFGenerationBackend(GenerationBackend):
         if stop_token_ids is None:
             stop_token_ids = self.stop_token_ids
         row_stop_strings = normalize_stop_strings(stop_strings, batch_size)
-        if generator is None and seed is not None:
-            generator = torch.Generator().manual_seed(seed)
         device = self.model.device
+        if generator is None and seed is not None:
+            generator = torch.Generator(device).manual_seed(seed)
         seeds = self._row_seeds(row_seeds, prompt_ids, greedy, device)  # None, or ((B,) seeds, (B,) prompt lengths)
 
         # Prefill each distinct prompt once, then copy its KV cache and last logits to its rows.

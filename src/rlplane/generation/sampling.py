@@ -196,7 +196,10 @@ def sample(
             raise ValueError("sample: row_seeds needs positions (the counter of each row's draw)")
         tokens = inverse_cdf_sample(logprobs_all.exp(), counter_uniforms(row_seeds, positions))
     else:
-        uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64, device=logits.device)
+        # Drawn where the generator lives (a host generator may drive a GPU sampler), then moved.
+        where = logits.device if generator is None else generator.device
+        uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64, device=where)
+        uniforms = uniforms.to(logits.device)
         tokens = inverse_cdf_sample(logprobs_all.exp(), uniforms)
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
 

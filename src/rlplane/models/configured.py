@@ -10,6 +10,7 @@ from transformers import AutoModelForTokenClassification
 
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
+from rlplane.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
     from rlplane.config.policy import PolicyConfig
@@ -26,7 +27,8 @@ def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool =
         model.load_state_dict(init_state)
     if p.attn_implementation is not None:
         model.set_attn_implementation(p.attn_implementation)
-    apply_precision(model, p.precision)
+    # Loaded on the host; "auto" is decided for the device the worker will compute on.
+    apply_precision(model, p.precision, device=resolve_device(p.device))
     if trainable and p.lora.enabled:
         from rlplane.models.lora import apply_lora
 

@@ -75,8 +75,9 @@ def cpu_bf16_speedup(budget_s: float = 0.025) -> float:
     return _matmul_seconds(torch.float32, budget_s) / _matmul_seconds(torch.bfloat16, budget_s)
 
 
-def resolve_precision(precision: str, model: torch.nn.Module) -> tuple[str, str]:
-    """``(precision, why)``: ``"fp32"``/``"bf16"`` as given, or what ``"auto"`` picks for ``model`` here."""
+def resolve_precision(precision: str, model: torch.nn.Module, device: torch.device | None = None) -> tuple[str, str]:
+    """``(precision, why)``: ``"fp32"``/``"bf16"`` as given, or what ``"auto"`` picks for ``model`` on ``device``
+    (default: where its parameters are now; a model loaded on the host for a GPU passes the GPU)."""
     if precision != "auto":
         if precision not in PRECISIONS:
             raise ValueError(f"precision = {precision!r}: must be one of {', '.join(CHOICES)}")
@@ -84,7 +85,7 @@ def resolve_precision(precision: str, model: torch.nn.Module) -> tuple[str, str]
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     if hidden is not None and hidden < MIN_AUTO_BF16_HIDDEN:
         return "fp32", f"hidden_size {hidden} < {MIN_AUTO_BF16_HIDDEN}: too small a model for bf16 to pay"
-    device = next(model.parameters()).device
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return "bf16", f"{torch.cuda.get_device_name(device)} supports bf16"
@@ -99,9 +100,11 @@ def resolve_precision(precision: str, model: torch.nn.Module) -> tuple[str, str]
 _announced: set[tuple[str, str]] = set()
 
 
-def apply_precision(model: torch.nn.Module, precision: str, announce: bool = True) -> str:
-    """Resolve ``precision`` for ``model``, record and return it; ``announce`` prints it once per process."""
-    chosen, why = resolve_precision(precision, model)
+def apply_precision(model: torch.nn.Module, precision: str, announce: bool = True,
+                    device: torch.device | None = None) -> str:
+    """Resolve ``precision`` for ``model`` on ``device``, record and return it; ``announce`` prints it once per
+    process."""
+    chosen, why = resolve_precision(precision, model, device)
     set_precision(model, chosen)
     if announce and (precision, chosen) not in _announced:
         _announced.add((precision, chosen))

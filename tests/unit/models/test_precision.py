@@ -43,6 +43,28 @@ def test_auto_follows_the_measured_cpu_speedup(monkeypatch, speedup, expected):
     assert chosen == expected and f"{speedup:.2f}x" in why
 
 
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_for_a_gpu_asks_the_gpu_not_the_host(monkeypatch, bf16, expected):
+    # A model is loaded on the host and moved to its GPU later: the GPU's bf16 support decides, whatever
+    # the host's matmul speed-up (the host's measurement must not even be taken).
+    monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda: pytest.fail("measured the host for a GPU model"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU-X")
+    model, _ = _model(256)
+    chosen, why = prec.resolve_precision("auto", model, torch.device("cuda", 0))
+    assert chosen == expected and why.startswith("GPU-X ")
+
+
+def test_configured_policy_decides_precision_for_its_device(monkeypatch):
+    from rlplane.models import configured
+
+    seen = []
+    monkeypatch.setattr(configured, "apply_precision", lambda model, precision, device: seen.append(device))
+    cfg = load_config(None, ["policy.device=cpu"])
+    configured.load_configured_policy(cfg.policy, 0)
+    assert seen == [torch.device("cpu")]
+
+
 def test_apply_precision_records_and_announces_once(monkeypatch, capsys):
     monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda: 2.0)
     monkeypatch.setattr(prec, "_announced", set())

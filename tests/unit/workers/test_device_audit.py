@@ -155,7 +155,10 @@ def test_autocast_follows_the_model_device(monkeypatch):
 
 def test_resolve_device_and_backend():
     assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # auto names the GPU by index where one is visible (cuda:0), the host otherwise.
+    auto = resolve_device("auto")
+    assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert auto.index == (torch.cuda.current_device() if torch.cuda.is_available() else None)
     assert dist_backend(torch.device("cpu")) == "gloo" and dist_backend(torch.device("cuda", 0)) == "nccl"
     assert num_gpus_per_worker("cuda", 0) == 1 and num_gpus_per_worker("auto", 0) == 0
     assert num_gpus_per_worker("auto", 4) == 1 and num_gpus_per_worker("cpu", 4) == 0
@@ -169,3 +172,22 @@ def test_resolve_device_and_backend():
 def _loss(cfg):
     """The recipe's clipped PG loss for ``cfg`` (what ``PolicyWorker.train`` takes)."""
     return ClippedPGLoss(cfg.loss_fn.options(), reference=cfg.loss_fn.reference_policy_kl_penalty != 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_hf_generation_on_the_gpu_is_seeded_and_takes_a_host_generator():
+    from rlplane.generation import HFGenerationBackend
+    from rlplane.models import build_char_tokenizer, build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=0).cuda()
+    backend = HFGenerationBackend(model, tok)
+    prompts = [tok("1+2=")["input_ids"], tok("3+4=")["input_ids"]] * 2
+
+    def draw(**kw):
+        return backend.generate(prompts, max_new_tokens=6, temperature=1.0, stop_token_ids=[], **kw).output_ids
+
+    assert draw(seed=3) == draw(seed=3)
+    # A generator the caller made on the host drives the GPU sampler (its uniforms are moved over).
+    host = draw(generator=torch.Generator().manual_seed(3))
+    assert host == draw(generator=torch.Generator().manual_seed(3)) and len(host) == 4
