@@ -7,7 +7,7 @@ report). Every part runs on ``cuda`` when the process sees a GPU, else on ``cpu`
     python scripts/gpu_kit/parts.py env
     python scripts/gpu_kit/parts.py default_job RUN_DIR STEPS TIMEOUT_S
     python scripts/gpu_kit/parts.py smollm2_step WORK_DIR STEPS
-    python scripts/gpu_kit/parts.py generation WORK_DIR
+    python scripts/gpu_kit/parts.py generation WORK_DIR [BATCH]
     python scripts/gpu_kit/parts.py fsdp
     python scripts/gpu_kit/parts.py report OUT_DIR
 """
@@ -174,8 +174,9 @@ def smollm2_step(work: str, steps: str) -> None:
            "peak_memory_mib_run": _peak_mib()})
 
 
-def generation(work: str) -> None:
-    """tokens/s of rlplane's hf backend vs transformers' model.generate, same weights, dtype and batch."""
+def generation(work: str, batch: str | None = None) -> None:
+    """tokens/s of rlplane's hf backend vs transformers' model.generate, same weights, dtype and batch
+    (``batch`` sequences, a multiple of 8; default 64 on a GPU)."""
     from transformers import AutoModelForCausalLM
 
     from rlplane.generation import HFGenerationBackend
@@ -184,7 +185,7 @@ def generation(work: str) -> None:
 
     tok = build_char_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(_smollm2_dir(work)).to(DEVICE).eval()
-    batch, new = (64, 128) if CUDA else (8, 8)
+    batch, new = (int(batch or 64), 128) if CUDA else (int(batch or 8), 8)
     precision = apply_precision(model, "auto")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     prompts = [tok(f"{a}+{a + 7}=")["input_ids"] for a in range(batch // 8) for _ in range(8)]
