@@ -10,7 +10,6 @@ from transformers import AutoModelForTokenClassification
 
 from rlplane.models.loading import load_policy
 from rlplane.models.precision import apply_precision
-from rlplane.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
     from rlplane.config.policy import PolicyConfig
@@ -27,8 +26,10 @@ def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool =
         model.load_state_dict(init_state)
     if p.attn_implementation is not None:
         model.set_attn_implementation(p.attn_implementation)
-    # Loaded on the host; "auto" is decided for the device the worker will compute on.
-    apply_precision(model, p.precision, device=resolve_device(p.device))
+    # Loaded on the host; "auto" is decided for the GPU the process will compute on where it sees one
+    # (a driver without a GPU that loads the model for its own use decides for its host).
+    gpu = p.device in ("auto", "cuda") and torch.cuda.is_available()
+    apply_precision(model, p.precision, device=torch.device("cuda" if gpu else "cpu"))
     if trainable and p.lora.enabled:
         from rlplane.models.lora import apply_lora
 

@@ -55,14 +55,19 @@ def test_auto_for_a_gpu_asks_the_gpu_not_the_host(monkeypatch, bf16, expected):
     assert chosen == expected and why.startswith("GPU-X ")
 
 
-def test_configured_policy_decides_precision_for_its_device(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", "auto", "cuda"])
+@pytest.mark.parametrize("gpu_visible", [False, True])
+def test_configured_policy_decides_precision_for_its_device(monkeypatch, device, gpu_visible):
+    # A process that sees a GPU decides for it under auto/cuda; one that sees none (a Ray driver loading
+    # the model for itself) decides for its host rather than failing.
     from rlplane.models import configured
 
     seen = []
     monkeypatch.setattr(configured, "apply_precision", lambda model, precision, device: seen.append(device))
-    cfg = load_config(None, ["policy.device=cpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu_visible)
+    cfg = load_config(None, [f"policy.device={device}"])
     configured.load_configured_policy(cfg.policy, 0)
-    assert seen == [torch.device("cpu")]
+    assert seen == [torch.device("cuda" if gpu_visible and device != "cpu" else "cpu")]
 
 
 def test_apply_precision_records_and_announces_once(monkeypatch, capsys):
