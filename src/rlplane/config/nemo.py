@@ -91,7 +91,8 @@ def _optimizer(t: _Translation, section: str) -> None:
 
 
 def _scheduler(t: _Translation, section: str) -> None:
-    """NeMo RL's [LinearLR warm-up, ConstantLR, {milestones}] -> rlplane's warmup_steps / warmup_start_factor."""
+    """NeMo RL's ``[LinearLR warm-up, ConstantLR | CosineAnnealingLR | LinearLR fall, {milestones}]`` ->
+    rlplane's warm-up then ``decay`` (constant / cosine / linear). Other shapes are refused."""
     sched = t.pop(f"{section}.scheduler")
     if sched is None or isinstance(sched, dict):
         if sched is not None:
@@ -99,18 +100,47 @@ def _scheduler(t: _Translation, section: str) -> None:
         return
     stages = [s for s in sched if isinstance(s, dict) and "name" in s]
     names = [s["name"].rsplit(".", 1)[-1] for s in stages]
-    linear = stages[0].get("kwargs", {}) if names[:1] == ["LinearLR"] else None
-    rest_constant = all(n == "ConstantLR" and float(s.get("kwargs", {}).get("factor", 1.0)) == 1.0
-                        for n, s in zip(names[1:], stages[1:]))
-    if not stages or (names == ["ConstantLR"] and rest_constant):
-        t.put(f"{section}.scheduler", {"warmup_steps": 0})
-    elif linear is not None and rest_constant and float(linear.get("end_factor", 1.0)) == 1.0:
-        t.put(f"{section}.scheduler", {"warmup_steps": int(linear.get("total_iters", 0)),
-                                       "warmup_start_factor": float(linear.get("start_factor", 1.0 / 3))})
+    kwargs = [dict(s.get("kwargs") or {}) for s in stages]
+    milestones = next((list(s["milestones"]) for s in sched if isinstance(s, dict) and "milestones" in s), [])
+    out = _schedule_of(names, kwargs, milestones, get_key(t.tree, f"{section}.optimizer.lr"))
+    if out is None:
+        t.refuse(f"{section}.scheduler", names, "rlplane's schedule is a linear warm-up, then constant, linear or "
+                                                "cosine decay (NeMo RL's LinearLR, then ConstantLR, LinearLR or "
+                                                "CosineAnnealingLR at the warm-up's milestone); set "
+                                                f"{section}.scheduler.warmup_steps / decay / decay_steps / "
+                                                "min_lr_factor")
     else:
-        t.refuse(f"{section}.scheduler", names, "rlplane's schedule is a linear warm-up then constant (NeMo RL's "
-                                                "LinearLR + ConstantLR); set policy.scheduler.warmup_steps / "
-                                                "warmup_start_factor")
+        t.put(f"{section}.scheduler", out)
+
+
+def _schedule_of(names: list[str], kwargs: list[dict], milestones: list, lr: float | None) -> dict | None:
+    """rlplane's scheduler section for NeMo RL's stages, or None where it has no equal."""
+    out: dict = {"warmup_steps": 0}
+    first = kwargs[0] if kwargs else {}
+    if names[:1] == ["LinearLR"] and float(first.get("end_factor", 1.0)) == 1.0:  # a warm-up stage
+        out = {"warmup_steps": int(first.get("total_iters", 5)),
+               "warmup_start_factor": float(first.get("start_factor", 1.0 / 3))}
+        names, kwargs = names[1:], kwargs[1:]
+        if names and milestones[:1] != [out["warmup_steps"]]:
+            return None  # the next stage must start where the warm-up ends
+    elif len(names) > 1:
+        return None
+    if not names or (names == ["ConstantLR"] and float(kwargs[0].get("factor", 1.0)) == 1.0):
+        return out
+    if len(names) != 1:
+        return None
+    name, kw = names[0], kwargs[0]
+    if name == "CosineAnnealingLR" and "T_max" in kw:
+        eta_min = float(kw.get("eta_min", 0.0))
+        if eta_min and not lr:
+            return None
+        # torch's cosine rises again after T_max; rlplane's stays at the floor (runs end by then).
+        return {**out, "decay": "cosine", "decay_steps": int(kw["T_max"]),
+                "min_lr_factor": eta_min / lr if eta_min else 0.0}
+    if name == "LinearLR" and float(kw.get("start_factor", 1.0 / 3)) == 1.0:
+        return {**out, "decay": "linear", "decay_steps": int(kw.get("total_iters", 5)),
+                "min_lr_factor": float(kw.get("end_factor", 1.0))}
+    return None
 
 
 def _model_section(t: _Translation, section: str) -> None:

@@ -93,10 +93,23 @@ class OptimizerConfig(StrictModel):
 
 
 class SchedulerConfig(StrictModel):
-    """Linear warm-up from `warmup_start_factor`·lr to lr over `warmup_steps` optimizer steps, then constant."""
+    """Linear warm-up from `warmup_start_factor`·lr to lr over `warmup_steps` optimizer steps, then `decay`:
+    constant, or linear / cosine down to `min_lr_factor`·lr over the next `decay_steps`, flat after."""
 
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up (0 = constant lr).")
     warmup_start_factor: float = Field(0.1, gt=0, le=1, description="Fraction of lr at the first step.")
+    decay: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="After the warm-up: constant lr, or a linear or cosine fall to min_lr_factor·lr.")
+    decay_steps: int | None = Field(None, ge=1, description="Optimizer steps of the fall (after the warm-up); "
+                                                            "needed by linear and cosine.")
+    min_lr_factor: float = Field(0.0, ge=0, le=1, description="Fraction of lr at the end of the fall and after.")
+
+    @model_validator(mode="after")
+    def _decay_has_a_length(self) -> "SchedulerConfig":
+        if self.decay != "constant" and self.decay_steps is None:
+            raise ValueError(f"decay = {self.decay} needs decay_steps (optimizer steps of the fall after the "
+                             "warm-up), e.g. the run's step count minus warmup_steps")
+        return self
 
 
 class TinyModelConfig(StrictModel):

@@ -20,23 +20,26 @@ from rlplane.workers.rank import DPRank
 MicroBatchLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def _lr_lambda(warmup_steps: int, start_factor: float):
-    def f(step: int) -> float:
-        if warmup_steps <= 0 or step >= warmup_steps:
-            return 1.0
-        return start_factor + (1.0 - start_factor) * step / warmup_steps
-
-    return f
+def lr_factor(step: int, sch: SchedulerConfig) -> float:
+    """The lr multiplier at optimizer step ``step`` (0-based): linear warm-up from ``warmup_start_factor`` to 1
+    over ``warmup_steps``, then ``decay`` from 1 to ``min_lr_factor`` over ``decay_steps``, flat after."""
+    if step < sch.warmup_steps:
+        return sch.warmup_start_factor + (1.0 - sch.warmup_start_factor) * step / sch.warmup_steps
+    if sch.decay == "constant":
+        return 1.0
+    done = min(1.0, (step - sch.warmup_steps) / sch.decay_steps)  # fraction of the fall behind
+    fall = done if sch.decay == "linear" else 0.5 * (1.0 - math.cos(math.pi * done))
+    return 1.0 - (1.0 - sch.min_lr_factor) * fall
 
 
 def build_optimizer(model: torch.nn.Module, opt: OptimizerConfig, sch: SchedulerConfig):
-    """``(AdamW over trainable parameters, LambdaLR with linear warm-up)``."""
+    """``(AdamW over trainable parameters, LambdaLR following lr_factor)``."""
     # foreach: one op per term over all tensors (the default only on GPUs); same numbers on CPU.
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=opt.lr, weight_decay=opt.weight_decay,
         betas=tuple(opt.betas), eps=opt.eps, foreach=True
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(sch.warmup_steps, sch.warmup_start_factor))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, sch))
     return optimizer, scheduler
 
 

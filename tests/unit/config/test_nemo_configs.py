@@ -197,3 +197,47 @@ def test_show_config_of_a_recipe_given_as_a_nemo_user_gives_it(tmp_path, capsys)
     assert back.policy.sequence_packing.train_mb_tokens == 128 * 4  # ${mul:...} after the override
     assert back.policy.generation.max_new_tokens == 16
     assert back.data.prompt.template == "{problem}"  # no prompt file: the problem as is, as NeMo RL formats it
+
+
+_WARM = {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "end_factor": 1.0,
+                                                                 "total_iters": 50}}
+
+
+@pytest.mark.parametrize("stages, expected", [
+    # warm-up then constant (NeMo RL's recipes)
+    ([_WARM, {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0}}, {"milestones": [50]}],
+     {"warmup_steps": 50, "warmup_start_factor": 0.1, "decay": "constant"}),
+    # warm-up then cosine to eta_min = 5e-7 = 0.1 · lr (5e-6)
+    ([_WARM, {"name": "CosineAnnealingLR", "kwargs": {"T_max": 450, "eta_min": 5e-7}}, {"milestones": [50]}],
+     {"warmup_steps": 50, "decay": "cosine", "decay_steps": 450, "min_lr_factor": pytest.approx(0.1)}),
+    # cosine alone, to 0
+    ([{"name": "torch.optim.lr_scheduler.CosineAnnealingLR", "kwargs": {"T_max": 100}}],
+     {"warmup_steps": 0, "decay": "cosine", "decay_steps": 100, "min_lr_factor": 0.0}),
+    # a linear fall from 1 to 0.25 over 200, after the warm-up
+    ([_WARM, {"name": "LinearLR", "kwargs": {"start_factor": 1.0, "end_factor": 0.25, "total_iters": 200}},
+      {"milestones": [50]}],
+     {"warmup_steps": 50, "decay": "linear", "decay_steps": 200, "min_lr_factor": 0.25}),
+])
+def test_nemo_schedules_translate_to_warm_up_and_decay(tmp_path, stages, expected):
+    import yaml
+
+    f = tmp_path / "nemo.yaml"
+    f.write_text(yaml.safe_dump({"defaults": str(FIXTURES / "grpo_math_1B.yaml"),
+                                 "policy": {"scheduler": stages}}))
+    sch = load_config(str(f), LOCAL).policy.scheduler
+    assert {k: getattr(sch, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("stages", [
+    [_WARM, {"name": "CosineAnnealingLR", "kwargs": {"T_max": 450}}, {"milestones": [40]}],  # starts mid-warm-up
+    [{"name": "StepLR", "kwargs": {"step_size": 10}}],
+    [_WARM, {"name": "ExponentialLR", "kwargs": {"gamma": 0.99}}, {"milestones": [50]}],
+])
+def test_nemo_schedules_without_an_equal_are_refused_in_one_line(tmp_path, stages):
+    import yaml
+
+    f = tmp_path / "nemo.yaml"
+    f.write_text(yaml.safe_dump({"defaults": str(FIXTURES / "grpo_math_1B.yaml"),
+                                 "policy": {"scheduler": stages}}))
+    with pytest.raises(ConfigError, match=r"policy.scheduler = \[.*\]: rlplane's schedule is a linear warm-up"):
+        load_config(str(f), LOCAL)
