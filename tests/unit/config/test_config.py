@@ -86,3 +86,19 @@ def test_config_is_frozen():
     cfg = load_config()
     with pytest.raises(Exception):
         cfg.grpo.num_prompts_per_step = 3
+
+
+@pytest.mark.parametrize("override, key", [
+    ("policy.generation.verify_probe_every=true", "policy.generation.verify_probe_every"),  # int: would be 1
+    ("grpo.max_num_steps=false", "grpo.max_num_steps"),  # int: would be 0
+    ("policy.optimizer.lr=true", "policy.optimizer.lr"),  # float: would be 1.0
+    ("policy.generation.top_k=true", "policy.generation.top_k"),  # int | None
+])
+def test_true_or_false_for_a_number_is_one_line(override, key):
+    with pytest.raises(ConfigError, match=rf"^{key}: true/false where a number is expected; give a number"):
+        load_config(None, [override])
+
+
+def test_true_and_false_stay_fine_where_a_switch_is_expected():
+    cfg = load_config(None, ["policy.dynamic_batching.enabled=false", "grpo.val_at_start=true"])
+    assert cfg.policy.dynamic_batching.enabled is False and cfg.grpo.val_at_start is True
