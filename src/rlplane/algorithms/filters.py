@@ -47,12 +47,14 @@ def failed_group_keep_mask(prompt_ids: Tensor, failed: Tensor) -> Tensor:
 class DynamicSamplingSelection(NamedTuple):
     """``indices[i]``: rows to take from generation batch ``i``; together exactly the target size.
 
-    ``num_discarded_valid_samples``: kept samples cut by the final slice.
+    ``num_discarded_valid_samples``: kept samples cut by the final slice; ``num_filled_samples``: dropped samples
+    taken to fill the batch (``fill``).
     """
 
     indices: list[Tensor]
     num_gen_batches: int
     num_discarded_valid_samples: int
+    num_filled_samples: int = 0
 
 
 ALL_EQUAL_GROUPS_HINT = ("too many prompt groups have all-equal rewards; raise dynamic_sampling_max_gen_batches or "
@@ -61,13 +63,15 @@ ALL_EQUAL_GROUPS_HINT = ("too many prompt groups have all-equal rewards; raise d
 
 def dynamic_sampling_select(
     keep_masks: Sequence[Tensor], target_num_samples: int, dynamic_sampling_max_gen_batches: int,
-    why_dropped: str = ALL_EQUAL_GROUPS_HINT,
+    why_dropped: str = ALL_EQUAL_GROUPS_HINT, fill: bool = False,
 ) -> DynamicSamplingSelection | None:
     """Accumulate kept samples across generation batches and slice to the target (control flow, reads counts).
 
     Returns the first ``target_num_samples`` kept samples in generation order once there are enough,
-    None while more batches are needed; raises ``RuntimeError`` after ``dynamic_sampling_max_gen_batches``,
-    ending with ``why_dropped``.
+    None while more batches are needed. After ``dynamic_sampling_max_gen_batches`` batches still short: raises
+    ``RuntimeError`` ending with ``why_dropped`` (NeMo RL), or with ``fill`` takes every kept sample and the first
+    dropped ones in generation order up to the target (whole groups: groups are contiguous and the target is a
+    multiple of the group size; an all-equal group has zero advantage, so it adds no gradient).
     """
     if dynamic_sampling_max_gen_batches <= 0:
         raise ValueError(
@@ -78,6 +82,13 @@ def dynamic_sampling_select(
     counts = [int(k.numel()) for k in kept]
     total = sum(counts)
     if total < target_num_samples:
+        if len(keep_masks) >= dynamic_sampling_max_gen_batches and fill:
+            indices, need = [], target_num_samples - total
+            for mask, k in zip(keep_masks, kept):
+                extra = torch.nonzero(~mask, as_tuple=False).flatten()[: max(need, 0)]
+                need -= int(extra.numel())
+                indices.append(torch.sort(torch.cat([k, extra])).values)
+            return DynamicSamplingSelection(indices, len(keep_masks), 0, target_num_samples - total - max(need, 0))
         if len(keep_masks) >= dynamic_sampling_max_gen_batches:
             raise RuntimeError(
                 f"dynamic sampling kept {total} of the {target_num_samples} samples needed after "

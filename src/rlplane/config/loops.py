@@ -37,6 +37,10 @@ class RolloutLoopConfig(StrictModel):
     use_dynamic_sampling: bool = Field(False, description="Drop zero-std groups and refill (DAPO).")
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1, description="Generation batches per step, at most.")
     batch_multiplier: int = Field(1, ge=1, description="Dataloader batch = prompts × this (dynamic sampling only).")
+    dynamic_sampling_shortfall: Literal["error", "fill"] = Field(
+        "error", description="Dynamic sampling still short after dynamic_sampling_max_gen_batches: `error` stops the "
+        "run (NeMo RL); `fill` trains on the kept groups topped up with all-equal ones (zero advantage), so a policy "
+        "that has become sure of most prompts keeps training on the rest.")
     seq_logprob_error_threshold: float | None = Field(None, description="Mask sequences whose mult. "
                                                                         "prob error exceeds this.")
     rollout_failure_policy: Literal["zero_reward", "retry", "drop_group"] = Field(
@@ -72,6 +76,12 @@ class RolloutLoopConfig(StrictModel):
                 f"batch_multiplier = {self.batch_multiplier} only applies with dynamic sampling; "
                 "set use_dynamic_sampling=true or batch_multiplier=1"
             )
+        if self.dynamic_sampling_shortfall == "fill" and not self.use_dynamic_sampling:
+            raise ValueError("dynamic_sampling_shortfall = fill only applies with dynamic sampling; "
+                             "set use_dynamic_sampling=true or leave the shortfall at error")
+        if self.dynamic_sampling_shortfall == "fill" and self.rollout_failure_policy == "drop_group":
+            raise ValueError("dynamic_sampling_shortfall = fill cannot top up with failed groups (their rewards are "
+                             "not real): with rollout_failure_policy = drop_group leave the shortfall at error")
         if (self.stop_at_validation_metric is None) != (self.stop_at_validation_threshold is None):
             raise ValueError("stop_at_validation_metric and stop_at_validation_threshold go together: "
                              "set both (early stop at a threshold) or neither")

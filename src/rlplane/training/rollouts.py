@@ -73,6 +73,8 @@ def collect_rollouts(
     metas, carries, keep_masks, num_groups = [], [], [], 0
     raw_rewards = []  # (B_i,) per generation batch, before scaling, shaping and the selection
     drop_failed = g.rollout_failure_policy == "drop_group"  # failed groups are dropped and refilled too
+    # Short after the last batch: fill with all-equal groups (the config refuses fill with drop_group).
+    fill = g.dynamic_sampling_shortfall == "fill"
     failures = dict.fromkeys(FAILURE_COUNTS, 0.0)
     env_parts = []  # each generation batch's metrics: the environments' env/* merge over all of them
     while True:
@@ -102,22 +104,24 @@ def collect_rollouts(
                 else torch.ones_like(c["env_failed"]))
         keep_masks.append(keep & failed_group_keep_mask(c["group"], c["env_failed"]) if drop_failed else keep)
         dropped = [k for k, kept in zip(meta.sample_ids, keep_masks[-1].tolist()) if not kept]
-        if dropped:  # their columns are never read: free them now
+        if dropped and not fill:  # their columns are never read: free them now
             s.data_plane.clear_samples(dropped, TRAIN_PARTITION)
         try:
             selection = dynamic_sampling_select(keep_masks, target, g.dynamic_sampling_max_gen_batches,
-                                                FAILED_GROUPS_HINT if drop_failed else ALL_EQUAL_GROUPS_HINT)
+                                                FAILED_GROUPS_HINT if drop_failed else ALL_EQUAL_GROUPS_HINT,
+                                                fill=fill)
         except RuntimeError as e:
             s.data_plane.clear_samples(None, TRAIN_PARTITION)
             raise TrainingStopped(str(e).replace("grpo.", f"{cfg.algorithm}.")) from None
         if selection is not None:
             break
-    # The last batch's overflow is not trained on: clear it too.
+    # The last batch's overflow is not trained on: clear it too (with fill, every row not chosen).
     overflow = []
     for m, keep, idx in zip(metas, keep_masks, selection.indices):
         chosen = torch.zeros_like(keep)
         chosen[idx] = True
-        overflow += [k for k, extra in zip(m.sample_ids, (keep & ~chosen).tolist()) if extra]
+        still_held = torch.ones_like(keep) if fill else keep
+        overflow += [k for k, extra in zip(m.sample_ids, (still_held & ~chosen).tolist()) if extra]
     if overflow:
         s.data_plane.clear_samples(overflow, TRAIN_PARTITION)
     meta = concat_metas([m.subset(idx.tolist()) for m, idx in zip(metas, selection.indices)])
@@ -126,6 +130,8 @@ def collect_rollouts(
     metrics.update({**gen_metrics, **failures, **merge_env_metrics(env_parts)})
     metrics["dynamic_sampling_num_gen_batches"] = selection.num_gen_batches
     metrics["dynamic_sampling_num_discarded_valid_samples"] = selection.num_discarded_valid_samples
+    if fill:
+        metrics["dynamic_sampling_num_filled_samples"] = selection.num_filled_samples
     return meta, carry
 
 

@@ -53,6 +53,20 @@ def test_dynamic_sampling_select_accumulates_and_slices():
     assert sel.num_gen_batches == 2 and sel.num_discarded_valid_samples == 2  # kept 6, used 4
 
 
+def test_dynamic_sampling_select_fill_tops_up_in_generation_order():
+    # Target 6; kept: batch 1 rows 0,1 (2). Short after 2 batches: fill 4 with dropped rows in order:
+    # batch 1 rows 2,3, then batch 2 rows 0,1. Indices come back sorted per batch.
+    b1, b2 = torch.tensor([True, True, False, False]), torch.tensor([False, False, False, False])
+    sel = dynamic_sampling_select([b1, b2], 6, 2, fill=True)
+    assert [i.tolist() for i in sel.indices] == [[0, 1, 2, 3], [0, 1]]
+    assert (sel.num_gen_batches, sel.num_discarded_valid_samples, sel.num_filled_samples) == (2, 0, 4)
+    # Before the last batch, fill waits for more batches like the default.
+    assert dynamic_sampling_select([b1], 6, 2, fill=True) is None
+    # Kept rows interleaved with dropped ones: kept first, then the earliest dropped, in row order.
+    sel = dynamic_sampling_select([torch.tensor([False, False, True, True, False, False])], 4, 1, fill=True)
+    assert sel.indices[0].tolist() == [0, 1, 2, 3] and sel.num_filled_samples == 2
+
+
 def test_dynamic_sampling_select_raises_after_max_batches():
     with pytest.raises(RuntimeError, match="dynamic_sampling_max_gen_batches = 2"):
         dynamic_sampling_select([torch.tensor([True, False]), torch.tensor([False, False])], 4, 2)

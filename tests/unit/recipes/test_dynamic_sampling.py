@@ -151,6 +151,45 @@ def test_too_many_generation_batches_is_a_one_line_stop_and_clears_the_keys():
     assert s.data_plane.list_samples(TRAIN_PARTITION) == []
 
 
+def test_shortfall_fill_tops_up_with_all_equal_groups_and_clears_the_rest():
+    # Batch 1: group 0 [1,0] kept, group 1 [0,0] dropped. Batch 2: [0,0], [1,1] both dropped. 2 kept of 4 after
+    # the 2 batches allowed: fill takes the first dropped rows in generation order, batch 1's group 1.
+    s = ScriptedSession(cfg("grpo.dynamic_sampling_max_gen_batches=2", "grpo.dynamic_sampling_shortfall=fill"), [
+        [(1, 1), (0, 1), (0, 1), (0, 1)],
+        [(0, 1), (0, 1), (1, 1), (1, 1)],
+    ])
+    metrics = {}
+    meta, carry = collect_rollouts(s, Timer(), metrics)
+    assert list(meta.sample_ids) == ["b1_0", "b1_1", "b1_2", "b1_3"]
+    assert carry["rewards"].tolist() == [1, 0, 0, 0] and carry["group"].tolist() == [0, 0, 1, 1]
+    assert metrics["dynamic_sampling_num_filled_samples"] == 2 and metrics["dynamic_sampling_num_gen_batches"] == 2
+    # Batch 2's rows were held until the choice, then cleared: only the trained keys are left.
+    assert sorted(s.data_plane.list_samples(TRAIN_PARTITION)) == sorted(meta.sample_ids)
+
+
+def test_shortfall_fill_is_not_used_when_the_kept_groups_suffice():
+    s = ScriptedSession(cfg("grpo.dynamic_sampling_shortfall=fill"), [
+        [(1, 1), (1, 1), (0, 1), (0, 1)],
+        [(1, 1), (0, 1), (0, 1), (1, 1)],
+    ])
+    metrics = {}
+    meta, _ = collect_rollouts(s, Timer(), metrics)
+    assert list(meta.sample_ids) == ["b2_0", "b2_1", "b2_2", "b2_3"]
+    assert metrics["dynamic_sampling_num_filled_samples"] == 0
+    assert sorted(s.data_plane.list_samples(TRAIN_PARTITION)) == sorted(meta.sample_ids)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["grpo.use_dynamic_sampling=false"], "only applies with dynamic sampling"),
+    (["grpo.rollout_failure_policy=drop_group"], "cannot top up with failed groups"),
+])
+def test_shortfall_fill_needs_dynamic_sampling_and_real_rewards(extra, match):
+    from rlplane.config.loading import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        cfg("grpo.dynamic_sampling_shortfall=fill", *extra)
+
+
 def test_data_exhausted_within_a_step_stops_and_clears_the_keys():
     # max_num_epochs = 1 with 2 batches per epoch: the step has 2 kept of 4 after both batches.
     s = ScriptedSession(cfg("grpo.max_num_epochs=1"), [
