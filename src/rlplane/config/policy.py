@@ -66,6 +66,11 @@ class GenerationConfig(StrictModel):
     def _yaml_off(cls, v):
         return "off" if v is False else v  # YAML reads a bare `off` as false
 
+    @field_validator("verify_probe_every", mode="before")
+    @classmethod
+    def _probe_off(cls, v):
+        return 0 if v is False else v  # `off` / false: never probe (true stays an error: every N?)
+
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
         if self.backend == "vllm":
