@@ -34,7 +34,7 @@ class StrictModel(BaseModel):
     @classmethod
     def _no_bool_for_a_number(cls, value, info: ValidationInfo):
         # YAML's true/false would pass as 1/0 for a number (``verify_probe_every: true`` = every version).
-        if isinstance(value, bool) and info.field_name in cls.model_fields:
+        if isinstance(value, bool):
             annotation = cls.model_fields[info.field_name].annotation
             if not _admits(annotation, bool) and (_admits(annotation, int) or _admits(annotation, float)):
                 raise PydanticCustomError("bool_for_number", "true/false where a number is expected; give a number")

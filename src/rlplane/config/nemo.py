@@ -123,8 +123,6 @@ def _schedule_of(names: list[str], kwargs: list[dict], milestones: list, lr: flo
         names, kwargs = names[1:], kwargs[1:]
         if names and milestones[:1] != [out["warmup_steps"]]:
             return None  # the next stage must start where the warm-up ends
-    elif len(names) > 1:
-        return None
     if not names or (names == ["ConstantLR"] and float(kwargs[0].get("factor", 1.0)) == 1.0):
         return out
     if len(names) != 1:

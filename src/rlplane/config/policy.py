@@ -69,7 +69,7 @@ class GenerationConfig(StrictModel):
     @field_validator("verify_probe_every", mode="before")
     @classmethod
     def _probe_off(cls, v):
-        return 0 if v is False else v  # `off` / false: never probe (true stays an error: every N?)
+        return 0 if v is False else v  # `off` / false: never probe; true names no N, so it stays an error
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:

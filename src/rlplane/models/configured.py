@@ -28,7 +28,7 @@ def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool =
         model.set_attn_implementation(p.attn_implementation)
     # Loaded on the host; "auto" is decided for the GPU the process will compute on where it sees one
     # (a driver without a GPU that loads the model for its own use decides for its host).
-    gpu = p.device in ("auto", "cuda") and torch.cuda.is_available()
+    gpu = p.device != "cpu" and torch.cuda.is_available()
     apply_precision(model, p.precision, device=torch.device("cuda" if gpu else "cpu"))
     if trainable and p.lora.enabled:
         from rlplane.models.lora import apply_lora
