@@ -51,4 +51,8 @@ def reasoning_gym_rows(
                 "extra_env_info": {"entry": {"question": entry["question"], "answer": entry["answer"],
                                              "metadata": entry["metadata"]}},
             })
+    if exclude and not rows:
+        raise DatasetError(f"data.reasoning_gym: all {size * len(tasks)} training problems of {', '.join(tasks)} are "
+                           "held-out questions too (the task's config allows few distinct questions); widen "
+                           "data.reasoning_gym.config or lower data.reasoning_gym.val_size")
     return rows

@@ -113,6 +113,18 @@ def test_reasoning_gym_rows_are_seeded_and_held_out_disjoint():
     assert [d.ground_truth for d in again] == [d.ground_truth for d in val]  # same seed, same problems
 
 
+def test_reasoning_gym_with_every_training_problem_held_out_is_one_line():
+    """count_bits up to 31 has 31 questions: 100 held-out problems take them all, none is left to train on."""
+    pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
+    cfg = _cfg("data.dataset=reasoning_gym", "data.reasoning_gym.tasks=[count_bits]",
+               "data.reasoning_gym.config={max_n: 31}", "data.reasoning_gym.val_size=100", prompts=4)
+    with pytest.raises(DatasetError) as e:
+        build_datasets(cfg.dataset_options(), build_char_tokenizer())
+    assert str(e.value) == (
+        "data.reasoning_gym: all 10000 training problems of count_bits are held-out questions too (the task's config "
+        "allows few distinct questions); widen data.reasoning_gym.config or lower data.reasoning_gym.val_size")
+
+
 def test_reasoning_gym_env_scores_with_task_verifier():
     pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
     from rlplane.envs import create_env
