@@ -12,8 +12,10 @@
 #                peak GPU memory per phase
 #   generation   tokens/s of rlplane's hf backend vs transformers' model.generate on that model
 #   fsdp         one train step of the policy sharded by FSDP2 at world size 1 over NCCL
+#   ray          the default job under runtime=ray on the GPU: colocated (policy rank and generator share
+#                it), async GRPO, and what Ray refuses in one line when a layout needs more GPUs
 #
-# Runs with runtime=local only: Ray's wheel does not fit a device call (docs/gpu.md). Without a GPU every
+# Ray travels as a repacked tarball (download.sh; docs/gpu.md). Without a GPU every
 # part runs on the CPU with tiny sizes (a check of the kit itself), and the report says device: cpu.
 #
 # Usage: OUT=DIR scripts/gpu_kit/check.sh     (whole script < 8 min on one GPU)
@@ -51,6 +53,11 @@ PY
   fi
 else
   echo "no wheels in $WHEELS (run scripts/gpu_kit/download.sh first, where there is network); using this Python as is"
+fi
+# Ray travels as a tarball of the installed package (download.sh): unpacked into the same folder.
+if [ -f "$WHEELS/ray.tar.xz" ] && ! "$PY" -c 'import ray' 2>/dev/null; then
+  mkdir -p "$SITE" && tar -xJf "$WHEELS/ray.tar.xz" -C "$SITE" && echo "unpacked ray into $SITE" \
+    || echo "ray unpack FAILED"
 fi
 export PYTHONPATH="$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -95,5 +102,6 @@ part default_job 150 "$PY" "$PARTS" default_job "$WORK/default" "$STEPS" 135
 part smollm2_step 110 "$PY" "$PARTS" smollm2_step "$WORK" 6
 part generation 60 "$PY" "$PARTS" generation "$WORK"
 part fsdp 45 "$PY" "$PARTS" fsdp
+part ray 300 "$PY" "$PARTS" ray "$WORK/ray" "$STEPS"
 "$PY" "$PARTS" report "$OUT"
 rm -rf "$WORK"

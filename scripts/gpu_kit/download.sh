@@ -3,9 +3,10 @@
 #
 # The machine brings torch (CUDA), transformers, accelerate, peft and their dependencies (numpy,
 # pyyaml, safetensors, tokenizers, tqdm, packaging). rlplane also imports pydantic; the device tests
-# need pytest. Ray is left out: its cp312 wheel (ray 2.60.0, 79.3 MB) does not fit the 64 MiB a
-# device call may carry, so the GPU checks run with runtime=local only (CHECK_RAY=1 re-measures it).
-# TensorBoard is left out too: the logger skips it when it does not import.
+# need pytest. Ray's cp312 wheel (79.3 MB for 2.60.0) does not fit the 64 MiB a device call may carry:
+# it travels as ray.tar.xz, the installed package without its Java jars and the dashboard's web client
+# (nothing `include_dashboard=False` imports), about 26 MB; its dependencies travel as wheels. RAY=0 skips it.
+# TensorBoard is left out: the logger skips it when it does not import.
 #
 # Usage: scripts/gpu_kit/download.sh        (then scripts/gpu_kit/check.sh on the GPU machine)
 set -euo pipefail
@@ -18,10 +19,16 @@ rm -rf "$DEST" && mkdir -p "$DEST"
 # pydantic with its own dependencies (pydantic-core, annotated-types, typing-inspection, typing-extensions);
 # pytest and pytest-timeout with theirs (pluggy, iniconfig, pygments, packaging).
 "$PY" -m pip download -q "${TARGET[@]}" -d "$DEST" "pydantic>=2.6" "pytest>=8" "pytest-timeout>=2.3" 2> >(grep -v "is ignored" >&2)
-if [ "${CHECK_RAY:-0}" = 1 ]; then
+if [ "${RAY:-1}" = 1 ]; then
+  ray_spec=${RAY_SPEC:-ray==$("$PY" -c 'import ray; print(ray.__version__)' 2>/dev/null || echo 2.60.0)}
   tmp=$(mktemp -d)
-  "$PY" -m pip download -q --no-deps "${TARGET[@]}" -d "$tmp" "ray>=2.40"
-  ls -l "$tmp"/ray-*.whl | awk '{printf "ray wheel: %s %.1f MB (limit per device call: 64 MiB incl. the working tree)\n", $9, $5/1e6}'
+  "$PY" -m pip download -q --no-deps "${TARGET[@]}" -d "$tmp" "$ray_spec"
+  "$PY" -m pip download -q "${TARGET[@]}" -d "$DEST" "click>=7" filelock jsonschema "msgpack>=1,<2" \
+    "protobuf>=3.20.3" requests 2> >(grep -v "is ignored" >&2)
+  ls -l "$tmp"/ray-*.whl | awk '{printf "ray wheel: %s %.1f MB (too big for a device call: repacked)\n", $9, $5/1e6}'
+  (cd "$tmp" && unzip -q ray-*.whl -x 'ray/jars/*' 'ray/dashboard/client/build/*' \
+     && tar -cf - ray ray-*.dist-info | xz -9 -T0 > ray.tar.xz)
+  mv "$tmp/ray.tar.xz" "$DEST/"
   rm -rf "$tmp"
 fi
 echo "wheels in $DEST:"

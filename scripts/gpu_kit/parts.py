@@ -9,6 +9,7 @@ report). Every part runs on ``cuda`` when the process sees a GPU, else on ``cpu`
     python scripts/gpu_kit/parts.py smollm2_step WORK_DIR STEPS
     python scripts/gpu_kit/parts.py generation WORK_DIR [BATCH]
     python scripts/gpu_kit/parts.py fsdp
+    python scripts/gpu_kit/parts.py ray WORK_DIR STEPS
     python scripts/gpu_kit/parts.py report OUT_DIR
 """
 
@@ -82,17 +83,14 @@ def env() -> None:
     _emit({"python": sys.version.split()[0], "versions": versions, "gpu": gpu})
 
 
-def default_job(run_dir: str, steps: str, timeout_s: str) -> None:
-    """``rlplane train`` (the embedded arithmetic job) with policy.device; its printed accuracies and metrics.
-    Stopped after ``timeout_s``, it still reports the steps it logged."""
-    # CPU (a check of the kit): a short warm-up and validation so the part fits its timeout on a loaded machine.
-    small = [] if CUDA else ["warmup.num_steps=100", "warmup.eval_every=50", "grpo.max_val_samples=100"]
-    cmd = [sys.executable, "-m", "rlplane.cli", "train", f"policy.device={DEVICE}", f"grpo.max_num_steps={steps}",
+def _train(overrides: list[str], run_dir: str, timeout_s: float, config: str | None = None) -> dict:
+    """``rlplane train`` in a subprocess: rc, wall time, printed accuracies, the last line of a failure."""
+    cmd = [sys.executable, "-m", "rlplane.cli", "train", *(["-c", config] if config else []), *overrides,
            f"run_dir={run_dir}", "checkpointing.enabled=false", "logger.tensorboard_enabled=false",
-           "logger.progress_bar=false", *small, "--overwrite"]
+           "logger.progress_bar=false", "--overwrite"]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=float(timeout_s))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         out, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = f"{e.stdout or ''}{e.stderr or ''}\nstopped after {timeout_s} s", "timeout"
@@ -100,9 +98,64 @@ def default_job(run_dir: str, steps: str, timeout_s: str) -> None:
     for line in out.splitlines():
         if line.startswith("held-out accuracy"):
             acc["before" if "before" in line else "after"] = line.rsplit(" ", 1)[-1]
-    _emit({"command": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - t0, 1),
-           "accuracy": acc, **_summarise_steps(_metrics_rows(run_dir)),
-           "tail": out.strip().splitlines()[-6:] if rc else []})
+    lines = out.strip().splitlines()
+    return {"command": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - t0, 1),
+            "accuracy": acc, "tail": lines[-6:] if rc else [], "last_line": lines[-1] if lines else ""}
+
+
+def default_job(run_dir: str, steps: str, timeout_s: str) -> None:
+    """``rlplane train`` (the embedded arithmetic job) with policy.device; its printed accuracies and metrics.
+    Stopped after ``timeout_s``, it still reports the steps it logged."""
+    # CPU (a check of the kit): a short warm-up and validation so the part fits its timeout on a loaded machine.
+    small = [] if CUDA else ["warmup.num_steps=100", "warmup.eval_every=50", "grpo.max_val_samples=100"]
+    result = _train([f"policy.device={DEVICE}", f"grpo.max_num_steps={steps}", *small], run_dir, float(timeout_s))
+    result.pop("last_line")
+    _emit({**result, **_summarise_steps(_metrics_rows(run_dir))})
+
+
+def ray(work: str, steps: str) -> None:
+    """The default job under ``runtime: ray`` on the GPU: each layout runs where the GPUs suffice and is refused in
+    one line where they do not (a layout Ray could never place would otherwise wait forever). Records where each
+    actor ran (``logs/placement.json``: GPU ids Ray gave it)."""
+    gpus = torch.cuda.device_count() if CUDA else 0
+    steps = int(steps) if CUDA else 2
+
+    def base(loop: str) -> list[str]:
+        keys = ["runtime=ray", "data_plane.backend=ray", f"policy.device={DEVICE}", f"{loop}.max_num_steps={steps}"]
+        if not CUDA:  # a check of the kit: tiny warm-up and validation
+            keys += ["warmup.num_steps=50", "warmup.eval_every=50", f"{loop}.max_val_samples=50"]
+        return keys
+    async_keys = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+    # (name, config, overrides, GPUs the layout needs: policy rank + generator share one when colocated)
+    cases = [("colocated", None, [], 1),
+             ("colocated_fsdp", None, ["policy.dtensor_cfg.enabled=true"], 1),
+             ("split", None, ["policy.generation.colocated.enabled=false"], 2),
+             ("async", None, async_keys, 2),  # policy rank + validation generator share one, the collector its own
+             ("ppo_colocated", "ppo_arithmetic", [], 2)]  # the critic rank: a GPU of its own
+    results, ok = {}, True
+    for name, config, over, need in cases:
+        run_dir = str(Path(work) / name)
+        fits = need <= gpus or not CUDA
+        r = _train([*base("ppo" if config == "ppo_arithmetic" else "grpo"), *over], run_dir,
+                   150.0 if fits else 60.0, config)
+        if fits:
+            r["steps"] = _summarise_steps(_metrics_rows(run_dir)) if _metrics_rows(run_dir) else None
+            placement = Path(run_dir) / "logs" / "placement.json"
+            if placement.exists():
+                where = json.loads(placement.read_text())
+                r["gpus"] = {group: [w.get("gpus") for w in ranks] for group, ranks in where.items()
+                             if isinstance(ranks, list)}
+            r["expected"], passed = "runs", r["rc"] == 0
+        else:  # refused before any actor starts: rc 2 and one line naming the GPUs
+            r["expected"], passed = f"refused (needs {need} GPUs, has {gpus})", r["rc"] == 2 and "GPU" in r["last_line"]
+        r["passed"] = passed
+        ok &= passed
+        results[name] = r
+        print(name, json.dumps(r, default=str)[:800], flush=True)
+    _emit({"gpus": gpus, "cases": {n: {k: r[k] for k in ("expected", "passed", "rc", "wall_s", "accuracy", "last_line",
+                                                        "gpus", "steps") if k in r} for n, r in results.items()}})
+    if not ok:
+        sys.exit(1)
 
 
 def _smollm2_dir(work: str) -> str:

@@ -108,8 +108,8 @@ class ClusterConfig(StrictModel):
 
     num_cpus: int | None = Field(None, ge=1, description="CPUs Ray may use (null = all).")
     address: str | None = Field(None, description="Existing Ray cluster to join (null = start one).")
-    gpus_per_node: int = Field(0, ge=0, description="GPUs Ray may use on this node (0 = none; `policy.device: auto` "
-                               "then computes on CPU).")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs Ray may use on this node (0 = the GPUs Ray finds: none on "
+                               "a machine without one, where `policy.device: auto` computes on CPU).")
     num_nodes: int = Field(1, ge=1, description="Nodes the run's placement groups may spread over; the Ray cluster "
                            "must have at least this many.")
 

@@ -30,7 +30,7 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
 )
 from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
-from rlplane.runtime.groups import make_actor
+from rlplane.runtime.groups import cluster_gpus, make_actor
 from rlplane.training import Components, Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
@@ -43,7 +43,7 @@ from rlplane.training.rollouts import (
 )
 from rlplane.training.samples import train_samples
 from rlplane.training.weight_check import WeightCheck
-from rlplane.training.workers import RAY_CPUS_COLLECTOR
+from rlplane.training.workers import RAY_CPUS_COLLECTOR, collector_gpus
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.env_metrics import is_env_metric, merge_env_metrics
@@ -67,9 +67,10 @@ class CollectorHandle:
                       data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
                       init_weights=policy.lazy("get_weights"),  # straight from the rank-0 policy, not via the driver
                       options=self.options, env_pools=s.workers.env_pools)
+        gpus = collector_gpus(cfg, cluster_gpus()) if cfg.runtime == "ray" else 0.0
         # A child process builds its environments from its own registry: send this one's.
         self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
-                                max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
+                                num_gpus=gpus, max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
                                 setup=[(restore_env_registry, (env_registry_snapshot(),))], name="async collector")
         self._policy = policy
         self._prompts = s.prompts

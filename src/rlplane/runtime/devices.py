@@ -46,6 +46,19 @@ def num_gpus_per_worker(device: str, cluster_gpus: float) -> float:
     return 1.0 if device == "cuda" or (device == "auto" and cluster_gpus > 0) else 0.0
 
 
+# Colocated under Ray, generator i asks for this share of rank i's GPU and the policy rank for the rest: Ray
+# gives both the same device (the generator sleeps while the policy trains).
+COLOCATED_GPU_SHARE = 0.5
+
+
+def generator_gpus(gpus_per_rank: float, colocated: bool, tensor_parallel: int = 1) -> float:
+    """GPUs a generator's Ray actor asks for: none when the policy ranks compute on CPU (``gpus_per_rank`` 0);
+    colocated, its share of its bundle's GPU; split, GPUs of its own (``tensor_parallel`` for a vLLM engine)."""
+    if not gpus_per_rank:
+        return 0.0
+    return COLOCATED_GPU_SHARE if colocated else float(tensor_parallel)
+
+
 def check_cluster_gpus(device: str, num_workers: int, cluster_gpus: float) -> None:
     """``policy.device = cuda`` needs a GPU per worker (an actor asking for a missing GPU waits forever)."""
     if device == "cuda" and cluster_gpus < num_workers:

@@ -230,12 +230,13 @@ class RayActor:
     obj = None  # the worker lives in another process
 
     def __init__(self, cls: type, kwargs: dict[str, Any], num_cpus: float = 0.5, max_concurrency: int | None = None,
-                 env_vars: dict[str, str] | None = None, name: str | None = None):
+                 env_vars: dict[str, str] | None = None, name: str | None = None, num_gpus: float = 0.0):
         import ray
 
         self.name = name or cls.__name__
 
-        options: dict[str, Any] = dict(num_cpus=num_cpus, runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})
+        options: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus,
+                                       runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})
         if max_concurrency is not None:
             options["max_concurrency"] = max_concurrency
         self.handle = ray.remote(**options)(cls).remote(**kwargs)
@@ -284,16 +285,17 @@ def make_group(runtime: str, cls: type, per_rank_kwargs: list[dict[str, Any]], *
                     scheduling=scheduling, env_vars=env_vars, data_plane=data_plane, name=name)
 
 
-def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5,
+def make_actor(runtime: str, cls: type, kwargs: dict[str, Any], *, num_cpus: float = 0.5, num_gpus: float = 0.0,
                max_concurrency: int | None = None, env_vars: dict[str, str] | None = None, process: bool = False,
                setup: Sequence[tuple[Callable, tuple]] = (), name: str | None = None):
     """A single ``cls`` worker under ``runtime``; ``process`` (local only): in a child process of its own
-    (:class:`~rlplane.runtime.process_actor.ProcessActor`, ``setup`` run there first)."""
+    (:class:`~rlplane.runtime.process_actor.ProcessActor`, ``setup`` run there first); ``num_gpus``: Ray only."""
     if runtime == "local" and process:
         return ProcessActor(cls, kwargs, setup=setup)
     if runtime == "local":
         return LocalActor(cls, kwargs, name=name)
-    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars, name=name)
+    return RayActor(cls, kwargs, num_cpus=num_cpus, max_concurrency=max_concurrency, env_vars=env_vars, name=name,
+                    num_gpus=num_gpus)
 
 
 def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None:

@@ -34,13 +34,15 @@ class PlacementPlan:
 
 
 def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_cpus: dict[str, float],
-                   generator_cpus: float, rank_gpus: dict[str, float] | None = None, num_nodes: int = 1
-                   ) -> PlacementPlan:
+                   generator_cpus: float, rank_gpus: dict[str, float] | None = None, num_nodes: int = 1,
+                   generator_gpus: float = 0.0) -> PlacementPlan:
     """Bundles for ``dp_size`` ranks of each trained group (``rank_cpus``/``rank_gpus`` per rank; rank ``i`` of
-    every group shares bundle ``i``) and ``num_generators`` CPU generators.
+    every group shares bundle ``i``) and ``num_generators`` generators (``generator_cpus``/``generator_gpus``
+    each).
 
-    Colocated: ``max(dp_size, num_generators)`` bundles. Split: ``train`` and ``generation`` groups, the
-    latter apart from the former's nodes over ``num_nodes > 1``.
+    Colocated: ``max(dp_size, num_generators)`` bundles; a generator beside a rank shares that rank's GPUs,
+    one past the ranks gets its own. Split: ``train`` and ``generation`` groups, the latter apart from the
+    former's nodes over ``num_nodes > 1``.
     """
     train_cpus = sum(rank_cpus.values())
     gpus_per_rank = sum((rank_gpus or {}).values())
@@ -49,7 +51,7 @@ def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_c
         n = max(dp_size, num_generators)
         plan.bundles["colocated"] = [
             _bundle((train_cpus if i < dp_size else 0.0) + (generator_cpus if i < num_generators else 0.0),
-                    gpus_per_rank if i < dp_size else 0.0)
+                    gpus_per_rank if i < dp_size else generator_gpus)
             for i in range(n)
         ]
         for name in rank_cpus:
@@ -57,7 +59,7 @@ def plan_placement(*, dp_size: int, num_generators: int, colocated: bool, rank_c
         plan.slots["generators"] = [("colocated", j) for j in range(num_generators)]
         return plan
     plan.bundles["train"] = [_bundle(train_cpus, gpus_per_rank) for _ in range(dp_size)]
-    plan.bundles["generation"] = [_bundle(generator_cpus, 0.0) for _ in range(num_generators)]
+    plan.bundles["generation"] = [_bundle(generator_cpus, generator_gpus) for _ in range(num_generators)]
     for name in rank_cpus:
         plan.slots[name] = [("train", i) for i in range(dp_size)]
     plan.slots["generators"] = [("generation", j) for j in range(num_generators)]
@@ -159,12 +161,13 @@ def scheduling(groups: dict, slots: list[tuple[str, int]]) -> list:
 
 
 def current_placement() -> dict:
-    """Inside a Ray actor: node id, placement group id and bundle indices, from its bundle-scoped resource
-    ids (``get_assigned_resources`` names only ``CPU``)."""
+    """Inside a Ray actor: node id, placement group id, bundle indices (from its bundle-scoped resource ids;
+    ``get_assigned_resources`` names only ``CPU``) and the GPU ids Ray gave it."""
     import ray
 
     ctx = ray.get_runtime_context()
     pg = ctx.get_placement_group_id()
     names = ray._private.worker.global_worker.core_worker.resource_ids()
     bundles = sorted({int(m.group(1)) for k in names if (m := re.match(r"\w+?_group_(\d+)_", k))})
-    return {"node_id": ctx.get_node_id(), "placement_group_id": pg, "bundles": bundles}
+    return {"node_id": ctx.get_node_id(), "placement_group_id": pg, "bundles": bundles,
+            "gpus": [str(i) for i in ray.get_gpu_ids()]}

@@ -10,7 +10,7 @@ from rlplane.envs.registry import env_registry_snapshot, sendable_env_names
 from rlplane.envs.user import import_path_env, user_task_error_in
 from rlplane.errors import ConfigError
 from rlplane.runtime import placement
-from rlplane.runtime.devices import check_cluster_gpus, num_gpus_per_worker
+from rlplane.runtime.devices import check_cluster_gpus, generator_gpus, num_gpus_per_worker
 from rlplane.runtime.env_pools import EnvPool, await_env_pools, pool_env_names, start_env_pools
 from rlplane.runtime.groups import (
     cluster_cpus as ray_cluster_cpus,
@@ -92,6 +92,15 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
         ])
 
 
+def ray_gpus(cfg: RunConfig, gpus_per_rank: float) -> tuple[float, float]:
+    """(policy rank, generator): the GPUs each Ray actor asks for when a trainable rank gets ``gpus_per_rank``.
+    Generators compute where the policy does; colocated, generator i and policy rank i split rank i's GPU."""
+    gen = cfg.policy.generation
+    tp = gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
+    per_generator = generator_gpus(gpus_per_rank, gen.colocated.enabled, tp)
+    return (gpus_per_rank - per_generator if gen.colocated.enabled else gpus_per_rank), per_generator
+
+
 def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_per_rank: float
                    ) -> placement.PlacementPlan:
     """The run's placement groups, colocated or split as ``policy.generation.colocated.enabled`` says."""
@@ -104,15 +113,34 @@ def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_p
     return placement.plan_placement(dp_size=cfg.policy.dp_size, num_generators=gen.num_generators,
                                     colocated=gen.colocated.enabled, rank_cpus=rank_cpus,
                                     generator_cpus=RAY_CPUS_ROLLOUT, rank_gpus=rank_gpus,
-                                    num_nodes=cfg.cluster.num_nodes)
+                                    generator_gpus=ray_gpus(cfg, gpus_per_rank)[1], num_nodes=cfg.cluster.num_nodes)
+
+
+def collector_gpus(cfg: RunConfig, cluster_gpus: float) -> float:
+    """GPUs async GRPO's collector asks for under Ray: a split generator's (it generates while the policy trains)."""
+    if cfg.algorithm != "grpo" or not cfg.grpo.async_grpo.enabled:
+        return 0.0
+    gen = cfg.policy.generation
+    tp = gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
+    return generator_gpus(num_gpus_per_worker(cfg.policy.device, cluster_gpus), False, tp)
 
 
 def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> None:
-    """A one-line :class:`ConfigError` when the run's bundles cannot be placed on the connected cluster."""
-    gpus = num_gpus_per_worker(cfg.policy.device, ray_cluster_gpus())
+    """A one-line :class:`ConfigError` when the run's bundles (and async GRPO's collector) cannot be placed on the
+    connected cluster."""
+    cluster_gpus = ray_cluster_gpus()
+    gpus = num_gpus_per_worker(cfg.policy.device, cluster_gpus)
     mode = "colocated" if cfg.policy.generation.colocated.enabled else "split"
-    placement.check_bundles_fit(placement_plan(cfg, uses_critic, uses_teacher, gpus), placement.cluster_nodes(),
-                                cfg.cluster.num_nodes, mode)
+    plan = placement_plan(cfg, uses_critic, uses_teacher, gpus)
+    placement.check_bundles_fit(plan, placement.cluster_nodes(), cfg.cluster.num_nodes, mode)
+    collector = collector_gpus(cfg, cluster_gpus)
+    need = collector + sum(b.get("GPU", 0.0) for group in plan.bundles.values() for b in group)
+    if collector and need > cluster_gpus + 1e-9:
+        raise ConfigError([
+            f"grpo.async_grpo: the collector generates on a GPU of its own ({collector:g}) beside the placement "
+            f"bundles' {need - collector:g}, {need:g} GPU(s) in all, but the Ray cluster has {cluster_gpus:g}; "
+            "give Ray more GPUs (cluster.gpus_per_node, cluster.address), lower policy.dp_size, or set policy.device=cpu"
+        ])
 
 
 class Workers:
@@ -147,18 +175,19 @@ class Workers:
             return [dict(options=options, data_plane=self.data_plane, rank=r, world_size=n,
                          init_state=state, shared_paths=self.shared_paths) for r in range(n)]
 
-        gpus, slots = 0.0, {}
+        gpus, policy_gpus, self.generator_gpus, slots = 0.0, 0.0, 0.0, {}
         if runtime != "local":
             cluster_gpus = ray_cluster_gpus()
             check_cluster_gpus(cfg.policy.device, n * (1 + self.critic), cluster_gpus)
             gpus = num_gpus_per_worker(cfg.policy.device, cluster_gpus)
+            policy_gpus, self.generator_gpus = ray_gpus(cfg, gpus)
             plan = placement_plan(cfg, self.critic, self.teacher_cfg is not None, gpus)
             self.placement_groups = placement.reserve(plan, cfg.cluster.num_nodes)
             slots = {name: placement.scheduling(self.placement_groups, s) for name, s in plan.slots.items()}
         # One process group when several ranks, or when FSDP shards one rank.
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
         self.policy = make_group(runtime, PolicyWorker, per_rank(policy_options(cfg), init_state),
-                                 num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=gpus, distributed=distributed,
+                                 num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=policy_gpus, distributed=distributed,
                                  scheduling=slots.get("policy"), data_plane=self.data_plane, name="policy rank")
         if self.critic:
             # A quarter CPU each, so policy + rollout + critic fit Ray's 2 CPUs at dp_size 2.
@@ -202,7 +231,8 @@ class Workers:
                                [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j,
                                      shared_paths=self.shared_paths, env_pools=self.env_pools)
                                 for j in range(gen.num_generators)],
-                               num_cpus=RAY_CPUS_ROLLOUT, scheduling=scheduling, env_vars=import_path_env(),
+                               num_cpus=RAY_CPUS_ROLLOUT, num_gpus=self.generator_gpus, scheduling=scheduling,
+                               env_vars=import_path_env(),
                                data_plane=self.data_plane, name="generator")
         except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
             raise user_task_error_in(e) or e from None

@@ -124,6 +124,37 @@ def test_colocated_plan_shares_bundles_split_plan_separates_them():
     assert plan_placement(dp_size=2, num_generators=3, colocated=True, num_nodes=2, **kw).apart == {}
 
 
+def test_generators_compute_on_gpus_where_the_policy_does():
+    from rlplane.training.workers import placement_plan, ray_gpus
+
+    kw = dict(rank_cpus={"policy": 0.5}, generator_cpus=0.5, rank_gpus={"policy": 1.0}, generator_gpus=0.5)
+    # Colocated: generator 0 shares rank 0's GPU (no GPU added to bundle 0); generator 1, past the ranks, its half.
+    co = plan_placement(dp_size=1, num_generators=2, colocated=True, **kw)
+    assert co.bundles == {"colocated": [{"CPU": 1.0, "GPU": 1.0}, {"CPU": 0.5, "GPU": 0.5}]}
+    split = plan_placement(dp_size=1, num_generators=2, colocated=False, **{**kw, "generator_gpus": 2.0})
+    assert split.bundles == {"train": [{"CPU": 0.5, "GPU": 1.0}], "generation": [{"CPU": 0.5, "GPU": 2.0}] * 2}
+
+    def gpus(*over, per_rank=1.0):
+        cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", *over])
+        return ray_gpus(cfg, per_rank), placement_plan(cfg, False, False, per_rank).bundles
+    # (policy rank, generator) requests: colocated halves of one GPU; split a GPU each; on CPU none.
+    assert gpus()[0] == (0.5, 0.5)
+    assert gpus("policy.generation.colocated.enabled=false")[0] == (1.0, 1.0)
+    assert gpus(per_rank=0.0) == ((0.0, 0.0), {"colocated": [{"CPU": 1.0}]})
+    assert gpus("policy.generation.colocated.enabled=false", per_rank=0.0)[1] == {
+        "train": [{"CPU": 0.5}], "generation": [{"CPU": 0.5}]}
+
+
+def test_async_collector_gpu_counts_against_the_cluster():
+    from rlplane.training.workers import collector_gpus
+
+    over = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+    cfg = load_config(None, [*over, "policy.device=auto"])
+    assert collector_gpus(cfg, 0) == 0.0 and collector_gpus(cfg, 2) == 1.0  # auto: a GPU when the cluster has one
+    assert collector_gpus(load_config(None, [*over, "policy.device=cpu"]), 2) == 0.0
+    assert collector_gpus(load_config(None, []), 2) == 0.0  # sync GRPO has no collector
+
+
 def test_bundles_that_do_not_fit_are_one_line_errors():
     plan = plan_placement(dp_size=2, num_generators=2, colocated=True, rank_cpus={"policy": 0.5},
                           generator_cpus=0.5, rank_gpus={"policy": 1.0})

@@ -1,0 +1,93 @@
+"""Which GPU each Ray actor gets under ``policy.device: cuda``, on a Ray instance that counts GPUs this machine
+does not have (``ray.init(num_gpus=N)``: Ray hands out GPU ids and ``CUDA_VISIBLE_DEVICES`` as on a GPU node).
+
+Colocated, generator ``i`` must land on policy rank ``i``'s GPU (each asks for half of it) and a critic rank on a
+GPU of its own, whatever order Ray places them in; split, every generator on a GPU no policy rank holds.
+The actors are probes placed exactly as ``Workers.start`` places the workers (its plan, slots and requests);
+the run itself on a real GPU is ``scripts/gpu_kit/check.sh``'s ``ray`` part.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import itertools, json, sys, time
+    import ray
+    from rlplane.config.loading import load_config
+    from rlplane.runtime import placement
+    from rlplane.training.workers import placement_plan, ray_gpus
+
+    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def gpus(self):
+            return [int(i) for i in ray.get_gpu_ids()]
+
+    out = []
+    for colocated, dp, gens, critic in json.loads(sys.argv[1]):
+        cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray",
+                                 f"policy.generation.colocated.enabled={colocated}",
+                                 f"policy.dp_size={dp}", f"policy.generation.num_generators={gens}",
+                                 f"policy.train_global_batch_size={8 * dp}", f"policy.logprob_batch_size={8 * dp}"])
+        policy_gpus, generator_gpus = ray_gpus(cfg, 1.0)
+        plan = placement_plan(cfg, critic, False, 1.0)
+        requests = {"policy": policy_gpus, "value": 1.0, "generators": generator_gpus}
+        names = [n for n in ("policy", "value", "generators") if n in plan.slots]
+        # Ray may place the groups in any order: every order for one rank with a critic, else the workers' own.
+        for order in itertools.permutations(names) if (dp, critic) == (1, True) else [names]:
+            groups = placement.reserve(plan, 1, timeout_s=30)
+            actors = []
+            for name in order:
+                for i, strategy in enumerate(placement.scheduling(groups, plan.slots[name])):
+                    actors.append((name, i, Probe.options(num_gpus=requests[name],
+                                                          scheduling_strategy=strategy).remote()))
+            got = {f"{name} {i}": ray.get(a.gpus.remote(), timeout=30) for name, i, a in actors}
+            out.append({"case": [colocated, dp, gens, critic], "order": order, "requests": requests,
+                        "bundles": plan.bundles, "gpus": got})
+            for _, _, a in actors:
+                ray.kill(a)
+            placement.release(groups)
+            while ray.available_resources().get("GPU", 0) < 4:  # freed asynchronously
+                time.sleep(0.1)
+    print(json.dumps(out))
+""")
+
+
+def _placements(cases) -> list[dict]:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=240, env={**__import__("os").environ, "RAY_ADDRESS": "local"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_generators_share_the_policy_gpu_colocated_and_get_their_own_split():
+    cases = [(True, 1, 1, False), (True, 1, 1, True), (True, 2, 2, True), (True, 1, 2, False),
+             (False, 1, 1, False), (False, 1, 2, True)]  # at most 4 GPUs each
+    for r in _placements(cases):
+        colocated, dp, gens, critic = r["case"]
+        gpus, where = r["gpus"], f"{r['case']} placed in order {r['order']}"
+        assert all(len(ids) == 1 for ids in gpus.values()), where  # each actor sees exactly one GPU
+        policy = {i: gpus[f"policy {i}"][0] for i in range(dp)}
+        generators = {j: gpus[f"generators {j}"][0] for j in range(gens)}
+        values = {i: gpus[f"value {i}"][0] for i in range(dp)} if critic else {}
+        assert len(set(policy.values())) == dp, where  # one GPU per rank
+        assert not set(values.values()) & set(policy.values()), where  # a critic rank never shares the policy's
+        if colocated:
+            assert r["requests"]["policy"] == r["requests"]["generators"] == 0.5
+            for j, gpu in generators.items():
+                if j < dp:  # beside rank j: its GPU
+                    assert gpu == policy[j], where
+                else:  # past the ranks: a GPU of its own
+                    assert gpu not in {*policy.values(), *values.values()}, where
+        else:
+            assert r["requests"] == {"policy": 1.0, "value": 1.0, "generators": 1.0}
+            assert not set(generators.values()) & {*policy.values(), *values.values()}, where
+            assert len(set(generators.values())) == gens, where
