@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, shard_meta_for_dp
-from rlplane.errors import WorkerFailed
+from rlplane.errors import ConfigError, WorkerFailed
 from rlplane.fast.heap import freeze_actor_heap
 from rlplane.runtime import interrupts, watchdog
 from rlplane.runtime.process_actor import ProcessActor
@@ -347,11 +347,14 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
                             "; null runs a local Ray" if address else ", or unset it to run a local Ray"))
     if target and target != "local":
         if not address and (num_cpus or num_gpus):
-            from rlplane.errors import ConfigError
-
             raise ConfigError([f"RAY_ADDRESS={target!r} (environment) joins that cluster, which brings its own "
                                "resources: unset cluster.num_cpus and cluster.gpus_per_node, or unset RAY_ADDRESS"])
-        ray.init(address=target, **kwargs)
+        try:
+            ray.init(address=target, **kwargs)
+        except (ConnectionError, RuntimeError) as e:  # reachable, but no Ray would talk to us (auth, version)
+            cause = " ".join(str(e.__cause__ or e).split())[:300]
+            raise ConfigError([f"{key} = {target!r}: Ray did not accept the connection ({cause}); check the address, "
+                               "and for a cluster with token authentication set RAY_AUTH_TOKEN"]) from None
     else:
         with interrupts.children_ignore_sighup():  # Ray's own processes are in the driver's process group
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tempfile.mkdtemp(prefix="rlplane-ray-"), **kwargs)

@@ -143,3 +143,26 @@ def test_a_malformed_address_is_one_line(address):
 
     with pytest.raises(ConfigError, match=rf"^cluster.address = '{address}': not a host:port address"):
         check_reachable(address, 6379, "cluster.address", "fix it")
+
+
+def test_a_ray_cluster_that_refuses_the_connection_is_one_line(monkeypatch):
+    """A reachable address whose Ray refuses the driver (here: token authentication) is one line, not Ray's trace."""
+    import ray
+
+    from rlplane.runtime import groups
+
+    def refuse(**kwargs):
+        try:
+            raise RuntimeError("Failed to connect to GCS.\nAuthenticationError: InvalidAuthToken: token missing")
+        except RuntimeError as e:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379") from e
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(groups, "check_reachable", lambda *a: None)
+    with pytest.raises(ConfigError) as e:
+        groups.init_ray(address="10.0.0.5:6379")
+    assert str(e.value) == (
+        "cluster.address = '10.0.0.5:6379': Ray did not accept the connection (Failed to connect to GCS. "
+        "AuthenticationError: InvalidAuthToken: token missing); check the address, and for a cluster with token "
+        "authentication set RAY_AUTH_TOKEN")
