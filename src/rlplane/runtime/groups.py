@@ -302,8 +302,6 @@ def await_actors(actors: list, timeout_s: float = ACTOR_START_TIMEOUT_S) -> None
     """Wait until every actor answers ``ping``; a one-line error after ``timeout_s`` instead of a hang."""
     import ray
 
-    from rlplane.errors import ConfigError
-
     refs = [a.ping.remote() for a in actors]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if len(ready) < len(refs):
