@@ -76,3 +76,27 @@ def test_a_decay_without_a_length_or_out_of_range_is_one_line():
         load_config(None, ["policy.scheduler.decay=step"])
     cfg = load_config(None, ["policy.scheduler.decay=linear", "policy.scheduler.decay_steps=5"])
     assert (cfg.policy.scheduler.decay, cfg.policy.scheduler.decay_steps) == ("linear", 5)
+
+
+def test_a_fall_of_zero_steps_is_one_line():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["policy.scheduler.decay=cosine", "policy.scheduler.decay_steps=0"])
+    assert "policy.scheduler.decay_steps" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_critic_follows_its_own_schedule():
+    """value.scheduler reaches the critic's optimizer: linear over 2 steps to 0.5 of 1e-3 (1, 0.75, 0.5, 0.5)."""
+    from rlplane.dataplane import make_data_plane
+    from rlplane.training.workers import value_options
+    from rlplane.workers.value import ValueWorker
+
+    cfg = load_config("ppo_arithmetic", ["warmup.enabled=false", "value.optimizer.lr=1e-3",
+                                         "value.scheduler.decay=linear", "value.scheduler.decay_steps=2",
+                                         "value.scheduler.min_lr_factor=0.5"])
+    trainer = ValueWorker(value_options(cfg), make_data_plane("memory")).trainer
+    lrs = []
+    for _ in range(4):
+        lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 5e-4])
