@@ -31,17 +31,18 @@ SCRIPT = textwrap.dedent("""
             return [int(i) for i in ray.get_gpu_ids()]
 
     out = []
-    for colocated, dp, gens, critic in json.loads(sys.argv[1]):
+    for colocated, dp, gens, critic, teacher in json.loads(sys.argv[1]):
         cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray",
                                  f"policy.generation.colocated.enabled={colocated}",
                                  f"policy.dp_size={dp}", f"policy.generation.num_generators={gens}",
                                  f"policy.train_global_batch_size={8 * dp}", f"policy.logprob_batch_size={8 * dp}"])
-        policy_gpus, generator_gpus = ray_gpus(cfg, 1.0)
-        plan = placement_plan(cfg, critic, False, 1.0)
-        requests = {"policy": policy_gpus, "value": 1.0, "generators": generator_gpus}
-        names = [n for n in ("policy", "value", "generators") if n in plan.slots]
+        asks = ray_gpus(cfg, 1.0, teacher)
+        plan = placement_plan(cfg, critic, teacher, 1.0)
+        requests = {"policy": asks["policy"], "value": asks["value"], "teacher": asks["teacher"],
+                    "generators": asks["generator"]}
+        names = [n for n in ("policy", "value", "teacher", "generators") if n in plan.slots]
         # Ray may place the groups in any order: every order for one rank with a critic, else the workers' own.
-        for order in itertools.permutations(names) if (dp, critic) == (1, True) else [names]:
+        for order in itertools.permutations(names) if dp == 1 and (critic or teacher) else [names]:
             groups = placement.reserve(plan, 1, timeout_s=30)
             actors = []
             for name in order:
@@ -49,7 +50,7 @@ SCRIPT = textwrap.dedent("""
                     actors.append((name, i, Probe.options(num_gpus=requests[name],
                                                           scheduling_strategy=strategy).remote()))
             got = {f"{name} {i}": ray.get(a.gpus.remote(), timeout=30) for name, i, a in actors}
-            out.append({"case": [colocated, dp, gens, critic], "order": order, "requests": requests,
+            out.append({"case": [colocated, dp, gens, critic, teacher], "order": order, "requests": requests,
                         "bundles": plan.bundles, "gpus": got})
             for _, _, a in actors:
                 ray.kill(a)
@@ -69,10 +70,12 @@ def _placements(cases) -> list[dict]:
 
 @pytest.mark.timeout(300)
 def test_generators_share_the_policy_gpu_colocated_and_get_their_own_split():
-    cases = [(True, 1, 1, False), (True, 1, 1, True), (True, 2, 2, True), (True, 1, 2, False),
-             (False, 1, 1, False), (False, 1, 2, True)]  # at most 4 GPUs each
+    # (colocated, dp_size, generators, critic, teacher); split cases need at most 4 GPUs
+    cases = [(True, 1, 1, False, False), (True, 1, 1, True, False), (True, 2, 2, True, False),
+             (True, 1, 2, False, False), (True, 1, 1, False, True), (False, 1, 1, False, False),
+             (False, 1, 2, True, False), (False, 1, 1, False, True)]
     for r in _placements(cases):
-        colocated, dp, gens, critic = r["case"]
+        colocated, dp, gens, critic, teacher = r["case"]
         gpus, where = r["gpus"], f"{r['case']} placed in order {r['order']}"
         assert all(len(ids) == 1 for ids in gpus.values()), where  # each actor sees exactly one GPU
         policy = {i: gpus[f"policy {i}"][0] for i in range(dp)}
@@ -80,14 +83,16 @@ def test_generators_share_the_policy_gpu_colocated_and_get_their_own_split():
         values = {i: gpus[f"value {i}"][0] for i in range(dp)} if critic else {}
         assert len(set(policy.values())) == dp, where  # one GPU per rank
         assert not set(values.values()) & set(policy.values()), where  # a critic rank never shares the policy's
+        if teacher:  # teacher rank i computes on policy rank i's GPU
+            assert all(gpus[f"teacher {i}"][0] == policy[i] for i in range(dp)), where
         if colocated:
-            assert r["requests"]["policy"] == r["requests"]["generators"] == 0.5
+            assert r["requests"]["policy"] == r["requests"]["generators"] == 1 / (2 + teacher)
             for j, gpu in generators.items():
                 if j < dp:  # beside rank j: its GPU
                     assert gpu == policy[j], where
                 else:  # past the ranks: a GPU of its own
                     assert gpu not in {*policy.values(), *values.values()}, where
         else:
-            assert r["requests"] == {"policy": 1.0, "value": 1.0, "generators": 1.0}
+            assert r["requests"]["generators"] == 1.0 and r["requests"]["policy"] == 1 / (1 + teacher)
             assert not set(generators.values()) & {*policy.values(), *values.values()}, where
             assert len(set(generators.values())) == gens, where

@@ -46,17 +46,19 @@ def num_gpus_per_worker(device: str, cluster_gpus: float) -> float:
     return 1.0 if device == "cuda" or (device == "auto" and cluster_gpus > 0) else 0.0
 
 
-# Colocated under Ray, generator i asks for this share of rank i's GPU and the policy rank for the rest: Ray
-# gives both the same device (the generator sleeps while the policy trains).
-COLOCATED_GPU_SHARE = 0.5
+def gpu_requests(gpus_per_rank: float, colocated: bool, teacher: bool = False, tensor_parallel: int = 1
+                 ) -> dict[str, float]:
+    """The GPUs each Ray actor asks for when a trainable rank computes on ``gpus_per_rank`` (0: on CPU).
 
-
-def generator_gpus(gpus_per_rank: float, colocated: bool, tensor_parallel: int = 1) -> float:
-    """GPUs a generator's Ray actor asks for: none when the policy ranks compute on CPU (``gpus_per_rank`` 0);
-    colocated, its share of its bundle's GPU; split, GPUs of its own (``tensor_parallel`` for a vLLM engine)."""
+    Rank ``i``'s GPU is split evenly among the actors that share it, so Ray gives them all the same device:
+    policy rank ``i``, a frozen teacher's rank ``i``, and colocated generator ``i`` (asleep while the policy
+    trains). A split generator gets GPUs of its own (``tensor_parallel`` for a vLLM engine); a critic rank
+    keeps a whole GPU (it trains beside the policy)."""
     if not gpus_per_rank:
-        return 0.0
-    return COLOCATED_GPU_SHARE if colocated else float(tensor_parallel)
+        return {"policy": 0.0, "value": 0.0, "teacher": 0.0, "generator": 0.0}
+    share = gpus_per_rank / (1 + colocated + teacher)
+    return {"policy": share, "value": gpus_per_rank, "teacher": share if teacher else 0.0,
+            "generator": share if colocated else float(tensor_parallel)}
 
 
 def check_cluster_gpus(device: str, num_workers: int, cluster_gpus: float) -> None:

@@ -10,7 +10,7 @@ from rlplane.envs.registry import env_registry_snapshot, sendable_env_names
 from rlplane.envs.user import import_path_env, user_task_error_in
 from rlplane.errors import ConfigError
 from rlplane.runtime import placement
-from rlplane.runtime.devices import check_cluster_gpus, generator_gpus, num_gpus_per_worker
+from rlplane.runtime.devices import check_cluster_gpus, gpu_requests, num_gpus_per_worker
 from rlplane.runtime.env_pools import EnvPool, await_env_pools, pool_env_names, start_env_pools
 from rlplane.runtime.groups import (
     cluster_cpus as ray_cluster_cpus,
@@ -92,13 +92,12 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
         ])
 
 
-def ray_gpus(cfg: RunConfig, gpus_per_rank: float) -> tuple[float, float]:
-    """(policy rank, generator): the GPUs each Ray actor asks for when a trainable rank gets ``gpus_per_rank``.
-    Generators compute where the policy does; colocated, generator i and policy rank i split rank i's GPU."""
+def ray_gpus(cfg: RunConfig, gpus_per_rank: float, uses_teacher: bool = False) -> dict[str, float]:
+    """GPUs each Ray actor asks for (policy, value, teacher, generator: :func:`gpu_requests`) when a trainable
+    rank gets ``gpus_per_rank``: generators and a teacher compute where the policy does."""
     gen = cfg.policy.generation
     tp = gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
-    per_generator = generator_gpus(gpus_per_rank, gen.colocated.enabled, tp)
-    return (gpus_per_rank - per_generator if gen.colocated.enabled else gpus_per_rank), per_generator
+    return gpu_requests(gpus_per_rank, gen.colocated.enabled, uses_teacher, tp)
 
 
 def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_per_rank: float
@@ -113,7 +112,8 @@ def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_p
     return placement.plan_placement(dp_size=cfg.policy.dp_size, num_generators=gen.num_generators,
                                     colocated=gen.colocated.enabled, rank_cpus=rank_cpus,
                                     generator_cpus=RAY_CPUS_ROLLOUT, rank_gpus=rank_gpus,
-                                    generator_gpus=ray_gpus(cfg, gpus_per_rank)[1], num_nodes=cfg.cluster.num_nodes)
+                                    generator_gpus=ray_gpus(cfg, gpus_per_rank, uses_teacher)["generator"],
+                                    num_nodes=cfg.cluster.num_nodes)
 
 
 def collector_gpus(cfg: RunConfig, cluster_gpus: float) -> float:
@@ -122,7 +122,7 @@ def collector_gpus(cfg: RunConfig, cluster_gpus: float) -> float:
         return 0.0
     gen = cfg.policy.generation
     tp = gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
-    return generator_gpus(num_gpus_per_worker(cfg.policy.device, cluster_gpus), False, tp)
+    return gpu_requests(num_gpus_per_worker(cfg.policy.device, cluster_gpus), False, tensor_parallel=tp)["generator"]
 
 
 def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> None:
@@ -139,7 +139,8 @@ def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = Fals
         raise ConfigError([
             f"grpo.async_grpo: the collector generates on a GPU of its own ({collector:g}) beside the placement "
             f"bundles' {need - collector:g}, {need:g} GPU(s) in all, but the Ray cluster has {cluster_gpus:g}; "
-            "give Ray more GPUs (cluster.gpus_per_node, cluster.address), lower policy.dp_size, or set policy.device=cpu"
+            "give Ray more GPUs (cluster.gpus_per_node, cluster.address), lower policy.dp_size, or set "
+            "policy.device=cpu"
         ])
 
 
@@ -175,32 +176,34 @@ class Workers:
             return [dict(options=options, data_plane=self.data_plane, rank=r, world_size=n,
                          init_state=state, shared_paths=self.shared_paths) for r in range(n)]
 
-        gpus, policy_gpus, self.generator_gpus, slots = 0.0, 0.0, 0.0, {}
+        gpus, slots = 0.0, {}
+        requests = gpu_requests(0.0, False)
         if runtime != "local":
             cluster_gpus = ray_cluster_gpus()
             check_cluster_gpus(cfg.policy.device, n * (1 + self.critic), cluster_gpus)
             gpus = num_gpus_per_worker(cfg.policy.device, cluster_gpus)
-            policy_gpus, self.generator_gpus = ray_gpus(cfg, gpus)
+            requests = ray_gpus(cfg, gpus, self.teacher_cfg is not None)
             plan = placement_plan(cfg, self.critic, self.teacher_cfg is not None, gpus)
             self.placement_groups = placement.reserve(plan, cfg.cluster.num_nodes)
             slots = {name: placement.scheduling(self.placement_groups, s) for name, s in plan.slots.items()}
         # One process group when several ranks, or when FSDP shards one rank.
         distributed = n > 1 or cfg.policy.dtensor_cfg.enabled
         self.policy = make_group(runtime, PolicyWorker, per_rank(policy_options(cfg), init_state),
-                                 num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=policy_gpus, distributed=distributed,
+                                 num_cpus=RAY_CPUS_POLICY_RANK, num_gpus=requests["policy"], distributed=distributed,
                                  scheduling=slots.get("policy"), data_plane=self.data_plane, name="policy rank")
         if self.critic:
             # A quarter CPU each, so policy + rollout + critic fit Ray's 2 CPUs at dp_size 2.
             self.value = make_group(runtime, ValueWorker, per_rank(value_options(cfg), init_state),
-                                    num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=gpus, distributed=distributed,
+                                    num_cpus=RAY_CPUS_CRITIC_RANK, num_gpus=requests["value"], distributed=distributed,
                                     scheduling=slots.get("value"), data_plane=self.data_plane, name="critic rank")
         if self.teacher_cfg is not None:
             self.teacher = make_group(runtime, TeacherWorker,
                                       per_rank(teacher_options(self.teacher_cfg), teacher_state),
-                                      num_cpus=RAY_CPUS_TEACHER_RANK, scheduling=slots.get("teacher"),
+                                      num_cpus=RAY_CPUS_TEACHER_RANK, num_gpus=requests["teacher"],
+                                      scheduling=slots.get("teacher"),
                                       data_plane=self.data_plane, name="teacher rank")
         self.env_pools = self._start_env_pools()
-        self.rollout = self._start_generators(slots.get("generators"))
+        self.rollout = self._start_generators(slots.get("generators"), requests["generator"])
         try:  # awaited after the generators: a user task the rollout actor cannot import is said by it first
             await_env_pools(self.env_pools)
         except Exception as e:
@@ -214,7 +217,7 @@ class Workers:
         return start_env_pools(self.env_pool_specs, env.env_kwargs, env_registry_snapshot(), env,
                                num_cpus=env.cpus_per_actor, env_vars=import_path_env())
 
-    def _start_generators(self, scheduling: list | None) -> Generators:
+    def _start_generators(self, scheduling: list | None, num_gpus: float) -> Generators:
         """The generators: one in-process samples from the policy's module, else each builds its own model,
         refit from the policy. Each has its own sampling seed."""
         cfg, gen = self.cfg, self.cfg.policy.generation
@@ -231,7 +234,7 @@ class Workers:
                                [dict(cfg=cfg, data_plane=self.data_plane, seed=cfg.loop.seed + j,
                                      shared_paths=self.shared_paths, env_pools=self.env_pools)
                                 for j in range(gen.num_generators)],
-                               num_cpus=RAY_CPUS_ROLLOUT, num_gpus=self.generator_gpus, scheduling=scheduling,
+                               num_cpus=RAY_CPUS_ROLLOUT, num_gpus=num_gpus, scheduling=scheduling,
                                env_vars=import_path_env(),
                                data_plane=self.data_plane, name="generator")
         except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace

@@ -125,6 +125,7 @@ def test_colocated_plan_shares_bundles_split_plan_separates_them():
 
 
 def test_generators_compute_on_gpus_where_the_policy_does():
+    from rlplane.runtime.devices import gpu_requests
     from rlplane.training.workers import placement_plan, ray_gpus
 
     kw = dict(rank_cpus={"policy": 0.5}, generator_cpus=0.5, rank_gpus={"policy": 1.0}, generator_gpus=0.5)
@@ -134,13 +135,20 @@ def test_generators_compute_on_gpus_where_the_policy_does():
     split = plan_placement(dp_size=1, num_generators=2, colocated=False, **{**kw, "generator_gpus": 2.0})
     assert split.bundles == {"train": [{"CPU": 0.5, "GPU": 1.0}], "generation": [{"CPU": 0.5, "GPU": 2.0}] * 2}
 
-    def gpus(*over, per_rank=1.0):
+    def gpus(*over, per_rank=1.0, teacher=False):
         cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", *over])
-        return ray_gpus(cfg, per_rank), placement_plan(cfg, False, False, per_rank).bundles
-    # (policy rank, generator) requests: colocated halves of one GPU; split a GPU each; on CPU none.
-    assert gpus()[0] == (0.5, 0.5)
-    assert gpus("policy.generation.colocated.enabled=false")[0] == (1.0, 1.0)
-    assert gpus(per_rank=0.0) == ((0.0, 0.0), {"colocated": [{"CPU": 1.0}]})
+        return ray_gpus(cfg, per_rank, teacher), placement_plan(cfg, False, teacher, per_rank).bundles
+    # Rank i's GPU split evenly among policy rank i, colocated generator i and a teacher's rank i; a split
+    # generator gets its own (a vLLM engine: tensor_parallel_size of them); a critic rank a whole one.
+    assert gpus()[0] == {"policy": 0.5, "value": 1.0, "teacher": 0.0, "generator": 0.5}
+    assert gpus(teacher=True)[0] == {"policy": 1 / 3, "value": 1.0, "teacher": 1 / 3, "generator": 1 / 3}
+    assert gpus("policy.generation.colocated.enabled=false")[0] == {
+        "policy": 1.0, "value": 1.0, "teacher": 0.0, "generator": 1.0}
+    assert gpus("policy.generation.colocated.enabled=false", teacher=True)[0] == {
+        "policy": 0.5, "value": 1.0, "teacher": 0.5, "generator": 1.0}
+    assert gpu_requests(1.0, colocated=False, tensor_parallel=2)["generator"] == 2.0  # a vLLM engine over 2 GPUs
+    assert gpus(per_rank=0.0) == ({"policy": 0.0, "value": 0.0, "teacher": 0.0, "generator": 0.0},
+                                  {"colocated": [{"CPU": 1.0}]})
     assert gpus("policy.generation.colocated.enabled=false", per_rank=0.0)[1] == {
         "train": [{"CPU": 0.5}], "generation": [{"CPU": 0.5}]}
 
