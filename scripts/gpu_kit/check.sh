@@ -13,7 +13,8 @@
 #   generation   tokens/s of rlplane's hf backend vs transformers' model.generate on that model
 #   fsdp         one train step of the policy sharded by FSDP2 at world size 1 over NCCL
 #   ray          the default job under runtime=ray on the GPU: colocated (policy rank and generator share
-#                it), async GRPO, and what Ray refuses in one line when a layout needs more GPUs
+#                it), with FSDP2, distillation (the teacher shares it too); split, async GRPO and PPO where
+#                there are GPUs enough, else refused in one line (RAY_CASES="colocated async" picks cases)
 #
 # Ray travels as a repacked tarball (download.sh; docs/gpu.md). Without a GPU every
 # part runs on the CPU with tiny sizes (a check of the kit itself), and the report says device: cpu.
@@ -102,6 +103,6 @@ part default_job 150 "$PY" "$PARTS" default_job "$WORK/default" "$STEPS" 135
 part smollm2_step 110 "$PY" "$PARTS" smollm2_step "$WORK" 6
 part generation 60 "$PY" "$PARTS" generation "$WORK"
 part fsdp 45 "$PY" "$PARTS" fsdp
-part ray 300 "$PY" "$PARTS" ray "$WORK/ray" "$STEPS"
+part ray 360 "$PY" "$PARTS" ray "$WORK/ray" "$STEPS" "${RAY_CASES:-}"
 "$PY" "$PARTS" report "$OUT"
 rm -rf "$WORK"

@@ -9,7 +9,7 @@ report). Every part runs on ``cuda`` when the process sees a GPU, else on ``cpu`
     python scripts/gpu_kit/parts.py smollm2_step WORK_DIR STEPS
     python scripts/gpu_kit/parts.py generation WORK_DIR [BATCH]
     python scripts/gpu_kit/parts.py fsdp
-    python scripts/gpu_kit/parts.py ray WORK_DIR STEPS
+    python scripts/gpu_kit/parts.py ray WORK_DIR STEPS ["CASE ..."]
     python scripts/gpu_kit/parts.py report OUT_DIR
 """
 
@@ -113,10 +113,10 @@ def default_job(run_dir: str, steps: str, timeout_s: str) -> None:
     _emit({**result, **_summarise_steps(_metrics_rows(run_dir))})
 
 
-def ray(work: str, steps: str) -> None:
+def ray(work: str, steps: str, only: str = "") -> None:
     """The default job under ``runtime: ray`` on the GPU: each layout runs where the GPUs suffice and is refused in
     one line where they do not (a layout Ray could never place would otherwise wait forever). Records where each
-    actor ran (``logs/placement.json``: GPU ids Ray gave it)."""
+    actor ran (``logs/placement.json``: GPU ids Ray gave it). ``only``: space-separated case names."""
     gpus = torch.cuda.device_count() if CUDA else 0
     steps = int(steps) if CUDA else 2
 
@@ -131,12 +131,16 @@ def ray(work: str, steps: str) -> None:
              ("colocated_fsdp", None, ["policy.dtensor_cfg.enabled=true"], 1),
              ("split", None, ["policy.generation.colocated.enabled=false"], 2),
              ("async", None, async_keys, 2),  # policy rank + validation generator share one, the collector its own
-             ("ppo_colocated", "ppo_arithmetic", [], 2)]  # the critic rank: a GPU of its own
+             ("ppo_colocated", "ppo_arithmetic", [], 2),  # the critic rank: a GPU of its own
+             ("distill_colocated", "distill_arithmetic", [], 1)]  # policy, teacher and generator share it
+    loops = {"ppo_arithmetic": "ppo", "distill_arithmetic": "distillation"}
     results, ok = {}, True
     for name, config, over, need in cases:
+        if only and name not in only.split():
+            continue
         run_dir = str(Path(work) / name)
         fits = need <= gpus or not CUDA
-        r = _train([*base("ppo" if config == "ppo_arithmetic" else "grpo"), *over], run_dir,
+        r = _train([*base(loops.get(config, "grpo")), *over], run_dir,
                    150.0 if fits else 60.0, config)
         if fits:
             r["steps"] = _summarise_steps(_metrics_rows(run_dir)) if _metrics_rows(run_dir) else None
