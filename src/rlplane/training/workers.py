@@ -92,12 +92,16 @@ def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float |
         ])
 
 
+def _engine_gpus(cfg: RunConfig) -> int:
+    """GPUs one generator's engine spans: a vLLM engine's tensor-parallel size, else one."""
+    gen = cfg.policy.generation
+    return gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
+
+
 def ray_gpus(cfg: RunConfig, gpus_per_rank: float, uses_teacher: bool = False) -> dict[str, float]:
     """GPUs each Ray actor asks for (policy, value, teacher, generator: :func:`gpu_requests`) when a trainable
     rank gets ``gpus_per_rank``: generators and a teacher compute where the policy does."""
-    gen = cfg.policy.generation
-    tp = gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
-    return gpu_requests(gpus_per_rank, gen.colocated.enabled, uses_teacher, tp)
+    return gpu_requests(gpus_per_rank, cfg.policy.generation.colocated.enabled, uses_teacher, _engine_gpus(cfg))
 
 
 def placement_plan(cfg: RunConfig, uses_critic: bool, uses_teacher: bool, gpus_per_rank: float
@@ -120,9 +124,8 @@ def collector_gpus(cfg: RunConfig, cluster_gpus: float) -> float:
     """GPUs async GRPO's collector asks for under Ray: a split generator's (it generates while the policy trains)."""
     if cfg.algorithm != "grpo" or not cfg.grpo.async_grpo.enabled:
         return 0.0
-    gen = cfg.policy.generation
-    tp = gen.vllm_cfg.tensor_parallel_size if gen.backend == "vllm" else 1
-    return gpu_requests(num_gpus_per_worker(cfg.policy.device, cluster_gpus), False, tensor_parallel=tp)["generator"]
+    gpus = num_gpus_per_worker(cfg.policy.device, cluster_gpus)
+    return gpu_requests(gpus, colocated=False, tensor_parallel=_engine_gpus(cfg))["generator"]
 
 
 def check_placement(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False) -> None:
