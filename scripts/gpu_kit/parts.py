@@ -126,24 +126,25 @@ def ray(work: str, steps: str, only: str = "") -> None:
             keys += ["warmup.num_steps=50", "warmup.eval_every=50", f"{loop}.max_val_samples=50"]
         return keys
     async_keys = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
-    # (name, config, overrides, GPUs the layout needs: policy rank + generator share one when colocated)
-    cases = [("colocated", None, [], 1),
-             ("colocated_fsdp", None, ["policy.dtensor_cfg.enabled=true"], 1),
-             ("split", None, ["policy.generation.colocated.enabled=false"], 2),
-             ("async", None, async_keys, 2),  # policy rank + validation generator share one, the collector its own
-             ("ppo_colocated", "ppo_arithmetic", [], 2),  # the critic rank: a GPU of its own
-             ("distill_colocated", "distill_arithmetic", [], 1)]  # policy, teacher and generator share it
-    loops = {"ppo_arithmetic": "ppo", "distill_arithmetic": "distillation"}
+    # (name, config, its loop section, overrides, GPUs the layout needs: policy rank + generator share one
+    # when colocated)
+    cases = [("colocated", None, "grpo", [], 1),
+             ("colocated_fsdp", None, "grpo", ["policy.dtensor_cfg.enabled=true"], 1),
+             ("split", None, "grpo", ["policy.generation.colocated.enabled=false"], 2),
+             # policy rank + validation generator share one GPU, the collector has its own
+             ("async", None, "grpo", async_keys, 2),
+             ("ppo_colocated", "ppo_arithmetic", "ppo", [], 2),  # the critic rank: a GPU of its own
+             ("distill_colocated", "distill_arithmetic", "distillation", [], 1)]  # policy, teacher, generator share
     results, ok = {}, True
-    for name, config, over, need in cases:
+    for name, config, loop, over, need in cases:
         if only and name not in only.split():
             continue
         run_dir = str(Path(work) / name)
         fits = need <= gpus or not CUDA
-        r = _train([*base(loops.get(config, "grpo")), *over], run_dir,
-                   150.0 if fits else 60.0, config)
+        r = _train([*base(loop), *over], run_dir, 150.0 if fits else 60.0, config)
         if fits:
-            r["steps"] = _summarise_steps(_metrics_rows(run_dir)) if _metrics_rows(run_dir) else None
+            rows = _metrics_rows(run_dir)
+            r["steps"] = _summarise_steps(rows) if rows else None
             placement = Path(run_dir) / "logs" / "placement.json"
             if placement.exists():
                 where = json.loads(placement.read_text())
