@@ -96,3 +96,19 @@ def test_generators_share_the_policy_gpu_colocated_and_get_their_own_split():
             assert r["requests"]["generators"] == 1.0 and r["requests"]["policy"] == 1 / (1 + teacher)
             assert not set(generators.values()) & {*policy.values(), *values.values()}, where
             assert len(set(generators.values())) == gens, where
+
+
+@pytest.mark.timeout(180)
+def test_a_split_layout_on_one_gpu_is_refused_before_any_actor_starts(tmp_path):
+    """cluster.gpus_per_node=1 (Ray counts one GPU): split generators need a second one, said in one line, rc 2."""
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlplane.cli", "train", "runtime=ray", "data_plane.backend=ray", "policy.device=auto",
+         "cluster.gpus_per_node=1", "policy.generation.colocated.enabled=false", "grpo.max_num_steps=1",
+         "warmup.enabled=false", f"run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=170, env={**os.environ, "RAY_ADDRESS": "local"})
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert last.startswith("rlplane: error: policy.generation.colocated (split): the placement bundles") and (
+        "need 2 GPU in all" in last), last
