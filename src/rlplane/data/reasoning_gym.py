@@ -6,7 +6,9 @@ and interleave the tasks. Training rows whose question is also held out are drop
 
 from __future__ import annotations
 
+import enum
 import importlib.util
+import typing
 from typing import Any
 
 from rlplane.data.errors import DatasetError
@@ -22,6 +24,44 @@ def _require() -> Any:
     return reasoning_gym
 
 
+def _enum_of(hint: Any) -> type[enum.Enum] | None:
+    """The Enum class behind ``E`` or ``list[E]``, else None."""
+    for t in (hint, *typing.get_args(hint)):
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            return t
+    return None
+
+
+def _typed_config(name: str, config: dict | None) -> dict:
+    """``config`` with strings turned into the task's Enum members where its config field is an Enum (or a list of
+    them): YAML writes ``task_types: [siblings]`` for aiw's ``[TaskType.SIBLINGS]``. By value or by name, any case."""
+    config = dict(config or {})
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        return config
+    try:
+        hints = typing.get_type_hints(DATASETS[name][1])
+    except Exception:  # an annotation that does not resolve: pass the config on untouched
+        return config
+    for key, value in config.items():
+        kind = _enum_of(hints.get(key))
+        if kind is None:
+            continue
+        members = {str(m.value).lower(): m for m in kind} | {m.name.lower(): m for m in kind}
+
+        def member(v: Any, key: str = key, kind: type[enum.Enum] = kind, members: dict = members) -> Any:
+            if isinstance(v, kind) or not isinstance(v, str):
+                return v
+            if v.lower() not in members:
+                raise DatasetError(f"data.reasoning_gym.config.{key}: {v!r} is not one of {name}'s "
+                                   f"{', '.join(str(m.value) for m in kind)}; write one of them")
+            return members[v.lower()]
+
+        config[key] = [member(v) for v in value] if isinstance(value, (list, tuple)) else member(value)
+    return config
+
+
 def reasoning_gym_rows(
     tasks: list[str], size: int, seed: int, config: dict | None = None, exclude_questions: set[str] | None = None
 ) -> list[dict]:
@@ -30,14 +70,21 @@ def reasoning_gym_rows(
     per_task = []
     for name in tasks:
         try:
-            ds = rg.create_dataset(name, size=size, seed=seed, **(config or {}))
+            ds = rg.create_dataset(name, size=size, seed=seed, **_typed_config(name, config))
+        except DatasetError:
+            raise
         except Exception as e:  # unknown name, bad config keyword
             known = ""
             if "not registered" in str(e) or "Unknown" in str(e) or isinstance(e, (KeyError, ValueError)):
                 known = " (see reasoning_gym.factory.DATASETS for the names)"
             raise DatasetError(f"data.reasoning_gym.tasks: {name!r}: "
                                f"{str(e).splitlines()[0] if str(e) else e!r}{known}") from None
-        per_task.append([ds[i] for i in range(size)])
+        try:
+            per_task.append([ds[i] for i in range(size)])
+        except Exception as e:  # a config the task accepted but cannot generate from
+            raise DatasetError(f"data.reasoning_gym: {name} could not make its problems from data.reasoning_gym.config "
+                               f"{config or {}}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; check "
+                               f"the config against {type(ds.config).__name__} in reasoning_gym") from None
     rows = []
     exclude = exclude_questions or set()
     for i in range(size):

@@ -125,6 +125,38 @@ def test_reasoning_gym_with_every_training_problem_held_out_is_one_line():
         "allows few distinct questions); widen data.reasoning_gym.config or lower data.reasoning_gym.val_size")
 
 
+def test_reasoning_gym_config_names_enum_members_as_yaml_writes_them():
+    """aiw's task_types is a list of TaskType: the YAML strings become members, by value or name, any case."""
+    pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
+    cfg = _cfg("data.dataset=reasoning_gym", "data.reasoning_gym.tasks=[aiw]", "data.reasoning_gym.train_size=20",
+               "data.reasoning_gym.val_size=5",
+               "data.reasoning_gym.config={task_types: [SIBLINGS], task_type_weights: [1.0]}", prompts=4)
+    loader, val, _ = build_datasets(cfg.dataset_options(), build_char_tokenizer())
+    rows = list(val) + list(loader.dataset.datums)
+    assert {d.extra_env_info["entry"]["metadata"]["task_type"] for d in rows} == {"siblings"}
+    # a sibling question's answer is the sisters named plus the girl herself
+    assert all("How many sisters does" in d.extra_env_info["entry"]["question"] for d in rows)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{task_types: [cousins], task_type_weights: [1.0]}",
+     "data.reasoning_gym.config.task_types: 'cousins' is not one of aiw's siblings, friends, colleagues; "
+     "write one of them"),
+    # one type but the default three weights: the task accepts the config, then fails at its first problem
+    ("{task_types: [siblings]}",
+     "data.reasoning_gym: aiw could not make its problems from data.reasoning_gym.config {'task_types': ['siblings']}"
+     ": ValueError: The number of weights does not match the population; check the config against "
+     "AliceInWonderlandConfig in reasoning_gym"),
+])
+def test_reasoning_gym_config_the_task_cannot_use_is_one_line(config, message):
+    pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
+    cfg = _cfg("data.dataset=reasoning_gym", "data.reasoning_gym.tasks=[aiw]", "data.reasoning_gym.val_size=5",
+               f"data.reasoning_gym.config={config}", prompts=4)
+    with pytest.raises(DatasetError) as e:
+        build_datasets(cfg.dataset_options(), build_char_tokenizer())
+    assert str(e.value) == message
+
+
 def test_reasoning_gym_env_scores_with_task_verifier():
     pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
     from rlplane.envs import create_env
