@@ -52,7 +52,8 @@ class ReasoningGymDataConfig(StrictModel):
     train_seed: int = Field(0, description="Seed of the training problems.")
     val_size: int = Field(100, ge=1, description="Held-out problems per task.")
     val_seed: int = Field(7, description="Seed of the held-out problems (must differ from train_seed).")
-    config: dict = Field(default_factory=dict, description="Extra keyword arguments for every task (e.g. difficulty).")
+    config: dict = Field(default_factory=dict, description="Extra keyword arguments for every task (e.g. difficulty); "
+                         "a field the task types as an Enum takes its value as a string (aiw: task_types: [siblings]).")
 
     @model_validator(mode="after")
     def _distinct_seeds(self) -> "ReasoningGymDataConfig":
