@@ -32,13 +32,24 @@ def _enum_of(hint: Any) -> type[enum.Enum] | None:
     return None
 
 
+def _member(name: str, key: str, kind: type[enum.Enum], value: Any) -> Any:
+    """``value`` as a member of ``kind`` when it is a string naming one (by value or name, any case)."""
+    if not isinstance(value, str):
+        return value
+    for m in kind:
+        if value.lower() in (str(m.value).lower(), m.name.lower()):
+            return m
+    raise DatasetError(f"data.reasoning_gym.config.{key}: {value!r} is not one of {name}'s "
+                       f"{', '.join(str(m.value) for m in kind)}; write one of them")
+
+
 def _typed_config(name: str, config: dict | None) -> dict:
     """``config`` with strings turned into the task's Enum members where its config field is an Enum (or a list of
-    them): YAML writes ``task_types: [siblings]`` for aiw's ``[TaskType.SIBLINGS]``. By value or by name, any case."""
-    config = dict(config or {})
+    them): YAML writes ``task_types: [siblings]`` for aiw's ``[TaskType.SIBLINGS]``."""
     from reasoning_gym.factory import DATASETS
 
-    if name not in DATASETS:
+    config = dict(config or {})
+    if name not in DATASETS:  # reported by create_dataset
         return config
     try:
         hints = typing.get_type_hints(DATASETS[name][1])
@@ -46,19 +57,9 @@ def _typed_config(name: str, config: dict | None) -> dict:
         return config
     for key, value in config.items():
         kind = _enum_of(hints.get(key))
-        if kind is None:
-            continue
-        members = {str(m.value).lower(): m for m in kind} | {m.name.lower(): m for m in kind}
-
-        def member(v: Any, key: str = key, kind: type[enum.Enum] = kind, members: dict = members) -> Any:
-            if isinstance(v, kind) or not isinstance(v, str):
-                return v
-            if v.lower() not in members:
-                raise DatasetError(f"data.reasoning_gym.config.{key}: {v!r} is not one of {name}'s "
-                                   f"{', '.join(str(m.value) for m in kind)}; write one of them")
-            return members[v.lower()]
-
-        config[key] = [member(v) for v in value] if isinstance(value, (list, tuple)) else member(value)
+        if kind is not None:
+            config[key] = ([_member(name, key, kind, v) for v in value] if isinstance(value, (list, tuple))
+                           else _member(name, key, kind, value))
     return config
 
 
@@ -69,10 +70,9 @@ def reasoning_gym_rows(
     rg = _require()
     per_task = []
     for name in tasks:
+        kwargs = _typed_config(name, config)
         try:
-            ds = rg.create_dataset(name, size=size, seed=seed, **_typed_config(name, config))
-        except DatasetError:
-            raise
+            ds = rg.create_dataset(name, size=size, seed=seed, **kwargs)
         except Exception as e:  # unknown name, bad config keyword
             known = ""
             if "not registered" in str(e) or "Unknown" in str(e) or isinstance(e, (KeyError, ValueError)):
