@@ -10,6 +10,7 @@ import pytest
 from rlplane.config.loading import load_config
 from rlplane.data.errors import DatasetError
 from rlplane.data.processors import MATH_COT_TEMPLATE, resolve_prompt_format
+from rlplane.data.reasoning_gym import reasoning_gym_rows
 from rlplane.datasets import build_datasets
 from rlplane.envs import UnknownEnvironmentError
 from rlplane.models import build_char_tokenizer
@@ -136,6 +137,23 @@ def test_reasoning_gym_config_names_enum_members_as_yaml_writes_them():
     assert {d.extra_env_info["entry"]["metadata"]["task_type"] for d in rows} == {"siblings"}
     # a sibling question's answer is the sisters named plus the girl herself
     assert all("How many sisters does" in d.extra_env_info["entry"]["question"] for d in rows)
+
+
+def test_reasoning_gym_config_scalar_enum_field_and_other_values_pass():
+    """word_sorting's transformation is one TextTransformation (not a list); its other keys are no Enum."""
+    pytest.importorskip("reasoning_gym", reason="needs the reasoning extra: pip install 'rlplane[reasoning]'")
+    from reasoning_gym.algorithmic.word_sorting import TextTransformation
+
+    from rlplane.data.reasoning_gym import _typed_config
+
+    typed = _typed_config("word_sorting", {"transformation": "Uppercase", "min_words": 3})
+    assert typed == {"transformation": TextTransformation.UPPERCASE, "min_words": 3}
+    assert _typed_config("word_sorting", {"transformation": TextTransformation.ORIGINAL})["transformation"] is (
+        TextTransformation.ORIGINAL)
+    assert _typed_config("no_such_task", {"x": "y"}) == {"x": "y"}  # create_dataset names the unknown task
+    rows = reasoning_gym_rows(["word_sorting"], 3, 1, {"transformation": "uppercase"})
+    words = rows[0]["problem"].rsplit(":", 1)[1]
+    assert words.strip() == words.strip().upper()
 
 
 @pytest.mark.parametrize("config, message", [
