@@ -226,6 +226,9 @@ def cmd_eval(args) -> int:
     line = f"accuracy (greedy): {result['accuracy']:.4f} on {result['num_problems']} problems"
     if k > 1:
         line += f"; pass@{k} (sampled, T={cfg.policy.generation.temperature:g}): {result[f'pass@{k}']:.4f}"
+    if "constant_answer" in result:
+        const = result["constant_answer"]
+        line += f"; always answering {const['answer']!r}: {const['accuracy']:.4f}"
     if args.output:
         try:
             Path(args.output).write_text(text + "\n")

@@ -1,7 +1,9 @@
 """Evaluation on the training run's held-out problems: greedy accuracy and sampled pass@k.
 
 Metrics: ``accuracy`` (mean greedy reward), ``pass@k`` (the unbiased ``1 - C(n-c, k) / C(n, k)`` of
-Chen et al. 2021 at n = k, reward 1 as correct), ``fraction_properly_ended``, ``mean/max_generation_length``.
+Chen et al. 2021 at n = k, reward 1 as correct), ``fraction_properly_ended``, ``mean/max_generation_length``,
+and ``constant_answer`` (the accuracy of always giving the commonest reference answer: what a policy that
+collapses onto one answer would score).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from rlplane.config.data import DataConfig
 from rlplane.config.schema import RunConfig
 from rlplane.fast.threads import set_worker_threads
+from rlplane.utils.answer_spread import constant_answer_accuracy
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -101,6 +104,10 @@ def evaluate(
         "accuracy": float(g["rewards"].double().mean()),
         "greedy": generation_metrics(g["rewards"], g["truncated"], g["lengths"], max_new),
     }
+    references = [d.ground_truth for d in datums]
+    if all(r is not None for r in references):  # headroom a collapse onto one answer would reach
+        accuracy, answer = constant_answer_accuracy([str(r) for r in references])
+        result["constant_answer"] = {"answer": answer, "accuracy": accuracy}
     if k > 1:
         s = cat(sampled)
         correct = (s["rewards"].view(-1, k) >= 1.0).sum(dim=1).tolist()  # fully correct samples per problem

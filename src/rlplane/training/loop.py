@@ -12,6 +12,7 @@ from rlplane.dataplane import DataPlaneClient
 from rlplane.dataplane.columns import ROLLOUT_COLUMNS
 from rlplane.runtime.groups import LocalActor, RayActor
 from rlplane.training.samples import val_samples
+from rlplane.utils.answer_spread import constant_answer_accuracy, top_answer_share
 from rlplane.workers.env_metrics import merge_env_metrics
 
 VAL_PARTITION = "val"  # validation rollouts' columns, cleared after each validation
@@ -46,7 +47,9 @@ class Timer:
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
              data_plane: DataPlaneClient, tokenizer) -> tuple[dict[str, float], list[dict]]:
     """Greedy accuracy on the held-out set (pass@k when k > 1), the environments' ``env/<task>/*`` metrics of
-    the greedy answers, and the greedy answers as samples.jsonl rows.
+    the greedy answers, how spread out those answers are (``top_answer_share``, and the accuracy one constant
+    answer would reach: ``constant_answer_accuracy``, where every problem has a reference answer), and the
+    greedy answers as samples.jsonl rows.
 
     As NeMo RL's ``validate_sync``, per batch: ``VAL_PARTITION`` registered, the samples put under its keys,
     the driver reads the carry and the samples' text from the plane, the partition cleared.
@@ -72,7 +75,11 @@ def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: li
                 passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
         finally:
             data_plane.clear_samples(None, VAL_PARTITION)
-    out = {"accuracy": float(torch.cat(correct).double().mean()), **merge_env_metrics(env_parts)}
+    out = {"accuracy": float(torch.cat(correct).double().mean()), **merge_env_metrics(env_parts),
+           "top_answer_share": top_answer_share([s["completion"] for s in samples])}
+    references = [d.ground_truth for d in datums]
+    if references and all(r is not None for r in references):
+        out["constant_answer_accuracy"] = constant_answer_accuracy([str(r) for r in references])[0]
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())
     return out, samples

@@ -18,7 +18,9 @@ from rlplane.errors import ConfigError
 # (title, [(metric key, label)]); a panel with several keys draws each, per run.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("train reward (mean, before shaping)", [("train/reward", "reward")]),
-    ("validation accuracy (greedy)", [("validation/accuracy", "accuracy")]),
+    ("validation accuracy (greedy) and answer spread",
+     [("validation/accuracy", "accuracy"), ("validation/constant_answer_accuracy", "one constant answer's accuracy"),
+      ("validation/top_answer_share", "share of the commonest answer")]),
     ("KL and entropy", [("train/kl_penalty", "KL to reference"), ("train/gen_kl_error", "KL gen vs train"),
                         ("train/approx_entropy", "entropy")]),
     ("token_mult_prob_error (1 = generator and trainer agree)", [("train/token_mult_prob_error", "prob error")]),

@@ -37,6 +37,9 @@ class Progress:
         post = {"reward": metrics.get("train/reward")}
         if "validation/accuracy" in metrics:
             post["val_acc"] = metrics["validation/accuracy"]
+            # A collapse onto one answer: val_top near 1 and val_acc near what that constant answer scores.
+            post["val_top"] = metrics.get("validation/top_answer_share")
+            post["val_const"] = metrics.get("validation/constant_answer_accuracy")
         return {k: v for k, v in post.items() if v is not None}
 
     def update(self, step: int, metrics: dict) -> None:

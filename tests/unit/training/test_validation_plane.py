@@ -58,7 +58,9 @@ def test_val_partition_per_batch_and_text_from_the_plane():
     loop = load_config(None, ["grpo.val_batch_size=2", "grpo.max_val_samples=5"]).loop
     plane = _Plane()
     metrics, rows = validate(loop, _Rollout(plane, tok), datums, plane, tok)
-    assert metrics == {"accuracy": 1.0}
+    # Every reply ends on "9" (one answer for all 5: share 5/5); the references 1..5 each appear once, so one
+    # constant answer would be right on 1 of 5 = 0.2.
+    assert metrics == {"accuracy": 1.0, "top_answer_share": 1.0, "constant_answer_accuracy": 0.2}
     registers = [arg for name, arg in plane.calls if name == "register_partition"]
     clears = [name for name, _ in plane.calls if name == "clear_samples"]
     assert registers == [VAL_PARTITION] * 3 and len(clears) == 3  # batches of 2, 2, 1

@@ -26,3 +26,9 @@ def test_plain_line_has_every_diagnostic():
 def test_only_the_logged_diagnostics_appear():
     parts = _line({"train/reward": 0.5, "train/approx_entropy": 1.0}).split(" | ")
     assert parts[1:3] == ["reward 0.500", "ent 1"] and parts[3].endswith("s/step")
+
+
+def test_validation_line_shows_the_answer_spread():
+    parts = _line({"train/reward": 0.5, "validation/accuracy": 0.52, "validation/top_answer_share": 1.0,
+                   "validation/constant_answer_accuracy": 0.52}).split(" | ")
+    assert parts[1:5] == ["reward 0.500", "val_acc 0.520", "val_top 1.000", "val_const 0.520"]
