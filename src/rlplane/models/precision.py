@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 
 import torch
@@ -103,10 +104,10 @@ _announced: set[tuple[str, str]] = set()
 def apply_precision(model: torch.nn.Module, precision: str, announce: bool = True,
                     device: torch.device | None = None) -> str:
     """Resolve ``precision`` for ``model`` on ``device``, record and return it; ``announce`` prints it once per
-    process."""
+    process, on stderr (stdout carries results, e.g. ``rlplane eval``'s JSON)."""
     chosen, why = resolve_precision(precision, model, device)
     set_precision(model, chosen)
     if announce and (precision, chosen) not in _announced:
         _announced.add((precision, chosen))
-        print(f"policy.precision: {precision} -> {chosen} ({why})", flush=True)
+        print(f"policy.precision: {precision} -> {chosen} ({why})", file=sys.stderr, flush=True)
     return chosen

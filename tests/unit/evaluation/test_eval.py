@@ -69,3 +69,16 @@ def test_eval_routes_jsonl_rows_and_scores_a_saved_model_directory(tmp_path, cap
     result = json.loads(capsys.readouterr().out)
     assert result["num_problems"] == 4 and result["dataset"] == f"jsonl:{data}"
     assert result["accuracy"] == 0.5
+
+
+def test_eval_reports_what_one_constant_answer_scores(tmp_path, capsys):
+    # References 7, 7, 7, 3: always answering "7" is right on 3 of 4 = 0.75, the floor a policy that collapses
+    # onto one answer reaches with no skill; the screen shows it beside greedy accuracy.
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a, b in [(3, 4), (5, 2), (1, 6), (1, 2)]))
+    assert main(["eval", "--model", "embedded:tiny-llama", "--dataset", str(data), "--max-new-tokens", "1",
+                 "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["constant_answer"] == {"answer": "7", "accuracy": 0.75}
+    assert "always answering '7': 0.7500" in captured.err
