@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -218,7 +219,13 @@ def cmd_eval(args) -> int:
     if args.output:
         _check_output_file(Path(args.output))
     k = args.k if args.k is not None else cfg.loop.val_num_generations_per_prompt
-    result = evaluate(cfg, num_problems=args.num_problems, k=k, batch_size=args.batch_size, progress=not args.quiet)
+    # stdout carries one JSON document: what loading and generating print (the precision chosen) goes to stderr
+    # once the evaluation has run, and not at all before a one-line error.
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        result = evaluate(cfg, num_problems=args.num_problems, k=k, batch_size=args.batch_size,
+                          progress=not args.quiet)
+    sys.stderr.write(printed.getvalue())
     if args.checkpoint:
         result["checkpoint"] = str(args.checkpoint)
     text = json.dumps(result, indent=2)

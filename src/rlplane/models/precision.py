@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import time
 
 import torch
@@ -104,10 +103,10 @@ _announced: set[tuple[str, str]] = set()
 def apply_precision(model: torch.nn.Module, precision: str, announce: bool = True,
                     device: torch.device | None = None) -> str:
     """Resolve ``precision`` for ``model`` on ``device``, record and return it; ``announce`` prints it once per
-    process, on stderr (stdout carries results, e.g. ``rlplane eval``'s JSON)."""
+    process."""
     chosen, why = resolve_precision(precision, model, device)
     set_precision(model, chosen)
     if announce and (precision, chosen) not in _announced:
         _announced.add((precision, chosen))
-        print(f"policy.precision: {precision} -> {chosen} ({why})", file=sys.stderr, flush=True)
+        print(f"policy.precision: {precision} -> {chosen} ({why})", flush=True)
     return chosen

