@@ -106,7 +106,7 @@ def evaluate(
     }
     references = [d.ground_truth for d in datums]
     if all(r is not None for r in references):  # headroom a collapse onto one answer would reach
-        accuracy, answer = constant_answer_accuracy([str(r) for r in references])
+        accuracy, answer = constant_answer_accuracy(references)
         result["constant_answer"] = {"answer": answer, "accuracy": accuracy}
     if k > 1:
         s = cat(sampled)

@@ -78,8 +78,8 @@ def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: li
     out = {"accuracy": float(torch.cat(correct).double().mean()), **merge_env_metrics(env_parts),
            "top_answer_share": top_answer_share([s["completion"] for s in samples])}
     references = [d.ground_truth for d in datums]
-    if references and all(r is not None for r in references):
-        out["constant_answer_accuracy"] = constant_answer_accuracy([str(r) for r in references])[0]
+    if all(r is not None for r in references):
+        out["constant_answer_accuracy"] = constant_answer_accuracy(references)[0]
     if passed:
         out[f"pass@{g.val_num_generations_per_prompt}"] = float(torch.cat(passed).double().mean())
     return out, samples

@@ -43,9 +43,9 @@ def top_answer_share(replies: list[str]) -> float:
     return Counter(final_answer(r) for r in replies).most_common(1)[0][1] / len(replies)
 
 
-def constant_answer_accuracy(references: list[str]) -> tuple[float, str]:
+def constant_answer_accuracy(references: list) -> tuple[float, str]:
     """``(accuracy, answer)`` of always giving the commonest of the reference answers (compared as stripped
-    text). ``(0.0, "")`` for none."""
+    text, so ``7`` and ``"7 "`` are one answer). ``(0.0, "")`` for none."""
     if not references:
         return 0.0, ""
     answer, count = Counter(str(r).strip() for r in references).most_common(1)[0]

@@ -69,3 +69,23 @@ def test_val_partition_per_batch_and_text_from_the_plane():
     assert plane.dp.list_samples(VAL_PARTITION) == []
     assert rows[3] == {"task_name": "arithmetic", "prompt": "3+1=", "completion": "4\n[observation] =\n9",
                        "reward": 1.0, "ground_truth": "4"}
+
+
+def test_no_constant_answer_figure_without_reference_answers():
+    """A problem without a reference answer (an environment that scores otherwise): the share of the commonest
+    answer is still logged, what one constant answer scores is not."""
+    tok = build_char_tokenizer()
+    datums = [make_prompt_datum(f"{i}+1=", str(i + 1), tok, idx=i, task_name="arithmetic") for i in range(3)]
+    loop = load_config(None, ["grpo.val_batch_size=3", "grpo.max_val_samples=3"]).loop
+    plane = _Plane()
+    rollout = _Rollout(plane, tok)
+    real_call = rollout.call
+
+    def call(method, batch, **kw):  # the rollout writes each reference as its reply; then one goes missing
+        out = real_call(method, batch, **kw)
+        datums[1].extra_env_info["ground_truth"] = None
+        return out
+
+    rollout.call = call
+    metrics, _ = validate(loop, rollout, datums, plane, tok)
+    assert metrics == {"accuracy": 1.0, "top_answer_share": 1.0}  # every reply ends on "9"
