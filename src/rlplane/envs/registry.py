@@ -16,6 +16,7 @@ ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
     "math": "rlplane.envs.math_env:MathEnv",
     "reasoning_gym": "rlplane.envs.reasoning_gym_env:ReasoningGymEnv",
     "guess_number": "rlplane.envs.guess_number:GuessNumberEnv",
+    "short_answer": "rlplane.envs.short_answer:ShortAnswerEnv",
 }
 
 

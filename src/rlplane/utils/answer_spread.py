@@ -33,7 +33,12 @@ def final_answer(reply: str) -> str:
     else:
         numbers = _NUMBER.findall(last)
         value = numbers[-1] if numbers else last
-    return value.strip().rstrip(".").strip(_WRAPPERS).rstrip(".").lower()
+    return normalize_answer(value)
+
+
+def normalize_answer(text) -> str:
+    """``text`` as :func:`final_answer` leaves an answer: stripped, quotes and a final period dropped, lowercased."""
+    return str(text).strip().rstrip(".").strip(_WRAPPERS).rstrip(".").lower()
 
 
 def top_answer_share(replies: list[str]) -> float:
