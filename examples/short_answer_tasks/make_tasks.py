@@ -1,0 +1,77 @@
+"""Write procedural short-answer tasks as JSONL (train and held-out, disjoint) for ``task_name: short_answer``.
+
+    python examples/short_answer_tasks/make_tasks.py lookup --out data/lookup
+    rlplane train -c grpo_smollm2_tasks data.dataset=jsonl data.train.path=data/lookup/train.jsonl \\
+        data.validation.path=data/lookup/val.jsonl data.train.default_task_name=short_answer \\
+        data.validation.default_task_name=short_answer
+
+lookup: "q = 12, d = 5, x = 27, ... What is x?" -> 27 (6-8 variables, distinct values 1-29): the answer is in
+the prompt, at an even position, so no rule that skips the question's variable beats 1 in 6.
+month: "Which month comes 3 months before February?" -> November (1-6 months either way: 144 problems, so
+the held-out set is a share of them: --val-size 60 leaves 84 to train on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+from pathlib import Path
+
+NAMES = [c for c in string.ascii_lowercase if c not in "il"]  # l and i read like 1
+
+
+def lookup(rng: random.Random, min_vars: int = 6, max_vars: int = 8) -> dict:
+    k = rng.randint(min_vars, max_vars)
+    names, values = rng.sample(NAMES, k), rng.sample(range(1, 30), k)
+    q = rng.randrange(k)
+    text = ", ".join(f"{n} = {v}" for n, v in zip(names, values))
+    return {"problem": f"{text}. What is {names[q]}?", "answer": str(values[q])}
+
+
+MONTHS = ("January February March April May June July August September October November December").split()
+
+
+def month(rng: random.Random, max_offset: int = 6) -> dict:
+    start, n, sign = rng.randrange(12), rng.randint(1, max_offset), rng.choice((1, -1))
+    when = "after" if sign > 0 else "before"
+    unit = "month" if n == 1 else "months"
+    answer = MONTHS[(start + sign * n) % 12]
+    return {"problem": f"Which month comes {n} {unit} {when} {MONTHS[start]}?", "answer": answer}
+
+
+TASKS = {"lookup": lookup, "month": month}
+
+
+def write(task: str, out: Path, train_size: int, val_size: int, seed: int) -> None:
+    rng, make = random.Random(seed), TASKS[task]
+    val: dict[str, dict] = {}
+    for _ in range(100 * val_size):  # held-out problems are distinct; training rows may repeat one
+        if len(val) == val_size:
+            break
+        row = make(rng)
+        val[row["problem"]] = row
+    else:
+        raise SystemExit(f"{task}: only {len(val)} distinct problems found for --val-size {val_size}; ask for fewer")
+    train: list[dict] = []
+    while len(train) < train_size:
+        row = make(rng)
+        if row["problem"] not in val:
+            train.append(row)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train", train), ("val", list(val.values()))):
+        with open(out / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps({**r, "task_name": "short_answer"}) + "\n" for r in rows)
+    print(f"{out}/train.jsonl: {len(train)} problems; {out}/val.jsonl: {len(val)} held out")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--train-size", type=int, default=2000)
+    p.add_argument("--val-size", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    write(a.task, a.out, a.train_size, a.val_size, a.seed)

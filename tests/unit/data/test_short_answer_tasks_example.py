@@ -1,0 +1,65 @@
+"""``examples/short_answer_tasks/make_tasks.py``: every answer is right, train and held-out never share a problem."""
+
+import importlib.util
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "short_answer_tasks" / "make_tasks.py"
+
+
+@pytest.fixture(scope="module")
+def make_tasks():
+    spec = importlib.util.spec_from_file_location("make_tasks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lookup_answers_the_asked_variable(make_tasks):
+    rng = random.Random(3)
+    for _ in range(200):
+        row = make_tasks.lookup(rng)
+        pairs = dict(re.findall(r"(\w) = (\d+)", row["problem"]))
+        asked = re.search(r"What is (\w)\?$", row["problem"]).group(1)
+        assert 6 <= len(pairs) <= 8 and len(set(pairs.values())) == len(pairs)  # distinct values: one right answer
+        assert row["answer"] == pairs[asked]
+
+
+def test_month_counts_around_the_year(make_tasks):
+    rng = random.Random(4)
+    months = make_tasks.MONTHS
+    for _ in range(300):
+        row = make_tasks.month(rng)
+        n, when, start = re.fullmatch(r"Which month comes (\d) months? (after|before) (\w+)\?", row["problem"]).groups()
+        step = int(n) if when == "after" else -int(n)
+        assert row["answer"] == months[(months.index(start) + step) % 12]
+
+    class Fixed:  # start, offset and direction chosen by hand
+        def __init__(self, start, n, sign):
+            self.randrange, self.randint, self.choice = (lambda *_: start), (lambda *_: n), (lambda *_: sign)
+
+    assert make_tasks.month(Fixed(1, 3, -1)) == {"problem": "Which month comes 3 months before February?",
+                                                 "answer": "November"}  # Feb -> Jan, Dec, Nov
+    assert make_tasks.month(Fixed(8, 6, 1))["answer"] == "March"  # Sep + 6: Oct Nov Dec Jan Feb Mar
+    assert make_tasks.month(Fixed(0, 1, 1))["problem"] == "Which month comes 1 month after January?"
+
+
+def test_too_many_held_out_problems_is_one_line(make_tasks, tmp_path):
+    with pytest.raises(SystemExit, match="only 144 distinct problems found for --val-size 200"):
+        make_tasks.write("month", tmp_path, train_size=10, val_size=200, seed=0)
+
+
+@pytest.mark.parametrize("task", ["lookup", "month"])
+def test_written_splits_are_disjoint_and_routed(make_tasks, tmp_path, task):
+    make_tasks.write(task, tmp_path, train_size=300, val_size=40, seed=1)
+    train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
+    val = [json.loads(line) for line in open(tmp_path / "val.jsonl")]
+    assert (len(train), len(val)) == (300, 40)
+    assert not {r["problem"] for r in train} & {r["problem"] for r in val}
+    assert {r["task_name"] for r in train + val} == {"short_answer"}
+    make_tasks.write(task, tmp_path / "again", train_size=300, val_size=40, seed=1)
+    assert (tmp_path / "again" / "val.jsonl").read_text() == (tmp_path / "val.jsonl").read_text()  # seeded
