@@ -7,6 +7,8 @@
 
 lookup: "q = 12, d = 5, x = 27, ... What is x?" -> 27 (6-8 variables, distinct values 1-29): the answer is in
 the prompt, at an even position, so no rule that skips the question's variable beats 1 in 6.
+largest: "Which is the largest of these numbers: 41, 87, 15, 92, 60, 33?" -> 92 (6-8 distinct two-digit
+numbers, in the prompt at an even position).
 month: "Which month comes 3 months before February?" -> November (1-6 months either way: 144 problems, so
 the held-out set is a share of them: --val-size 60 leaves 84 to train on).
 """
@@ -41,7 +43,13 @@ def month(rng: random.Random, max_offset: int = 6) -> dict:
     return {"problem": f"Which month comes {n} {unit} {when} {MONTHS[start]}?", "answer": answer}
 
 
-TASKS = {"lookup": lookup, "month": month}
+def largest(rng: random.Random, min_count: int = 6, max_count: int = 8) -> dict:
+    numbers = rng.sample(range(10, 100), rng.randint(min_count, max_count))
+    return {"problem": f"Which is the largest of these numbers: {', '.join(map(str, numbers))}?",
+            "answer": str(max(numbers))}
+
+
+TASKS = {"largest": largest, "lookup": lookup, "month": month}
 
 
 def write(task: str, out: Path, train_size: int, val_size: int, seed: int) -> None:

@@ -29,6 +29,15 @@ def test_lookup_answers_the_asked_variable(make_tasks):
         assert row["answer"] == pairs[asked]
 
 
+def test_largest_is_the_maximum(make_tasks):
+    rng = random.Random(5)
+    for _ in range(200):
+        row = make_tasks.largest(rng)
+        numbers = [int(x) for x in re.findall(r"\d+", row["problem"])]
+        assert 6 <= len(numbers) <= 8 and len(set(numbers)) == len(numbers)
+        assert row["answer"] == str(max(numbers))
+
+
 def test_month_counts_around_the_year(make_tasks):
     rng = random.Random(4)
     months = make_tasks.MONTHS
@@ -53,7 +62,7 @@ def test_too_many_held_out_problems_is_one_line(make_tasks, tmp_path):
         make_tasks.write("month", tmp_path, train_size=10, val_size=200, seed=0)
 
 
-@pytest.mark.parametrize("task", ["lookup", "month"])
+@pytest.mark.parametrize("task", ["largest", "lookup", "month"])
 def test_written_splits_are_disjoint_and_routed(make_tasks, tmp_path, task):
     make_tasks.write(task, tmp_path, train_size=300, val_size=40, seed=1)
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
