@@ -2,13 +2,14 @@
 
     python examples/short_answer_tasks/make_tasks.py lookup --out data/lookup
     rlplane train -c grpo_smollm2_tasks data.dataset=jsonl data.train.path=data/lookup/train.jsonl \\
-        data.validation.path=data/lookup/val.jsonl data.train.default_task_name=short_answer \\
-        data.validation.default_task_name=short_answer
+        data.validation.path=data/lookup/val.jsonl
+
+Every row carries ``"task_name": "short_answer"``, so no default task name is needed.
 
 lookup: "q = 12, d = 5, x = 27, ... What is x?" -> 27 (6-8 variables, distinct values 1-29): the answer is in
-the prompt, at an even position, so no rule that skips the question's variable beats 1 in 6.
+the prompt, at a uniformly drawn position, so no rule that skips the question's variable beats 1 in 6.
 largest: "Which is the largest of these numbers: 41, 87, 15, 92, 60, 33?" -> 92 (6-8 distinct two-digit
-numbers, in the prompt at an even position).
+numbers; the largest at a uniformly drawn position).
 month: "Which month comes 3 months before February?" -> November (1-6 months either way: 144 problems, so
 the held-out set is a share of them: --val-size 60 leaves 84 to train on).
 """
