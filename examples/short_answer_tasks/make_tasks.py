@@ -10,6 +10,8 @@ lookup: "q = 12, d = 5, x = 27, ... What is x?" -> 27 (6-8 variables, distinct v
 the prompt, at a uniformly drawn position, so no rule that skips the question's variable beats 1 in 6.
 largest: "Which is the largest of these numbers: 41, 87, 15, 92, 60, 33?" -> 92 (6-8 distinct two-digit
 numbers; the largest at a uniformly drawn position).
+duplicate: "Which number appears twice in this list: 63, 15, 43, 43, 75, 72, 61?" -> 43 (5-7 distinct two-digit
+numbers, one of them copied to a uniformly drawn place, next to its twin or not).
 month: "Which month comes 3 months before February?" -> November (1-6 months either way: 144 problems, so
 the held-out set is a share of them: --val-size 60 leaves 84 to train on).
 """
@@ -50,7 +52,15 @@ def largest(rng: random.Random, min_count: int = 6, max_count: int = 8) -> dict:
             "answer": str(max(numbers))}
 
 
-TASKS = {"largest": largest, "lookup": lookup, "month": month}
+def duplicate(rng: random.Random, min_count: int = 5, max_count: int = 7) -> dict:
+    numbers = rng.sample(range(10, 100), rng.randint(min_count, max_count))
+    twice = rng.choice(numbers)
+    numbers.insert(rng.randrange(len(numbers) + 1), twice)
+    return {"problem": f"Which number appears twice in this list: {', '.join(map(str, numbers))}?",
+            "answer": str(twice)}
+
+
+TASKS = {"duplicate": duplicate, "largest": largest, "lookup": lookup, "month": month}
 
 
 def write(task: str, out: Path, train_size: int, val_size: int, seed: int) -> None:

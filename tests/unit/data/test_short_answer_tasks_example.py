@@ -38,6 +38,29 @@ def test_largest_is_the_maximum(make_tasks):
         assert row["answer"] == str(max(numbers))
 
 
+def test_duplicate_is_the_one_number_seen_twice(make_tasks):
+    rng = random.Random(6)
+    adjacent = 0
+    for _ in range(300):
+        row = make_tasks.duplicate(rng)
+        numbers = re.findall(r"\d+", row["problem"])
+        counts = {n: numbers.count(n) for n in numbers}
+        assert 6 <= len(numbers) <= 8 and sorted(counts.values())[-2:] == [1, 2]  # exactly one number twice
+        assert row["answer"] == max(counts, key=counts.get)
+        first = numbers.index(row["answer"])
+        adjacent += numbers[first + 1] == row["answer"]
+    assert 0 < adjacent < 150  # the copy lands next to its twin only sometimes (2 of 6-8 places)
+
+    class Fixed:  # the list, the copied number and its place chosen by hand
+        randint = staticmethod(lambda *_: 3)
+        sample = staticmethod(lambda *_: [41, 87, 15])
+        choice = staticmethod(lambda xs: xs[1])
+        randrange = staticmethod(lambda *_: 0)
+
+    assert make_tasks.duplicate(Fixed()) == {"problem": "Which number appears twice in this list: 87, 41, 87, 15?",
+                                             "answer": "87"}
+
+
 def test_month_counts_around_the_year(make_tasks):
     rng = random.Random(4)
     months = make_tasks.MONTHS
@@ -62,7 +85,7 @@ def test_too_many_held_out_problems_is_one_line(make_tasks, tmp_path):
         make_tasks.write("month", tmp_path, train_size=10, val_size=200, seed=0)
 
 
-@pytest.mark.parametrize("task", ["largest", "lookup", "month"])
+@pytest.mark.parametrize("task", ["duplicate", "largest", "lookup", "month"])
 def test_written_splits_are_disjoint_and_routed(make_tasks, tmp_path, task):
     make_tasks.write(task, tmp_path, train_size=300, val_size=40, seed=1)
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
