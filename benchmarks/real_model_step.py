@@ -14,7 +14,8 @@ plus 6 x (the output projection's parameters) per trained token (rlplane project
 vocabulary; attention's score matmuls are left out, a few % at these lengths), over its median seconds.
 The limit: the best of a square 1024^3 matmul and a training-shaped (tokens of a micro-batch) x hidden x
 MLP matmul in the compute dtype (bf16 where ``policy.precision`` resolves to it on this CPU, else fp32),
-timed in the same run with the same threads.
+timed in the same run with the same threads. Under bf16 rlplane computes the lm_head in fp32, so a second
+line weighs the two limits by the FLOPs in each: the best that split of the work could reach.
 
 The plain loop, per step: ``model.generate`` (sampling at temperature 1, no top-k/top-p, stops at
 eos) on the prompts repeated per group → rewards from the same environment → group-mean/std
@@ -219,10 +220,11 @@ def run_model(model_key: str, args) -> None:
             tm = phases = {k.removeprefix("timing/train/"): v for k, v in m.items() if k.startswith("timing/train/")}
             gen_tokens = m["train/mean_gen_tokens_per_sample"] * m["train/num_samples"]
             training = tm.get("advantages", 0.0) + tm.get("policy_training", 0.0)
-            flops = 6.0 * body * m["train/total_num_tokens"] + 6.0 * head * gen_tokens
+            body_flops, head_flops = 6.0 * body * m["train/total_num_tokens"], 6.0 * head * gen_tokens
+            flops = body_flops + head_flops
             ours.append({"generation": tm.get("generation", 0.0), "logprobs": tm.get("logprobs", 0.0),
                          "training": training, "generated_tokens": gen_tokens, "total": total,
-                         "training_gflops": flops / training / 1e9,
+                         "training_gflops": flops / training / 1e9, "head_share": head_flops / flops,
                          "token_mult_prob_error": m.get("train/token_mult_prob_error", float("nan"))})
             line = f"step {i - args.warmup_steps + 1}: rlplane {total:.2f} s ({split(ours[-1])})"
             if tp is not None:
@@ -231,13 +233,14 @@ def run_model(model_key: str, args) -> None:
             print(f"{line}; training {ours[-1]['training_gflops']:.1f} GFLOP/s (load {os.getloadavg()[0]:.2f})",
                   flush=True)
         tokens_per_micro = cfg.policy.train_micro_batch_size * cfg.policy.max_total_sequence_length
-        limit = matmul_limit(dtype or torch.float32, tokens_per_micro, w.model.config.hidden_size,
-                             w.model.config.intermediate_size)
+        shape = (tokens_per_micro, w.model.config.hidden_size, w.model.config.intermediate_size)
+        limit = matmul_limit(dtype or torch.float32, *shape)
+        fp32_limit = matmul_limit(torch.float32, *shape) if dtype == torch.bfloat16 else limit
         s.close()
-    report(model_key, args, ours, base, phases, limit, dtype)
+    report(model_key, args, ours, base, phases, limit, dtype, fp32_limit)
 
 
-def report(model_key, args, ours, base, phases, limit, dtype) -> None:
+def report(model_key, args, ours, base, phases, limit, dtype, fp32_limit) -> None:
     def med(rows, k):
         return statistics.median(r[k] for r in rows)
 
@@ -255,6 +258,11 @@ def report(model_key, args, ours, base, phases, limit, dtype) -> None:
     achieved = med(ours, "training_gflops")
     print(f"  training phase: {achieved:.1f} GFLOP/s achieved (median) of a {limit:.1f} GFLOP/s "
           f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} matmul limit measured now: {achieved / limit:.0%}")
+    if dtype == torch.bfloat16:  # rlplane computes the lm_head in fp32: the limit of that mix of FLOPs
+        share = med(ours, "head_share")
+        mixed = 1.0 / ((1.0 - share) / limit + share / fp32_limit)
+        print(f"  with the output projection's {share:.0%} of the FLOPs at the fp32 limit ({fp32_limit:.1f} GFLOP/s) "
+              f"as rlplane runs it: a {mixed:.1f} GFLOP/s limit, {achieved / mixed:.0%} of it")
     if base:
         print(f"ratio rlplane / plain loop: {med(ours, 'total') / med(base, 'total'):.3f}")
 
