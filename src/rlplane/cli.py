@@ -17,19 +17,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from rlplane.data.errors import DatasetError
-    from rlplane.dataplane import DataPlaneError
-    from rlplane.envs import UnknownEnvironmentError
-    from rlplane.envs.sandbox import SandboxUnavailable
-    from rlplane.errors import ConfigError, WorkerFailed
-    from rlplane.models.loading import ModelLoadError
-    from rlplane.runtime.deadlines import DeadlineExceeded
-    from rlplane.training import TrainingStopped
-    from rlplane.utils.checkpoint import CheckpointError
+# The errors a user can cause, by the module that defines each. A class whose module was never imported cannot
+# have been raised, so only imported ones are caught: printing a config mistake imports no torch.
+USER_ERRORS = (
+    ("rlplane.errors", "ConfigError"), ("rlplane.data.errors", "DatasetError"),
+    ("rlplane.models.loading", "ModelLoadError"), ("rlplane.envs.registry", "UnknownEnvironmentError"),
+    ("rlplane.dataplane.errors", "DataPlaneError"), ("rlplane.training.loop", "TrainingStopped"),
+    ("rlplane.utils.checkpoint", "CheckpointError"), ("rlplane.runtime.deadlines", "DeadlineExceeded"),
+    ("rlplane.envs.sandbox", "SandboxUnavailable"), ("rlplane.errors", "WorkerFailed"),
+)
 
-    return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
-            CheckpointError, DeadlineExceeded, SandboxUnavailable, WorkerFailed)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    return tuple(getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -146,13 +146,14 @@ def _checkpoint_weights(path: str):
     from pathlib import Path
 
     from rlplane.errors import ConfigError
-    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
 
     p = Path(path)
     if not p.is_dir():
         what = "is a file, not a directory" if p.exists() else "no such directory"
         raise ConfigError([f"--checkpoint {p}: {what}; pass a run directory, "
                            "a step_N checkpoint or an HF model directory"])
+    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
+
     ckpt = p
     if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
         ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
@@ -192,7 +193,6 @@ def cmd_eval(args) -> int:
 
     from rlplane.config.loading import load_config
     from rlplane.errors import ConfigError
-    from rlplane.evaluation import evaluate
 
     if bool(args.checkpoint) == bool(args.model):
         raise ConfigError(["rlplane eval: give exactly one of --checkpoint DIR or --model NAME"])
@@ -218,6 +218,8 @@ def cmd_eval(args) -> int:
     cfg = load_config(preset, [*overrides, *args.overrides, "warmup.enabled=false", "runtime=local"])
     if args.output:
         _check_output_file(Path(args.output))
+    from rlplane.evaluation import evaluate  # torch and transformers: once the command is known to be right
+
     k = args.k if args.k is not None else cfg.loop.val_num_generations_per_prompt
     # stdout carries one JSON document: what loading and generating print (the precision chosen) goes to stderr
     # once the evaluation has run, and not at all before a one-line error.

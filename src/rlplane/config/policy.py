@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -175,12 +177,15 @@ class TokenBudgetConfig(StrictModel):
 
 
 def transformers_packs() -> bool:
-    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows)."""
+    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows):
+    ``masking_utils.find_packed_sequence_indices``, new in 4.54. Read from the installed version, since
+    importing transformers takes seconds and a config is checked before anything heavy is imported."""
     try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
         return False
-    return True
+    release = re.match(r"(\d+)\.(\d+)", version)
+    return release is not None and (int(release[1]), int(release[2])) >= (4, 54)
 
 
 class SequencePackingConfig(TokenBudgetConfig):

@@ -204,10 +204,10 @@ def vllm_cfg_fits_device(cfg) -> list[str]:
 # ---- GRPO's advantage estimator ----------------------------------------------------------------------
 def gdpo_needs_components(cfg) -> list[str]:
     """GDPO normalises each reward component: every environment of the data gives at least 2."""
-    from rlplane.envs.registry import reward_component_names  # the registry only when GDPO is chosen
-
     if cfg.algorithm != "grpo" or cfg.grpo.adv_estimator.name != "gdpo":
         return []
+    from rlplane.envs.registry import reward_component_names  # the registry (and its environments) only for GDPO
+
     errors = []
     for task in dict.fromkeys(task_names_of(cfg.data)):
         names = reward_component_names(task)
