@@ -7,6 +7,8 @@ dataclasses) to validate ``loss_fn``, and validating a config must not wait for 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 _HOMES = {
     "advantages": ("calculate_baseline_and_std_per_prompt", "clip_advantages", "gdpo_advantages", "group_ids",
@@ -26,6 +28,19 @@ _HOMES = {
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = sorted(_MODULE_OF)
+
+
+class _Package(types.ModuleType):
+    """The package's module: importing the submodule ``value_loss`` must not replace the function of that name
+    (Python binds a submodule to its package's attribute when it is first imported)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _MODULE_OF and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

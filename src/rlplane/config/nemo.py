@@ -26,6 +26,7 @@ from rlplane.config.nemo_yaml import (
     looks_like_nemo,
     resolve_interpolations,
 )
+from rlplane.config.yaml_limits import ConfigTooLarge
 from rlplane.config.yaml_tree import PRESET_DIR
 from rlplane.errors import ConfigError
 from rlplane.extras import vllm_available
@@ -422,6 +423,8 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
         return None
     try:
         tree = load_nemo_chain(path)
+    except ConfigTooLarge:
+        raise
     except ConfigError:
         return None  # a file rlplane's own loader cannot read either: its error says why
     if tree is None or not looks_like_nemo(tree):
