@@ -139,6 +139,10 @@ class EnvConfig(StrictModel):
         default_factory=dict, description="Pool size of one environment, by task_name, in place of actors_per_env "
         "(env.actors.math=4)."
     )
+    start_timeout_s: float = Field(
+        120.0, gt=0, description="runtime=ray: seconds every environment actor has to start and build its "
+        "environment (a constructor that connects to a judge server included) before the run stops with an error."
+    )
     cpus_per_actor: float = Field(
         0.0, ge=0, description="CPUs each environment actor reserves from Ray (0: scheduled anywhere, sharing the "
         "node's CPUs; give more to an environment whose step is heavy)."

@@ -101,9 +101,11 @@ def load_policy(
                 f"is offline (HF_HUB_OFFLINE=1); with network set HF_HUB_OFFLINE=0 to download it, or {_ALTERNATIVES}"
             ) from None
     if not hub_reachable():
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
         raise ModelLoadError(
             f"model_name={model_name!r}: a hub id that is not in the local Hugging Face cache, and the hub "
-            f"did not answer within {HUB_PROBE_TIMEOUT_S:g} s (no network?); {_ALTERNATIVES}"
+            f"(HF_ENDPOINT = {endpoint}) did not answer within {HUB_PROBE_TIMEOUT_S:g} s (no network?); "
+            f"{_ALTERNATIVES}"
         )
     return _from_pretrained(model_name, model_name, dtype, model_kwargs, local_only=False)
 

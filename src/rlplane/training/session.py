@@ -121,7 +121,8 @@ class Session:
                      "policy.max_total_sequence_length with loss_multiplier 0, cut to a few tokens "
                      "(data.on_overlong_prompt: zero_loss; skip drops them)")
         if cfg.runtime == "ray" or cfg.data_plane.backend == "ray":
-            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
+            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None,
+                     connect_timeout_s=cfg.cluster.connect_timeout_s)
         # Under Ray, one pool of environment actors per environment the data names (none locally).
         pools = env_pool_specs(cfg, self.task_names())
         if cfg.runtime == "ray":

@@ -208,7 +208,7 @@ class Workers:
         self.env_pools = self._start_env_pools()
         self.rollout = self._start_generators(slots.get("generators"), requests["generator"])
         try:  # awaited after the generators: a user task the rollout actor cannot import is said by it first
-            await_env_pools(self.env_pools)
+            await_env_pools(self.env_pools, cfg.env.start_timeout_s)
         except Exception as e:
             raise user_task_error_in(e, "an environment actor") or e from None
 
