@@ -84,8 +84,8 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
                                  default_task_name=j.default_task_name)
             if d.dataset == "hf":
-                return read_hf_rows(j.path, fields, j.format, j.split)
-            return read_jsonl_rows(j.path, fields, require=not reads_own_rows)
+                return read_hf_rows(j.path, fields, j.format, j.split, max_rows=d.max_rows)
+            return read_jsonl_rows(j.path, fields, require=not reads_own_rows, max_rows=d.max_rows)
 
         train_source = f"dataset {d.train.path}"
         if train or d.validation is None:

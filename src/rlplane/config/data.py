@@ -112,6 +112,11 @@ class DataConfig(StrictModel):
         "data.prompt)."
     )
     num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
+    max_rows: int | None = Field(
+        2_000_000, ge=1, description="Most rows a data file (train or validation, `jsonl` or `hf`) may hold: each is "
+        "tokenized and kept in memory at start-up; a file with more is an error naming it "
+        "(null: no limit)."
+    )
     shuffle: bool = Field(True, description="Shuffle each epoch.")
     on_overlong_prompt: Literal["zero_loss", "skip", "error"] = Field(
         "zero_loss", description="A prompt longer than policy.max_total_sequence_length: keep it with loss_multiplier "

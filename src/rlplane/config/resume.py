@@ -48,6 +48,7 @@ _TABLE: list[tuple[str, str, str]] = [
     # data: which prompts, in which order, worded how: all refused but the held-out set.
     ("data", REFUSED, "it changes the training prompts the saved position points into"),
     ("data.validation", FREE, "the held-out set only"),
+    ("data.max_rows", FREE, "a bound checked as files are read: the rows read are the same"),
     ("data.reasoning_gym.val_size", FREE, "the held-out set only"),
     ("data.reasoning_gym.val_seed", FREE, "the held-out set only"),
     ("env", FREE, "how responses are scored"),

@@ -8,7 +8,7 @@ import importlib.util
 import os
 
 from rlplane.data.errors import DatasetError
-from rlplane.data.jsonl import JsonlFields, answer_text, decode_line
+from rlplane.data.jsonl import JsonlFields, answer_text, bounded_lines, decode_line, too_many_rows
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -17,15 +17,38 @@ def _files(path: str) -> list[str]:
     if os.path.isdir(path):
         files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in _FORMATS)
     else:
-        files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else ([path] if os.path.isfile(path) else [])
+        files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+    files = [f for f in files if os.path.isfile(f)]  # not a directory, a FIFO (open would wait) or a device
     if not files:
         raise DatasetError(f"dataset {path}: no such file (or no .json/.jsonl/.parquet/.csv files there)")
     return files
 
 
+def _check_files(files: list[str], file_format: str, path: str, max_rows: int | None) -> None:
+    """Before datasets converts the files: text files' lines are UTF-8 (say which is not: datasets says only
+    that it failed) and within MAX_ROW_BYTES; Parquet files' footers hold at most ``max_rows`` rows. (A text
+    file's rows are counted once read: a CSV field or a JSON array may span lines.)"""
+    rows = 0
+    for f in files:
+        if file_format != "parquet":
+            with open(f, "rb") as fh:
+                for line_no, raw in bounded_lines(fh, f):
+                    decode_line(raw, f, line_no)
+        elif max_rows is not None:
+            import pyarrow.parquet as pq
+
+            try:
+                rows += pq.read_metadata(f).num_rows
+            except Exception:  # noqa: BLE001 - not Parquet: datasets' own error says what
+                continue
+            if rows > max_rows:
+                raise too_many_rows(path, max_rows)
+
+
 def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: str = "auto",
-                 split: str = "train") -> list[dict]:
-    """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is the 1-based row number)."""
+                 split: str = "train", max_rows: int | None = None) -> list[dict]:
+    """Rows as ``{"problem", "answer", "task_name", "line"}`` dicts (``line`` is the 1-based row number); more than
+    ``max_rows`` (``data.max_rows``) is an error."""
     if importlib.util.find_spec("datasets") is None:
         raise DatasetError(f"dataset {path}: dataset kind 'hf' needs the datasets package: pip install 'rlplane[hf]'")
     files = _files(path)
@@ -38,11 +61,7 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
                 f"{', '.join(sorted(exts))}; set data.train.format (json, parquet or csv)"
             )
         file_format = formats.pop()
-    if file_format in ("json", "csv"):  # text: say which line is not UTF-8 (datasets says only that it failed)
-        for f in files:
-            with open(f, "rb") as fh:
-                for line_no, raw in enumerate(fh, start=1):
-                    decode_line(raw, f, line_no)
+    _check_files(files, file_format, path, max_rows)
     import datasets
 
     datasets.disable_progress_bars()
@@ -67,6 +86,8 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
         )
     if len(ds) == 0:
         raise DatasetError(f"dataset {path}: empty (no rows)")
+    if max_rows is not None and len(ds) > max_rows:
+        raise too_many_rows(path, max_rows)
     has_task = fields.task_name in ds.column_names
     rows = []
     for i, row in enumerate(ds, start=1):
