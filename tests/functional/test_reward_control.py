@@ -27,7 +27,8 @@ def _run(tmp_path, name: str, preset: str, loop: str, extra: list[str]) -> list[
     ("grpo_arithmetic_async", "grpo", []),
     ("ppo_arithmetic", "ppo", ["ppo.policy_training_start_step=0", "ppo.ppo_epochs=1"]),
 ])
-def test_a_control_sees_the_same_first_rollouts_and_trains_on_other_rewards(tmp_path, preset, loop, extra, first_digit_env):
+def test_a_control_sees_the_same_first_rollouts_and_trains_on_other_rewards(tmp_path, preset, loop, extra,
+                                                                            first_digit_env):
     real = _run(tmp_path, "real", preset, loop, extra)
     for kind in ("permute", "coin"):
         control = _run(tmp_path, kind, preset, loop, [*extra, f"{loop}.reward_control={kind}"])
