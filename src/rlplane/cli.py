@@ -106,7 +106,25 @@ def cmd_train(args) -> int:
     if stopped := summary.get("stopped_early"):
         print(f"stopped early after step {stopped['after_step']}: {stopped['reason']}")
     print(f"run directory: {summary['run_dir']}  ({summary['wall_seconds']:.0f} s)")
+    for line in _expected_result(cfg, before, after):
+        print(line)
     return 0
+
+
+def _expected_result(cfg, before, after) -> list[str]:
+    """What healthy runs of the preset gain, beside this run's gain (the preset's ``expected`` section)."""
+    from rlplane.config.loading import load_config
+    from rlplane.config.recipes import RECIPES
+    from rlplane.sweeps.expected import changed_keys, expected_lines
+
+    exp = cfg.expected
+    if exp.gain_low is None or exp.preset is None:
+        return []
+    loop = RECIPES[cfg.algorithm].loop
+    shipped = load_config(exp.preset, []).model_dump(mode="json")
+    changed = changed_keys(cfg.model_dump(mode="json"), shipped, loop)
+    gain = after - before if before is not None and after is not None else None
+    return expected_lines(exp, gain, changed, f"{loop}.seed")
 
 
 def cmd_sft(args) -> int:
