@@ -412,10 +412,11 @@ def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     return t.tree, t.notes, t.errors
 
 
-def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
+def read_nemo_config(name: str | None, overrides: list[str], said: list[str] | None = None) -> dict | None:
     """The rlplane tree of a NeMo RL config file with ``overrides`` applied; None when ``name`` is not one
     (an rlplane preset, or a file of rlplane's own shape). Prints one line saying so, and its notes, on
-    stderr; raises :class:`ConfigError` with every refusal at once."""
+    stderr (or adds them to ``said``, for the caller to print once the config is valid); raises
+    :class:`ConfigError` with every refusal at once, without the notes."""
     if not name:
         return None
     path = Path(name)
@@ -436,10 +437,12 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
     tree = resolve_interpolations(apply_hydra_overrides(tree, [*overrides, *follow]))
     out, notes, errors = translate(tree)
     out.setdefault("run_dir", f"runs/{path.stem}")  # NeMo RL has none; rlplane's default names its own preset
-    print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
-          f"--config {name}", file=sys.stderr)
-    for line in notes:
-        print(f"rlplane: note: {line}", file=sys.stderr)
-    if errors:
+    if errors:  # the notes would only bury what to fix
         raise ConfigError(errors)
+    lines = [f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
+             f"--config {name}", *(f"rlplane: note: {line}" for line in notes)]
+    if said is None:
+        print("\n".join(lines), file=sys.stderr)
+    else:
+        said.extend(lines)
     return out
