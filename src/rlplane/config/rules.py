@@ -357,6 +357,15 @@ def validation_metric_known(cfg) -> list[str]:
     return errors
 
 
+def early_stop_needs_validation(cfg) -> list[str]:
+    """Early stop judges each validation during the run: with none (``val_period`` 0) it is on and never acts."""
+    key = RECIPES[cfg.algorithm].loop
+    if cfg.early_stop.enabled and cfg.loop.val_period == 0:
+        return [f"early_stop.enabled with {key}.val_period = 0: no validation runs during the run, so early stop "
+                f"could never stop it; set {key}.val_period=N (validate every N steps) or turn early stop off"]
+    return []
+
+
 def positive_nll_not_in_recipes(cfg) -> list[str]:
     """VAPO's positive-example NLL needs each sample's reward and the global count of positive tokens inside the
     loss; the recipes hand the policy workers advantages only, so the term would fail mid-step."""
@@ -404,6 +413,7 @@ RULES: list[Rule] = [
     async_without_vllm_sleep,
     async_one_generator,
     validation_metric_known,
+    early_stop_needs_validation,
     positive_nll_not_in_recipes,
 ]
 

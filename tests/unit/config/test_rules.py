@@ -148,6 +148,10 @@ CASES = [
      "env/<task>/<name>"),
     (rules.validation_metric_known, "grpo", THRESHOLD, {"grpo.stop_at_validation_threshold": float("nan")},
      "grpo.stop_at_validation_threshold = nan: no validation reaches it; give a number"),
+    (rules.early_stop_needs_validation, "ppo", {"early_stop.enabled": True, "ppo.val_period": 5},
+     {"ppo.val_period": 0},
+     "early_stop.enabled with ppo.val_period = 0: no validation runs during the run, so early stop could never "
+     "stop it; set ppo.val_period=N (validate every N steps) or turn early stop off"),
 ]
 
 # backend: vllm cannot load where vllm is not installed: these configs are made without validation.
