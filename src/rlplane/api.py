@@ -47,6 +47,8 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
         check_tree_bounds(config, "config= mapping")
         tree = dict(config)
         parent = tree.pop("defaults", None)
+        if parent and not isinstance(parent, str):
+            raise ConfigError([f"config['defaults'] = {parent!r:.80}: name one preset or YAML file"])
         if parent:
             from rlplane.config.yaml_tree import deep_merge
 
