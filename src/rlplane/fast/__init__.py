@@ -4,7 +4,7 @@
   off: ``policy.generation.hf_decode: hf`` or ``RLPLANE_FUSED_DECODE=0``. Its fp32 output projection
   through oneDNN; twin: ``F.linear``; off: ``RLPLANE_ONEDNN_LINEAR=0``.
 - :mod:`~rlplane.fast.allocator`: glibc keeps freed memory; twin: glibc's defaults;
-  off: ``RLPLANE_KEEP_FREED_MEMORY=0``.
+  off: ``RLPLANE_KEEP_FREED_MEMORY=0``. In few malloc arenas; twin: glibc's count; off: ``RLPLANE_FEW_ARENAS=0``.
 - :mod:`~rlplane.fast.heap`: long-lived objects out of the garbage collector's full collections;
   twin: no ``gc.freeze``; off: ``RLPLANE_FREEZE_HEAP=0``.
 - :mod:`~rlplane.fast.threads`: torch threads per worker and a lower priority for background threads;

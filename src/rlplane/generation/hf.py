@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlplane.fast.allocator import keep_freed_memory
+from rlplane.fast.allocator import keep_freed_memory, limit_malloc_arenas
 from rlplane.fast.fused_decode import GEMMA_MODEL_TYPES, LlamaDecoder, unsupported_reason
 from rlplane.fast.gemma_decode import Gemma3Decoder
 from rlplane.fast.switches import FUSED_DECODE, enabled
@@ -102,8 +102,9 @@ class HFGenerationBackend(GenerationBackend):
         if decode == "fused" and kv_cache == "dynamic":
             raise ValueError("decode = 'fused' has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
-        # Freed decode-step tensors stay in the heap from here on (rlplane/fast/allocator.py).
+        # Freed decode-step tensors stay in the heap from here on, in few arenas (rlplane/fast/allocator.py).
         keep_freed_memory()
+        limit_malloc_arenas()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
         self.decode = decode
         self.last_decode: str | None = None
