@@ -163,7 +163,6 @@ def test_off_switch_leaves_an_arena_per_thread():
 
 
 def test_hf_backend_limits_the_arenas(monkeypatch):
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlplane.generation import hf
