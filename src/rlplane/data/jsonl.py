@@ -70,6 +70,14 @@ def bounded_lines(f, path: str):
         yield line_no, raw
 
 
+def _count_lines(f) -> int:
+    """Lines of a binary file, counted in large blocks (an upper bound on its rows, at the speed of a read)."""
+    lines, last = 0, b"\n"
+    while block := f.read(1 << 24):
+        lines, last = lines + block.count(b"\n"), block[-1:]
+    return lines + (last != b"\n")
+
+
 def too_many_rows(path: str, max_rows: int) -> DatasetError:
     return DatasetError(f"dataset {path}: more than {max_rows:,} rows, over data.max_rows = {max_rows:,} (every row "
                         "is tokenized and held at start-up); raise data.max_rows, or cut the file to the rows the run "
@@ -104,12 +112,15 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: 
         raise DatasetError(f"dataset {path}: {what}")
     rows = []
     with open(path, "rb") as f:
+        if max_rows is not None and _count_lines(f) > max_rows:  # before any row is kept; blank lines are no rows
+            f.seek(0)
+            if sum(1 for _, raw in bounded_lines(f, path) if raw.strip()) > max_rows:
+                raise too_many_rows(path, max_rows)
+        f.seek(0)
         for line_no, raw in bounded_lines(f, path):
             line = decode_line(raw, path, line_no)
             if not line.strip():
                 continue
-            if max_rows is not None and len(rows) >= max_rows:
-                raise too_many_rows(path, max_rows)
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
