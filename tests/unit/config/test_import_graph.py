@@ -42,11 +42,11 @@ print(json.dumps(out))
 def _commands(tmp: Path) -> list[list[str]]:
     typo = "grpo.max_num_step=3"
     return [
-        ["--help"], ["train", "--help"], ["eval", "--help"],
+        ["--help"], ["train", "--help"], ["eval", "--help"], ["sweep", "--help"],
         *(["show-config", "-c", p] for p in list_presets()),
         *(["show-config", "-c", str(f), "data.dataset=arithmetic"] for f in sorted(NEMO.glob("*.yaml"))),
         ["show-config", "-c", str(NEMO / "grpo_math_1B.yaml")],  # refused: NeMo RL's dataset registry
-        ["show-config", typo], ["train", typo], ["sft", typo], ["train", "-c", "ppo_arithmetic", typo],
+        ["show-config", typo], ["train", typo], ["sft", typo], ["train", "-c", "ppo_arithmetic", typo], ["sweep", typo],
         ["eval", "--model", "embedded:tiny-llama", typo], ["eval", "--checkpoint", str(tmp / "nope")],
         ["export", "--checkpoint", str(tmp / "nope"), "-o", str(tmp / "out")],
         ["train", "-c", str(tmp / "nope.yaml")], ["train", "grpo.adv_estimator.name=nope"],
