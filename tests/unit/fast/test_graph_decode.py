@@ -260,15 +260,14 @@ def _teacher_forced(decoder, model, steps=10):
     32), half the rows dropped after step 4 (bucket 16)."""
     prompts = _prompts(6, seed=8)
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")  # 0: padding only
     mask = (ids != 0).long()
-    mask[:, -1] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     rows = torch.arange(6, device="cuda").repeat_interleave(3)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, 21, (steps, 18), generator=g).cuda()
     out = []
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=model.dtype != torch.float32):
+    with torch.no_grad():
         decoder.begin(width + steps + 1)
         out.append(decoder.prefill(ids, mask, positions))
         decoder.expand(rows)
