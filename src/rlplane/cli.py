@@ -339,7 +339,7 @@ def cmd_sweep(args) -> int:
     from rlplane.config.recipes import RECIPES
     from rlplane.errors import ConfigError
     from rlplane.sweeps.plan import parse_seeds, parse_variant, plan_runs
-    from rlplane.sweeps.runner import claim_directory, identity, run_sweep
+    from rlplane.sweeps.runner import claim_directory, hold_directory, identity, run_sweep
     from rlplane.utils.machine import describe_machine
 
     if args.seeds is not None and args.seed_list is not None:
@@ -358,6 +358,7 @@ def cmd_sweep(args) -> int:
     name = args.config or "grpo_arithmetic"
     out = Path(args.out or f"runs/sweep-{Path(name).stem}").expanduser().absolute()
     claim_directory(out, identity(args.config, args.overrides, cfg.model_dump(mode="json"), loop))
+    lock = hold_directory(out)
     title = f"rlplane sweep: {name}" + (f" {' '.join(args.overrides)}" if args.overrides else "")
     header = [f"machine: {describe_machine()}", f"date: {datetime.date.today().isoformat()}",
               f"seeds: {' '.join(map(str, seeds))}"
@@ -368,7 +369,10 @@ def cmd_sweep(args) -> int:
     say(title)
     for line in header:
         say(line)
-    results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    try:
+        results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    finally:
+        lock.release()
     return 0 if all(r.status == "done" for r in results) else 1
 
 

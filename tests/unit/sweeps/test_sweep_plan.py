@@ -102,3 +102,21 @@ def test_a_directory_holds_one_sweep(tmp_path):
     with pytest.raises(ConfigError, match="sweep.json is damaged"):
         claim_directory(tmp_path / "s", ident)
     assert json.loads(json.dumps(ident)) == ident
+
+
+def test_one_sweep_writes_a_directory_at_a_time(tmp_path):
+    import fcntl
+    import os
+
+    from rlplane.sweeps.runner import hold_directory
+
+    (tmp_path / "s").mkdir()
+    fd = os.open(tmp_path / "s" / ".rlplane.lock", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b'{"pid": 7, "host": "h", "started": "then"}')
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by "another process": an open file description of its own
+    try:
+        with pytest.raises(ConfigError, match=r"--out .*/s: another rlplane sweep is using it \(pid 7 on host h"):
+            hold_directory(tmp_path / "s")
+    finally:
+        os.close(fd)
+    hold_directory(tmp_path / "s").release()
