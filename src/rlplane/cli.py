@@ -341,10 +341,13 @@ def cmd_sweep(args) -> int:
     from rlplane.config.recipes import RECIPES
     from rlplane.errors import ConfigError
     from rlplane.sweeps.plan import parse_seeds, parse_variant, plan_runs
-    from rlplane.sweeps.runner import claim_directory, identity, run_sweep
+    from rlplane.sweeps.runner import claim_directory, hold_directory, identity, run_sweep
     from rlplane.utils.machine import describe_machine
 
-    seeds = parse_seeds(args.seeds)
+    if args.seeds is not None and args.seed_list is not None:
+        raise ConfigError([f"--seeds {args.seeds} and --seed-list {args.seed_list}: give one (a count, or which "
+                           "seeds)"])
+    seeds = parse_seeds(args.seed_list) if args.seed_list is not None else list(range(1, (args.seeds or 5) + 1))
     variants = [parse_variant(v) for v in args.variant]
     cfg = _load(args)
     loop = RECIPES[cfg.algorithm].loop
@@ -357,6 +360,7 @@ def cmd_sweep(args) -> int:
     name = args.config or "grpo_arithmetic"
     out = Path(args.out or f"runs/sweep-{Path(name).stem}").expanduser().absolute()
     claim_directory(out, identity(args.config, args.overrides, cfg.model_dump(mode="json"), loop))
+    lock = hold_directory(out)
     title = f"rlplane sweep: {name}" + (f" {' '.join(args.overrides)}" if args.overrides else "")
     header = [f"machine: {describe_machine()}", f"date: {datetime.date.today().isoformat()}",
               f"seeds: {' '.join(map(str, seeds))}"
@@ -367,7 +371,10 @@ def cmd_sweep(args) -> int:
     say(title)
     for line in header:
         say(line)
-    results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    try:
+        results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    finally:
+        lock.release()
     return 0 if all(r.status == "done" for r in results) else 1
 
 
@@ -435,7 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="a config over several seeds (and numeric variants, and its control), one run "
                                      "after another: gain per run, mean ± sd, worst, best; a table and a figure")
     _add_config_args(p)
-    p.add_argument("--seeds", default="5", help="5 (seeds 1 to 5), 11-15 (a range) or 1,4,9 (a list); default 5")
+    p.add_argument("--seeds", type=_at_least(1), default=None, help="how many seeds: N runs seeds 1 to N (default 5)")
+    p.add_argument("--seed-list", default=None, metavar="SEEDS",
+                   help="which seeds instead: 42, 11-15 (a range) or 1,4,9 (a list)")
     p.add_argument("--control", nargs="?", const="permute", default=None, choices=("permute", "coin"),
                    help="also run the control: rewards permuted within each batch (default) or a coin with the "
                         "batch's mean; distillation: a teacher that learned nothing")
