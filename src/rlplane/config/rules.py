@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from rlplane.config.data import task_names_of
 from rlplane.config.loops import RolloutLoopConfig
 from rlplane.config.policy import transformers_packs
 from rlplane.config.recipes import RECIPES, owner_of
@@ -201,25 +200,8 @@ def vllm_cfg_fits_device(cfg) -> list[str]:
     return vllm_cfg_errors(p.device, p.generation.vllm_cfg) if p.generation.backend == "vllm" else []
 
 
-# ---- GRPO's advantage estimator ----------------------------------------------------------------------
-def gdpo_needs_components(cfg) -> list[str]:
-    """GDPO normalises each reward component: every environment of the data gives at least 2."""
-    if cfg.algorithm != "grpo" or cfg.grpo.adv_estimator.name != "gdpo":
-        return []
-    from rlplane.envs.registry import reward_component_names  # the registry (and its environments) only for GDPO
-
-    errors = []
-    for task in dict.fromkeys(task_names_of(cfg.data)):
-        names = reward_component_names(task)
-        if names is not None and len(names) < 2:
-            errors.append(
-                f"grpo.adv_estimator.name = gdpo: environment {task!r} gives {len(names)} reward components "
-                f"{list(names)}, GDPO needs at least 2 (task 'arithmetic' gives correct and format); use such "
-                "an environment or set grpo.adv_estimator.name=grpo"
-            )
-    return errors
-
-
+# ---- GRPO's advantage estimator (GDPO's need for reward components: training/advantages.py, where the
+# environments are known) -------------------------------------------------------------------------------
 def groups_need_two(cfg) -> list[str]:
     """A group of one response is its own baseline: advantage 0 under every group estimator."""
     g = cfg.grpo if cfg.algorithm == "grpo" else None
@@ -397,7 +379,6 @@ RULES: list[Rule] = [
     fsdp_not_async,
     vllm_cfg_fits_device,
     dp_needs_ray,
-    gdpo_needs_components,
     groups_need_two,
     kl_in_reward_needs_estimator,
     kl_in_reward_needs_prev,

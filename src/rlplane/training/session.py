@@ -46,7 +46,13 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
-from rlplane.training.workers import Workers, check_placement, check_ray_resources, env_pool_specs
+from rlplane.training.workers import (
+    Workers,
+    check_gdpo_components,
+    check_placement,
+    check_ray_resources,
+    env_pool_specs,
+)
 from rlplane.utils.checkpoint import latest_checkpoint
 from rlplane.utils.kill_points import check_kill_spec, kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
@@ -118,6 +124,7 @@ class Session:
                                           self.paths.log_dir / "stacks.txt")
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
                          within=functools.partial(_user_call, cfg.env.step_timeout_s))
+        check_gdpo_components(cfg, self.task_names())
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
                           run_config=cfg.model_dump(mode="json"), quiet=quiet,
                           sinks=[LoggerSink(c.logger)] if c.logger is not None else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
-from rlplane.envs.registry import env_registry_snapshot, sendable_env_names
+from rlplane.envs.registry import env_registry_snapshot, reward_component_names, sendable_env_names
 from rlplane.envs.user import import_path_env, user_task_error_in
 from rlplane.errors import ConfigError
 from rlplane.runtime import placement
@@ -69,6 +69,24 @@ def ray_cpu_demand(cfg: RunConfig, uses_critic: bool, uses_teacher: bool = False
     if cfg.algorithm == "grpo" and cfg.grpo.async_grpo.enabled:
         demand += RAY_CPUS_COLLECTOR
     return demand
+
+
+def check_gdpo_components(cfg: RunConfig, task_names) -> None:
+    """GDPO normalises each reward component: every environment the data names gives at least 2. Checked at
+    start-up, where the environments are known (the config sits below them), user tasks registered by then."""
+    if cfg.algorithm != "grpo" or cfg.grpo.adv_estimator.name != "gdpo":
+        return
+    errors = []
+    for task in dict.fromkeys(task_names):
+        names = reward_component_names(task)
+        if names is not None and len(names) < 2:
+            errors.append(
+                f"grpo.adv_estimator.name = gdpo: environment {task!r} gives {len(names)} reward components "
+                f"{list(names)}, GDPO needs at least 2 (task 'arithmetic' gives correct and format); use such "
+                "an environment or set grpo.adv_estimator.name=grpo"
+            )
+    if errors:
+        raise ConfigError(errors)
 
 
 def check_ray_resources(cfg: RunConfig, uses_critic: bool, cluster_cpus: float | None = None,

@@ -85,10 +85,6 @@ CASES = [
      "alone, an FSDP gather needs every rank); disable one of them"),
     (rules.dp_needs_ray, "grpo", {"policy.dp_size": 2, **RAY}, {"runtime": "local", "data_plane.backend": "memory"},
      "policy.dp_size = 2 needs runtime: ray; set runtime=ray or policy.dp_size=1"),
-    (rules.gdpo_needs_components, "grpo", {"grpo.adv_estimator.name": "gdpo"}, {"data.dataset": "guess_number"},
-     "grpo.adv_estimator.name = gdpo: environment 'guess_number' gives 0 reward components [], GDPO needs at "
-     "least 2 (task 'arithmetic' gives correct and format); use such an environment or set "
-     "grpo.adv_estimator.name=grpo"),
     (rules.groups_need_two, "grpo", {"grpo.num_generations_per_prompt": 2, "policy.train_global_batch_size": 32},
      {"grpo.num_generations_per_prompt": 1},
      "grpo.num_generations_per_prompt = 1: a group of one response has advantage 0 under grpo.adv_estimator.name = "
