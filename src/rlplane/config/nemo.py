@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlplane.config.nemo_data import translate_data
 from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION, is_off
 from rlplane.config.nemo_yaml import (
     apply_hydra_overrides,
@@ -317,60 +318,6 @@ def _distillation_loss(t: _Translation) -> None:
                "sampled token, no top-k logits")
 
 
-def _data(t: _Translation) -> None:
-    """NeMo RL's dataset keys -> ``data.dataset`` (a local JSONL through ResponseDataset), or dropped with a
-    note where rlplane's ``data.dataset`` is given."""
-    data = get_key(t.tree, "data")
-    if not isinstance(data, dict):
-        return
-    nemo_keys = [k for k in ("dataset_name", "train", "validation", "default", "prompt_file", "system_prompt_file",
-                             "train_data_path", "val_data_path", "input_key", "output_key", "split_validation_size",
-                             "train_split", "val_split") if k in data]
-    nemo_keys = [k for k in nemo_keys if not (k in ("train", "validation") and isinstance(data[k], dict)
-                                              and "path" in data[k])]
-    if not nemo_keys:
-        return
-    if "dataset" in data:
-        for k in nemo_keys:
-            data.pop(k)
-        t.note(f"data.{{{', '.join(nemo_keys)}}}: NeMo RL's dataset keys, ignored: data.dataset = "
-               f"{data['dataset']} is given")
-        return
-    nemo = {k: data.pop(k) for k in nemo_keys}
-    default = nemo.get("default") or {}
-    train, val = nemo.get("train") or {}, nemo.get("validation") or {}
-    name = train.get("dataset_name", default.get("dataset_name", nemo.get("dataset_name")))
-    path = train.get("data_path", nemo.get("train_data_path"))
-    if name in (None, "ResponseDataset") and path and Path(path).is_file():
-        spec = {"problem_key": train.get("input_key", default.get("input_key", nemo.get("input_key", "input"))),
-                "answer_key": train.get("output_key", default.get("output_key", nemo.get("output_key", "output"))),
-                "default_task_name": default.get("env_name", "math")}
-        t.put("data.dataset", "jsonl")
-        t.put("data.train", {"path": path, **spec})
-        val_path = val.get("data_path", nemo.get("val_data_path"))
-        if val_path:
-            t.put("data.validation", {"path": val_path, **spec})
-        processor = default.get("processor", "math_hf_data_processor")
-        # ResponseDataset rows are read by key here; math_hf_data_processor's prompt is the math format.
-        t.put("data.prompt.processor", "math" if processor == "math_hf_data_processor" else processor)
-        system = default.get("system_prompt_file", nemo.get("system_prompt_file"))
-        if system:
-            t.put("data.prompt.system_prompt_file", system)
-        prompt = default.get("prompt_file", nemo.get("prompt_file"))
-        if prompt:
-            if Path(prompt).is_file():
-                t.put("data.prompt.prompt_file", prompt)  # NeMo RL's {} (and {{}} for a literal) read as such
-            else:
-                t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
-                                                             "data.prompt.template")
-        elif default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
-            t.put("data.prompt.template", "{problem}")  # no prompt file: NeMo RL's processor keeps the problem as is
-        return
-    t.refuse("data.train.dataset_name" if "train" in nemo else "data.dataset_name", name or path,
-             "rlplane reads local files, not NeMo RL's dataset registry; save it as JSONL and set "
-             "data.dataset=jsonl data.train.path=FILE (data.train.problem_key/answer_key), or data.dataset=arithmetic")
-
-
 def _data_plane(t: _Translation) -> None:
     enabled = t.pop("data_plane.enabled")
     backend = t.pop("data_plane.backend") if get_key(t.tree, "data_plane.backend") not in ("memory", "ray") else None
@@ -403,7 +350,7 @@ def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     _optimizer(t, "policy")
     _scheduler(t, "policy")
     _generation(t)
-    _data(t)
+    translate_data(t)
     _data_plane(t)
     _features(t)
     _value(t)

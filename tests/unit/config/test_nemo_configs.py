@@ -132,14 +132,22 @@ def test_response_dataset_from_a_local_jsonl(tmp_path):
     assert cfg.data.prompt.template == "{problem}"  # prompt_file null: NeMo RL's processor formats no prompt
 
 
-def test_a_registry_dataset_is_refused_with_the_local_alternative():
+def test_a_registry_dataset_reads_by_name():
+    cfg = load_config(str(FIXTURES / f"{GRPO}.yaml"), ["policy.model_name=embedded:tiny-llama",
+                                                       "policy.generation.backend=hf", "data.default.prompt_file=null"])
+    train = cfg.data.train
+    assert cfg.data.dataset == "registry" and cfg.data.validation is None
+    assert (train.name, train.split_validation_size, train.seed, train.default_task_name) == (
+        "OpenMathInstruct-2", 0.05, 42, "math")  # held out as NeMo RL holds it out; scored by env.math
+
+
+def test_multimodal_and_unknown_dataset_names_are_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
-        load_config(str(FIXTURES / f"{GRPO}.yaml"), ["policy.model_name=embedded:tiny-llama",
-                                                           "policy.generation.backend=hf"])
-    assert e.value.problems == [
-        "data.train.dataset_name = 'OpenMathInstruct-2': rlplane reads local files, not NeMo RL's dataset registry; "
-        "save it as JSONL and set data.dataset=jsonl data.train.path=FILE (data.train.problem_key/answer_key), or "
-        "data.dataset=arithmetic"]
+        load_config(str(FIXTURES / f"{GRPO}.yaml"), [*LOCAL[:1], "data.train.dataset_name=clevr-cogent",
+                                                     "data.validation.dataset_name=nope"])
+    assert [p.split(":")[0] for p in e.value.problems] == ["data.train.dataset_name = 'clevr-cogent'",
+                                                           "data.validation.dataset_name = 'nope'"]
+    assert "multimodal" in e.value.problems[0] and "not a NeMo RL dataset name" in e.value.problems[1]
 
 
 def test_show_config_prints_the_rlplane_config_it_became(tmp_path, capsys):
