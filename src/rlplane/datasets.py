@@ -89,6 +89,16 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
             train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=options.seed)
         val_ds = GuessNumberDataset(tokenizer, options.max_val_samples, low=r.low, high=r.high, seed=options.seed + 1)
         val = [val_ds[i] for i in range(len(val_ds))]
+    elif d.dataset == "sliding_puzzle":
+        from rlplane.envs.sliding_puzzle import SlidingPuzzleDataset
+
+        game = options.env.sliding_puzzle_game.model_dump()
+        if train:
+            train_ds = SlidingPuzzleDataset(tokenizer, d.num_train_samples, seed=options.seed, prompt_format=fmt,
+                                            **game)
+        val_ds = SlidingPuzzleDataset(tokenizer, options.max_val_samples, seed=options.seed + 1, prompt_format=fmt,
+                                      **game)
+        val = [val_ds[i] for i in range(len(val_ds))]
     else:
         require = not reads_own_rows
 

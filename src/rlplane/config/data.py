@@ -112,10 +112,9 @@ class PromptConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where prompts come from."""
 
-    dataset: Literal["arithmetic", "jsonl", "hf", "registry", "reasoning_gym", "guess_number"] = Field(
-        "arithmetic", description="Which dataset kind (registry: NeMo RL's datasets by name; guess_number: games "
-        "over env.guess_number's range)."
-    )
+    dataset: Literal["arithmetic", "jsonl", "hf", "registry", "reasoning_gym", "guess_number", "sliding_puzzle"] = (
+        Field("arithmetic", description="Which dataset kind (registry: NeMo RL's datasets by name; guess_number: "
+              "games over env.guess_number's range; sliding_puzzle: boards of env.sliding_puzzle_game)."))
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
     train: JsonlDataConfig | None = Field(None, description="Training source (dataset: jsonl, hf or registry).")
     validation: JsonlDataConfig | None = Field(None, description="Validation source (dataset: jsonl, hf or "
@@ -161,6 +160,8 @@ def task_names_of(data: DataConfig) -> list[str]:
         return [data.arithmetic.task_name]
     if data.dataset in ("reasoning_gym", "guess_number"):
         return [data.dataset]
+    if data.dataset == "sliding_puzzle":
+        return ["sliding_puzzle_game"]
     return [j.default_task_name for j in (data.train, data.validation) if j is not None]  # jsonl, hf, registry
 
 
@@ -169,7 +170,7 @@ class DatasetOptions:
     """What :func:`rlplane.datasets.build_datasets` reads, cut from the run config by ``RunConfig.dataset_options``."""
 
     data: DataConfig
-    env: EnvConfig  # user tasks are registered from it; guess_number's range
+    env: EnvConfig  # user tasks are registered from it; guess_number's range; the sliding puzzle's boards
     seed: int  # the loop's seed: procedural problems and the loader's shuffle
     prompts_per_batch: int  # the loader's batch: num_prompts_per_step × batch_multiplier
     max_val_samples: int  # held-out problems

@@ -318,6 +318,16 @@ def _distillation_loss(t: _Translation) -> None:
                "sampled token, no top-k logits")
 
 
+def _envs(t: _Translation) -> None:
+    """NeMo RL's ``env.sliding_puzzle_game.cfg: {game_config: {size, shuffle_moves}, max_moves}`` -> rlplane's
+    ``env.sliding_puzzle_game: {size, shuffle_moves, max_moves}``."""
+    cfg = t.pop("env.sliding_puzzle_game.cfg")
+    if isinstance(cfg, dict):
+        game = dict(cfg.get("game_config") or {})
+        t.put("env.sliding_puzzle_game", {**{k: game[k] for k in ("size", "shuffle_moves") if k in game},
+                                          **({"max_moves": cfg["max_moves"]} if "max_moves" in cfg else {})})
+
+
 def _data_plane(t: _Translation) -> None:
     enabled = t.pop("data_plane.enabled")
     backend = t.pop("data_plane.backend") if get_key(t.tree, "data_plane.backend") not in ("memory", "ray") else None
@@ -351,6 +361,7 @@ def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     _scheduler(t, "policy")
     _generation(t)
     translate_data(t)
+    _envs(t)
     _data_plane(t)
     _features(t)
     _value(t)

@@ -131,6 +131,14 @@ def translate_data(t: _Translation) -> None:
         t.note(f"data.{{{', '.join(nemo_keys)}}}: NeMo RL's dataset keys, ignored: data.dataset = "
                f"{data['dataset']} is given")
         return
+    if isinstance(get_key(t.tree, "env.sliding_puzzle_game"), dict):  # the game draws its own boards
+        for k in nemo_keys:
+            data.pop(k)
+        t.put("data.dataset", "sliding_puzzle")
+        t.note(f"data.{{{', '.join(nemo_keys)}}}: unused, as NeMo RL's run_grpo_sliding_puzzle.py leaves them: the "
+               "boards are drawn by env.sliding_puzzle_game (data.dataset = sliding_puzzle; add_system_prompt, a "
+               "chat-template argument, is not passed)")
+        return
     train, val, default = _entries(data)
     for k in nemo_keys:
         data.pop(k)

@@ -40,6 +40,10 @@ class GenerationConfig(StrictModel):
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    stop_token_ids: list[int] | None = Field(
+        None, description="Token ids that also end a response, besides the model's end-of-sequence ids (NeMo RL's "
+        "key; e.g. [128009], Llama 3's <|eot_id|>); the id ends the response and is trained on like an eos."
+    )
     num_generators: int = Field(
         1, ge=1, description="Rollout workers, each with its own engine; a step's prompt groups are spread across "
         "them (a group stays on one) and they generate concurrently under `runtime: ray`."

@@ -32,6 +32,7 @@ from rlplane.envs.user import register_user_tasks
 from rlplane.errors import WorkerFailed
 from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
+from rlplane.generation.interface import stop_ids
 from rlplane.generation.sampling import sample_seed
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.env_pools import EnvPool, call_env_metrics, pool_name
@@ -245,6 +246,7 @@ class RolloutWorker:
             max_total_sequence_length=self.cfg.policy.max_total_sequence_length,
             max_new_tokens=gen.max_new_tokens,
             stop_strings=gen.stop_strings,
+            **({"stop_token_ids": stop_ids(self.backend, gen.stop_token_ids)} if gen.stop_token_ids else {}),
             temperature=gen.temperature,
             top_p=gen.top_p,
             top_k=gen.top_k,
