@@ -170,11 +170,41 @@ def _model_section(t: _Translation, section: str) -> None:
         t.put(f"{section}.lora", out)
     elif lora is not None:
         t.note(f"{section}.dtensor_cfg.lora_cfg: NeMo RL's LoRA, off here: ignored (rlplane: policy.lora)")
-    if t.has(f"{section}.dtensor_cfg.enabled"):
-        if t.pop(f"{section}.dtensor_cfg.enabled") and section == "policy" and not get_key(t.tree, "policy.dp_size"):
-            t.note(f"{section}.dtensor_cfg.enabled: NeMo RL's FSDP2 worker at its cluster's size; read as one "
-                   "unsharded rank (runtime: local); to shard set runtime=ray policy.dp_size=N "
-                   "policy.dtensor_cfg.enabled=true")
+    _parallelism(t, section)
+
+
+def _parallelism(t: _Translation, section: str) -> None:
+    """``dtensor_cfg``'s FSDP2 switch, tensor / context / sequence parallelism and CPU offload. rlplane shards by
+    FSDP2 data parallelism only: TP and CP > 1 are read as that, over the same devices, with a note on what differs."""
+    d = f"{section}.dtensor_cfg"
+    enabled = t.pop(f"{d}.enabled") if t.has(f"{d}.enabled") else None
+    sharded = section == "policy" and bool(get_key(t.tree, "policy.dp_size")) and bool(enabled)
+    if sharded:
+        t.put("policy.dtensor_cfg.enabled", True)  # the user asked for ranks: NeMo RL's FSDP2 over them
+    elif enabled and section == "policy":
+        t.note(f"{d}.enabled: NeMo RL's FSDP2 worker at its cluster's size; read as one unsharded rank (runtime: "
+               "local); to shard set runtime=ray policy.dp_size=N policy.dtensor_cfg.enabled=true")
+    tp, cp = t.pop(f"{d}.tensor_parallel_size") or 1, t.pop(f"{d}.context_parallel_size") or 1
+    sp, offload = t.pop(f"{d}.sequence_parallel"), t.pop(f"{d}.cpu_offload")
+    split = [f"tensor_parallel_size = {tp}"] * (tp > 1) + [f"context_parallel_size = {cp}"] * (cp > 1)
+    if split:
+        t.note(f"{d}.{{{', '.join(split)}}}: NeMo RL splits each layer's weights over TP ranks and each sequence "
+               "over CP ranks; rlplane shards the same model by FSDP2 data parallelism over the same devices instead "
+               "(runtime=ray policy.dp_size=N policy.dtensor_cfg.enabled=true): each rank holds 1/N of the weights, "
+               "gradients and optimizer state but computes whole layers on whole sequences, so one sequence's "
+               "activations sit on one device (policy.activation_checkpointing trims them)"
+               + ("" if section == "policy" else f"; the {section} runs with the policy's settings"))
+    if sp:
+        t.note(f"{d}.sequence_parallel = true: NeMo RL's sequence parallelism splits activations within a tensor-"
+               + ("parallel group, which does nothing with tensor_parallel_size = 1 there either" if tp == 1 else
+                  "parallel group; with TP read as FSDP2 data parallelism there is none here") + ": ignored")
+    if offload and sharded:
+        t.put("policy.dtensor_cfg.cpu_offload", True)
+    elif offload:
+        t.note(f"{d}.cpu_offload = true: FSDP2's CPU offload of sharded ranks (policy.dtensor_cfg.cpu_offload); "
+               + ("this run's one unsharded rank keeps its weights where it computes; with runtime=ray "
+                  "policy.dp_size=N policy.dtensor_cfg.enabled=true it applies" if section == "policy" else
+                  f"the {section} runs with the policy's settings"))
 
 
 def _features(t: _Translation) -> None:
@@ -228,6 +258,11 @@ def _generation(t: _Translation) -> None:
         if val is not None and val != get_key(t.tree, f"{g}.{key}"):
             t.note(f"{g}.val_{key} = {val}: ignored; rlplane validates greedily (pass@k samples with the "
                    f"training {key})")
+    extra = get_key(t.tree, f"{g}.vllm_kwargs")
+    if get_key(t.tree, f"{g}.backend") != "vllm" and extra is not None:
+        t.pop(f"{g}.vllm_kwargs")
+        if extra:
+            t.note(f"{g}.vllm_kwargs = {extra}: vLLM engine arguments, unused: generation runs on hf here")
     kv = t.pop(f"{g}.vllm_cfg.kv_cache_dtype")
     if kv not in (None, "auto"):
         t.refuse(f"{g}.vllm_cfg.kv_cache_dtype", kv, "rlplane's vLLM engine keeps the KV cache in the model dtype; "

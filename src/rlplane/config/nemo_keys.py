@@ -22,14 +22,6 @@ def is_one(value: Any) -> bool:
 FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("policy.megatron_cfg", is_off, "Megatron-Core training",
      "rlplane trains transformers models; shard with policy.dtensor_cfg.enabled=true policy.dp_size=N runtime=ray"),
-    ("policy.dtensor_cfg.tensor_parallel_size", is_one, "tensor parallelism",
-     "rlplane shards by data parallelism: policy.dp_size=N with policy.dtensor_cfg.enabled=true (runtime=ray)"),
-    ("policy.dtensor_cfg.context_parallel_size", is_one, "context parallelism",
-     "rlplane keeps a sequence on one rank; lower policy.max_total_sequence_length or use "
-     "policy.activation_checkpointing"),
-    ("policy.dtensor_cfg.sequence_parallel", is_off, "sequence parallelism", "policy.activation_checkpointing=true"),
-    ("policy.dtensor_cfg.cpu_offload", is_off, "parameter CPU offload", "policy.dtensor_cfg.enabled=true over "
-                                                                      "more ranks (policy.dp_size)"),
     ("policy.dtensor_cfg.custom_parallel_plan", is_off, "custom parallel plan", "policy.dtensor_cfg (FSDP2)"),
     ("policy.dtensor_cfg.automodel_kwargs", is_off, "NeMo Automodel arguments", "a local HF model directory"),
     ("policy.draft", is_off, "draft (Eagle) model", "no draft model: remove the section"),
@@ -38,7 +30,6 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("policy.tokenizer.chat_template_kwargs", is_off, "chat-template arguments", "data.prompt.chat_template"),
     ("policy.tokenizer.chat_template", is_off, "custom chat template", "data.prompt.template"),
     ("policy.generation.refit_transport", is_off, "refit transport choice", "rlplane picks the refit path itself"),
-    ("policy.generation.vllm_kwargs", is_off, "extra vLLM engine arguments", "policy.generation.vllm_cfg keys"),
     ("policy.generation.vllm_cfg.pipeline_parallel_size", is_one, "vLLM pipeline parallelism",
      "policy.generation.vllm_cfg.tensor_parallel_size"),
     ("policy.generation.vllm_cfg.expert_parallel_size", is_one, "vLLM expert parallelism",

@@ -10,6 +10,10 @@ import rlplane.extras as extras
 from rlplane.config.base import StrictModel
 from rlplane.config.vllm import VllmConfig
 
+# vllm.LLM arguments rlplane sets itself: its weights directory, the trainer's dtype, processed logprobs, no
+# generation_config defaults (policy.generation.vllm_kwargs may not override them).
+VLLM_FIXED = ("model", "tokenizer", "dtype", "logprobs_mode", "generation_config", "seed")
+
 
 class ColocatedConfig(StrictModel):
     """Where the generators run under `runtime: ray` (NeMo RL `policy.generation.colocated.*`)."""
@@ -54,6 +58,11 @@ class GenerationConfig(StrictModel):
         "stops with an error (null = wait forever)."
     )
     vllm_cfg: VllmConfig = Field(default_factory=VllmConfig, description="The vLLM engine (backend: vllm only).")
+    vllm_kwargs: dict = Field(
+        default_factory=dict, description="Extra keyword arguments for the vLLM engine (`vllm.LLM`), as NeMo RL passes "
+        "them (e.g. compilation_config); backend vllm only. The ones rlplane sets for the logprobs to match the "
+        f"trainer's ({', '.join(VLLM_FIXED)}) cannot be given."
+    )
     verify_weights: Literal["fail", "warn", "off"] = Field(
         "fail", description="After every change of the policy's weights each generator echoes the weight version and "
         "a fingerprint of the weights it holds and scores a fixed probe the trainer scores too (docs/weight_sync.md): "
@@ -74,6 +83,14 @@ class GenerationConfig(StrictModel):
     @classmethod
     def _probe_off(cls, v):
         return 0 if v is False else v  # `off` / false: never probe; true names no N, so it stays an error
+
+    @model_validator(mode="after")
+    def _engine_kwargs(self) -> GenerationConfig:
+        fixed = sorted(set(self.vllm_kwargs) & set(VLLM_FIXED))
+        if fixed:
+            raise ValueError(f"vllm_kwargs.{fixed[0]}: rlplane sets it so the engine's logprobs match the trainer's; "
+                             "remove it")
+        return self
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
@@ -159,6 +176,11 @@ class DTensorConfig(StrictModel):
     enabled: bool = Field(
         False, description="Shard parameters, gradients and optimizer state of the policy, reference and value "
         "models across the policy.dp_size ranks (`runtime: ray`); `false` = plain DP, every rank a full copy."
+    )
+    cpu_offload: bool = Field(
+        False, description="FSDP2's CPU offload (`CPUOffloadPolicy`): each rank keeps its shards of the parameters, "
+        "gradients and optimizer state in host memory, copied to the device for each forward and backward; the "
+        "AdamW step runs on the host. Less device memory, more host traffic. Needs `enabled`."
     )
 
 

@@ -181,6 +181,14 @@ def fsdp_without_lora(cfg) -> list[str]:
     return []
 
 
+def cpu_offload_needs_fsdp(cfg) -> list[str]:
+    d = cfg.policy.dtensor_cfg
+    if d.cpu_offload and not d.enabled:
+        return ["policy.dtensor_cfg.cpu_offload = true offloads FSDP2 shards; an unsharded rank has none: set "
+                "policy.dtensor_cfg.enabled=true (runtime=ray) or cpu_offload=false"]
+    return []
+
+
 def fsdp_needs_ray(cfg) -> list[str]:
     if cfg.policy.dtensor_cfg.enabled and cfg.runtime == "local":
         return ["policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the "
@@ -374,6 +382,7 @@ RULES: list[Rule] = [
     dynamic_batching_budget,
     sequence_packing_budget,
     fsdp_without_lora,
+    cpu_offload_needs_fsdp,
     fsdp_needs_ray,
     fsdp_not_async,
     vllm_cfg_fits_device,

@@ -140,7 +140,7 @@ class PolicyWorker:
 
     def shard_models(self) -> None:
         """FSDP2-shard the trained model and the reference over the joined group."""
-        self.trainer.shard(list(self.frozen_models().values()))
+        self.trainer.shard(list(self.frozen_models().values()), self.policy.dtensor_cfg.cpu_offload)
 
     def ping(self) -> int:
         return self.dp_rank.rank

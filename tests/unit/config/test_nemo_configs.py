@@ -85,7 +85,7 @@ def test_distillation_anchors_and_relative_interpolation(capsys):
 
 
 def test_nemo_only_features_that_are_on_are_refused_one_line_each():
-    on = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.tensor_parallel_size=2",
+    on = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.custom_parallel_plan=my.plan",
           "grpo.val_start_at=5", "grpo.batch_multiplier=1.5",
           "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true", "data_plane.backend=mooncake_cpu",
           "policy.generation.backend=sglang"]
@@ -96,7 +96,7 @@ def test_nemo_only_features_that_are_on_are_refused_one_line_each():
         lines = [p for p in problems if p.startswith(key + " = ")]
         assert len(lines) == 1, (key, problems)
     assert len(problems) == len(on)
-    assert any("policy.dp_size=N" in p for p in problems if p.startswith("policy.dtensor_cfg.tensor_parallel_size"))
+    assert any("policy.dtensor_cfg (FSDP2)" in p for p in problems if p.startswith("policy.dtensor_cfg.custom"))
     assert any("hf (transformers) or vllm" in p for p in problems if p.startswith("policy.generation.backend"))
 
 

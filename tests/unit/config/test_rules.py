@@ -73,6 +73,10 @@ CASES = [
     (rules.fsdp_without_lora, "grpo", {**FSDP, "warmup.enabled": False}, {"policy.lora.enabled": True},
      "policy.dtensor_cfg.enabled with policy.lora.enabled is not supported yet (the adapter refit and checkpoints "
      "assume an unsharded model); disable one of them"),
+    (rules.cpu_offload_needs_fsdp, "grpo", {**FSDP, "policy.dtensor_cfg.cpu_offload": True},
+     {"policy.dtensor_cfg.enabled": False},
+     "policy.dtensor_cfg.cpu_offload = true offloads FSDP2 shards; an unsharded rank has none: set "
+     "policy.dtensor_cfg.enabled=true (runtime=ray) or cpu_offload=false"),
     (rules.fsdp_needs_ray, "grpo", FSDP, {"runtime": "local"},
      "policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the policy's unsharded "
      "module); set runtime=ray or policy.dtensor_cfg.enabled=false"),
