@@ -1,4 +1,5 @@
-"""The ``rlplane`` command: train | sft | eval | export | show-config; user mistakes exit 2 with one line each."""
+"""The ``rlplane`` command: train | sft | eval | export | plot | sweep | show-config; user mistakes exit 2 with one
+line each."""
 
 from __future__ import annotations
 
@@ -105,7 +106,25 @@ def cmd_train(args) -> int:
     if stopped := summary.get("stopped_early"):
         print(f"stopped early after step {stopped['after_step']}: {stopped['reason']}")
     print(f"run directory: {summary['run_dir']}  ({summary['wall_seconds']:.0f} s)")
+    for line in _expected_result(cfg, before, after):
+        print(line)
     return 0
+
+
+def _expected_result(cfg, before, after) -> list[str]:
+    """What healthy runs of the preset gain, beside this run's gain (the preset's ``expected`` section)."""
+    from rlplane.config.loading import load_config
+    from rlplane.config.recipes import RECIPES
+    from rlplane.sweeps.expected import changed_keys, expected_lines
+
+    exp = cfg.expected
+    if exp.gain_low is None or exp.preset is None:
+        return []
+    loop = RECIPES[cfg.algorithm].loop
+    shipped = load_config(exp.preset, []).model_dump(mode="json")
+    changed = changed_keys(cfg.model_dump(mode="json"), shipped, loop)
+    gain = after - before if before is not None and after is not None else None
+    return expected_lines(exp, gain, changed, f"{loop}.seed")
 
 
 def cmd_sft(args) -> int:
@@ -312,6 +331,44 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    """The config over seeds (and variants, and its control), one run after another; a distribution, not a run."""
+    import datetime
+    from pathlib import Path
+
+    from rlplane.config.recipes import RECIPES
+    from rlplane.errors import ConfigError
+    from rlplane.sweeps.plan import parse_seeds, parse_variant, plan_runs
+    from rlplane.sweeps.runner import claim_directory, identity, run_sweep
+    from rlplane.utils.machine import describe_machine
+
+    seeds = parse_seeds(args.seeds)
+    variants = [parse_variant(v) for v in args.variant]
+    cfg = _load(args)
+    loop = RECIPES[cfg.algorithm].loop
+    set_by_sweep = [o for o in args.overrides if o.split("=", 1)[0].strip() in ("run_dir", f"{loop}.seed")]
+    if set_by_sweep:
+        raise ConfigError([f"{set_by_sweep[0]}: a sweep sets run_dir (--out DIR/<run>) and {loop}.seed (--seeds) for "
+                           "each run; drop the override"])
+    runs = plan_runs(algorithm=cfg.algorithm, loop=loop, seeds=seeds, variants=variants, control=args.control,
+                     control_seeds=args.control_seeds)
+    name = args.config or "grpo_arithmetic"
+    out = Path(args.out or f"runs/sweep-{Path(name).stem}").expanduser().absolute()
+    claim_directory(out, identity(args.config, args.overrides, cfg.model_dump(mode="json"), loop))
+    title = f"rlplane sweep: {name}" + (f" {' '.join(args.overrides)}" if args.overrides else "")
+    header = [f"machine: {describe_machine()}", f"date: {datetime.date.today().isoformat()}",
+              f"seeds: {' '.join(map(str, seeds))}"
+              + (f"; variants: {', '.join(f'{v.name} ({v.what})' for v in variants)}" if variants else "")
+              + (f"; control: {runs[-1].control} on {args.control_seeds} seed(s)" if args.control else ""),
+              "gain: held-out accuracy at the end minus before the first step, in points"]
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
+    say(title)
+    for line in header:
+        say(line)
+    results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    return 0 if all(r.status == "done" for r in results) else 1
+
+
 def cmd_plot(args) -> int:
     from pathlib import Path
 
@@ -373,6 +430,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default=None,
                    help="the PNG (default: RUN_DIR/plot.png, or ./plot.png for several)")
     p.set_defaults(fn=cmd_plot)
+    p = sub.add_parser("sweep", help="a config over several seeds (and numeric variants, and its control), one run "
+                                     "after another: gain per run, mean ± sd, worst, best; a table and a figure")
+    _add_config_args(p)
+    p.add_argument("--seeds", default="5", help="5 (seeds 1 to 5), 11-15 (a range) or 1,4,9 (a list); default 5")
+    p.add_argument("--control", nargs="?", const="permute", default=None, choices=("permute", "coin"),
+                   help="also run the control: rewards permuted within each batch (default) or a coin with the "
+                        "batch's mean; distillation: a teacher that learned nothing")
+    p.add_argument("--control-seeds", type=_at_least(1), default=1, help="controls on the first N seeds (default 1)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME|KEY=VALUE",
+                   help="also run every seed under a numeric variant standing in for another machine: threads1, "
+                        "nofast (RLPLANE_FAST=0), fp32, bf16, or one KEY=VALUE override; may repeat")
+    p.add_argument("--out", "-o", default=None,
+                   help="the sweep's directory (default runs/sweep-<config>); each run is an ordinary run directory "
+                        "in it; the same command continues it")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("show-config", help="print the resolved config")
     _add_config_args(p)
     p.add_argument("--list", action="store_true", help="list the presets")

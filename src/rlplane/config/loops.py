@@ -63,6 +63,13 @@ class RolloutLoopConfig(StrictModel):
     seed: int = Field(42, ge=-(2**63), le=2**64 - 1, description="Seed of the whole run (what torch takes: 64 bits).")
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig, description="DAPO shaping.")
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig, description="Linear rescale.")
+    reward_control: Literal["permute", "coin"] | None = Field(
+        None, description="A control run: the rewards replaced, before scaling, shaping and dynamic sampling, by ones "
+        "that carry no information about which response earned them. `permute`: each generation batch's rewards "
+        "shuffled among its samples (same values, mean and spread); `coin`: each reward redrawn as the batch's "
+        "highest with probability (mean - lowest) / (highest - lowest), else its lowest (0/1 rewards: a coin with "
+        "the batch's mean). train/reward and validation stay the true task's. A recipe whose gain its control "
+        "matches has not learned from the reward (`rlplane sweep --control`). null: the real rewards.")
     stop_at_validation_metric: str | None = Field(
         None, description="End the run once this validation metric (accuracy, pass@k, env/<task>/<name>) reaches "
         "stop_at_validation_threshold (NeMo RL's early stop; checked at every validation, the first included)."
@@ -202,3 +209,12 @@ class PPOConfig(RolloutLoopConfig):
 
 class DistillationConfig(RolloutLoopConfig):
     """The on-policy distillation loop: the shared rollout knobs (the student generates, the teacher scores)."""
+
+    @model_validator(mode="after")
+    def _no_reward_control(self) -> "DistillationConfig":
+        if self.reward_control is not None:
+            raise ValueError(f"reward_control = {self.reward_control}: distillation trains on the teacher's logprobs, "
+                             "not on a reward, so there is no reward to replace; its control is a teacher that knows "
+                             "nothing (teacher.warmup.enabled=false, what `rlplane sweep --control` runs), or set "
+                             "reward_control to null")
+        return self

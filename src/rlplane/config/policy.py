@@ -231,7 +231,9 @@ class PolicyConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
         description="`bf16`: forwards under bf16 autocast (weights and optimizer stay fp32); `auto`: bf16 where "
-        "the GPU or CPU runs bf16 matmuls natively (measured at start-up) and the model is not tiny, else fp32.",
+        "the GPU or CPU has native bf16 arithmetic (the GPU's bf16 support; the CPU's flags avx512_bf16, amx_bf16 or "
+        "Arm bf16: never a timing) and the model is not tiny (hidden size >= 256), else fp32. A run records its "
+        "choice in config.yaml; a resumed run keeps the recorded one.",
     )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (peft).")
     attn_implementation: Literal["sdpa", "eager"] | None = Field(

@@ -58,6 +58,7 @@ _TABLE: list[tuple[str, str, str]] = [
     ("checkpointing", FREE, "when and where checkpoints are written"),
     ("logger", FREE, "where metrics go"),
     ("early_stop", FREE, "when the steps to come stop"),
+    ("expected", FREE, "what is printed at the end, nothing the run computes"),
 ]
 
 RULES: dict[str, tuple[str, str]] = {}

@@ -134,6 +134,29 @@ class CheckpointingConfig(StrictModel):
         return self
 
 
+class ExpectedResultConfig(StrictModel):
+    """What healthy runs of a preset gained over seeds (``rlplane sweep``, docs/benchmarks.md), printed after
+    ``rlplane train`` beside the run's own gain so a user can tell luck from a fault. Presets fill it."""
+
+    preset: str | None = Field(None, description="The preset the figures are for; runs that change it (beyond seed, "
+                               "run_dir, logging, checkpoints, placement) are told the figures may not apply.")
+    gain_low: float | None = Field(None, ge=-1, le=1, description="The worst seed's gain in held-out accuracy "
+                                                                  "(0.31 = +31 points).")
+    gain_high: float | None = Field(None, ge=-1, le=1, description="The best seed's gain.")
+    seeds: int | None = Field(None, ge=1, description="How many seeds the range covers.")
+    control_gain: float | None = Field(None, ge=-1, le=1, description="What the preset's control gained (rewards that "
+                                       "carry no information, or an untrained teacher).")
+    measured_on: str | None = Field(None, description="The machines the seeds ran on.")
+
+    @model_validator(mode="after")
+    def _range(self) -> "ExpectedResultConfig":
+        if (self.gain_low is None) != (self.gain_high is None):
+            raise ValueError("gain_low and gain_high go together: set both (the range over seeds) or neither")
+        if self.gain_low is not None and self.gain_low > self.gain_high:
+            raise ValueError(f"gain_low = {self.gain_low} > gain_high = {self.gain_high}; the low end comes first")
+        return self
+
+
 class RunConfig(StrictModel):
     """A whole run."""
 
@@ -158,6 +181,8 @@ class RunConfig(StrictModel):
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     early_stop: EarlyStopConfig = Field(default_factory=EarlyStopConfig, description="Stop on a validation "
                                                                                      "plateau or drop.")
+    expected: ExpectedResultConfig = Field(default_factory=ExpectedResultConfig,
+                                           description="What healthy runs of the preset gain (printed at the end).")
 
     @model_validator(mode="before")
     @classmethod

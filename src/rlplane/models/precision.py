@@ -1,8 +1,10 @@
 """Numeric precision of forward passes: fp32, bf16 autocast, or ``auto`` (the default).
 
 bf16 keeps fp32 master weights and optimizer state with bf16 matmuls under ``torch.autocast``; generation
-and training both use :func:`autocast`, so their logprobs match. ``auto`` picks bf16 where a timed matmul
-shows native bf16 (:func:`cpu_bf16_speedup`) and the model is wide enough. The choice is stored on the
+and training both use :func:`autocast`, so their logprobs match. ``auto`` picks bf16 where the device has
+native bf16 arithmetic and the model is wide enough: a GPU that reports bf16 support, a CPU whose feature flags
+name bf16 instructions (:func:`cpu_bf16_instructions`). The choice is a function of the hardware's features and
+the model's width, never of a timing, so a busy machine makes the same choice as an idle one. It is stored on the
 model (``rlplane_autocast_dtype``), so copies inherit it.
 """
 
@@ -10,18 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
+import platform
+import subprocess
 
 import torch
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 CHOICES = ("auto", *PRECISIONS)
 
-# auto picks bf16 on a CPU only when its bf16 matmul is this much faster (far from either kind of CPU).
-MIN_CPU_BF16_SPEEDUP = 1.3
+# CPU feature flags (Linux /proc/cpuinfo names) of native bf16 arithmetic: AVX-512 BF16 dot products (AMD Zen 4+,
+# Intel Cooper Lake+), AMX tiles (Intel Sapphire Rapids+), Arm's BF16 extension (``bf16`` in aarch64 Features).
+# Without them oneDNN emulates bf16 matmuls, 3-20x slower than fp32 (docs/benchmarks.md).
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # auto keeps fp32 below this hidden size: per-op overhead dominates, and autocast adds casts.
 MIN_AUTO_BF16_HIDDEN = 256
-_BENCH_SHAPE = (256, 576, 1536)  # (tokens, hidden, MLP width) of SmolLM2-135M's MLP up-projection
 
 
 class FP32OutputLinear(torch.nn.Linear):
@@ -54,25 +58,41 @@ def autocast(model: torch.nn.Module, device_type: str | None = None):
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
-def _matmul_seconds(dtype: torch.dtype, budget_s: float) -> float:
-    """Best time of one ``(m, k) @ (k, n)`` matmul in ``dtype`` over ``budget_s`` seconds of repeats."""
-    m, k, n = _BENCH_SHAPE
-    gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(m, k, generator=gen).to(dtype), torch.randn(k, n, generator=gen).to(dtype)
-    a @ b  # first call: kernel selection, packing buffers
-    best = float("inf")
-    deadline = time.perf_counter() + budget_s
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _linux_cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of the first processor in ``/proc/cpuinfo`` text (x86 ``flags``, Arm ``Features``)."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            return set(value.split())
+    return set()
+
+
+def _macos_cpu_flags() -> set[str]:
+    """``bf16`` where macOS reports Arm's BF16 extension (Apple M2 and later)."""
+    try:
+        out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {"bf16"} if out == "1" else set()
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_bf16_speedup(budget_s: float = 0.025) -> float:
-    """fp32 time / bf16 time of a SmolLM2-MLP-sized matmul on this CPU (best-of, once per process)."""
-    return _matmul_seconds(torch.float32, budget_s) / _matmul_seconds(torch.bfloat16, budget_s)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as the OS reports them (empty where it does not)."""
+    if platform.system() == "Darwin":
+        return frozenset(_macos_cpu_flags())
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(_linux_cpu_flags(f.read()))
+    except OSError:
+        return frozenset()
+
+
+def cpu_bf16_instructions(flags: frozenset[str] | set[str] | None = None) -> list[str]:
+    """The native-bf16 flags among ``flags`` (default: this CPU's), in :data:`CPU_BF16_FLAGS` order."""
+    have = cpu_flags() if flags is None else flags
+    return [f for f in CPU_BF16_FLAGS if f in have]
 
 
 def resolve_precision(precision: str, model: torch.nn.Module, device: torch.device | None = None) -> tuple[str, str]:
@@ -92,9 +112,10 @@ def resolve_precision(precision: str, model: torch.nn.Module, device: torch.devi
         return "fp32", f"{torch.cuda.get_device_name(device)} lacks native bf16"
     if device.type != "cpu":
         return "fp32", f"device {device.type}: bf16 support not checked"
-    speedup = cpu_bf16_speedup()
-    verdict = "bf16" if speedup >= MIN_CPU_BF16_SPEEDUP else "fp32"
-    return verdict, f"bf16 matmul {speedup:.2f}x as fast as fp32 on this CPU (bf16 needs >= {MIN_CPU_BF16_SPEEDUP}x)"
+    native = cpu_bf16_instructions()
+    if native:
+        return "bf16", f"this CPU has native bf16 ({', '.join(native)})"
+    return "fp32", f"this CPU lacks native bf16 (none of {', '.join(CPU_BF16_FLAGS)} in its flags)"
 
 
 _announced: set[tuple[str, str]] = set()
@@ -110,3 +131,8 @@ def apply_precision(model: torch.nn.Module, precision: str, announce: bool = Tru
         _announced.add((precision, chosen))
         print(f"policy.precision: {precision} -> {chosen} ({why})", flush=True)
     return chosen
+
+
+def precision_of(model: torch.nn.Module) -> str:
+    """The precision :func:`set_precision` recorded on ``model`` (``"fp32"`` when none was)."""
+    return "bf16" if getattr(model, "rlplane_autocast_dtype", None) == torch.bfloat16 else "fp32"

@@ -36,6 +36,7 @@ from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
     add_train_metrics,
+    apply_reward_control,
     policy_logprobs,
     rollout_metrics,
     stamp_sample_mask,
@@ -184,7 +185,8 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     # ---- the step's trajectories: their receipts from the buffer (the columns are in the data plane)
     result = wait_for_groups(s, handle, step, timer)
     meta, carry = concat_metas([grp.meta for grp in result.groups]), step_carry(result.groups)
-    metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping
+    metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping; the task's in a control run
+    apply_reward_control(g, meta.sample_ids, carry)
     _, carry["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, carry)
     metrics.update(merge_rollout_metrics(result.groups))
     metrics["avg_trajectory_age"] = result.avg_trajectory_age

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rlplane.algorithms.controls import control_generator, control_rewards
 from rlplane.algorithms.filters import (
     ALL_EQUAL_GROUPS_HINT,
     apply_reward_shaping,
@@ -49,6 +50,16 @@ def transform_rewards(
     return scaled, apply_reward_shaping(scaled, carry["response_lengths"], carry["truncated"], **shaping)
 
 
+def apply_reward_control(loop: RolloutLoopConfig, sample_ids, carry: dict[str, torch.Tensor]) -> None:
+    """``loop.reward_control``: the batch's ``rewards`` and ``reward/<name>`` components replaced in ``carry`` by
+    uninformative ones (:mod:`rlplane.algorithms.controls`), drawn from the run's seed and the batch's sample keys."""
+    if loop.reward_control is None:
+        return
+    keys = ["rewards", *sorted(k for k in carry if k.startswith(REWARD_COMPONENT_PREFIX))]
+    carry.update(control_rewards(loop.reward_control, {k: carry[k] for k in keys},
+                                 control_generator(loop.seed, sample_ids)))
+
+
 def batches_available(s: Session) -> int:
     """Generation batches the loader may still give before ``max_num_epochs`` passes are done."""
     loader, g = s.prompts.loader, s.cfg.loop
@@ -89,7 +100,8 @@ def collect_rollouts(
             meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
         raw_rewards.append(c["rewards"])
         env_parts.append(gen_metrics)
-        metrics["reward"] = float(torch.cat(raw_rewards).mean())
+        metrics["reward"] = float(torch.cat(raw_rewards).mean())  # the task's, also in a control run
+        apply_reward_control(g, meta.sample_ids, c)
         c["group"] = c["group"] + num_groups  # distinct across batches, whatever each batch kept
         num_groups += len(datums)
         unshaped, c["rewards"] = transform_rewards(g, cfg.policy.max_total_sequence_length, c)

@@ -32,6 +32,7 @@ from rlplane.fast.heap import freeze_heap
 from rlplane.fast.switches import check_switches
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import load_configured_policy
+from rlplane.models.precision import precision_of
 from rlplane.runtime import interrupts, watchdog
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import init_ray
@@ -40,11 +41,13 @@ from rlplane.training.checkpoints import Checkpoints
 from rlplane.training.components import Components, DataPlanePolicy, LoggerSink
 from rlplane.training.early_stop import EarlyStop
 from rlplane.training.loop import validate
+from rlplane.training.numerics import keep_recorded_precision, settle_precision
 from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources, env_pool_specs
+from rlplane.utils.checkpoint import latest_checkpoint
 from rlplane.utils.kill_points import check_kill_spec, kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
 from rlplane.utils.seeding import seed_everything
@@ -87,7 +90,14 @@ class Session:
         self._t_start = time.perf_counter()
         self._early_messages: list[str] = []  # said once the log exists
         # Tokenizer, checkpoint, data and user tasks first: their errors surface before anything slow.
+        # policy.precision: auto -> one concrete choice for config.yaml, checkpoints and every worker: the one a
+        # resumed run recorded, else what the policy gets on this host.
+        resuming = latest_checkpoint(self.paths.checkpoint_dir) if cfg.checkpointing.resume else None
+        cfg, note = keep_recorded_precision(cfg, resuming)
+        if note is not None:
+            print(note, flush=True)  # beside the choice loading announces for a fresh run
         model, self.tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
+        cfg = self.cfg = settle_precision(cfg, precision_of(model))
         self.workers = self.shared_paths = None
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
         self._stepped = False

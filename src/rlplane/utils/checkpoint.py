@@ -206,6 +206,11 @@ class CheckpointManager:
 
 
 # ---- weights
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
+    """The latest complete ``step_N`` in ``checkpoint_dir`` (None if none), read without changing anything."""
+    return CheckpointManager(checkpoint_dir, None, "val:accuracy", True).latest()
+
+
 def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
     """The safetensors files of an HF weights directory: the shards its index names, or ``model.safetensors``."""
     d = Path(weights_dir)

@@ -1,5 +1,5 @@
-"""policy.precision: auto resolves by model size and a measured bf16 speed-up; bf16 generation and
-training logprobs agree (token_mult_prob_error near 1)."""
+"""policy.precision: auto resolves by model size and the device's bf16 features (never a timing); bf16
+generation and training logprobs agree (token_mult_prob_error near 1)."""
 
 from __future__ import annotations
 
@@ -27,27 +27,65 @@ def test_auto_is_the_default_and_explicit_choices_pass_through():
         prec.resolve_precision("fp16", model)
 
 
+AMX_CPU = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})  # Intel Sapphire Rapids
+AVX2_CPU = frozenset({"avx2", "fma", "f16c"})  # AMD EPYC Rome/Milan: bf16 emulated
+
+
 def test_auto_keeps_tiny_models_fp32_whatever_the_cpu(monkeypatch):
-    monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda: 2.0)
+    monkeypatch.setattr(prec, "cpu_flags", lambda: AMX_CPU)
     model, _ = _model(128)  # the default job's width
     chosen, why = prec.resolve_precision("auto", model)
     assert chosen == "fp32" and "hidden_size 128" in why
 
 
-@pytest.mark.parametrize("speedup, expected", [(2.1, "bf16"), (1.1, "fp32"), (0.1, "fp32")])
-def test_auto_follows_the_measured_cpu_speedup(monkeypatch, speedup, expected):
-    # 2.1x: a CPU with avx512_bf16 (measured ~2x); 0.1x: one without (bf16 emulated, 3-20x slower).
-    monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda: speedup)
+@pytest.mark.parametrize("flags, expected, named", [
+    (AMX_CPU, "bf16", "avx512_bf16, amx_bf16"),
+    (frozenset({"avx2", "avx512f", "avx512_bf16"}), "bf16", "avx512_bf16"),  # AMD EPYC Genoa (Zen 4)
+    (frozenset({"fp", "asimd", "bf16", "i8mm"}), "bf16", "bf16"),  # Arm Neoverse V1 (aarch64 Features)
+    (AVX2_CPU, "fp32", "none of"),
+    (frozenset({"avx512f", "avx512bw"}), "fp32", "none of"),  # Skylake-SP: AVX-512 without bf16
+    (frozenset(), "fp32", "none of"),  # flags unknown (no /proc/cpuinfo): fp32, the safe side
+])
+def test_auto_follows_the_cpus_bf16_flags(monkeypatch, flags, expected, named):
+    monkeypatch.setattr(prec, "cpu_flags", lambda: flags)
     model, _ = _model(256)
     chosen, why = prec.resolve_precision("auto", model)
-    assert chosen == expected and f"{speedup:.2f}x" in why
+    assert chosen == expected and named in why
+
+
+def test_auto_never_times_anything(monkeypatch):
+    # The choice must not depend on how busy the machine is: no clock is read while deciding.
+    import time
+
+    monkeypatch.setattr(prec, "cpu_flags", lambda: AMX_CPU)
+    monkeypatch.setattr(time, "perf_counter", lambda: pytest.fail("auto read a clock"))
+    monkeypatch.setattr(time, "time", lambda: pytest.fail("auto read a clock"))
+    model, _ = _model(256)
+    assert prec.resolve_precision("auto", model)[0] == "bf16"
+
+
+def test_cpu_flags_are_read_from_cpuinfo_text():
+    x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512_bf16 amx_bf16\n\nprocessor\t: 1\n"
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd bf16 i8mm\nCPU implementer\t: 0x41\n"
+    assert prec._linux_cpu_flags(x86) == {"fpu", "avx2", "avx512_bf16", "amx_bf16"}
+    assert prec._linux_cpu_flags(arm) == {"fp", "asimd", "bf16", "i8mm"}
+    assert prec._linux_cpu_flags("") == set()
+    assert prec.cpu_bf16_instructions(prec._linux_cpu_flags(x86)) == ["avx512_bf16", "amx_bf16"]
+
+
+def test_this_machines_choice_is_the_same_every_time():
+    prec.cpu_flags.cache_clear()
+    model, _ = _model(256)
+    first = prec.resolve_precision("auto", model)
+    prec.cpu_flags.cache_clear()
+    assert prec.resolve_precision("auto", model) == first
 
 
 @pytest.mark.parametrize("bf16, expected", [(True, "bf16"), (False, "fp32")])
 def test_auto_for_a_gpu_asks_the_gpu_not_the_host(monkeypatch, bf16, expected):
     # A model is loaded on the host and moved to its GPU later: the GPU's bf16 support decides, whatever
-    # the host's matmul speed-up (the host's measurement must not even be taken).
-    monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda: pytest.fail("measured the host for a GPU model"))
+    # the host's CPU flags (they must not even be read).
+    monkeypatch.setattr(prec, "cpu_flags", lambda: pytest.fail("read the host's flags for a GPU model"))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU-X")
     model, _ = _model(256)
@@ -71,21 +109,14 @@ def test_configured_policy_decides_precision_for_its_device(monkeypatch, device,
 
 
 def test_apply_precision_records_and_announces_once(monkeypatch, capsys):
-    monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda: 2.0)
+    monkeypatch.setattr(prec, "cpu_flags", lambda: AMX_CPU)
     monkeypatch.setattr(prec, "_announced", set())
     for _ in range(2):
         model, _ = _model(256)
         assert prec.apply_precision(model, "auto") == "bf16"
         assert model.rlplane_autocast_dtype == torch.bfloat16
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines == ["policy.precision: auto -> bf16 (bf16 matmul 2.00x "
-                     "as fast as fp32 on this CPU (bf16 needs >= 1.3x))"]
-
-
-def test_cpu_bf16_speedup_is_measured_and_positive():
-    prec.cpu_bf16_speedup.cache_clear()
-    s = prec.cpu_bf16_speedup(budget_s=0.005)
-    assert s > 0 and prec.cpu_bf16_speedup(budget_s=0.005) == s  # cached per arguments
+    assert lines == ["policy.precision: auto -> bf16 (this CPU has native bf16 (avx512_bf16, amx_bf16))"]
 
 
 def test_bf16_generation_logprobs_match_bf16_training_logprobs():

@@ -1,0 +1,51 @@
+"""The line ``rlplane train`` prints at its end: what healthy runs of the preset gained over seeds beside what this
+run gained, so a user can tell a seed's luck from a fault. The figures come from the preset's ``expected``
+section (filled from its ``rlplane sweep``); a run that changed the preset is told they may not apply."""
+
+from __future__ import annotations
+
+from rlplane.config.resume import flatten
+
+# Keys that do not change what a run learns (beyond the seed the range is over): where it writes and logs, how it is
+# placed and kept, and the figures themselves.
+_SAME_RECIPE = ("run_dir", "logger", "checkpointing", "runtime", "data_plane", "cluster", "expected",
+                "policy.threads_per_worker", "{loop}.seed", "{loop}.watchdog_s")
+
+
+def changed_keys(run_tree: dict, preset_tree: dict, loop: str) -> list[str]:
+    """Dotted keys where the run's resolved config differs from the preset's, but for :data:`_SAME_RECIPE`."""
+    skip = tuple(k.replace("{loop}", loop) for k in _SAME_RECIPE)
+    a, b = flatten(run_tree), flatten(preset_tree)
+    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+    return [k for k in keys if not any(k == s or k.startswith(s + ".") for s in skip)]
+
+
+def _pts(v: float) -> str:
+    return f"{100 * v:+.0f}"
+
+
+def expected_lines(expected, gain: float | None, changed: list[str], seed_key: str) -> list[str]:
+    """The lines to print, or none when the preset carries no figures. ``gain``: this run's (accuracy units)."""
+    if expected.gain_low is None:
+        return []
+    lo, hi = expected.gain_low, expected.gain_high
+    where = f" on {expected.measured_on}" if expected.measured_on else ""
+    seeds = f"{expected.seeds} seeds" if expected.seeds else "several seeds"
+    control = (f"; its control, whose rewards carry no information, {_pts(expected.control_gain)}"
+               if expected.control_gain is not None else "")
+    lines = [f"healthy runs of {expected.preset} gain {_pts(lo)} to {_pts(hi)} points of held-out accuracy "
+             f"({seeds}{where}{control})"]
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        lines.append(f"this run changed {shown}: the range is for {expected.preset} as shipped")
+    if gain is None:
+        return lines
+    if lo <= gain <= hi:
+        verdict = "within that range"
+    elif gain > hi:
+        verdict = "above that range (a lucky seed, or a better recipe)"
+    else:
+        verdict = (f"below that range: try another {seed_key}, or `rlplane sweep` for the spread on this machine; "
+                   "a fault shows in the run's metrics (rlplane plot)")
+    lines.append(f"this run: {_pts(gain)} points, {verdict}")
+    return lines
