@@ -210,6 +210,11 @@ class PPOConfig(RolloutLoopConfig):
 class DistillationConfig(RolloutLoopConfig):
     """The on-policy distillation loop: the shared rollout knobs (the student generates, the teacher scores)."""
 
+    topk_logits_k: int = Field(64, ge=1, description="Teacher logits kept per token for the top-k KL (the k largest, "
+                                                     "with their token ids, moved through the data plane; a k above "
+                                                     "the vocabulary keeps all of it: the full KL); unused with "
+                                                     "loss_fn.kl_type = sampled_reverse.")
+
     @model_validator(mode="after")
     def _no_reward_control(self) -> "DistillationConfig":
         if self.reward_control is not None:

@@ -339,20 +339,6 @@ def _teacher(t: _Translation) -> None:
                "batch sizes, precision and device")
 
 
-def _distillation_loss(t: _Translation) -> None:
-    kl = t.pop("loss_fn.kl_type")
-    if kl not in (None, "reverse"):
-        t.refuse("loss_fn.kl_type", kl, "rlplane's distillation minimises the sampled per-token reverse KL; set "
-                                        "reverse")
-    for key in ("mixed_kl_weight", "zero_outside_topk"):
-        if t.has(f"loss_fn.{key}"):
-            t.pop(f"loss_fn.{key}")
-    if t.has("distillation.topk_logits_k"):
-        k = t.pop("distillation.topk_logits_k")
-        t.note(f"distillation.topk_logits_k = {k}: ignored; rlplane's reverse KL uses the teacher's logprob of the "
-               "sampled token, no top-k logits")
-
-
 def _envs(t: _Translation) -> None:
     """NeMo RL's ``env.sliding_puzzle_game.cfg: {game_config: {size, shuffle_moves}, max_moves}`` -> rlplane's
     ``env.sliding_puzzle_game: {size, shuffle_moves, max_moves}``."""
@@ -369,6 +355,8 @@ def _data_plane(t: _Translation) -> None:
     if backend not in (None, "simple"):
         t.refuse("data_plane.backend", backend, "rlplane's planes are memory (runtime: local) and ray (runtime: ray); "
                                                 "set data_plane.backend=ray")
+    if t.tree.get("runtime") == "ray" and not t.has("data_plane.backend"):
+        t.put("data_plane.backend", "ray")  # workers in other processes: the plane they all reach
     if enabled:
         t.note("data_plane.enabled: rlplane's steps always run through its data plane; read as "
                f"data_plane.backend = {get_key(t.tree, 'data_plane.backend', 'memory')}")
@@ -389,8 +377,6 @@ def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     _grpo(t)
     _async_grpo(t)
     _batch_multiplier(t, algorithm)
-    if algorithm == "distillation":
-        _distillation_loss(t)
     _model_section(t, "policy")
     _optimizer(t, "policy")
     _scheduler(t, "policy")

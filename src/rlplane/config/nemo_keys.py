@@ -61,6 +61,7 @@ NO_EFFECT = (
     "policy.generation.colocated.resources", "policy.generation.vllm_cfg.async_engine",
     "policy.generation.vllm_cfg.precision", "policy.generation.vllm_cfg.logprobs_mode",
     "policy.generation.vllm_cfg.max_model_len", "policy.generation.vllm_cfg.use_tqdm",
+    "policy.generation.vllm_cfg.distributed_executor_backend",
     "policy.generation.vllm_cfg.enable_vllm_metrics_logger", "policy.generation.vllm_cfg.vllm_metrics_logger_interval",
     "policy.generation.vllm_cfg.http_refit_api_key_env_var", "policy.generation.vllm_cfg.http_refit_server_port",
     "policy.generation.vllm_cfg.zmq_refit_server_port", "policy.generation.vllm_cfg.reset_encoder_cache_after_weight_"

@@ -26,7 +26,7 @@ NEMO_MARKERS = (
     "policy.dtensor_cfg._v2", "policy.dtensor_cfg.tensor_parallel_size", "policy.megatron_cfg", "policy.tokenizer",
     "policy.optimizer.name", "policy.optimizer.kwargs", "policy.generation_batch_size", "policy.logprob_chunk_size",
     "policy.make_sequence_length_divisible_by",
-    "loss_fn.kl_type", "distillation.topk_logits_k", "data.max_input_seq_length", "data.dataset_name",
+    "data.max_input_seq_length", "data.dataset_name",
     "data.default", "logger.monitor_gpus", "logger.gpu_monitoring", "logger.swanlab_enabled",
     "checkpointing.model_save_format", "checkpointing.checkpoint_must_save_by", "cluster.master_port_range_low",
     "reward_penalties",

@@ -140,9 +140,6 @@ CASES = [
     (rules.async_without_dynamic_sampling, "grpo", ASYNC, {"grpo.use_dynamic_sampling": True},
      "grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole steps ahead "
      "of time, there is no refill); set one of them to false"),
-    (rules.async_without_on_policy_ratio, "grpo", ASYNC, {"loss_fn.force_on_policy_ratio": True},
-     "loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the prev logprobs "
-     "with the current weights); set it to false"),
     (rules.async_one_generator, "grpo", ASYNC, {"policy.generation.num_generators": 2},
      "policy.generation.num_generators = 2 with grpo.async_grpo.enabled: the async collector is one generator; "
      "set num_generators=1"),
