@@ -412,6 +412,12 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
     tree = resolve_interpolations(apply_hydra_overrides(tree, [*overrides, *follow]))
     out, notes, errors = translate(tree)
     out.setdefault("run_dir", f"runs/{path.stem}")  # NeMo RL has none; rlplane's default names its own preset
+    log_dir = get_key(out, "logger.log_dir")
+    if log_dir and "logger.log_dir" not in given:  # NeMo RL's files share `logs`; each NeMo run takes a new exp_NNN
+        out["logger"]["log_dir"] = str(Path(log_dir) / path.stem)
+        notes.append(f"logger.log_dir = {log_dir}: NeMo RL logs each run to a new {log_dir}/exp_NNN; read as "
+                     f"{out['logger']['log_dir']} (another file's runs log beside it; this file's next run continues "
+                     "there with checkpointing.resume=true or replaces it with --overwrite, as its run_dir)")
     print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
           f"--config {name}", file=sys.stderr)
     for line in notes:

@@ -52,7 +52,7 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
 ]
 # Settings with no effect on what rlplane computes (ports, monitors, kernels, file formats): dropped, one note.
 NO_EFFECT = (
-    "policy.dtensor_cfg._v2", "policy.generation_batch_size", "policy.logprob_chunk_size",
+    "policy.dtensor_cfg._v2", "policy.logprob_chunk_size",
     "policy.make_sequence_length_divisible_by", "policy.tokenizer.use_fastokens",
     "policy.dynamic_batching.sequence_length_round", "policy.sequence_packing.algorithm",
     "policy.sequence_packing.microbatch_order", "policy.sequence_packing.sequence_length_round",

@@ -24,7 +24,7 @@ NEMO_MARKERS = (
     "ppo.async_ppo", "ppo.calculate_advantages_on_gpu", "value_loss_fn", "value.model_name", "value.reward_model_cfg",
     "data_plane.enabled", "data_plane.impl", "data_plane.storage_capacity", "data_plane.num_storage_units",
     "policy.dtensor_cfg._v2", "policy.dtensor_cfg.tensor_parallel_size", "policy.megatron_cfg", "policy.tokenizer",
-    "policy.optimizer.name", "policy.optimizer.kwargs", "policy.generation_batch_size", "policy.logprob_chunk_size",
+    "policy.optimizer.name", "policy.optimizer.kwargs", "policy.logprob_chunk_size",
     "policy.make_sequence_length_divisible_by",
     "data.max_input_seq_length", "data.dataset_name",
     "data.default", "logger.monitor_gpus", "logger.gpu_monitoring", "logger.swanlab_enabled",

@@ -269,6 +269,10 @@ class PolicyConfig(StrictModel):
     train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
     train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
     logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
+    generation_batch_size: int | None = Field(
+        None, ge=1, description="hf backend: prompts a generator runs at once, at most (NeMo RL's key; its KV cache "
+        "holds rows × length); more go in passes, each row sampling the same tokens in any pass. null: all at once."
+    )
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip, > 0 (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")

@@ -70,7 +70,7 @@ class RolloutWorker:
         g = cfg.policy.generation
         # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.
         options = ({**g.vllm_cfg.model_dump(), "engine_kwargs": dict(g.vllm_kwargs)} if g.backend == "vllm"
-                   else {"decode": g.hf_decode})
+                   else {"decode": g.hf_decode, "max_batch_size": cfg.policy.generation_batch_size})
         self.backend = create_backend(g.backend, model, tokenizer, **options)
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
