@@ -13,13 +13,12 @@ rlplane's alternative. Keys neither NeMo RL nor rlplane knows stay errors of the
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
-from typing import Any
 
 from rlplane.config.nemo_data import translate_data
 from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION, is_off
+from rlplane.config.nemo_translation import Translation
 from rlplane.config.nemo_yaml import (
     apply_hydra_overrides,
     get_key,
@@ -32,45 +31,7 @@ from rlplane.errors import ConfigError
 from rlplane.extras import vllm_available
 
 
-class _Translation:
-    """Pops NeMo RL keys from a copy of the tree, writes rlplane keys, collects notes and refusals."""
-
-    def __init__(self, tree: dict):
-        self.tree = copy.deepcopy(tree)
-        self.notes: list[str] = []
-        self.errors: list[str] = []
-
-    def has(self, key: str) -> bool:
-        parents, _, last = key.rpartition(".")
-        node = get_key(self.tree, parents) if parents else self.tree
-        return isinstance(node, dict) and last in node
-
-    def pop(self, key: str, default: Any = None) -> Any:
-        parents, _, last = key.rpartition(".")
-        node = get_key(self.tree, parents) if parents else self.tree
-        if not isinstance(node, dict) or last not in node:
-            return default
-        value = node.pop(last)
-        while parents and isinstance(get_key(self.tree, parents), dict) and not get_key(self.tree, parents):
-            parents, _, child = parents.rpartition(".")  # an emptied section goes too
-            (get_key(self.tree, parents) if parents else self.tree).pop(child)
-        return value
-
-    def put(self, key: str, value: Any) -> None:
-        node = self.tree
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-
-    def refuse(self, key: str, value: Any, rule: str) -> None:
-        self.errors.append(f"{key} = {value!r}: {rule}")
-
-    def note(self, line: str) -> None:
-        self.notes.append(line)
-
-
-def _optimizer(t: _Translation, section: str) -> None:
+def _optimizer(t: Translation, section: str) -> None:
     """NeMo RL's ``{name: torch.optim.AdamW, kwargs: {...}}`` -> rlplane's AdamW fields."""
     opt = t.pop(f"{section}.optimizer")
     if not isinstance(opt, dict) or "kwargs" not in opt and "name" not in opt:
@@ -91,7 +52,7 @@ def _optimizer(t: _Translation, section: str) -> None:
     t.put(f"{section}.optimizer", kept)
 
 
-def _scheduler(t: _Translation, section: str) -> None:
+def _scheduler(t: Translation, section: str) -> None:
     """NeMo RL's ``[LinearLR warm-up, ConstantLR | CosineAnnealingLR | LinearLR fall, {milestones}]`` ->
     rlplane's warm-up then ``decay`` (constant / cosine / linear). Other shapes are refused."""
     sched = t.pop(f"{section}.scheduler")
@@ -142,7 +103,7 @@ def _schedule_of(names: list[str], kwargs: list[dict], milestones: list, lr: flo
     return None
 
 
-def _model_section(t: _Translation, section: str) -> None:
+def _model_section(t: Translation, section: str) -> None:
     """What policy, value and teacher share in NeMo RL: precision, tokenizer, parallelism, LoRA."""
     tok = t.pop(f"{section}.tokenizer.name")
     if tok is not None and tok != get_key(t.tree, f"{section}.model_name", tok):
@@ -173,7 +134,7 @@ def _model_section(t: _Translation, section: str) -> None:
     _parallelism(t, section)
 
 
-def _parallelism(t: _Translation, section: str) -> None:
+def _parallelism(t: Translation, section: str) -> None:
     """``dtensor_cfg``'s FSDP2 switch, tensor / context / sequence parallelism and CPU offload. rlplane shards by
     FSDP2 data parallelism only: TP and CP > 1 are read as that, over the same devices, with a note on what differs."""
     d = f"{section}.dtensor_cfg"
@@ -207,7 +168,7 @@ def _parallelism(t: _Translation, section: str) -> None:
                   f"the {section} runs with the policy's settings"))
 
 
-def _features(t: _Translation) -> None:
+def _features(t: Translation) -> None:
     """The NeMo-only features: refused when on; when off, dropped with one note per section."""
     off: dict[str, list[str]] = {}
     for key, off_when, what, instead in FEATURES:
@@ -237,7 +198,7 @@ def _features(t: _Translation) -> None:
         t.note(f"ignored, no rlplane counterpart and no effect on what it computes: {', '.join(dropped)}")
 
 
-def _generation(t: _Translation) -> None:
+def _generation(t: Translation) -> None:
     g = "policy.generation"
     backend = get_key(t.tree, f"{g}.backend")
     if backend is not None and backend not in GENERATION_BACKENDS:
@@ -269,7 +230,7 @@ def _generation(t: _Translation) -> None:
                                                      "set auto")
 
 
-def _grpo(t: _Translation) -> None:
+def _grpo(t: Translation) -> None:
     for key in ("normalize_rewards", "use_leave_one_out_baseline"):
         if not t.has(f"grpo.{key}"):
             continue
@@ -281,7 +242,7 @@ def _grpo(t: _Translation) -> None:
             t.note(f"grpo.{key} = {value}: ignored; {est} = {get_key(t.tree, est)} is what the estimator reads")
 
 
-def _batch_multiplier(t: _Translation, loop: str) -> None:
+def _batch_multiplier(t: Translation, loop: str) -> None:
     value = get_key(t.tree, f"{loop}.batch_multiplier")
     if isinstance(value, float):
         if value.is_integer():
@@ -292,7 +253,7 @@ def _batch_multiplier(t: _Translation, loop: str) -> None:
                                                         "set 1 (or an integer with use_dynamic_sampling)")
 
 
-def _async_grpo(t: _Translation) -> None:
+def _async_grpo(t: Translation) -> None:
     from rlplane.config.schema import AsyncGRPOConfig
 
     key = "grpo.async_grpo.max_generation_failures"
@@ -301,7 +262,7 @@ def _async_grpo(t: _Translation) -> None:
         t.note(f"{key} = {value}: ignored; rlplane's collector stops the run on a failed generation batch")
 
 
-def _value(t: _Translation) -> None:
+def _value(t: Translation) -> None:
     if t.has("value_loss_fn"):
         t.put("value.loss_fn", t.pop("value_loss_fn"))
     if not isinstance(get_key(t.tree, "value"), dict):
@@ -326,7 +287,7 @@ def _value(t: _Translation) -> None:
                "precision and device")
 
 
-def _teacher(t: _Translation) -> None:
+def _teacher(t: Translation) -> None:
     if not isinstance(get_key(t.tree, "teacher"), dict):
         return
     _model_section(t, "teacher")
@@ -339,7 +300,7 @@ def _teacher(t: _Translation) -> None:
                "batch sizes, precision and device")
 
 
-def _envs(t: _Translation) -> None:
+def _envs(t: Translation) -> None:
     """NeMo RL's ``env.sliding_puzzle_game.cfg: {game_config: {size, shuffle_moves}, max_moves}`` -> rlplane's
     ``env.sliding_puzzle_game: {size, shuffle_moves, max_moves}``."""
     cfg = t.pop("env.sliding_puzzle_game.cfg")
@@ -349,7 +310,7 @@ def _envs(t: _Translation) -> None:
                                           **({"max_moves": cfg["max_moves"]} if "max_moves" in cfg else {})})
 
 
-def _data_plane(t: _Translation) -> None:
+def _data_plane(t: Translation) -> None:
     enabled = t.pop("data_plane.enabled")
     backend = t.pop("data_plane.backend") if get_key(t.tree, "data_plane.backend") not in ("memory", "ray") else None
     if backend not in (None, "simple"):
@@ -367,7 +328,7 @@ def _data_plane(t: _Translation) -> None:
 
 def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     """A resolved NeMo RL tree -> (rlplane tree, notes, refusals)."""
-    t = _Translation(tree)
+    t = Translation(tree)
     algorithm = t.tree.get("algorithm") or next((a for a in ("ppo", "distillation") if a in t.tree), "grpo")
     t.tree.setdefault("algorithm", algorithm)
     if "warmup" not in t.tree:  # NeMo RL has no supervised warm-up stage

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rlplane.config.nemo_translation import Translation
 from rlplane.config.nemo_yaml import get_key
 from rlplane.data.registry import ENTRIES, GYM, MULTIMODAL, RESPONSE_DATASET
-
-if TYPE_CHECKING:
-    from rlplane.config.nemo import _Translation
 
 # NeMo RL's keys of one dataset entry that rlplane reads itself; the rest are the registry dataset's options.
 _GENERIC = ("dataset_name", "data_path", "input_key", "output_key", "subset", "split", "split_validation_size", "seed",
@@ -56,7 +54,7 @@ def _is_local(path: str) -> bool:
     return os.path.exists(path) or path.endswith(_FILE_SUFFIXES) or path.startswith(("/", "./", "../"))
 
 
-def _source(t: _Translation, where: str, cfg: dict) -> tuple[str, dict] | None:
+def _source(t: Translation, where: str, cfg: dict) -> tuple[str, dict] | None:
     """(rlplane data kind, its ``data.train``-style section) of one NeMo RL dataset entry; None (refused) where
     rlplane cannot read it."""
     name, path = cfg.get("dataset_name"), cfg.get("data_path")
@@ -95,7 +93,7 @@ def _source(t: _Translation, where: str, cfg: dict) -> tuple[str, dict] | None:
     return None
 
 
-def _prompt(t: _Translation, cfg: dict) -> None:
+def _prompt(t: Translation, cfg: dict) -> None:
     """``processor``, ``prompt_file`` and ``system_prompt_file`` of NeMo RL's entry -> ``data.prompt``."""
     processor = cfg.get("processor", "math_hf_data_processor")
     # NeMo RL's math processor formats messages[0] with the prompt file: rlplane's `math` format with that template.
@@ -114,7 +112,7 @@ def _prompt(t: _Translation, cfg: dict) -> None:
         t.put("data.prompt.template", "{problem}")  # no prompt file: NeMo RL's processor keeps the problem as is
 
 
-def translate_data(t: _Translation) -> None:
+def translate_data(t: Translation) -> None:
     """NeMo RL's dataset keys -> ``data.dataset`` and its sources, or dropped with a note where rlplane's
     ``data.dataset`` is given."""
     data = get_key(t.tree, "data")
