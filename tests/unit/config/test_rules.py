@@ -131,9 +131,14 @@ CASES = [
      {"ppo.ppo_epochs": 4},
      "loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = 4; set "
      "ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"),
-    (rules.distillation_one_step, "distillation", {}, {"policy.train_global_batch_size": 128},
-     "distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for the weights "
-     "that sampled it): set policy.train_global_batch_size = 256 (prompts × generations)"),
+    (rules.distillation_one_step, "distillation", {"loss_fn.kl_type": "sampled_reverse"},
+     {"policy.train_global_batch_size": 128},
+     "loss_fn.kl_type = sampled_reverse needs one optimizer step per rollout (the sampled reverse KL is on-policy only "
+     "for the weights that sampled it): set policy.train_global_batch_size = 256 (prompts × generations), or a top-k "
+     "kl_type (forward, reverse, mixed)"),
+    (rules.distillation_loss_keys, "grpo", {}, {"loss_fn.kl_type": "forward", "loss_fn.mixed_kl_weight": 0.3},
+     "loss_fn.{kl_type, mixed_kl_weight}: distillation's loss keys with algorithm = grpo; remove them (or set "
+     "algorithm=distillation)"),
     (rules.async_needs_is_correction, "grpo", ASYNC, {"loss_fn.use_importance_sampling_correction": False},
      "grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true (trajectories come from older "
      "weights; the IS weight π_old/π_gen corrects for it); set it to true"),
