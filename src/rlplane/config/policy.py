@@ -33,11 +33,13 @@ class GenerationConfig(StrictModel):
         description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
         "its engine is refit after every optimizer step).",
     )
-    hf_decode: Literal["auto", "hf", "fused"] = Field(
+    hf_decode: Literal["auto", "hf", "fused", "graph"] = Field(
         "auto",
-        description="The `hf` backend's forward: `auto` runs Llama-family models (llama, mistral, qwen2) through "
-        "rlplane's fused decode forward (fast/fused_decode.py) and others through their own; `hf` forces "
-        "the model's own forward, `fused` requires the fused one.",
+        description="The `hf` backend's forward: `auto` runs Llama-family models (llama, mistral, qwen2) and Gemma 3 "
+        "through rlplane's fused decode forward (fast/fused_decode.py), on CUDA the Llama family's decode steps "
+        "as CUDA graphs (fast/graph_decode.py), and others through their own; `hf` forces the model's own "
+        "forward, `fused` the fused one without graphs, `graph` the static-shape step (captured on CUDA, run "
+        "eagerly elsewhere).",
     )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")

@@ -3,8 +3,9 @@
 Unlike ``model.generate`` it returns the processed logprobs of the chosen tokens and stops computing
 finished rows: it prefills each distinct prompt once into a preallocated KV cache, then decodes the
 running rows (Llama family and Gemma 3 through :mod:`rlplane.fast.fused_decode`, others through their own
-forward). Weights handed over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the
-next forward; the KV cache of earlier positions is kept (NeMo RL's default).
+forward; on CUDA the Llama family's steps replay CUDA graphs, :mod:`rlplane.fast.graph_decode`). Weights handed
+over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the next forward; the KV
+cache of earlier positions is kept (NeMo RL's default).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from rlplane.fast.allocator import keep_freed_memory
 from rlplane.fast.fused_decode import GEMMA_MODEL_TYPES, LlamaDecoder, unsupported_reason
 from rlplane.fast.gemma_decode import Gemma3Decoder
-from rlplane.fast.switches import FUSED_DECODE, enabled
+from rlplane.fast.graph_decode import StaticDecoder, graph_unsupported_reason
+from rlplane.fast.switches import CUDA_GRAPH_DECODE, FUSED_DECODE, enabled
 from rlplane.generation.interface import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -85,8 +87,9 @@ class _HFStepper:
 class HFGenerationBackend(GenerationBackend):
     """Batched sampling from ``model`` as given (the trainer's own module when colocated, else refit a copy).
 
-    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2, gemma3_text; else the model's forward), ``"hf"`` or
-    ``"fused"``; ``last_decode`` says which ran.
+    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2, gemma3_text, and on CUDA the llama family's steps
+    replayed as CUDA graphs; else the model's forward), ``"hf"``, ``"fused"`` or ``"graph"`` (the static-shape
+    step: captured on CUDA, eager elsewhere); ``last_decode`` says which ran (``"graph-eager"``: uncaptured).
     """
 
     shares_weights = True
@@ -96,11 +99,11 @@ class HFGenerationBackend(GenerationBackend):
                  decode: str = "auto", max_batch_size: int | None = None):
         if kv_cache not in ("preallocated", "dynamic"):
             raise ValueError(f"kv_cache = {kv_cache!r}: use 'preallocated' or 'dynamic' (transformers' DynamicCache)")
-        if decode not in ("auto", "hf", "fused"):
-            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward) "
-                             "or 'fused' (Llama family)")
-        if decode == "fused" and kv_cache == "dynamic":
-            raise ValueError("decode = 'fused' has its own preallocated cache; "
+        if decode not in ("auto", "hf", "fused", "graph"):
+            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward), 'fused' (Llama family) "
+                             "or 'graph' (Llama family, CUDA graphs)")
+        if decode in ("fused", "graph") and kv_cache == "dynamic":
+            raise ValueError(f"decode = {decode!r} has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
         # Freed decode-step tensors stay in the heap from here on (rlplane/fast/allocator.py).
         keep_freed_memory()
@@ -110,6 +113,7 @@ class HFGenerationBackend(GenerationBackend):
         self.decode = decode
         self.last_decode: str | None = None
         self._active: LlamaDecoder | _HFStepper | None = None  # the running generation's stepper
+        self._static: StaticDecoder | None = None  # kept between generations: its cache and CUDA graphs
         self.model = model
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -122,6 +126,7 @@ class HFGenerationBackend(GenerationBackend):
 
     def sleep(self) -> None:
         """Free the model's weights while a colocated trainer needs the memory; :meth:`update_weights` reallocates."""
+        self._static = None  # its weight copies, cache and graphs too (captured again after the wake)
         self._shapes = {id(p): p.shape for p in self.model.parameters()}
         for p in self.model.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -207,7 +212,17 @@ class HFGenerationBackend(GenerationBackend):
             self.model.train(was_training)
 
     def _stepper(self, capacity: int) -> LlamaDecoder | _HFStepper:
-        """The fused decoder where ``decode`` and the model allow it, else the model's own forward."""
+        """The static-shape decoder (captured on CUDA) or the fused decoder where ``decode``, the device and the
+        model allow them, else the model's own forward."""
+        device = self.model.device
+        auto_graph = device.type == "cuda" and enabled(FUSED_DECODE) and enabled(CUDA_GRAPH_DECODE)
+        if self.decode == "graph" or (self.decode == "auto" and auto_graph):
+            reason = "kv_cache = 'dynamic'" if self.kv_cache == "dynamic" else graph_unsupported_reason(self.model,
+                                                                                                         capacity)
+            if reason is None:
+                return self._static_decoder(capacity, capture=device.type == "cuda")
+            if self.decode == "graph":
+                raise ValueError(f"decode = 'graph': {reason}; use decode='auto' or 'hf' for this model")
         reason = "decode = 'hf'" if self.decode == "hf" else unsupported_reason(self.model, capacity)
         if reason is None and self.decode == "auto" and not enabled(FUSED_DECODE):
             reason = f"{FUSED_DECODE}=0"
@@ -222,6 +237,16 @@ class HFGenerationBackend(GenerationBackend):
         self.last_decode = "hf"
         self._cast_weights = _frozen_weights_cast(self.model)
         return _HFStepper(self, capacity)
+
+    def _static_decoder(self, capacity: int, capture: bool) -> StaticDecoder:
+        """The kept static decoder (a new one when the compute dtype or capture changed), set up for this call."""
+        dtype = getattr(self.model, "rlplane_autocast_dtype", None) or self.model.model.embed_tokens.weight.dtype
+        if self._static is None or self._static.capture != capture or self._static.dtype != dtype:
+            self._static = None
+            self._static = StaticDecoder(self.model, capture=capture)
+        self._static.begin(capacity)
+        self.last_decode = "graph" if capture else "graph-eager"
+        return self._static
 
     def _forward(self, **kwargs) -> torch.Tensor:
         """The model's logits for ``kwargs``, with the frozen weights' bf16 copies (if any) in place of theirs."""

@@ -193,7 +193,7 @@ def test_hf_decode_config_key_reaches_the_backend():
     from rlplane.models.configured import load_configured_policy
     from rlplane.workers.rollout import RolloutWorker
 
-    for value in ("auto", "hf", "fused"):
+    for value in ("auto", "hf", "fused", "graph"):
         cfg = load_config(None, [f"policy.generation.hf_decode={value}"])
         model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
         assert RolloutWorker(cfg, None, model=model, tokenizer=tok).backend.decode == value
