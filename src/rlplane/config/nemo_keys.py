@@ -21,7 +21,8 @@ def is_one(value: Any) -> bool:
 # when off, refused when on.
 FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("policy.megatron_cfg", is_off, "Megatron-Core training",
-     "rlplane trains transformers models; shard with policy.dtensor_cfg.enabled=true policy.dp_size=N runtime=ray"),
+     "rlplane trains transformers models: set policy.megatron_cfg.enabled=false policy.dtensor_cfg.enabled=true "
+     "(NeMo RL's DTensor worker, read as rlplane's FSDP2)"),
     ("policy.dtensor_cfg.custom_parallel_plan", is_off, "custom parallel plan", "policy.dtensor_cfg (FSDP2)"),
     ("policy.dtensor_cfg.automodel_kwargs", is_off, "NeMo Automodel arguments", "a local HF model directory"),
     ("policy.draft", is_off, "draft (Eagle) model", "no draft model: remove the section"),
