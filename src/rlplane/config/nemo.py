@@ -214,11 +214,6 @@ def _generation(t: Translation) -> None:
         t.note(f"{g}.max_new_tokens = {new}: NeMo RL caps prompt + response at max_model_len; rlplane's "
                f"max_new_tokens must leave the prompt room: read as {max(1, total // 2)} (half of "
                "policy.max_total_sequence_length); set it to choose")
-    for key in ("temperature", "top_p", "top_k"):
-        val = t.pop(f"{g}.val_{key}")
-        if val is not None and val != get_key(t.tree, f"{g}.{key}"):
-            t.note(f"{g}.val_{key} = {val}: ignored; rlplane validates greedily (pass@k samples with the "
-                   f"training {key})")
     extra = get_key(t.tree, f"{g}.vllm_kwargs")
     if get_key(t.tree, f"{g}.backend") != "vllm" and extra is not None:
         t.pop(f"{g}.vllm_kwargs")

@@ -45,6 +45,13 @@ class GenerationConfig(StrictModel):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
+    val_temperature: float | None = Field(
+        None, gt=0, description="Validation samples at this temperature (NeMo RL's key; its files set the training "
+        "one), its pass@k too; null: validation is greedy, pass@k samples with the training temperature."
+    )
+    val_top_p: float | None = Field(None, gt=0, le=1, description="With val_temperature: validation's nucleus mass "
+                                                                  "(null: top_p).")
+    val_top_k: int | None = Field(None, ge=0, description="With val_temperature: validation's top-k (null: top_k).")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
     stop_token_ids: list[int] | None = Field(
         None, description="Token ids that also end a response, besides the model's end-of-sequence ids (NeMo RL's "

@@ -234,6 +234,11 @@ class RolloutWorker:
             raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
         rows = [d for d in datums for _ in range(group_size)]
         version = self.weight_version if weight_version is None else int(weight_version)
+        sampling = {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k}
+        if heldout and gen.val_temperature is not None:  # validation samples as NeMo RL's does, never greedily
+            greedy = False
+            sampling = {"temperature": gen.val_temperature, "top_p": gen.val_top_p or gen.top_p,
+                        "top_k": gen.val_top_k if gen.val_top_k is not None else gen.top_k}
         row_seeds = None
         if getattr(self.backend, "supports_row_seeds", False) and not greedy:
             stream = "heldout" if heldout else "train"
@@ -248,9 +253,7 @@ class RolloutWorker:
             max_new_tokens=gen.max_new_tokens,
             stop_strings=gen.stop_strings,
             **({"stop_token_ids": stop_ids(self.backend, gen.stop_token_ids)} if gen.stop_token_ids else {}),
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            top_k=gen.top_k,
+            **sampling,
             greedy=greedy,
             generator=self.generator,
             row_seeds=row_seeds,
