@@ -27,7 +27,7 @@ class RolloutLoopConfig(StrictModel):
         1000, ge=1, description="Passes over the training prompts, at most: the run ends when they are used up, "
         "if that comes before max_num_steps (every generation batch of dynamic sampling counts)."
     )
-    val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
+    val_period: int = Field(50, description="Validate every N steps (0 or below = never mid-run, as NeMo RL).")
     val_at_start: bool = Field(True, description="Validate before the first step.")
     val_at_end: bool = Field(True, description="Validate after the last step.")
     max_val_samples: int = Field(500, ge=1, description="Validation prompts.")
@@ -75,6 +75,10 @@ class RolloutLoopConfig(StrictModel):
         "stop_at_validation_threshold (NeMo RL's early stop; checked at every validation, the first included)."
     )
     stop_at_validation_threshold: float | None = Field(None, description="See stop_at_validation_metric.")
+
+    def validates_after(self, done: int) -> bool:
+        """Whether the periodic validation falls after ``done`` steps (``val_period`` <= 0: never)."""
+        return self.val_period > 0 and done % self.val_period == 0
 
     @model_validator(mode="after")
     def _rules(self) -> "RolloutLoopConfig":
@@ -205,6 +209,11 @@ class PPOConfig(RolloutLoopConfig):
 
 class DistillationConfig(RolloutLoopConfig):
     """The on-policy distillation loop: the shared rollout knobs (the student generates, the teacher scores)."""
+
+    topk_logits_k: int = Field(64, ge=1, description="Teacher logits kept per token for the top-k KL (the k largest, "
+                                                     "with their token ids, moved through the data plane; a k above "
+                                                     "the vocabulary keeps all of it: the full KL); unused with "
+                                                     "loss_fn.kl_type = sampled_reverse.")
 
     @model_validator(mode="after")
     def _no_reward_control(self) -> "DistillationConfig":

@@ -53,6 +53,7 @@ _TABLE: list[tuple[str, str, str]] = [
     ("data.reasoning_gym.val_seed", FREE, "the held-out set only"),
     ("env", FREE, "how responses are scored"),
     ("env.guess_number", REFUSED, "it generates the training prompts"),
+    ("env.sliding_puzzle_game", REFUSED, "it generates the training prompts"),
     ("data_plane", FREE, "where rollouts are kept within a step"),
     ("cluster", FREE, "the machines the run uses"),
     ("checkpointing", FREE, "when and where checkpoints are written"),

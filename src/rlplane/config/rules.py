@@ -180,6 +180,14 @@ def fsdp_without_lora(cfg) -> list[str]:
     return []
 
 
+def cpu_offload_needs_fsdp(cfg) -> list[str]:
+    d = cfg.policy.dtensor_cfg
+    if d.cpu_offload and not d.enabled:
+        return ["policy.dtensor_cfg.cpu_offload = true offloads FSDP2 shards; an unsharded rank has none: set "
+                "policy.dtensor_cfg.enabled=true (runtime=ray) or cpu_offload=false"]
+    return []
+
+
 def fsdp_needs_ray(cfg) -> list[str]:
     if cfg.policy.dtensor_cfg.enabled and cfg.runtime == "local":
         return ["policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the "
@@ -273,9 +281,26 @@ def on_policy_ratio_one_epoch(cfg) -> list[str]:
 
 def distillation_one_step(cfg) -> list[str]:
     samples = _samples(cfg)
-    if cfg.algorithm == "distillation" and samples != cfg.policy.train_global_batch_size:
-        return ["distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for "
-                f"the weights that sampled it): set policy.train_global_batch_size = {samples} (prompts × generations)"]
+    sampled = cfg.loss_fn.kl_type == "sampled_reverse"
+    if cfg.algorithm == "distillation" and sampled and samples != cfg.policy.train_global_batch_size:
+        return ["loss_fn.kl_type = sampled_reverse needs one optimizer step per rollout (the sampled reverse KL is "
+                f"on-policy only for the weights that sampled it): set policy.train_global_batch_size = {samples} "
+                "(prompts × generations), or a top-k kl_type (forward, reverse, mixed)"]
+    return []
+
+
+def distillation_loss_keys(cfg) -> list[str]:
+    """``loss_fn``'s distillation keys changed with another algorithm: they would do nothing."""
+    from rlplane.algorithms.loss_options import DistillationLossOptions
+
+    if cfg.algorithm == "distillation":
+        return []
+    default = DistillationLossOptions()
+    changed = [k for k in ("kl_type", "mixed_kl_weight", "zero_outside_topk")
+               if getattr(cfg.loss_fn, k) != getattr(default, k)]
+    if changed:
+        return [f"loss_fn.{{{', '.join(changed)}}}: distillation's loss keys with algorithm = {cfg.algorithm}; remove "
+                "them (or set algorithm=distillation)"]
     return []
 
 
@@ -291,13 +316,6 @@ def async_without_dynamic_sampling(cfg) -> list[str]:
     if _async(cfg) and cfg.grpo.use_dynamic_sampling:
         return ["grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole "
                 "steps ahead of time, there is no refill); set one of them to false"]
-    return []
-
-
-def async_without_on_policy_ratio(cfg) -> list[str]:
-    if _async(cfg) and cfg.loss_fn.force_on_policy_ratio:
-        return ["loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the "
-                "prev logprobs with the current weights); set it to false"]
     return []
 
 
@@ -375,6 +393,7 @@ RULES: list[Rule] = [
     dynamic_batching_budget,
     sequence_packing_budget,
     fsdp_without_lora,
+    cpu_offload_needs_fsdp,
     fsdp_needs_ray,
     fsdp_not_async,
     vllm_cfg_fits_device,
@@ -388,9 +407,9 @@ RULES: list[Rule] = [
     kl_penalty_needs_reference,
     on_policy_ratio_one_epoch,
     distillation_one_step,
+    distillation_loss_keys,
     async_needs_is_correction,
     async_without_dynamic_sampling,
-    async_without_on_policy_ratio,
     async_without_vllm_sleep,
     async_one_generator,
     validation_metric_known,

@@ -96,7 +96,7 @@ class HFGenerationBackend(GenerationBackend):
     supports_row_seeds = True
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kv_cache: str = "preallocated",
-                 decode: str = "auto"):
+                 decode: str = "auto", max_batch_size: int | None = None):
         if kv_cache not in ("preallocated", "dynamic"):
             raise ValueError(f"kv_cache = {kv_cache!r}: use 'preallocated' or 'dynamic' (transformers' DynamicCache)")
         if decode not in ("auto", "hf", "fused", "graph"):
@@ -109,6 +109,8 @@ class HFGenerationBackend(GenerationBackend):
         keep_freed_memory()
         limit_malloc_arenas()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
+        # Rows per pass, at most (NeMo RL's policy.generation_batch_size): the KV cache is rows × length.
+        self.max_batch_size = max_batch_size
         self.decode = decode
         self.last_decode: str | None = None
         self._active: LlamaDecoder | _HFStepper | None = None  # the running generation's stepper
@@ -184,11 +186,27 @@ class HFGenerationBackend(GenerationBackend):
         try:
             # no_grad, not inference_mode: under inference_mode autocast re-casts every weight each step.
             with torch.no_grad(), autocast(self.model), self._swap.generating():
-                return self._generate(
-                    prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                    greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
-                    generator=generator, row_seeds=row_seeds,
-                )
+                step = self.max_batch_size or max(1, len(prompt_ids))
+                if len(prompt_ids) <= step:
+                    return self._generate(
+                        prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings,
+                        seed=seed, generator=generator, row_seeds=row_seeds,
+                    )
+                # In passes of max_batch_size rows; with row seeds a row draws the same tokens in any pass.
+                rows = normalize_stop_strings(stop_strings, len(prompt_ids))
+                generator = generator if generator is not None or seed is None else torch.Generator(
+                    self.model.device).manual_seed(seed)
+                parts = [self._generate(
+                    prompt_ids[i:i + step], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids,
+                    stop_strings=None if rows is None else rows[i:i + step], seed=None, generator=generator,
+                    row_seeds=None if row_seeds is None else row_seeds[i:i + step],
+                ) for i in range(0, len(prompt_ids), step)]
+                return GenerationOutput(
+                    [x for o in parts for x in o.output_ids], [x for o in parts for x in o.logprobs],
+                    [x for o in parts for x in o.finish_reasons],
+                    None if any(o.versions is None for o in parts) else [x for o in parts for x in o.versions])
         finally:
             self._cast_weights = {}
             self._active = None  # frees the cache and the fused matrices

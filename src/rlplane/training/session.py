@@ -318,7 +318,7 @@ class Session:
         self.refit.version = done  # the weights the step trained serve the next one
         watchdog.progress()
         kill_point("train")
-        if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
+        if g.validates_after(done) or (g.val_at_end and done == end):
             t0 = time.perf_counter()
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
@@ -365,7 +365,7 @@ class Session:
         self.say(f"{reason}: stopping after step {done}")
         if done == 0:
             return
-        if g.val_at_end and not (g.val_period and done % g.val_period == 0):
+        if g.val_at_end and not g.validates_after(done):
             self.last_validation = self.validate()
             self.log.log(self.last_validation, step=done)
         if self.cfg.checkpointing.enabled and not self.checkpoints.due(done):

@@ -77,6 +77,10 @@ CASES = [
     (rules.fsdp_without_lora, "grpo", {**FSDP, "warmup.enabled": False}, {"policy.lora.enabled": True},
      "policy.dtensor_cfg.enabled with policy.lora.enabled is not supported yet (the adapter refit and checkpoints "
      "assume an unsharded model); disable one of them"),
+    (rules.cpu_offload_needs_fsdp, "grpo", {**FSDP, "policy.dtensor_cfg.cpu_offload": True},
+     {"policy.dtensor_cfg.enabled": False},
+     "policy.dtensor_cfg.cpu_offload = true offloads FSDP2 shards; an unsharded rank has none: set "
+     "policy.dtensor_cfg.enabled=true (runtime=ray) or cpu_offload=false"),
     (rules.fsdp_needs_ray, "grpo", FSDP, {"runtime": "local"},
      "policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the policy's unsharded "
      "module); set runtime=ray or policy.dtensor_cfg.enabled=false"),
@@ -123,18 +127,20 @@ CASES = [
      {"ppo.ppo_epochs": 4},
      "loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = 4; set "
      "ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"),
-    (rules.distillation_one_step, "distillation", {}, {"policy.train_global_batch_size": 128},
-     "distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for the weights "
-     "that sampled it): set policy.train_global_batch_size = 256 (prompts × generations)"),
+    (rules.distillation_one_step, "distillation", {"loss_fn.kl_type": "sampled_reverse"},
+     {"policy.train_global_batch_size": 128},
+     "loss_fn.kl_type = sampled_reverse needs one optimizer step per rollout (the sampled reverse KL is on-policy only "
+     "for the weights that sampled it): set policy.train_global_batch_size = 256 (prompts × generations), or a top-k "
+     "kl_type (forward, reverse, mixed)"),
+    (rules.distillation_loss_keys, "grpo", {}, {"loss_fn.kl_type": "forward", "loss_fn.mixed_kl_weight": 0.3},
+     "loss_fn.{kl_type, mixed_kl_weight}: distillation's loss keys with algorithm = grpo; remove them (or set "
+     "algorithm=distillation)"),
     (rules.async_needs_is_correction, "grpo", ASYNC, {"loss_fn.use_importance_sampling_correction": False},
      "grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true (trajectories come from older "
      "weights; the IS weight π_old/π_gen corrects for it); set it to true"),
     (rules.async_without_dynamic_sampling, "grpo", ASYNC, {"grpo.use_dynamic_sampling": True},
      "grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole steps ahead "
      "of time, there is no refill); set one of them to false"),
-    (rules.async_without_on_policy_ratio, "grpo", ASYNC, {"loss_fn.force_on_policy_ratio": True},
-     "loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the prev logprobs "
-     "with the current weights); set it to false"),
     (rules.async_one_generator, "grpo", ASYNC, {"policy.generation.num_generators": 2},
      "policy.generation.num_generators = 2 with grpo.async_grpo.enabled: the async collector is one generator; "
      "set num_generators=1"),
