@@ -58,7 +58,7 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
         raise DatasetError(f"dataset {path}: dataset kind 'hf' needs the datasets package: pip install 'rlplane[hf]'")
     if not is_local(path):  # a hub id, as NeMo RL's ResponseDataset reads one
         return table_rows(load_rows(HubCopy(path, subset, split), f"{key}.path = {path!r}", f"{key}.path"), fields,
-                          path, key)
+                          path, key, max_rows=max_rows)
     files = _files(path)
     if file_format == "auto":
         exts = {os.path.splitext(f)[1] for f in files}
@@ -86,10 +86,11 @@ def read_hf_rows(path: str, fields: JsonlFields = JsonlFields(), file_format: st
                            f"{reason}; fix the file or set {key}.format") from None
     finally:
         datasets.logging.set_verbosity(level)
-    return table_rows(ds, fields, path, key)
+    return table_rows(ds, fields, path, key, max_rows=max_rows)
 
 
-def table_rows(ds, fields: JsonlFields, path: str, key: str = "data.train") -> list[dict]:
+def table_rows(ds, fields: JsonlFields, path: str, key: str = "data.train", *,
+               max_rows: int | None = None) -> list[dict]:
     """A table's rows (a ``datasets.Dataset``) as prompt rows; its problem and answer columns must be there."""
     missing = [k for k in (fields.problem, fields.answer) if k not in ds.column_names]
     if missing:
