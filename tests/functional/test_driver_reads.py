@@ -89,11 +89,12 @@ def test_sync_grpo_driver_reads_no_per_token_column(tmp_path, first_digit_env, e
 
 
 def test_distillation_driver_reads_no_per_token_column(tmp_path, first_digit_env):
-    from rlplane.recipes.distillation import ReverseKLLoss, distillation_step, teacher_config
+    from rlplane.recipes.distillation import distillation_loss, distillation_step, teacher_config
 
-    client = run_steps(tmp_path, "distill_arithmetic", "distillation", distillation_step,
-                       ["teacher.warmup.enabled=false", "teacher.tiny.hidden_size=64"],
-                       teacher_cfg=teacher_config, loss=ReverseKLLoss())
+    extra = ["teacher.warmup.enabled=false", "teacher.tiny.hidden_size=64"]
+    cfg = load_config("distill_arithmetic", [f"run_dir={tmp_path}", *extra])
+    client = run_steps(tmp_path, "distill_arithmetic", "distillation", distillation_step, extra,
+                       teacher_cfg=teacher_config, loss=distillation_loss(cfg))
     assert per_token_reads(client) == set()
 
 

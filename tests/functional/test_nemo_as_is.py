@@ -53,7 +53,8 @@ def test_nemo_config_trains_two_steps_as_it_ships(tmp_path, monkeypatch, hf_home
     cfg = load_config(name, [MODEL, *extra, f"{loop}.max_num_steps=2"])
     assert cfg.algorithm == ("grpo" if loop == "grpo" else loop)
     rlplane.train(cfg, quiet=True)
-    rows = [json.loads(r) for r in (Path(cfg.run_dir) / "logs" / "metrics.jsonl").read_text().splitlines()]
+    logs = Path(cfg.logger.log_dir) if cfg.logger.log_dir else Path(cfg.run_dir) / "logs"  # NeMo's log_dir is kept
+    rows = [json.loads(r) for r in (logs / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "timing/train/total_step_time" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["train/grad_norm"] >= 0 for r in steps)
