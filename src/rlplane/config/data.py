@@ -129,9 +129,9 @@ class DataConfig(StrictModel):
     )
     num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
     max_rows: int | None = Field(
-        2_000_000, ge=1, description="Most rows a data file (train or validation, `jsonl` or `hf`) may hold: each is "
-        "tokenized and kept in memory at start-up; a file with more is an error naming it "
-        "(null: no limit)."
+        2_000_000, ge=1, description="Most rows a data source (train or validation: a `jsonl` or `hf` file, a hub "
+        "id, a registry dataset) may hold: each is tokenized and kept in memory at start-up; a source with more is "
+        "an error naming it (null: no limit)."
     )
     shuffle: bool = Field(True, description="Shuffle each epoch.")
     on_overlong_prompt: Literal["zero_loss", "skip", "error"] = Field(

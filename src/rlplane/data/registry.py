@@ -371,11 +371,12 @@ def entry(name: str, key: str) -> Entry:
 
 
 def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """``given`` over ``e``'s defaults; an option it does not take, or a split it does not have, is an error."""
+    """``given`` over ``e``'s defaults; an option it does not take, or a split it does not have, is an error.
+    ``key`` is the config section (``data.train``)."""
     unknown = sorted(set(given) - set(e.defaults))
     if unknown:
         takes = ", ".join(e.defaults) or "none"
-        raise DatasetError(f"{key}.{unknown[0]}: not an option of {e.name} (its options: {takes}); remove it")
+        raise DatasetError(f"{key}.options.{unknown[0]}: not an option of {e.name} (its options: {takes}); remove it")
     opts = {**e.defaults, **given}
     if e.splits and opts.get("split") not in e.splits:
         raise DatasetError(f"{key}.split = {opts.get('split')!r}: {e.name} has the splits {', '.join(e.splits)}; "
@@ -383,10 +384,19 @@ def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, A
     return opts
 
 
-def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key: str) -> list[dict]:
-    """NeMo RL's rows of ``source``: each hub copy read with ``load`` (a local copy: ``load`` reads
-    ``source.path``), then formatted; ``problem``/``answer`` added from ``messages[0]``/``messages[1]``."""
-    e = entry(source.name, key)
+def too_many_rows(key: str, name: str, what: str, max_rows: int) -> DatasetError:
+    return DatasetError(f"{key}.name = {name!r}: {what} holds more than {max_rows:,} rows, over data.max_rows = "
+                        f"{max_rows:,} (every row is tokenized and held at start-up); raise data.max_rows (null: no "
+                        f"limit), or set {key}.path to a copy cut to the rows the run will use")
+
+
+def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key: str, *,
+                  max_rows: int | None = None) -> list[dict]:
+    """NeMo RL's rows of ``source`` (``key``: its config section, ``data.train``): each hub copy read with ``load``
+    (a local copy: ``load`` reads ``source.path``), then formatted; ``problem``/``answer`` added from
+    ``messages[0]``/``messages[1]``. More than ``max_rows`` (``data.max_rows``) rows read or made is an error,
+    said before a read table is turned into rows (``load`` gives a table with its length, or a list)."""
+    e = entry(source.name, f"{key}.name")
     opts = resolve_options(e, source.options, key)
     if e.needs_path and not source.path:
         raise DatasetError(f"{key}: {e.name} reads a local file; set {key}.path=FILE")
@@ -394,17 +404,29 @@ def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key
         copies = [HubCopy(source.path, opts.get("subset"), opts.get("split", "train"))]
     else:  # a local copy stands where the hub id (or URL) was, read with the same subset and split
         copies = [replace(c, repo=source.path) if source.path else c for c in e.copies(opts)]
-    hub_rows = [row for c in copies for row in load(c)]
+    tables = [load(c) for c in copies]
+    repos = ", ".join(dict.fromkeys(c.repo for c in copies))
+    if max_rows is not None and sum(len(t) for t in tables) > max_rows:
+        raise too_many_rows(key, e.name, repos, max_rows)
     out = []
-    for row in e.rows(hub_rows, opts):
+    for row in e.rows((row for t in tables for row in t), opts):
         messages = row["messages"]
         if len(messages) >= 2:
             row = {**row, "problem": messages[0]["content"], "answer": messages[1]["content"]}
         out.append(row)
+        if max_rows is not None and len(out) > max_rows:  # one hub row can make several (OpenAssistant's threads)
+            raise too_many_rows(key, e.name, f"the rows made of {repos}", max_rows)
     return out
 
 
-def read_gzip_jsonl(path: str) -> list[dict]:
-    """The objects of a gzipped JSON-lines file (OpenAssistant's trees)."""
+def read_gzip_jsonl(path: str, max_rows: int | None = None) -> list[dict]:
+    """The objects of a gzipped JSON-lines file (OpenAssistant's trees); past ``max_rows`` objects it reads one
+    more and stops (the caller says the file is over the limit)."""
+    out = []
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+                if max_rows is not None and len(out) > max_rows:
+                    break
+    return out
