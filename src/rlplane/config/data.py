@@ -34,9 +34,12 @@ class JsonlDataConfig(StrictModel):
     ``rlplane.data.registry``, docs/nemo.md lists the names)."""
 
     path: str | None = Field(None, description="jsonl: the file; hf: a file, glob or directory of files, or a hub id "
-                                               "(`openai/gsm8k`); registry: a local copy of the dataset's hub repo "
-                                               "or file (null: the hub copy through the Hugging Face cache).")
-    name: str | None = Field(None, description="registry: NeMo RL's dataset name (`gsm8k`, `OpenMathInstruct-2`, ...).")
+                                               "(`openai/gsm8k`); with `name` (registry): a local copy of the "
+                                               "dataset's hub repo or file (null: the hub copy through the Hugging "
+                                               "Face cache).")
+    name: str | None = Field(None, description="NeMo RL's dataset name (`gsm8k`, `OpenMathInstruct-2`, ...): the "
+                                               "source is that registry dataset, whatever kind of files data.dataset "
+                                               "names for the other split.")
     subset: str | None = Field(None, description="hf hub id: its config (subset) name (null: its default).")
     problem_key: str = Field("problem", description="Field holding the prompt text (registry rows: `problem`).")
     answer_key: str = Field("answer", description="Field holding the reference answer (registry rows: `answer`).")
@@ -116,9 +119,11 @@ class DataConfig(StrictModel):
         Field("arithmetic", description="Which dataset kind (registry: NeMo RL's datasets by name; guess_number: "
               "games over env.guess_number's range; sliding_puzzle: boards of env.sliding_puzzle_game)."))
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
-    train: JsonlDataConfig | None = Field(None, description="Training source (dataset: jsonl, hf or registry).")
+    train: JsonlDataConfig | None = Field(None, description="Training source (dataset: jsonl, hf or registry; "
+                                                            "with `name`: that registry dataset).")
     validation: JsonlDataConfig | None = Field(None, description="Validation source (dataset: jsonl, hf or "
-                                                                 "registry; null: held out of the training source).")
+                                                                 "registry; with `name`: that registry dataset; null: "
+                                                                 "held out of the training source).")
     reasoning_gym: ReasoningGymDataConfig = Field(
         default_factory=ReasoningGymDataConfig, description="Procedural reasoning-gym tasks (dataset: reasoning_gym)."
     )
@@ -150,12 +155,15 @@ class DataConfig(StrictModel):
                 continue
             if self.dataset == "registry" and source.name is None:
                 raise ValueError(f"dataset = registry: data.{key}.name is not set; name a NeMo RL dataset "
-                                 "(docs/nemo.md lists them)")
-            if self.dataset in ("jsonl", "hf") and source.path is None:
+                                 "(docs/nemo.md lists them), or for files set data.dataset to their kind (jsonl, hf): "
+                                 "a named source beside them is still read by its name")
+            if self.dataset in ("jsonl", "hf") and source.path is None and source.name is None:
                 raise ValueError(f"dataset = {self.dataset}: data.{key}.path is not set; set data.{key}.path=FILE")
-            if self.dataset != "registry" and (source.name is not None or source.options):
-                raise ValueError(f"data.{key}.name / options are for dataset = registry (data.dataset = "
-                                 f"{self.dataset}); remove them or set data.dataset=registry")
+            if self.dataset not in ("jsonl", "hf", "registry") and (source.name is not None or source.options):
+                raise ValueError(f"data.{key}.name / options name a registry dataset, which data.dataset = "
+                                 f"{self.dataset} does not read; remove them or set data.dataset=registry")
+            if source.options and source.name is None:
+                raise ValueError(f"data.{key}.options are a registry dataset's; set data.{key}.name or remove them")
         return self
 
 
