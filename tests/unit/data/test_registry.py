@@ -12,7 +12,8 @@ import pytest
 
 from rlplane.data.errors import DatasetError
 from rlplane.data.hub import load_rows
-from rlplane.data.registry import ENTRIES, MULTIMODAL, Source, gsm8k_answer, read_gzip_jsonl, registry_rows
+from rlplane.data.registry import ENTRIES, MULTIMODAL, Source, read_gzip_jsonl, registry_rows
+from rlplane.data.registry_formats import gsm8k_answer
 from rlplane.data.splits import held_out_split, shuffled_indices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "nemo"))
@@ -190,6 +191,34 @@ def test_options_a_dataset_does_not_take_and_splits_it_does_not_have():
     with pytest.raises(DatasetError, match=r"^data.train.split = 'test': OpenMathInstruct-2 has the splits train, "
                                            r"train_1M"):
         rows_of("OpenMathInstruct-2", split="test")
+
+
+def test_an_option_of_another_type_is_one_line():
+    with pytest.raises(DatasetError) as e:
+        rows_of("gsm8k", extract_answer="maybe")
+    assert str(e.value) == ("data.train.options.extract_answer = 'maybe': gsm8k's extract_answer is true or false "
+                            "(NeMo RL's default: True); set true or false")
+    with pytest.raises(DatasetError, match=r"gpqa's seed is a whole number .*; set a whole number"):
+        rows_of("gpqa", seed=True)  # a bool is not the int seed
+
+
+def test_a_copy_without_the_dataset_columns_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"problem": "What is 1 + 2?", "answer": "3"}]), copy)
+    with pytest.raises(DatasetError) as e:
+        registry_rows(Source("gsm8k", {}, path=str(copy)), lambda c: load_rows(c, "x", "data.train.path"),
+                      "data.train")
+    assert str(e.value) == (
+        f"data.train.name = 'gsm8k': {copy}: no column 'question' (its columns: problem, answer); gsm8k reads question "
+        "-> what follows #### in answer (extract_answer: false: all of it): give data.train.path a copy with those "
+        "columns")
+    with pytest.raises(DatasetError, match=r"DAPOMath17K.*: a value shaped otherwise \(string indices"):
+        pq.write_table(pa.Table.from_pylist([{"prompt": "What is 1 + 2?", "reward_model": "3"}]), copy)
+        registry_rows(Source("DAPOMath17K", {}, path=str(copy)), lambda c: load_rows(c, "x", "data.train.path"),
+                      "data.train")
 
 
 def test_every_text_entry_of_nemo_rl_is_named():
