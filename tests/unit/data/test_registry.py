@@ -12,7 +12,7 @@ import pytest
 
 from rlplane.data.errors import DatasetError
 from rlplane.data.hub import load_rows
-from rlplane.data.registry import ENTRIES, MULTIMODAL, Source, read_gzip_jsonl, registry_rows
+from rlplane.data.registry import ENTRIES, GYM, MULTIMODAL, Source, read_gzip_jsonl, registry_rows
 from rlplane.data.registry_formats import gsm8k_answer
 from rlplane.data.splits import held_out_split, shuffled_indices
 
@@ -227,6 +227,17 @@ def test_every_text_entry_of_nemo_rl_is_named():
             "tulu3_sft_mixture", "HelpSteer3", "openai_format", "general-conversation-jsonl", "arrow_text",
             "Nemotron-Cascade-2-SFT-Math", "math", "math500", "gpqa", "gpqa_diamond", "mmlu", "mmlu_pro"]
     assert not set(nemo) - set(ENTRIES)
+
+
+def test_docs_name_every_registry_name():
+    # docs/nemo.md: each text entry (the mmlu_<LANG> files as one row naming the languages), each refused name.
+    docs = re.sub(r"```.*?```", "", (Path(__file__).resolve().parents[3] / "docs" / "nemo.md").read_text(),
+                  flags=re.DOTALL)
+    spans = set(re.findall(r"`([^`]+)`", docs))
+    languages = [n.removeprefix("mmlu_") for n in ENTRIES if n.startswith("mmlu_") and n != "mmlu_pro"]
+    assert len(languages) == 14 and all(lang in docs for lang in languages)
+    named = [n for n in ENTRIES if n.removeprefix("mmlu_") not in languages] + [*MULTIMODAL, *GYM]
+    assert [n for n in named if n not in spans] == []
 
 
 def test_local_file_entries(tmp_path):
