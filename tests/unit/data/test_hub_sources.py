@@ -84,6 +84,9 @@ def test_a_registry_dataset_beside_a_file_for_the_other_split(hub, tmp_path):
      "data.train.options are a registry dataset's; set data.train.name or remove them"),
     (["data.dataset=registry", "data.train.name=gsm8k", "data.validation.path=v.jsonl"],
      "dataset = registry: data.validation.name is not set"),
+    (["data.dataset=registry", "data.train.name=geometry3k"], "data.train.name = 'geometry3k': a multimodal dataset"),
+    (["data.dataset=jsonl", "data.train.path=x.jsonl", "data.validation.name=gsm9k"],
+     "data.validation.name = 'gsm9k': not a NeMo RL dataset name"),
 ])
 def test_registry_keys_where_nothing_reads_them_are_one_line(overrides, problem):
     from rlplane.config.loading import ConfigError
