@@ -41,7 +41,7 @@ def held_out_size(data, source) -> float:
     """The source's ``split_validation_size``; null: the registry dataset's NeMo RL default, else 0."""
     if source.split_validation_size is not None:
         return source.split_validation_size
-    entry = ENTRIES.get(source.name) if data.dataset == "registry" else None
+    entry = ENTRIES.get(source.name) if source.name is not None else None
     return entry.split_validation_size if entry is not None else 0.0
 
 
@@ -105,8 +105,8 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
         def rows(j, key: str) -> list[dict]:
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
                                  default_task_name=j.default_task_name)
-            if d.dataset == "registry":
-                return read_registry_rows(j, fields, key, require=require)
+            if j.name is not None:  # a registry dataset, beside files of the kind data.dataset names or alone
+                return read_registry_rows(j, fields, key, require=require, max_rows=d.max_rows)
             if d.dataset == "hf":
                 return read_hf_rows(j.path, fields, j.format, j.split or "train", subset=j.subset, key=key,
                                     max_rows=d.max_rows)

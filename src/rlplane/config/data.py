@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 
 from rlplane.config.base import StrictModel
 from rlplane.config.envs import EnvConfig
+from rlplane.data.errors import DatasetError
+from rlplane.data.registry import entry
 
 
 class ArithmeticDataConfig(StrictModel):
@@ -34,9 +36,12 @@ class JsonlDataConfig(StrictModel):
     ``rlplane.data.registry``, docs/nemo.md lists the names)."""
 
     path: str | None = Field(None, description="jsonl: the file; hf: a file, glob or directory of files, or a hub id "
-                                               "(`openai/gsm8k`); registry: a local copy of the dataset's hub repo "
-                                               "or file (null: the hub copy through the Hugging Face cache).")
-    name: str | None = Field(None, description="registry: NeMo RL's dataset name (`gsm8k`, `OpenMathInstruct-2`, ...).")
+                                               "(`openai/gsm8k`); with `name` (registry): a local copy of the "
+                                               "dataset's hub repo or file (null: the hub copy through the Hugging "
+                                               "Face cache).")
+    name: str | None = Field(None, description="NeMo RL's dataset name (`gsm8k`, `OpenMathInstruct-2`, ...): the "
+                                               "source is that registry dataset, whatever kind of files data.dataset "
+                                               "names for the other split.")
     subset: str | None = Field(None, description="hf hub id: its config (subset) name (null: its default).")
     problem_key: str = Field("problem", description="Field holding the prompt text (registry rows: `problem`).")
     answer_key: str = Field("answer", description="Field holding the reference answer (registry rows: `answer`).")
@@ -116,9 +121,11 @@ class DataConfig(StrictModel):
         Field("arithmetic", description="Which dataset kind (registry: NeMo RL's datasets by name; guess_number: "
               "games over env.guess_number's range; sliding_puzzle: boards of env.sliding_puzzle_game)."))
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
-    train: JsonlDataConfig | None = Field(None, description="Training source (dataset: jsonl, hf or registry).")
+    train: JsonlDataConfig | None = Field(None, description="Training source (dataset: jsonl, hf or registry; "
+                                                            "with `name`: that registry dataset).")
     validation: JsonlDataConfig | None = Field(None, description="Validation source (dataset: jsonl, hf or "
-                                                                 "registry; null: held out of the training source).")
+                                                                 "registry; with `name`: that registry dataset; null: "
+                                                                 "held out of the training source).")
     reasoning_gym: ReasoningGymDataConfig = Field(
         default_factory=ReasoningGymDataConfig, description="Procedural reasoning-gym tasks (dataset: reasoning_gym)."
     )
@@ -129,9 +136,9 @@ class DataConfig(StrictModel):
     )
     num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
     max_rows: int | None = Field(
-        2_000_000, ge=1, description="Most rows a data file (train or validation, `jsonl` or `hf`) may hold: each is "
-        "tokenized and kept in memory at start-up; a file with more is an error naming it "
-        "(null: no limit)."
+        2_000_000, ge=1, description="Most rows a data source (train or validation: a `jsonl` or `hf` file, a hub "
+        "id, a registry dataset) may hold: each is tokenized and kept in memory at start-up; a source with more is "
+        "an error naming it (null: no limit)."
     )
     shuffle: bool = Field(True, description="Shuffle each epoch.")
     on_overlong_prompt: Literal["zero_loss", "skip", "error"] = Field(
@@ -150,12 +157,20 @@ class DataConfig(StrictModel):
                 continue
             if self.dataset == "registry" and source.name is None:
                 raise ValueError(f"dataset = registry: data.{key}.name is not set; name a NeMo RL dataset "
-                                 "(docs/nemo.md lists them)")
-            if self.dataset in ("jsonl", "hf") and source.path is None:
+                                 "(docs/nemo.md lists them), or for files set data.dataset to their kind (jsonl, hf): "
+                                 "a named source beside them is still read by its name")
+            if self.dataset in ("jsonl", "hf") and source.path is None and source.name is None:
                 raise ValueError(f"dataset = {self.dataset}: data.{key}.path is not set; set data.{key}.path=FILE")
-            if self.dataset != "registry" and (source.name is not None or source.options):
-                raise ValueError(f"data.{key}.name / options are for dataset = registry (data.dataset = "
-                                 f"{self.dataset}); remove them or set data.dataset=registry")
+            if self.dataset not in ("jsonl", "hf", "registry") and (source.name is not None or source.options):
+                raise ValueError(f"data.{key}.name / options name a registry dataset, which data.dataset = "
+                                 f"{self.dataset} does not read; remove them or set data.dataset=registry")
+            if source.options and source.name is None:
+                raise ValueError(f"data.{key}.options are a registry dataset's; set data.{key}.name or remove them")
+            if source.name is not None:  # a wrong, multimodal or NeMo-Gym name: said by show-config already
+                try:
+                    entry(source.name, f"data.{key}.name")
+                except DatasetError as e:
+                    raise ValueError(str(e)) from None
         return self
 
 

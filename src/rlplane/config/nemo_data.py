@@ -66,7 +66,9 @@ def _source(t: Translation, where: str, cfg: dict) -> tuple[str, dict] | None:
                                                 "environments: pick a text dataset or a JSONL file")
         return None
     if name in ENTRIES:
-        options = {k: v for k, v in cfg.items() if k not in _GENERIC}
+        takes = ENTRIES[name].defaults  # a generic key the class takes itself (OpenMathInstruct-2's output_key)
+        options = {k: v for k, v in cfg.items()
+                   if k not in _GENERIC or k in takes and k not in ("split", "subset", "seed")}
         out = {"name": name, **task, **held, **({"options": options} if options else {})}
         out.update({k: cfg[k] for k in ("subset", "split") if cfg.get(k) is not None})
         if path is not None:
@@ -153,15 +155,11 @@ def translate_data(t: Translation) -> None:
     val_got = _source(t, "data.validation", {**default, **val}) if isinstance(val, dict) else None
     if got is None or (isinstance(val, dict) and val_got is None):
         return
-    kinds = {got[0]} | ({val_got[0]} if val_got else set())
-    if kinds == {"jsonl", "hf"}:
-        kinds = {"hf"}  # datasets reads JSONL too
-    elif len(kinds) > 1:
-        t.refuse("data.validation.dataset_name", val["dataset_name"] if "dataset_name" in val else val,
-                 f"rlplane reads training and validation data the same way; the training set is a {got[0]} source, "
-                 f"this is a {val_got[0]} one: use the same kind for both")
-        return
-    t.put("data.dataset", kinds.pop())
+    sources = [got] + ([val_got] if val_got else [])
+    files = {kind for kind, _ in sources if kind != "registry"}  # a registry source is read by its name, any kind
+    if files == {"jsonl", "hf"}:
+        files = {"hf"}  # datasets reads JSONL too
+    t.put("data.dataset", files.pop() if files else "registry")
     t.put("data.train", got[1])
     if val_got:
         t.put("data.validation", val_got[1])

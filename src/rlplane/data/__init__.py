@@ -1,40 +1,36 @@
 """Prompts as ``DatumSpec`` records: procedural arithmetic, JSONL files, and a resumable loader.
 
-Names load on first use (PEP 562): config validation reads ``rlplane.data.registry`` (plain tables) without
-importing torch through the datasets here.
+Names are imported from their modules on first use: the config reads NeMo RL's registry table
+(``rlplane.data.registry``, pure Python) to translate NeMo RL's files, and validating a config must not wait
+for torch, which the datasets themselves import.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_WHERE = {
-    "ARITHMETIC_TASK": ("rlplane.data.arithmetic", "TASK_NAME"),
-    "ArithmeticDataset": ("rlplane.data.arithmetic", "ArithmeticDataset"),
-    "ArithmeticSpec": ("rlplane.data.arithmetic", "ArithmeticSpec"),
-    "build_eval_set": ("rlplane.data.arithmetic", "build_eval_set"),
-    "is_heldout": ("rlplane.data.arithmetic", "is_heldout"),
-    "PromptDataLoader": ("rlplane.data.dataloader", "PromptDataLoader"),
-    "DatumSpec": ("rlplane.data.datum", "DatumSpec"),
-    "Message": ("rlplane.data.datum", "Message"),
-    "PromptFormat": ("rlplane.data.datum", "PromptFormat"),
-    "make_prompt_datum": ("rlplane.data.datum", "make_prompt_datum"),
-    "DatasetError": ("rlplane.data.errors", "DatasetError"),
-    "JsonlFields": ("rlplane.data.jsonl", "JsonlFields"),
-    "PromptDataset": ("rlplane.data.jsonl", "PromptDataset"),
-    "load_jsonl_dataset": ("rlplane.data.jsonl", "load_jsonl_dataset"),
-    "read_jsonl_rows": ("rlplane.data.jsonl", "read_jsonl_rows"),
-    "AllTaskProcessedDataset": ("rlplane.data.tasks", "AllTaskProcessedDataset"),
-    "TaskDataSpec": ("rlplane.data.tasks", "TaskDataSpec"),
+_HOMES = {
+    "arithmetic": ("ArithmeticDataset", "ArithmeticSpec", "build_eval_set", "is_heldout"),
+    "dataloader": ("PromptDataLoader",),
+    "datum": ("DatumSpec", "Message", "PromptFormat", "make_prompt_datum"),
+    "errors": ("DatasetError",),
+    "jsonl": ("JsonlFields", "PromptDataset", "load_jsonl_dataset", "read_jsonl_rows"),
+    "tasks": ("AllTaskProcessedDataset", "TaskDataSpec"),
 }
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+_RENAMED = {"ARITHMETIC_TASK": ("arithmetic", "TASK_NAME")}
 
-__all__ = sorted(_WHERE)
+__all__ = sorted([*_MODULE_OF, *_RENAMED])
 
 
 def __getattr__(name: str):
-    if name not in _WHERE:
+    module, attr = _RENAMED.get(name) or (_MODULE_OF.get(name), name)
+    if module is None:
         raise AttributeError(f"module 'rlplane.data' has no attribute {name!r}")
-    module, attr = _WHERE[name]
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
+    value = getattr(importlib.import_module(f"rlplane.data.{module}"), attr)
+    globals()[name] = value  # looked up once
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

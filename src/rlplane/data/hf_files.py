@@ -133,12 +133,15 @@ def registry_source(source, key: str) -> Source:
     return Source(source.name, options, source.path)
 
 
-def read_registry_rows(source, fields: JsonlFields, key: str, *, require: bool = True) -> list[dict]:
+def read_registry_rows(source, fields: JsonlFields, key: str, *, require: bool = True,
+                       max_rows: int | None = None) -> list[dict]:
     """The prompt rows of a registry source (NeMo RL's rows, ``line`` counting from 1, ``task_name`` from the
-    source's ``default_task_name``: the environment that scores them)."""
+    source's ``default_task_name``: the environment that scores them); more than ``max_rows`` (``data.max_rows``)
+    is an error."""
     src = registry_source(source, key)
     where = f"{key}.name = {src.name!r}"
-    rows = registry_rows(src, lambda c: load_rows(c, where, f"{key}.path"), where)
+    rows = registry_rows(src, lambda c: load_rows(c, where, f"{key}.path", max_rows=max_rows), key,
+                         max_rows=max_rows)
     if not rows:
         raise DatasetError(f"{where}: no rows")
     out = []

@@ -62,7 +62,7 @@ def _split_of(ds, split: str, where: str):
     return ds[split]
 
 
-def _local_rows(c: HubCopy, where: str) -> Iterable[dict]:
+def _local_rows(c: HubCopy, where: str, max_rows: int | None = None) -> Iterable[dict]:
     """A local copy: a file (by extension), a glob, a ``save_to_disk`` directory, or a repo directory (a hub
     snapshot: its README's configs name the subsets and splits)."""
     datasets = _datasets(where)
@@ -70,7 +70,7 @@ def _local_rows(c: HubCopy, where: str) -> Iterable[dict]:
     if c.file and os.path.isdir(path):
         path = os.path.join(path, c.file)
     if path.endswith(".jsonl.gz"):
-        return read_gzip_jsonl(path)
+        return read_gzip_jsonl(path, max_rows)
     fmt = FILE_FORMATS.get(os.path.splitext(path)[1])
     try:
         if fmt is not None:
@@ -107,23 +107,24 @@ def _unavailable(c: HubCopy, where: str, path_key: str, reason: str) -> DatasetE
                         f"`{fetch_command(c)}`, or set {path_key} to a local copy")
 
 
-def load_rows(c: HubCopy, where: str, path_key: str) -> Iterable[dict]:
-    """The rows of ``c`` (a dataset or a list of dicts). ``where`` names the config entry in errors and
-    ``path_key`` is the key of a local copy."""
+def load_rows(c: HubCopy, where: str, path_key: str, *, max_rows: int | None = None) -> Iterable[dict]:
+    """The rows of ``c`` (a dataset or a list of dicts: either has a length). ``where`` names the config entry in
+    errors and ``path_key`` is the key of a local copy; a gzipped JSON-lines file is read no further than
+    ``max_rows`` + 1 objects (a table is memory-mapped: its length is read, not its rows)."""
     if is_local(c.repo):
-        return _local_rows(c, where)
+        return _local_rows(c, where, max_rows)
     datasets = _datasets(where)
     if offline():
         if c.is_url:  # datasets keeps no copy of a URL it could find offline under its name
             raise _unavailable(c, where, path_key, "the hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)")
         snapshot = _cached_snapshot(c.repo)
         if snapshot is not None:
-            return _local_rows(HubCopy(snapshot, c.subset, c.split, c.file), where)
+            return _local_rows(HubCopy(snapshot, c.subset, c.split, c.file), where, max_rows)
     try:
         if c.file:
             from huggingface_hub import hf_hub_download
 
-            return read_gzip_jsonl(hf_hub_download(c.repo, c.file, repo_type="dataset"))
+            return read_gzip_jsonl(hf_hub_download(c.repo, c.file, repo_type="dataset"), max_rows)
         if c.is_url:
             return datasets.load_dataset("csv", data_files=c.repo, split="train")
         return datasets.load_dataset(c.repo, c.subset, split=c.split)

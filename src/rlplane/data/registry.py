@@ -1,4 +1,5 @@
-"""NeMo RL's dataset registry by name: which hub copy each name reads and how a hub row becomes a prompt row.
+"""NeMo RL's dataset registry by name: which hub copy each name reads and which of NeMo RL's row formats
+(``rlplane.data.registry_formats``) makes its rows.
 
 Every text entry of NeMo RL's ``response_datasets`` registry and of its eval datasets is here with the same hub
 id, subset and split, the same columns and the same answer extraction (gsm8k keeps what follows ``####``,
@@ -15,13 +16,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlplane.data import registry_formats as F
 from rlplane.data.errors import DatasetError
-from rlplane.data.splits import shuffled_indices
 
 SIMPLE_EVALS = "https://openaipublic.blob.core.windows.net/simple-evals"
 MMLU_LANGUAGES = ("AR-XY", "BN-BD", "DE-DE", "ES-LA", "FR-FR", "HI-IN", "ID-ID", "IT-IT", "JA-JP", "KO-KR", "PT-BR",
@@ -74,206 +74,6 @@ class Entry:
     splits: tuple[str, ...] = field(default=())  # the splits it accepts (empty: any)
 
 
-def _chat(user: str, assistant: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-
-
-def _columns(problem: str, answer: str) -> Callable[[Iterable[dict], Mapping[str, Any]], Iterable[dict]]:
-    """Rows whose problem and answer are two columns (an integer answer as its text, as NeMo RL casts it)."""
-    return lambda rows, _opts: ({"messages": _chat(r[problem], str(r[answer]))} for r in rows)
-
-
-def gsm8k_answer(text: str) -> str | None:
-    """What follows ``####`` in a GSM8K solution (NeMo RL's ``_extract_hash_answer``); None without one."""
-    return text.split("####")[1].strip() if "####" in text else None
-
-
-def _gsm8k(rows, opts):
-    for r in rows:
-        yield {"messages": _chat(r["question"], gsm8k_answer(r["answer"]) if opts["extract_answer"] else r["answer"])}
-
-
-def _dapo(rows, _opts):
-    for r in rows:
-        yield {"messages": _chat(r["prompt"][0]["content"], r["reward_model"]["ground_truth"])}
-
-
-def _omi2(rows, opts):
-    for r in rows:
-        yield {"messages": _chat(r["problem"], r[opts["output_key"]])}
-
-
-NON_VERIFIABLE_ANSWERS = frozenset({"proof", "notfound"})
-
-
-def _numina(rows, opts):
-    """NuminaMath-1.5 keeps rows with a checkable answer (not ``proof``/``notfound``, not a proof question) and,
-    with ``require_valid``, rows marked valid in both problem and solution."""
-    for r in rows:
-        answer = (r.get("answer") or "").strip()
-        verifiable = (answer and answer.lower() not in NON_VERIFIABLE_ANSWERS
-                      and (r.get("question_type") or "").strip().lower() != "proof")
-        if opts["verifiable_only"] and not verifiable:
-            continue
-        if opts["require_valid"] and not (r.get("problem_is_valid") == "Yes" == r.get("solution_is_valid")):
-            continue
-        yield {"messages": _chat(r["problem"], r["answer"])}
-
-
-def _squad(rows, _opts):
-    for r in rows:
-        context = {"role": "system", "content": r["context"]}
-        yield {"messages": [context, *_chat(r["question"], r["answers"]["text"][0])]}
-
-
-def _ends_with_assistant(messages: list, name: str) -> list:
-    if not messages or messages[-1]["role"] != "assistant":
-        raise DatasetError(f"dataset {name}: a conversation does not end with an assistant message "
-                           f"(last role: {messages[-1]['role'] if messages else 'none'}); fix the row")
-    return messages
-
-
-def _sampled(rows: Iterable[dict], opts: Mapping[str, Any]) -> list[dict]:
-    """``max_samples`` rows drawn as NeMo RL draws them: ``shuffle(seed)`` then the first N."""
-    rows = list(rows)
-    n = opts.get("max_samples")
-    if n is None or n <= 0:
-        return rows
-    order = shuffled_indices(len(rows), opts["seed"])
-    return [rows[i] for i in order[: min(n, len(rows))]]
-
-
-def _messages_rows(name: str):
-    def rows(hub_rows, opts):
-        for r in _sampled(hub_rows, opts):
-            yield {"messages": _ends_with_assistant(list(r["messages"]), name)}
-    return rows
-
-
-def _helpsteer3(rows, _opts):
-    """The preferred response (response1 when overall_preference <= 0, else response2) after the context."""
-    for r in rows:
-        chosen = r["response1"] if r["overall_preference"] <= 0 else r["response2"]
-        context = [{"role": "user", "content": r["context"]}] if isinstance(r["context"], str) else list(r["context"])
-        response = [{"role": "assistant", "content": chosen}]
-        yield {"messages": [*context, *response], "context": context, "response": response}
-
-
-OASST_SYSTEM_PROMPT = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-                       "helpful, detailed, and polite answers to the user's questions.\n\n")
-OASST_ROLES = {"prompter": "user", "assistant": "assistant"}
-
-
-def oasst_threads(node: dict) -> list[list[dict[str, str]]]:
-    """Every path from ``node`` down to a leaf of an OpenAssistant message tree, as messages."""
-    turn = {"role": OASST_ROLES[node["role"]], "content": node["text"]}
-    below = [thread for reply in node.get("replies", []) for thread in oasst_threads(reply)]
-    return [[turn, *thread] for thread in below] or [[turn]]
-
-
-def _oasst(trees, _opts):
-    """OpenAssistant trees: one conversation per root-to-leaf path after NeMo RL's system prompt; a lone prompt
-    (no reply) is dropped."""
-    for tree in trees:
-        root = tree.get("prompt")
-        if root is None:
-            continue
-        for thread in oasst_threads(root):
-            if len(thread) >= 2:
-                yield {"messages": [{"role": "system", "content": OASST_SYSTEM_PROMPT}, *thread]}
-
-
-def _openai_format(rows, opts):
-    for r in rows:
-        messages = list(r[opts["chat_key"]])
-        if opts["system_key"] is not None and opts["system_key"] in r:
-            messages = [{"role": "system", "content": r[opts["system_key"]]}, *messages]
-        elif opts["system_prompt"]:
-            messages = [{"role": "system", "content": opts["system_prompt"]}, *messages]
-        row = {"messages": _ends_with_assistant(messages, "openai_format")}
-        if opts["tool_key"] and opts["tool_key"] in r:
-            row["tools"] = r[opts["tool_key"]]
-        yield row
-
-
-MEDIA_TAGS = ("<image>", "<video>", "<audio>", "<video-audio>", "<speech>", "<speeches>", "<sound>", "<audios>",
-              "<images>", "<videos>")
-CONVERSATION_ROLES = {"user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant",
-                      "agent": "assistant"}
-
-
-def _conversations(rows, _opts):
-    """``{"conversations": [{"from", "value"}]}`` rows (general-conversation-jsonl); text only."""
-    for i, r in enumerate(rows, start=1):
-        messages = []
-        for m in r.get("conversations", []):
-            if any(tag in m["value"] for tag in MEDIA_TAGS):
-                raise DatasetError(f"dataset general-conversation-jsonl, row {i}: holds a media tag "
-                                   f"({next(t for t in MEDIA_TAGS if t in m['value'])}); rlplane trains text-only "
-                                   "models: drop such rows")
-            if m["from"] not in CONVERSATION_ROLES:
-                raise DatasetError(f"dataset general-conversation-jsonl, row {i}: unknown role {m['from']!r}; use "
-                                   f"one of {', '.join(CONVERSATION_ROLES)}")
-            messages.append({"role": CONVERSATION_ROLES[m["from"]], "content": m["value"]})
-        yield {"messages": messages}
-
-
-def _arrow_text(rows, opts):
-    """Raw text as one assistant message; with ``characters_per_sample`` consecutive rows joined by newlines until
-    they reach that many characters (NeMo RL's packing for cross-tokenizer distillation)."""
-    key, per = opts["text_key"], opts["characters_per_sample"]
-    texts = [r[key] for r in rows if isinstance(r[key], str) and r[key]]
-    if not per or per <= 0:
-        yield from ({"messages": [{"role": "assistant", "content": t}], "text": t} for t in texts)
-        return
-    buf: list[str] = []
-    for t in texts:
-        buf.append(t)
-        if sum(map(len, buf)) >= per:
-            yield {"messages": [{"role": "assistant", "content": "\n".join(buf)}], "text": "\n".join(buf)}
-            buf = []
-    if buf:
-        yield {"messages": [{"role": "assistant", "content": "\n".join(buf)}], "text": "\n".join(buf)}
-
-
-def multichoice_problem(question: str, options: Mapping[str, str | None]) -> str:
-    """NeMo RL's multiple-choice prompt body (``_construct_multichoice_prompt`` without its prompt file)."""
-    lines = "\n".join(f"{letter}) {text}" for letter, text in options.items() if text is not None)
-    return f"Question: {question}\nOptions:\n{lines}"
-
-
-def _multichoice_row(question: str, options: dict, answer: str, subject: str | None = None) -> dict:
-    row = {"messages": _chat(multichoice_problem(question, options), answer), "question": question,
-           "options": options, "answer": answer}
-    return {**row, "subject": subject} if subject is not None else row
-
-
-def _mmlu(rows, _opts):
-    for r in rows:
-        yield _multichoice_row(r["Question"], {k: r[k] for k in "ABCD"}, r["Answer"], r["Subject"])
-
-
-def _mmlu_pro(rows, _opts):
-    for r in rows:
-        yield _multichoice_row(r["question"], {chr(ord("A") + i): o for i, o in enumerate(r["options"])}, r["answer"],
-                               r["category"])
-
-
-def _gpqa(rows, opts):
-    """The four choices in a shuffled order, the answer the correct one's letter. NeMo RL shuffles with an
-    unseeded ``random.Random()``; here ``seed`` makes the order reproducible."""
-    rng = random.Random(opts["seed"])
-    for r in rows:
-        choices = [r["Correct Answer"], r["Incorrect Answer 1"], r["Incorrect Answer 2"], r["Incorrect Answer 3"]]
-        choices = [choices[i] for i in rng.sample(range(4), 4)]
-        yield _multichoice_row(r["Question"], dict(zip("ABCD", choices)), "ABCD"[choices.index(r["Correct Answer"])])
-
-
-def _math_eval(rows, _opts):
-    for r in rows:
-        yield {"messages": _chat(r["Question"], str(r["Answer"])), "expected_answer": str(r["Answer"])}
-
-
 def _one(repo: str, subset: str | None = None, split: str | None = None):
     """One read of ``repo``: its fixed ``subset`` (None: none), ``split`` fixed or the configured one."""
     return lambda o: [HubCopy(repo, subset, split or o.get("split", "train"))]
@@ -285,68 +85,68 @@ def _local(_opts):
 
 _ENTRIES: list[Entry] = [
     Entry("OpenMathInstruct-2", {"split": "train_1M", "output_key": "expected_answer"},
-          _one("nvidia/OpenMathInstruct-2"), _omi2, "`problem` -> `output_key` (`expected_answer`)",
+          _one("nvidia/OpenMathInstruct-2"), F.omi2_rows, "`problem` -> `output_key` (`expected_answer`)",
           split_validation_size=0.05, splits=("train", "train_1M", "train_2M", "train_5M")),
-    Entry("DAPOMath17K", {}, _one("BytedTsinghua-SIA/DAPO-Math-17k", split="train"), _dapo,
+    Entry("DAPOMath17K", {}, _one("BytedTsinghua-SIA/DAPO-Math-17k", split="train"), F.dapo_rows,
           "`prompt[0].content` -> `reward_model.ground_truth`"),
-    Entry("DAPOMathAIME2024", {}, _one("BytedTsinghua-SIA/AIME-2024", split="train"), _dapo,
+    Entry("DAPOMathAIME2024", {}, _one("BytedTsinghua-SIA/AIME-2024", split="train"), F.dapo_rows,
           "`prompt[0].content` -> `reward_model.ground_truth`"),
     Entry("DeepScaler", {}, _one("agentica-org/DeepScaleR-Preview-Dataset", split="train"),
-          _columns("problem", "answer"), "`problem` -> `answer`"),
+          F.columns_rows("problem", "answer"), "`problem` -> `answer`"),
     *[Entry(n, {"subset": "main", "split": "train", "extract_answer": True},
-            lambda o: [HubCopy("openai/gsm8k", o["subset"] or "main", o["split"])], _gsm8k,
+            lambda o: [HubCopy("openai/gsm8k", o["subset"] or "main", o["split"])], F.gsm8k_rows,
             "`question` -> what follows `####` in `answer` (`extract_answer: false`: all of it)")
       for n in ("GSM8K", "gsm8k")],
-    Entry("AIME2024", {}, _one("HuggingFaceH4/aime_2024", split="train"), _columns("problem", "answer"),
+    Entry("AIME2024", {}, _one("HuggingFaceH4/aime_2024", split="train"), F.columns_rows("problem", "answer"),
           "`problem` -> `answer`"),
     Entry("AIME2025", {}, lambda o: [HubCopy("opencompass/AIME2025", s, "test") for s in ("AIME2025-I", "AIME2025-II")],
-          _columns("question", "answer"), "`question` -> `answer`, subsets AIME2025-I then AIME2025-II"),
-    Entry("AIME2026", {}, _one("MathArena/aime_2026", split="train"), _columns("problem", "answer"),
+          F.columns_rows("question", "answer"), "`question` -> `answer`, subsets AIME2025-I then AIME2025-II"),
+    Entry("AIME2026", {}, _one("MathArena/aime_2026", split="train"), F.columns_rows("problem", "answer"),
           "`problem` -> `answer` (an integer, as text)"),
     Entry("NuminaMath-1.5", {"split": "train", "verifiable_only": True, "require_valid": True},
-          _one("AI-MO/NuminaMath-1.5"), _numina,
+          _one("AI-MO/NuminaMath-1.5"), F.numina_rows,
           "`problem` -> `answer`; rows without a checkable answer dropped (`verifiable_only`), and rows not marked "
           "valid (`require_valid`)"),
     Entry("OpenR1-Math-220k", {"subset": "default", "split": "train"},
           lambda o: [HubCopy("open-r1/OpenR1-Math-220k", o["subset"] or "default", o["split"])],
-          _columns("problem", "answer"), "`problem` -> `answer`"),
-    Entry("squad", {"split": "train"}, _one("rajpurkar/squad"), _squad,
+          F.columns_rows("problem", "answer"), "`problem` -> `answer`"),
+    Entry("squad", {"split": "train"}, _one("rajpurkar/squad"), F.squad_rows,
           "system `context`, user `question`, assistant `answers.text[0]`"),
     Entry("open_assistant", {},
-          lambda o: [HubCopy("OpenAssistant/oasst1", file="2023-04-12_oasst_all.trees.jsonl.gz")], _oasst,
+          lambda o: [HubCopy("OpenAssistant/oasst1", file="2023-04-12_oasst_all.trees.jsonl.gz")], F.oasst_rows,
           "every root-to-leaf thread of the message trees after NeMo RL's system prompt",
           split_validation_size=0.05),
     Entry("tulu3_sft_mixture", {"max_samples": None, "seed": 42},
-          _one("allenai/tulu-3-sft-mixture", split="train"), _messages_rows("tulu3_sft_mixture"),
+          _one("allenai/tulu-3-sft-mixture", split="train"), F.messages_rows("tulu3_sft_mixture"),
           "`messages` (ending with an assistant turn); `max_samples` drawn after a seeded shuffle",
           split_validation_size=0.05),
-    Entry("HelpSteer3", {"split": "train"}, _one("nvidia/HelpSteer3", subset="preference"), _helpsteer3,
+    Entry("HelpSteer3", {"split": "train"}, _one("nvidia/HelpSteer3", subset="preference"), F.helpsteer3_rows,
           "`context`, then the preferred of `response1`/`response2` by `overall_preference`"),
     Entry("Nemotron-Cascade-2-SFT-Math", {"split": "train", "max_samples": None, "seed": 42},
-          _one("nvidia/Nemotron-Cascade-2-SFT-Data", subset="math"), _messages_rows("Nemotron-Cascade-2-SFT-Math"),
+          _one("nvidia/Nemotron-Cascade-2-SFT-Data", subset="math"), F.messages_rows("Nemotron-Cascade-2-SFT-Math"),
           "`messages` of the `math` subset; `max_samples` drawn after a seeded shuffle", split_validation_size=0.05),
     Entry("openai_format", {"chat_key": "messages", "system_key": None, "system_prompt": None, "tool_key": "tools",
                             "use_preserving_dataset": False},
-          _local, _openai_format, "a local JSONL of `chat_key` message lists (`path`), optional system message",
+          _local, F.openai_format_rows, "a local JSONL of `chat_key` message lists (`path`), optional system message",
           needs_path=True),
-    Entry("general-conversation-jsonl", {"media_data_dir": None}, _local, _conversations,
+    Entry("general-conversation-jsonl", {"media_data_dir": None}, _local, F.conversations_rows,
           "a local file of `conversations` (`from`/`value`) rows (`path`); text only", needs_path=True),
     Entry("arrow_text", {"split": "train", "subset": None, "text_key": "text", "characters_per_sample": None},
-          _local, _arrow_text, "`text_key` of a file, glob or hub id (`path`) as one assistant message",
+          _local, F.arrow_text_rows, "`text_key` of a file, glob or hub id (`path`) as one assistant message",
           needs_path=True),
     # NeMo RL's eval datasets (`load_eval_dataset`)
-    Entry("math", {}, lambda o: [HubCopy(f"{SIMPLE_EVALS}/math_test.csv")], _math_eval,
+    Entry("math", {}, lambda o: [HubCopy(f"{SIMPLE_EVALS}/math_test.csv")], F.math_eval_rows,
           "simple-evals `math_test.csv`: `Question` -> `Answer`"),
-    Entry("math500", {}, lambda o: [HubCopy(f"{SIMPLE_EVALS}/math_500_test.csv")], _math_eval,
+    Entry("math500", {}, lambda o: [HubCopy(f"{SIMPLE_EVALS}/math_500_test.csv")], F.math_eval_rows,
           "simple-evals `math_500_test.csv`: `Question` -> `Answer`"),
-    *[Entry(n, {"seed": 42}, _one("Idavidrein/gpqa", subset=f"gpqa_{v}", split="train"), _gpqa,
+    *[Entry(n, {"seed": 42}, _one("Idavidrein/gpqa", subset=f"gpqa_{v}", split="train"), F.gpqa_rows,
             "`Question` with its four answers shuffled (seeded) as A-D -> the correct one's letter")
       for n, v in (("gpqa", "main"), ("gpqa_diamond", "diamond"))],
-    Entry("mmlu", {}, lambda o: [HubCopy(f"{SIMPLE_EVALS}/mmlu.csv")], _mmlu,
+    Entry("mmlu", {}, lambda o: [HubCopy(f"{SIMPLE_EVALS}/mmlu.csv")], F.mmlu_rows,
           "simple-evals `mmlu.csv`: `Question`, options `A`-`D` -> `Answer`"),
-    *[Entry(f"mmlu_{lang}", {}, lambda o, lang=lang: [HubCopy(f"{SIMPLE_EVALS}/mmlu_{lang}.csv")], _mmlu,
+    *[Entry(f"mmlu_{lang}", {}, lambda o, lang=lang: [HubCopy(f"{SIMPLE_EVALS}/mmlu_{lang}.csv")], F.mmlu_rows,
             f"simple-evals `mmlu_{lang}.csv`: `Question`, options `A`-`D` -> `Answer`") for lang in MMLU_LANGUAGES],
-    Entry("mmlu_pro", {}, _one("TIGER-Lab/MMLU-Pro", split="test"), _mmlu_pro,
+    Entry("mmlu_pro", {}, _one("TIGER-Lab/MMLU-Pro", split="test"), F.mmlu_pro_rows,
           "`question`, `options` as A, B, ... -> `answer`"),
 ]
 ENTRIES: dict[str, Entry] = {e.name: e for e in _ENTRIES}
@@ -371,11 +171,18 @@ def entry(name: str, key: str) -> Entry:
 
 
 def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """``given`` over ``e``'s defaults; an option it does not take, or a split it does not have, is an error."""
+    """``given`` over ``e``'s defaults; an option it does not take, or a split it does not have, is an error.
+    ``key`` is the config section (``data.train``)."""
     unknown = sorted(set(given) - set(e.defaults))
     if unknown:
         takes = ", ".join(e.defaults) or "none"
-        raise DatasetError(f"{key}.{unknown[0]}: not an option of {e.name} (its options: {takes}); remove it")
+        raise DatasetError(f"{key}.options.{unknown[0]}: not an option of {e.name} (its options: {takes}); remove it")
+    for name, value in given.items():  # an option of NeMo RL's defaults' type (null defaults take any)
+        want = type(e.defaults[name])
+        if e.defaults[name] is not None and not (isinstance(value, want) and (want is bool) == isinstance(value, bool)):
+            kind = {"bool": "true or false", "int": "a whole number", "str": "text"}.get(want.__name__, want.__name__)
+            raise DatasetError(f"{key}.options.{name} = {value!r}: {e.name}'s {name} is {kind} (NeMo RL's default: "
+                               f"{e.defaults[name]!r}); set {kind}")
     opts = {**e.defaults, **given}
     if e.splits and opts.get("split") not in e.splits:
         raise DatasetError(f"{key}.split = {opts.get('split')!r}: {e.name} has the splits {', '.join(e.splits)}; "
@@ -383,10 +190,19 @@ def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, A
     return opts
 
 
-def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key: str) -> list[dict]:
-    """NeMo RL's rows of ``source``: each hub copy read with ``load`` (a local copy: ``load`` reads
-    ``source.path``), then formatted; ``problem``/``answer`` added from ``messages[0]``/``messages[1]``."""
-    e = entry(source.name, key)
+def too_many_rows(key: str, name: str, what: str, max_rows: int) -> DatasetError:
+    return DatasetError(f"{key}.name = {name!r}: {what} holds more than {max_rows:,} rows, over data.max_rows = "
+                        f"{max_rows:,} (every row is tokenized and held at start-up); raise data.max_rows (null: no "
+                        f"limit), or set {key}.path to a copy cut to the rows the run will use")
+
+
+def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key: str, *,
+                  max_rows: int | None = None) -> list[dict]:
+    """NeMo RL's rows of ``source`` (``key``: its config section, ``data.train``): each hub copy read with ``load``
+    (a local copy: ``load`` reads ``source.path``), then formatted; ``problem``/``answer`` added from
+    ``messages[0]``/``messages[1]``. More than ``max_rows`` (``data.max_rows``) rows read or made is an error,
+    said before a read table is turned into rows (``load`` gives a table with its length, or a list)."""
+    e = entry(source.name, f"{key}.name")
     opts = resolve_options(e, source.options, key)
     if e.needs_path and not source.path:
         raise DatasetError(f"{key}: {e.name} reads a local file; set {key}.path=FILE")
@@ -394,17 +210,43 @@ def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key
         copies = [HubCopy(source.path, opts.get("subset"), opts.get("split", "train"))]
     else:  # a local copy stands where the hub id (or URL) was, read with the same subset and split
         copies = [replace(c, repo=source.path) if source.path else c for c in e.copies(opts)]
-    hub_rows = [row for c in copies for row in load(c)]
+    tables = [load(c) for c in copies]
+    repos = ", ".join(dict.fromkeys(c.repo for c in copies))
+    if max_rows is not None and sum(len(t) for t in tables) > max_rows:
+        raise too_many_rows(key, e.name, repos, max_rows)
     out = []
-    for row in e.rows(hub_rows, opts):
-        messages = row["messages"]
-        if len(messages) >= 2:
-            row = {**row, "problem": messages[0]["content"], "answer": messages[1]["content"]}
-        out.append(row)
+    try:
+        for row in e.rows((row for t in tables for row in t), opts):
+            messages = row["messages"]
+            if len(messages) >= 2:
+                row = {**row, "problem": messages[0]["content"], "answer": messages[1]["content"]}
+            out.append(row)
+            if max_rows is not None and len(out) > max_rows:  # one hub row can make several (OpenAssistant's threads)
+                raise too_many_rows(key, e.name, f"the rows made of {repos}", max_rows)
+    except (KeyError, TypeError, IndexError) as err:  # a copy whose columns are not the dataset's
+        raise _not_its_layout(key, e, repos, tables, err) from None
     return out
 
 
-def read_gzip_jsonl(path: str) -> list[dict]:
-    """The objects of a gzipped JSON-lines file (OpenAssistant's trees)."""
+def _not_its_layout(key: str, e: Entry, repos: str, tables: list, err: Exception) -> DatasetError:
+    first = next((t for t in tables if len(t)), None)
+    if hasattr(first, "column_names"):
+        columns = list(first.column_names)
+    else:
+        columns = list(first[0]) if first and isinstance(first[0], Mapping) else []
+    what = f"no column {err.args[0]!r}" if isinstance(err, KeyError) else f"a value shaped otherwise ({err})"
+    return DatasetError(f"{key}.name = {e.name!r}: {repos}: {what} (its columns: {', '.join(columns) or 'none'}); "
+                        f"{e.name} reads {e.reads.replace('`', '')}: give {key}.path a copy with those columns")
+
+
+def read_gzip_jsonl(path: str, max_rows: int | None = None) -> list[dict]:
+    """The objects of a gzipped JSON-lines file (OpenAssistant's trees); past ``max_rows`` objects it reads one
+    more and stops (the caller says the file is over the limit)."""
+    out = []
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+                if max_rows is not None and len(out) > max_rows:
+                    break
+    return out

@@ -13,8 +13,8 @@ from rlplane.data.errors import DatasetError
 
 
 def shuffled_indices(n: int, seed: int) -> list[int]:
-    """``Dataset.shuffle(seed)``'s order of ``n`` rows (numpy imported here: config checks reach this module)."""
-    import numpy as np
+    """``Dataset.shuffle(seed)``'s order of ``n`` rows."""
+    import numpy as np  # here: the registry table imports this module, and reading a config must not wait for numpy
 
     return np.random.default_rng(seed).permutation(n).tolist()
 

@@ -136,17 +136,17 @@ def release_run_dir(run_dir: Path) -> None:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a run writes: paths, and checkpoint directories under ``checkpoint_dir``; stored relative to
-    run_dir so a moved run directory still owns its files."""
+    """What a run writes: paths, and checkpoint directories under ``checkpoint_dir`` (None: a run that saves
+    none claims none there); stored relative to run_dir so a moved run directory still owns its files."""
 
     paths: tuple[Path, ...]
-    checkpoint_dir: Path
+    checkpoint_dir: Path | None
 
     @classmethod
-    def of(cls, paths: RunPaths) -> Manifest:
+    def of(cls, paths: RunPaths, checkpoints: bool = True) -> Manifest:
         run, logs = paths.run_dir, paths.log_dir
         owned = [run / n for n in (*RUN_FILES, SFT_DIR)] + [logs / METRICS_FILE, logs / TENSORBOARD_DIR]
-        return cls(tuple(owned), paths.checkpoint_dir)
+        return cls(tuple(owned), paths.checkpoint_dir if checkpoints else None)
 
     def names(self, path: Path) -> bool:
         return path in self.paths or (path.parent == self.checkpoint_dir and path.name.startswith(_CHECKPOINT_PREFIXES))
@@ -156,7 +156,7 @@ class Manifest:
             return str(p.relative_to(run_dir)) if p.is_relative_to(run_dir) else str(p)
 
         data = {"written_by": "rlplane", "paths": [rel(p) for p in self.paths],
-                "checkpoint_dir": rel(self.checkpoint_dir)}
+                "checkpoint_dir": None if self.checkpoint_dir is None else rel(self.checkpoint_dir)}
         (run_dir / MANIFEST_FILE).write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -164,7 +164,8 @@ def read_manifest(run_dir: Path) -> Manifest | None:
     """The manifest an earlier run left in ``run_dir`` (None: none, or not one rlplane wrote)."""
     try:
         data = json.loads((run_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
-        return Manifest(tuple(run_dir / p for p in data["paths"]), run_dir / data["checkpoint_dir"])
+        checkpoints = None if data["checkpoint_dir"] is None else run_dir / data["checkpoint_dir"]
+        return Manifest(tuple(run_dir / p for p in data["paths"]), checkpoints)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -231,7 +232,8 @@ def prepare_run_paths(cfg, *, overwrite: bool = False) -> RunPaths:
 
 
 def _check_earlier_run(cfg, paths: RunPaths, overwrite: bool) -> None:
-    mine = Manifest.of(paths)
+    saves = cfg.checkpointing.enabled or cfg.checkpointing.resume
+    mine = Manifest.of(paths, checkpoints=saves)
     if cfg.checkpointing.resume:
         if read_manifest(paths.run_dir) is None:
             mine.write(paths.run_dir)
@@ -239,6 +241,9 @@ def _check_earlier_run(cfg, paths: RunPaths, overwrite: bool) -> None:
     found = earlier_run(paths)
     manifest = read_manifest(paths.run_dir)
     foreign = [p for p in found if manifest is None or not manifest.names(p)]
+    if not saves:  # it writes no checkpoints: another run's there (a shared dir) stay untouched
+        found = [p for p in found if p not in foreign or p.parent != paths.checkpoint_dir]
+        foreign = [p for p in foreign if p in found]
     if foreign:
         raise ConfigError([_foreign_message(paths, foreign)])
     if found and not overwrite:

@@ -2,8 +2,8 @@
 start-up deadlines, and the Python API's injectable parts. CLI cases: (id, argv, setup or None, expected:
 "one-line" | "runs"); API cases: (id, call(world, t), expected). Run and judged by ``test_bad_input_matrix.py``.
 
-Two surfaces have a place here for their cases, kept empty until they land: seeds and controls
-(``SEED_AND_CONTROL_CASES``) and NeMo RL's registry datasets (``REGISTRY_DATASET_CASES``)."""
+Two surfaces have a place here for their cases: seeds and controls (``SEED_AND_CONTROL_CASES``, kept empty until
+they land) and NeMo RL's registry datasets (``REGISTRY_DATASET_CASES``)."""
 
 from __future__ import annotations
 
@@ -87,8 +87,56 @@ case("deadline/runs-short-deadlines", ["train", *T, "cluster.connect_timeout_s=0
 
 # ---- seeds and controls (rlplane sweep, grpo.reward_control): their cases go here
 SEED_AND_CONTROL_CASES: list[tuple[str, list[str], object, str]] = []
-# ---- NeMo RL registry datasets (data.train.dataset_name from NeMo RL's registry): their cases go here
+# ---- NeMo RL registry datasets (data.*.name; local copies of the hub repos' files, no network; the hub offline
+# with nothing cached: test_bad_input_matrix.py's ENV_CASES)
+def _copies(world, t):
+    """Local copies a user keeps: gsm8k's columns, a table of other columns, chat files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    gsm8k = [{"question": f"What is {n} + 1?", "answer": f"Adding one.\n#### {n + 1}"} for n in range(4)]
+    pq.write_table(pa.Table.from_pylist(gsm8k), t / "gsm8k.parquet")
+    pq.write_table(pa.Table.from_pylist([{"problem": "1+1=", "answer": "2"}] * 4), t / "other.parquet")
+    (t / "chat_user_last.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (t / "conv_robot.jsonl").write_text('{"conversations": [{"from": "robot", "value": "hi"}]}\n')
+    (t / "rows.jsonl").write_text(C.GOOD_ROW * 4)
+
+
 REGISTRY_DATASET_CASES: list[tuple[str, list[str], object, str]] = []
+R, GSM = ["data.dataset=registry"], ["data.train.name=gsm8k", "data.train.path={t}/gsm8k.parquet"]
+for cid, ov in [
+    ("registry/multimodal-name", [*R, "data.train.name=clevr-cogent"]),
+    ("registry/gym-name", [*R, "data.train.name=NemoGymDataset"]),
+    ("registry/unknown-name", [*R, "data.train.name=gsm9k"]),
+    ("registry/no-name", R),
+    ("registry/file-validation-under-registry", [*R, *GSM, "data.validation.path={t}/rows.jsonl"]),
+    ("registry/name-under-arithmetic", ["data.train.name=gsm8k"]),
+    ("registry/options-without-name", ["data.dataset=jsonl", "data.train.path={t}/rows.jsonl",
+                                       "data.train.options.extract_answer=false"]),
+    ("registry/option-not-taken", [*R, *GSM, "data.train.options.output_key=x"]),
+    ("registry/option-wrong-type", [*R, *GSM, "data.train.options.extract_answer=maybe"]),
+    ("registry/split-not-had", [*R, "data.train.name=OpenMathInstruct-2", "data.train.path={t}/other.parquet",
+                                "data.train.split=test"]),
+    ("registry/copy-missing", [*R, "data.train.name=gsm8k", "data.train.path={t}/nope.parquet"]),
+    ("registry/copy-other-columns", [*R, "data.train.name=gsm8k", "data.train.path={t}/other.parquet"]),
+    ("registry/copy-of-another-dataset", [*R, "data.train.name=squad", "data.train.path={t}/gsm8k.parquet"]),
+    ("registry/chat-ends-with-user", [*R, "data.train.name=openai_format", "data.train.path={t}/chat_user_last.jsonl"]),
+    ("registry/chat-file-of-other-rows", [*R, "data.train.name=openai_format", "data.train.path={t}/rows.jsonl"]),
+    ("registry/conversation-unknown-role", [*R, "data.train.name=general-conversation-jsonl",
+                                            "data.train.path={t}/conv_robot.jsonl"]),
+    ("registry/local-entry-without-path", [*R, "data.train.name=openai_format"]),
+    ("registry/max-rows", [*R, *GSM, "data.max_rows=3"]),
+    ("registry/held-out-everything", [*R, *GSM, "data.train.split_validation_size=0.99"]),
+    ("registry/repeat-zero", [*R, *GSM, "data.train.repeat=0"]),
+]:
+    REGISTRY_DATASET_CASES.append((cid, ["train", *T, *ov], _copies, "one-line"))
+for cid, ov in [
+    ("registry/runs-local-copy", [*R, *GSM]),
+    ("registry/runs-max-rows-exact", [*R, *GSM, "data.max_rows=4"]),
+    ("registry/runs-beside-a-file", ["data.dataset=jsonl", "data.train.path={t}/rows.jsonl", *VAL,
+                                     "data.validation.name=gsm8k", "data.validation.path={t}/gsm8k.parquet"]),
+]:
+    REGISTRY_DATASET_CASES.append((cid, ["train", *T, *ov], _copies, "runs"))
 CASES += SEED_AND_CONTROL_CASES + REGISTRY_DATASET_CASES
 
 

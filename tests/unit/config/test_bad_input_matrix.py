@@ -261,6 +261,8 @@ ENV_CASES = [
      "one-line"),
     ("env/pythonioencoding-ascii", {"PYTHONIOENCODING": "ascii"}, ["show-config", "run_dir=caf\u00e9"], "runs"),
     ("env/locale-c", {"LC_ALL": "C", "LANG": "C"}, ["show-config", "run_dir=caf\u00e9"], "runs"),
+    ("registry/hub-offline-nothing-cached", {"HF_HUB_OFFLINE": "1", "HF_HOME": "{t}/hf"},
+     [*RUN1, "data.dataset=registry", "data.train.name=DeepScaler"], "one-line"),
 ]
 
 

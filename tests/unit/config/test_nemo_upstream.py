@@ -72,6 +72,19 @@ def test_grpo_math_reads_openmathinstruct_held_out_as_nemo_rl():
     assert cfg.data.prompt.prompt_file == "examples/prompts/cot.txt" and cfg.data.prompt.processor == "math"
 
 
+def test_a_registry_training_set_beside_a_local_validation_file(tmp_path):
+    # NeMo RL reads each entry by its own kind: OpenMathInstruct-2 by name, the validation file as ResponseDataset.
+    val = tmp_path / "val.jsonl"
+    val.write_text('{"question": "What is 2 + 2?", "expected": "4"}\n')
+    cfg = load(f"{CONFIGS}/grpo_math_1B.yaml", f"data.validation.data_path={val}", "data.validation.input_key=question",
+               "data.validation.output_key=expected", "data.train.output_key=generated_solution")
+    d = cfg.data
+    assert (d.dataset, d.train.name, d.validation.name, d.validation.path) == ("jsonl", "OpenMathInstruct-2", None,
+                                                                                str(val))
+    assert (d.validation.problem_key, d.validation.answer_key) == ("question", "expected")
+    assert d.train.options == {"output_key": "generated_solution"}  # the class's own argument, as NeMo RL passes it
+
+
 def test_smoke_has_no_periodic_validation():
     g = load(f"{CONFIGS}/grpo_smoke.yaml").grpo
     assert g.val_period == -1 and not any(g.validates_after(n) for n in range(1, 20))

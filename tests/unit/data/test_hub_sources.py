@@ -67,6 +67,50 @@ def test_repeat_and_a_validation_dataset_by_name(hub):
     assert len(val) == 3 * ROWS and answers(val)[:ROWS] == answers(val)[ROWS:2 * ROWS]
 
 
+def test_a_registry_dataset_beside_a_file_for_the_other_split(hub, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"problem": "What is {n} + 1?", "answer": "{n + 1}"}}\n' for n in range(4)))
+    math = ["data.train.default_task_name=math", "data.validation.default_task_name=math"]
+    loader, val = datasets_of("data.dataset=jsonl", "data.train.name=gsm8k", f"data.validation.path={rows}", *math)
+    assert len(loader.dataset) == ROWS and answers(val) == ["1", "2", "3", "4"]
+    loader, val = datasets_of("data.dataset=jsonl", f"data.train.path={rows}", "data.validation.name=AIME2024", *math)
+    assert answers(loader.dataset.datums) == ["1", "2", "3", "4"] and len(val) == ROWS
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (["data.dataset=arithmetic", "data.train.name=gsm8k"],
+     "data.train.name / options name a registry dataset, which data.dataset = arithmetic does not read"),
+    (["data.dataset=jsonl", "data.train.path=x.jsonl", "data.train.options.extract_answer=false"],
+     "data.train.options are a registry dataset's; set data.train.name or remove them"),
+    (["data.dataset=registry", "data.train.name=gsm8k", "data.validation.path=v.jsonl"],
+     "dataset = registry: data.validation.name is not set"),
+    (["data.dataset=registry", "data.train.name=geometry3k"], "data.train.name = 'geometry3k': a multimodal dataset"),
+    (["data.dataset=jsonl", "data.train.path=x.jsonl", "data.validation.name=gsm9k"],
+     "data.validation.name = 'gsm9k': not a NeMo RL dataset name"),
+])
+def test_registry_keys_where_nothing_reads_them_are_one_line(overrides, problem):
+    from rlplane.config.loading import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert len(e.value.problems) == 1 and problem in e.value.problems[0]
+
+
+def test_data_max_rows_bounds_a_registry_dataset(hub, tmp_path):
+    # Each stand-in holds 40 rows: data.max_rows = 40 reads them, 39 is one line naming the source (here the
+    # validation set, beside a training file of 4 rows).
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"problem": "What is {n} + 1?", "answer": "{n + 1}"}}\n' for n in range(4)))
+    with pytest.raises(DatasetError, match=r"^data.validation.name = 'AIME2024': HuggingFaceH4/aime_2024 holds more "
+                                           r"than 39 rows, over data.max_rows = 39"):
+        datasets_of("data.dataset=jsonl", f"data.train.path={rows}", "data.validation.name=AIME2024",
+                    "data.max_rows=39")
+    loader, val = datasets_of("data.dataset=registry", "data.train.name=gsm8k", "data.train.default_task_name=math",
+                              "data.validation.name=AIME2024", "data.validation.default_task_name=math",
+                              "data.max_rows=40")
+    assert len(loader.dataset) == len(val) == ROWS
+
+
 def test_nemo_rl_names_a_plain_hub_id(hub, monkeypatch):
     monkeypatch.chdir(UPSTREAM)
     cfg = load_config("examples/configs/grpo_smoke.yaml", [

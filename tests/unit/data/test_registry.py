@@ -12,7 +12,8 @@ import pytest
 
 from rlplane.data.errors import DatasetError
 from rlplane.data.hub import load_rows
-from rlplane.data.registry import ENTRIES, MULTIMODAL, Source, gsm8k_answer, registry_rows
+from rlplane.data.registry import ENTRIES, GYM, MULTIMODAL, Source, read_gzip_jsonl, registry_rows
+from rlplane.data.registry_formats import gsm8k_answer
 from rlplane.data.splits import held_out_split, shuffled_indices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "nemo"))
@@ -26,8 +27,9 @@ def hub(tmp_path, monkeypatch):
     return use_standins(monkeypatch, tmp_path / "hf", ROWS)
 
 
-def rows_of(name: str, **options) -> list[dict]:
-    return registry_rows(Source(name, options), lambda c: load_rows(c, name, "data.train.path"), f"data.train.{name}")
+def rows_of(name: str, max_rows: int | None = None, **options) -> list[dict]:
+    return registry_rows(Source(name, options), lambda c: load_rows(c, name, "data.train.path", max_rows=max_rows),
+                         "data.train", max_rows=max_rows)
 
 
 def _sum(problem: str) -> str:
@@ -115,6 +117,35 @@ def test_max_samples_draws_after_a_seeded_shuffle(hub):
     assert some == [every[i] for i in shuffled_indices(ROWS, 3)[:5]]
 
 
+def test_data_max_rows_bounds_the_rows_read_and_the_rows_made(hub):
+    # gsm8k's stand-in holds 40 rows: 40 is within data.max_rows = 40, 41 rows would not be.
+    assert len(rows_of("gsm8k", max_rows=40)) == ROWS
+    with pytest.raises(DatasetError) as e:
+        rows_of("gsm8k", max_rows=39)
+    assert str(e.value) == (
+        "data.train.name = 'gsm8k': openai/gsm8k holds more than 39 rows, over data.max_rows = 39 (every row is "
+        "tokenized and held at start-up); raise data.max_rows (null: no limit), or set data.train.path to a copy cut "
+        "to the rows the run will use")
+    # AIME2025 reads two subsets of 40: 80 rows read in all.
+    with pytest.raises(DatasetError, match="'AIME2025': opencompass/AIME2025 holds more than 79 rows"):
+        rows_of("AIME2025", max_rows=79)
+    # OpenAssistant: 40 trees read (within 40), two threads each made: 80 rows, over 40.
+    with pytest.raises(DatasetError, match="the rows made of OpenAssistant/oasst1 holds more than 40 rows"):
+        rows_of("open_assistant", max_rows=40)
+    assert len(rows_of("open_assistant", max_rows=80)) == 2 * ROWS
+
+
+def test_a_gzipped_tree_file_is_read_no_further_than_the_limit(tmp_path):
+    import gzip
+    import json
+
+    path = tmp_path / "trees.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps({"i": i}) + "\n" for i in range(10))
+    assert [r["i"] for r in read_gzip_jsonl(str(path), 3)] == [0, 1, 2, 3]  # one past 3: over the limit
+    assert len(read_gzip_jsonl(str(path))) == 10
+
+
 def test_held_out_split_is_datasets_train_test_split():
     import datasets
 
@@ -150,15 +181,44 @@ def test_a_local_copy_reads_with_the_entry_columns(hub, tmp_path):
 def test_multimodal_gym_and_unknown_names_are_one_line(name):
     with pytest.raises(DatasetError) as e:
         rows_of(name)
-    assert "\n" not in str(e.value) and str(e.value).startswith(f"data.train.{name} = {name!r}: ")
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"data.train.name = {name!r}: ")
 
 
 def test_options_a_dataset_does_not_take_and_splits_it_does_not_have():
-    with pytest.raises(DatasetError, match=r"output_key: not an option of gsm8k \(its options: subset, split, "
-                                           r"extract_answer\); remove it"):
+    with pytest.raises(DatasetError, match=r"^data.train.options.output_key: not an option of gsm8k \(its options: "
+                                           r"subset, split, extract_answer\); remove it"):
         rows_of("gsm8k", output_key="x")
-    with pytest.raises(DatasetError, match=r"split = 'test': OpenMathInstruct-2 has the splits train, train_1M"):
+    with pytest.raises(DatasetError, match=r"^data.train.split = 'test': OpenMathInstruct-2 has the splits train, "
+                                           r"train_1M"):
         rows_of("OpenMathInstruct-2", split="test")
+
+
+def test_an_option_of_another_type_is_one_line():
+    with pytest.raises(DatasetError) as e:
+        rows_of("gsm8k", extract_answer="maybe")
+    assert str(e.value) == ("data.train.options.extract_answer = 'maybe': gsm8k's extract_answer is true or false "
+                            "(NeMo RL's default: True); set true or false")
+    with pytest.raises(DatasetError, match=r"gpqa's seed is a whole number .*; set a whole number"):
+        rows_of("gpqa", seed=True)  # a bool is not the int seed
+
+
+def test_a_copy_without_the_dataset_columns_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"problem": "What is 1 + 2?", "answer": "3"}]), copy)
+    with pytest.raises(DatasetError) as e:
+        registry_rows(Source("gsm8k", {}, path=str(copy)), lambda c: load_rows(c, "x", "data.train.path"),
+                      "data.train")
+    assert str(e.value) == (
+        f"data.train.name = 'gsm8k': {copy}: no column 'question' (its columns: problem, answer); gsm8k reads question "
+        "-> what follows #### in answer (extract_answer: false: all of it): give data.train.path a copy with those "
+        "columns")
+    with pytest.raises(DatasetError, match=r"DAPOMath17K.*: a value shaped otherwise \(string indices"):
+        pq.write_table(pa.Table.from_pylist([{"prompt": "What is 1 + 2?", "reward_model": "3"}]), copy)
+        registry_rows(Source("DAPOMath17K", {}, path=str(copy)), lambda c: load_rows(c, "x", "data.train.path"),
+                      "data.train")
 
 
 def test_every_text_entry_of_nemo_rl_is_named():
@@ -167,6 +227,17 @@ def test_every_text_entry_of_nemo_rl_is_named():
             "tulu3_sft_mixture", "HelpSteer3", "openai_format", "general-conversation-jsonl", "arrow_text",
             "Nemotron-Cascade-2-SFT-Math", "math", "math500", "gpqa", "gpqa_diamond", "mmlu", "mmlu_pro"]
     assert not set(nemo) - set(ENTRIES)
+
+
+def test_docs_name_every_registry_name():
+    # docs/nemo.md: each text entry (the mmlu_<LANG> files as one row naming the languages), each refused name.
+    docs = re.sub(r"```.*?```", "", (Path(__file__).resolve().parents[3] / "docs" / "nemo.md").read_text(),
+                  flags=re.DOTALL)
+    spans = set(re.findall(r"`([^`]+)`", docs))
+    languages = [n.removeprefix("mmlu_") for n in ENTRIES if n.startswith("mmlu_") and n != "mmlu_pro"]
+    assert len(languages) == 14 and all(lang in docs for lang in languages)
+    named = [n for n in ENTRIES if n.removeprefix("mmlu_") not in languages] + [*MULTIMODAL, *GYM]
+    assert [n for n in named if n not in spans] == []
 
 
 def test_local_file_entries(tmp_path):

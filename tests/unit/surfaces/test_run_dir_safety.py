@@ -107,6 +107,21 @@ def test_overwrite_of_another_runs_checkpoints_is_refused_naming_that_run(tmp_pa
     assert sorted(p.name for p in (a / "checkpoints").iterdir()) == before
 
 
+def test_a_run_that_saves_no_checkpoints_starts_beside_another_runs_checkpoints(tmp_path, capsys):
+    # NeMo RL's grpo_smoke.yaml turns checkpointing off and keeps grpo_math_1B.yaml's checkpoint_dir: run after it,
+    # the other run's checkpoints are none of its business; they stay as they were.
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["train", "--quiet", *TINY, f"run_dir={a}"]) == 0
+    before = sorted(p.name for p in (a / "checkpoints").iterdir())
+    shared = f"checkpointing.checkpoint_dir={a / 'checkpoints'}"
+    assert main(["train", "--quiet", *TINY, f"run_dir={b}", shared, "checkpointing.enabled=false"]) == 0
+    assert main(["train", "--quiet", "--overwrite", *TINY, f"run_dir={b}", shared, "checkpointing.enabled=false"]) == 0
+    assert sorted(p.name for p in (a / "checkpoints").iterdir()) == before
+    capsys.readouterr()
+    assert main(["train", "--quiet", *TINY, f"run_dir={tmp_path / 'c'}", shared]) == 2  # one that saves: refused
+    assert "holds checkpoints of the run in" in capsys.readouterr().err
+
+
 def test_overwrite_deletes_what_the_manifest_names_and_says_so(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--quiet", *TINY, f"run_dir={run}"]) == 0
