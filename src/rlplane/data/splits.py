@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from rlplane.data.errors import DatasetError
 
 
 def shuffled_indices(n: int, seed: int) -> list[int]:
     """``Dataset.shuffle(seed)``'s order of ``n`` rows."""
+    import numpy as np  # here: the registry's tables (this module's importers) are read while a config is checked
+
     return np.random.default_rng(seed).permutation(n).tolist()
 
 
