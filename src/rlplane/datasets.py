@@ -106,7 +106,7 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
                                  default_task_name=j.default_task_name)
             if d.dataset == "registry":
-                return read_registry_rows(j, fields, key, require=require)
+                return read_registry_rows(j, fields, key, require=require, max_rows=d.max_rows)
             if d.dataset == "hf":
                 return read_hf_rows(j.path, fields, j.format, j.split or "train", subset=j.subset, key=key,
                                     max_rows=d.max_rows)

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from rlplane.config.base import StrictModel
 from rlplane.config.envs import EnvConfig
+from rlplane.data.registry_sources import registry_source
 
 
 class ArithmeticDataConfig(StrictModel):
@@ -129,8 +130,8 @@ class DataConfig(StrictModel):
     )
     num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
     max_rows: int | None = Field(
-        2_000_000, ge=1, description="Most rows a data file (train or validation, `jsonl` or `hf`) may hold: each is "
-        "tokenized and kept in memory at start-up; a file with more is an error naming it "
+        2_000_000, ge=1, description="Most rows a data file (train or validation, `jsonl`, `hf` or `registry`) may "
+        "hold: each is tokenized and kept in memory at start-up; a file with more is an error naming it "
         "(null: no limit)."
     )
     shuffle: bool = Field(True, description="Shuffle each epoch.")
@@ -156,6 +157,8 @@ class DataConfig(StrictModel):
             if self.dataset != "registry" and (source.name is not None or source.options):
                 raise ValueError(f"data.{key}.name / options are for dataset = registry (data.dataset = "
                                  f"{self.dataset}); remove them or set data.dataset=registry")
+            if self.dataset == "registry":  # its name, options and split: with the config, before any import
+                registry_source(source, f"data.{key}")
         return self
 
 

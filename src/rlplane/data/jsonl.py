@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from rlplane.data.datum import PromptFormat
-from rlplane.data.errors import DatasetError
+from rlplane.data.errors import DatasetError, unreadable
 from rlplane.data.processors import prompt_data_processor
 from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
@@ -107,9 +106,8 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: 
     """Rows as ``{"problem", "answer", "task_name", "line"}`` (1-based; blanks skipped), with ``extra_env_info``
     holding any other fields (also kept at the top level); ``require=False``: problem and answer may be absent.
     More than ``max_rows`` rows (``data.max_rows``) is an error, said before the rest is read."""
-    if not os.path.isfile(path):
-        what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
-        raise DatasetError(f"dataset {path}: {what}")
+    if (why := unreadable(path)) is not None:
+        raise DatasetError(f"dataset {path}: {why}")
     rows = []
     with open(path, "rb") as f:
         if max_rows is not None and _count_lines(f) > max_rows:  # before any row is kept; blank lines are no rows

@@ -6,9 +6,9 @@ OpenMathInstruct-2 reads ``expected_answer``, DAPO-Math its ``reward_model.groun
 as NeMo RL builds it, ``{"messages": [...], ...}``, plus ``problem`` and ``answer``: ``messages[0]`` and
 ``messages[1]``, which is what NeMo RL's ``math_hf_data_processor`` reads as problem and ground truth.
 
-The table is pure: :func:`registry_rows` reads through a ``load`` function handed in (``rlplane.data.hub``
-reads the Hugging Face cache; tests hand in tables). Multimodal entries and NeMo-Gym's are named, to be refused
-in one line.
+The table is pure: ``rlplane.data.registry_sources`` checks a config's source against it and reads its rows through
+a ``load`` function handed in (``rlplane.data.hub`` reads the Hugging Face cache; tests hand in tables).
+Multimodal entries and NeMo-Gym's are named, to be refused in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import gzip
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlplane.data.errors import DatasetError
@@ -354,54 +354,6 @@ ENTRIES: dict[str, Entry] = {e.name: e for e in _ENTRIES}
 
 def known_names() -> list[str]:
     return list(ENTRIES)
-
-
-def entry(name: str, key: str) -> Entry:
-    """The entry ``name``, or a one-line error naming ``key`` (multimodal and NeMo-Gym names say why)."""
-    if name in MULTIMODAL:
-        raise DatasetError(f"{key} = {name!r}: a multimodal dataset of NeMo RL's (images, video or audio); rlplane "
-                           "trains text-only language models: pick a text dataset")
-    if name in GYM:
-        raise DatasetError(f"{key} = {name!r}: NeMo-Gym's rows run in NeMo-Gym's environments, which rlplane does "
-                           "not have; use a registry dataset or a JSONL file (data.dataset=jsonl)")
-    if name not in ENTRIES:
-        raise DatasetError(f"{key} = {name!r}: not a NeMo RL dataset name; known: {', '.join(ENTRIES)} (or a hub id "
-                           "with data.dataset=hf data.train.path=ID)")
-    return ENTRIES[name]
-
-
-def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """``given`` over ``e``'s defaults; an option it does not take, or a split it does not have, is an error."""
-    unknown = sorted(set(given) - set(e.defaults))
-    if unknown:
-        takes = ", ".join(e.defaults) or "none"
-        raise DatasetError(f"{key}.{unknown[0]}: not an option of {e.name} (its options: {takes}); remove it")
-    opts = {**e.defaults, **given}
-    if e.splits and opts.get("split") not in e.splits:
-        raise DatasetError(f"{key}.split = {opts.get('split')!r}: {e.name} has the splits {', '.join(e.splits)}; "
-                           "set one of them")
-    return opts
-
-
-def registry_rows(source: Source, load: Callable[[HubCopy], Iterable[dict]], key: str) -> list[dict]:
-    """NeMo RL's rows of ``source``: each hub copy read with ``load`` (a local copy: ``load`` reads
-    ``source.path``), then formatted; ``problem``/``answer`` added from ``messages[0]``/``messages[1]``."""
-    e = entry(source.name, key)
-    opts = resolve_options(e, source.options, key)
-    if e.needs_path and not source.path:
-        raise DatasetError(f"{key}: {e.name} reads a local file; set {key}.path=FILE")
-    if e.needs_path:
-        copies = [HubCopy(source.path, opts.get("subset"), opts.get("split", "train"))]
-    else:  # a local copy stands where the hub id (or URL) was, read with the same subset and split
-        copies = [replace(c, repo=source.path) if source.path else c for c in e.copies(opts)]
-    hub_rows = [row for c in copies for row in load(c)]
-    out = []
-    for row in e.rows(hub_rows, opts):
-        messages = row["messages"]
-        if len(messages) >= 2:
-            row = {**row, "problem": messages[0]["content"], "answer": messages[1]["content"]}
-        out.append(row)
-    return out
 
 
 def read_gzip_jsonl(path: str) -> list[dict]:

@@ -12,7 +12,8 @@ import pytest
 
 from rlplane.data.errors import DatasetError
 from rlplane.data.hub import load_rows
-from rlplane.data.registry import ENTRIES, MULTIMODAL, Source, gsm8k_answer, registry_rows
+from rlplane.data.registry import ENTRIES, MULTIMODAL, Source, gsm8k_answer
+from rlplane.data.registry_sources import registry_rows
 from rlplane.data.splits import held_out_split, shuffled_indices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "nemo"))
@@ -27,7 +28,7 @@ def hub(tmp_path, monkeypatch):
 
 
 def rows_of(name: str, **options) -> list[dict]:
-    return registry_rows(Source(name, options), lambda c: load_rows(c, name, "data.train.path"), f"data.train.{name}")
+    return registry_rows(Source(name, options), lambda c: load_rows(c, name, "data.train.path"), "data.train")
 
 
 def _sum(problem: str) -> str:
@@ -150,7 +151,7 @@ def test_a_local_copy_reads_with_the_entry_columns(hub, tmp_path):
 def test_multimodal_gym_and_unknown_names_are_one_line(name):
     with pytest.raises(DatasetError) as e:
         rows_of(name)
-    assert "\n" not in str(e.value) and str(e.value).startswith(f"data.train.{name} = {name!r}: ")
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"data.train.name = {name!r}: ")
 
 
 def test_options_a_dataset_does_not_take_and_splits_it_does_not_have():
