@@ -1,9 +1,7 @@
 """Bad-input matrix, the run's parts: environment actor pools, weight-sync checks, the watchdog, early stop,
 start-up deadlines, and the Python API's injectable parts. CLI cases: (id, argv, setup or None, expected:
 "one-line" | "runs"); API cases: (id, call(world, t), expected). Run and judged by ``test_bad_input_matrix.py``.
-
-Two surfaces have a place here for their cases, kept empty until they land: seeds and controls
-(``SEED_AND_CONTROL_CASES``) and NeMo RL's registry datasets (``REGISTRY_DATASET_CASES``)."""
+Sweeps and controls, registry datasets and an unprivileged user's cases: ``matrix_cases_sweeps.py``."""
 
 from __future__ import annotations
 
@@ -84,12 +82,6 @@ for cid, ov in [("deadline/cluster-connect-zero", ["cluster.connect_timeout_s=0"
     case(cid, ["train", *T, *ov])
 case("deadline/runs-short-deadlines", ["train", *T, "cluster.connect_timeout_s=0.5", "logger.connect_timeout_s=0.5"],
      expect="runs")
-
-# ---- seeds and controls (rlplane sweep, grpo.reward_control): their cases go here
-SEED_AND_CONTROL_CASES: list[tuple[str, list[str], object, str]] = []
-# ---- NeMo RL registry datasets (data.train.dataset_name from NeMo RL's registry): their cases go here
-REGISTRY_DATASET_CASES: list[tuple[str, list[str], object, str]] = []
-CASES += SEED_AND_CONTROL_CASES + REGISTRY_DATASET_CASES
 
 
 # ---- the Python API's injectable parts: rlplane.train(loss_fn=, dataset=, dataloader=, logger=, policy=, ...)
