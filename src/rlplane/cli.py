@@ -67,6 +67,13 @@ def _load(args):
     return load_config(args.config, args.overrides)
 
 
+def _check_data_files(cfg) -> None:
+    """Data files past a bound (a line, the rows) are said with the config, before a run's imports."""
+    from rlplane.data.file_bounds import check_data_files
+
+    check_data_files(cfg.data)
+
+
 def cmd_show_config(args) -> int:
     from rlplane.config.loading import dump_config, list_presets
 
@@ -96,6 +103,7 @@ def cmd_train(args) -> int:
     if args.early_stop:  # before the user's overrides: early_stop.* given there win
         args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
+    _check_data_files(cfg)
     with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM / SIGHUP: stop after the step
         summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
@@ -129,6 +137,7 @@ def _expected_result(cfg, before, after) -> list[str]:
 
 def cmd_sft(args) -> int:
     cfg = _load(args)
+    _check_data_files(cfg)
     with _prepared_run(cfg, args) as paths:
         return _sft(cfg, args, paths)
 

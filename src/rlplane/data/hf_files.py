@@ -9,8 +9,9 @@ import importlib.util
 import os
 
 from rlplane.data.errors import DatasetError, unreadable
+from rlplane.data.file_bounds import bounded_lines, too_many_rows
 from rlplane.data.hub import is_local, load_rows
-from rlplane.data.jsonl import JsonlFields, answer_text, bounded_lines, decode_line, too_many_rows
+from rlplane.data.jsonl import JsonlFields, answer_text, decode_line
 from rlplane.data.registry import HubCopy
 from rlplane.data.registry_sources import registry_rows, registry_source
 

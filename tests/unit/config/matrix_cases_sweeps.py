@@ -187,6 +187,9 @@ GSM = [*REG, "data.train.name=gsm8k", "data.train.default_task_name=math", "env.
 HUB_CASES: list[tuple[str, list[str], str]] = [
     ("registry/uncached-offline", ["train", *T, *REG, "data.train.name=DeepScaler"], "one-line"),
     ("registry/local-copy-not-parquet", ["train", *T, *GSM, "data.train.path={t}/bad.parquet"], "one-line"),
+    ("registry/local-copy-not-json", ["train", *T, *GSM, "data.train.path={t}/bad.jsonl"], "one-line"),
+    ("registry/local-copy-binary-csv", ["train", *T, *GSM, "data.train.path={t}/bad.csv"], "one-line"),
+    ("registry/local-copy-no-data-files", ["train", *T, *GSM, "data.train.path={t}/nodata"], "one-line"),
     ("registry/held-out-every-row", ["train", *T, *GSM, f"data.train.split_validation_size={HUB_ROWS}"], "one-line"),
     ("registry/subset-not-in-the-copy", ["train", *T, *GSM, "data.train.options.subset=nope"], "one-line"),
     ("registry/max-rows-exceeded", ["train", *T, *GSM, "data.max_rows=10"], "one-line"),
@@ -199,11 +202,16 @@ HUB_CASES: list[tuple[str, list[str], str]] = [
 
 
 def hub_setup(t: Path) -> None:
-    """A damaged and a good local copy of gsm8k (its columns) in the case's own directory."""
+    """Damaged local copies of gsm8k, a directory without data, and a good copy (its columns), in the case's own
+    directory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (t / "bad.parquet").write_bytes(b"PAR1 this is no parquet file PAR1")
+    (t / "bad.jsonl").write_text("not json at all\n{\"a\": \n")
+    (t / "bad.csv").write_bytes(bytes(range(256)) * 8)
+    (t / "nodata").mkdir()
+    (t / "nodata" / "README.md").write_text("notes, no data\n")
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} and 1\n#### {i + 1}"} for i in range(8)]
     pq.write_table(pa.Table.from_pylist(rows), t / "copy.parquet")
 
