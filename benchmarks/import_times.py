@@ -32,6 +32,8 @@ PATHS = [
     ("rlplane train KEY typo", [*CLI, "train", TYPO], 2),
     ("rlplane train rule broken", [*CLI, "train", "loss_fn.ratio_clip_c=0.5"], 2),
     ("rlplane eval KEY typo", [*CLI, "eval", "--model", "embedded:tiny-llama", TYPO], 2),
+    ("rlplane train registry name typo", [*CLI, "train", "data.dataset=registry", "data.train.name=gsm8"], 2),
+    ("rlplane sweep variant KEY typo", [*CLI, "sweep", "--seeds", "1", "--variant", TYPO], 2),
     ("rlplane show-config NeMo RL file", [*CLI, "show-config", "-c", str(NEMO), "data.dataset=arithmetic"], 0),
     ("import torch (avoided)", [sys.executable, "-c", "import torch"], 0),
     ("import transformers (avoided)", [sys.executable, "-c", "import transformers"], 0),

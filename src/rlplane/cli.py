@@ -67,6 +67,13 @@ def _load(args):
     return load_config(args.config, args.overrides)
 
 
+def _check_data_files(cfg) -> None:
+    """Data files past a bound (a line, the rows) are said with the config, before a run's imports."""
+    from rlplane.data.file_bounds import check_data_files
+
+    check_data_files(cfg.data)
+
+
 def cmd_show_config(args) -> int:
     from rlplane.config.loading import dump_config, list_presets
 
@@ -96,6 +103,7 @@ def cmd_train(args) -> int:
     if args.early_stop:  # before the user's overrides: early_stop.* given there win
         args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
+    _check_data_files(cfg)
     with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM / SIGHUP: stop after the step
         summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
@@ -129,6 +137,7 @@ def _expected_result(cfg, before, after) -> list[str]:
 
 def cmd_sft(args) -> int:
     cfg = _load(args)
+    _check_data_files(cfg)
     with _prepared_run(cfg, args) as paths:
         return _sft(cfg, args, paths)
 
@@ -335,47 +344,9 @@ def cmd_export(args) -> int:
 
 def cmd_sweep(args) -> int:
     """The config over seeds (and variants, and its control), one run after another; a distribution, not a run."""
-    import datetime
-    from pathlib import Path
+    from rlplane.sweeps.command import sweep
 
-    from rlplane.config.recipes import RECIPES
-    from rlplane.errors import ConfigError
-    from rlplane.sweeps.plan import parse_seeds, parse_variant, plan_runs
-    from rlplane.sweeps.runner import claim_directory, hold_directory, identity, run_sweep
-    from rlplane.utils.machine import describe_machine
-
-    if args.seeds is not None and args.seed_list is not None:
-        raise ConfigError([f"--seeds {args.seeds} and --seed-list {args.seed_list}: give one (a count, or which "
-                           "seeds)"])
-    seeds = parse_seeds(args.seed_list) if args.seed_list is not None else list(range(1, (args.seeds or 5) + 1))
-    variants = [parse_variant(v) for v in args.variant]
-    cfg = _load(args)
-    loop = RECIPES[cfg.algorithm].loop
-    set_by_sweep = [o for o in args.overrides if o.split("=", 1)[0].strip() in ("run_dir", f"{loop}.seed")]
-    if set_by_sweep:
-        raise ConfigError([f"{set_by_sweep[0]}: a sweep sets run_dir (--out DIR/<run>) and {loop}.seed (--seeds) for "
-                           "each run; drop the override"])
-    runs = plan_runs(algorithm=cfg.algorithm, loop=loop, seeds=seeds, variants=variants, control=args.control,
-                     control_seeds=args.control_seeds)
-    name = args.config or "grpo_arithmetic"
-    out = Path(args.out or f"runs/sweep-{Path(name).stem}").expanduser().absolute()
-    claim_directory(out, identity(args.config, args.overrides, cfg.model_dump(mode="json"), loop))
-    lock = hold_directory(out)
-    title = f"rlplane sweep: {name}" + (f" {' '.join(args.overrides)}" if args.overrides else "")
-    header = [f"machine: {describe_machine()}", f"date: {datetime.date.today().isoformat()}",
-              f"seeds: {' '.join(map(str, seeds))}"
-              + (f"; variants: {', '.join(f'{v.name} ({v.what})' for v in variants)}" if variants else "")
-              + (f"; control: {runs[-1].control} on {args.control_seeds} seed(s)" if args.control else ""),
-              "gain: held-out accuracy at the end minus before the first step, in points"]
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
-    say(title)
-    for line in header:
-        say(line)
-    try:
-        results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
-    finally:
-        lock.release()
-    return 0 if all(r.status == "done" for r in results) else 1
+    return sweep(args)
 
 
 def cmd_plot(args) -> int:
@@ -445,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_at_least(1), default=None, help="how many seeds: N runs seeds 1 to N (default 5)")
     p.add_argument("--seed-list", default=None, metavar="SEEDS",
                    help="which seeds instead: 42, 11-15 (a range) or 1,4,9 (a list)")
-    p.add_argument("--control", nargs="?", const="permute", default=None, choices=("permute", "coin"),
+    p.add_argument("--control", nargs="?", const="permute", default=None, metavar="{permute,coin}",
                    help="also run the control: rewards permuted within each batch (default) or a coin with the "
                         "batch's mean; distillation: a teacher that learned nothing")
     p.add_argument("--control-seeds", type=_at_least(1), default=1, help="controls on the first N seeds (default 1)")
@@ -497,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
         print("rlplane: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM) and e.filename:  # a path this user may not use, wherever it came up
+            print(f"rlplane: error: {e.filename}: {e.strerror} (uid {os.getuid()}); give a path this user may use, "
+                  "or change its permissions", file=sys.stderr)
+            return 2
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f" writing {e.filename}" if e.filename else ""

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from rlplane.config.base import StrictModel
 from rlplane.config.envs import EnvConfig
 from rlplane.data.errors import DatasetError
-from rlplane.data.registry import entry
+from rlplane.data.registry_sources import registry_source
 
 
 class ArithmeticDataConfig(StrictModel):
@@ -166,9 +166,9 @@ class DataConfig(StrictModel):
                                  f"{self.dataset} does not read; remove them or set data.dataset=registry")
             if source.options and source.name is None:
                 raise ValueError(f"data.{key}.options are a registry dataset's; set data.{key}.name or remove them")
-            if source.name is not None:  # a wrong, multimodal or NeMo-Gym name: said by show-config already
+            if source.name is not None:  # its name, options and split: with the config, before any import
                 try:
-                    entry(source.name, f"data.{key}.name")
+                    registry_source(source, f"data.{key}")
                 except DatasetError as e:
                     raise ValueError(str(e)) from None
         return self

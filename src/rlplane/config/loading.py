@@ -101,15 +101,20 @@ def build_config(tree: dict) -> RunConfig:
         raise ConfigError(_format_errors(err)) from None
 
 
-def load_config(preset: str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a preset (default: the embedded arithmetic job), apply overrides, validate."""
-    notes: list[str] = []  # a NeMo RL file's: said once the config is valid, not above its errors
-    tree = read_nemo_config(preset, overrides or [], notes)  # NeMo RL's format: read and translated (config/nemo.py)
+def load_config(preset: str | None = None, overrides: list[str] | None = None, *,
+                notes: list[str] | None = None) -> RunConfig:
+    """Load a preset (default: the embedded arithmetic job), apply overrides, validate. A NeMo RL file's notes are
+    printed once the config is valid, or added to ``notes`` when it is given (a caller checking several configs
+    built from one file says them once)."""
+    said: list[str] = []  # said once the config is valid, not above its errors
+    tree = read_nemo_config(preset, overrides or [], said)  # NeMo RL's format: read and translated (config/nemo.py)
     if tree is None:
         tree = apply_overrides(load_yaml_tree(preset or "grpo_arithmetic"), overrides or [])
     cfg = build_config(tree)
-    if notes:
-        print("\n".join(notes), file=sys.stderr)
+    if notes is not None:
+        notes += said
+    elif said:
+        print("\n".join(said), file=sys.stderr)
     return cfg
 
 

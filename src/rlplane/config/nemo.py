@@ -355,7 +355,10 @@ def read_nemo_config(name: str | None, overrides: list[str], said: list[str] | N
     if not name:
         return None
     path = Path(name)
-    if not path.is_file() or path.resolve().parent == PRESET_DIR:
+    try:
+        if not path.is_file() or path.resolve().parent == PRESET_DIR:
+            return None
+    except OSError:  # closed to this user: rlplane's own loader says so
         return None
     try:
         tree = load_nemo_chain(path)

@@ -29,8 +29,12 @@ def _resolve_preset(name: str, relative_to: Path | None = None) -> Path:
         candidates.insert(0, relative_to / name)
     candidates.append(PRESET_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"))
     for c in candidates:
-        if c.is_file():
-            return c
+        try:
+            if c.is_file():
+                return c
+        except OSError as e:  # a directory on its way this user may not enter
+            raise ConfigError([f"config {str(c)!r}: cannot reach it ({e.strerror or type(e).__name__}); give a file "
+                               "you can read"]) from None
     raise ConfigError(
         [f"config {name!r}: no such file or preset; presets are {', '.join(list_presets())}, or give a YAML path"]
     )

@@ -8,22 +8,30 @@ import glob
 import importlib.util
 import os
 
-from rlplane.data.errors import DatasetError
+from rlplane.data.errors import DatasetError, unreadable
+from rlplane.data.file_bounds import bounded_lines, too_many_rows
 from rlplane.data.hub import is_local, load_rows
-from rlplane.data.jsonl import JsonlFields, answer_text, bounded_lines, decode_line, too_many_rows
-from rlplane.data.registry import HubCopy, Source, entry, registry_rows
+from rlplane.data.jsonl import JsonlFields, answer_text, decode_line
+from rlplane.data.registry import HubCopy, registry_rows
+from rlplane.data.registry_sources import registry_source
 
 _FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def _files(path: str) -> list[str]:
     if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise DatasetError(f"dataset {path}: cannot read the directory (Permission denied)")
         files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.splitext(f)[1] in _FORMATS)
     else:
         files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+    if len(files) == 1 and files[0] == path and (why := unreadable(path)) is not None:
+        raise DatasetError(f"dataset {path}: {why}")
     files = [f for f in files if os.path.isfile(f)]  # not a directory, a FIFO (open would wait) or a device
     if not files:
         raise DatasetError(f"dataset {path}: no such file (or no .json/.jsonl/.parquet/.csv files there)")
+    if closed := [f for f in files if unreadable(f) is not None]:
+        raise DatasetError(f"dataset {closed[0]}: {unreadable(closed[0])}")
     return files
 
 
@@ -114,31 +122,27 @@ def table_rows(ds, fields: JsonlFields, path: str, key: str = "data.train", *,
     return rows
 
 
-def registry_source(source, key: str) -> Source:
-    """The registry :class:`Source` of a ``data.train`` / ``data.validation`` section: its ``options`` plus the
-    generic ``split``, ``subset`` and ``seed`` where the dataset takes them (a split it does not take must be its
-    own one)."""
-    e = entry(source.name, f"{key}.name")
-    options = dict(source.options)
-    for name, value in (("split", source.split), ("subset", source.subset), ("seed", source.seed)):
-        if value is None or name in options:
-            continue
-        if name in e.defaults:
-            options[name] = value
-        elif name != "seed" and not e.needs_path:
-            fixed = {getattr(c, name) for c in e.copies(e.defaults)}
-            if fixed != {value}:
-                raise DatasetError(f"{key}.{name} = {value!r}: {e.name} reads {name} "
-                                   f"{', '.join(sorted(map(str, fixed)))} only; remove it")
-    return Source(source.name, options, source.path)
+def _check_local_copy(path: str, key: str, name: str) -> None:
+    """A registry dataset's ``path`` names a copy on this machine (a file, a directory or a glob), never a hub id: one
+    that is not there, or is a FIFO or a device (reading would wait or never end), is one line."""
+    if any(c in path for c in "*?["):
+        return
+    why = None if os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK) else unreadable(path)
+    if why == "no such file":
+        raise DatasetError(f"{key} = {path!r}: no such file or directory; point it at a local copy of {name}, or "
+                           "remove it to read the hub's copy")
+    if why is not None:
+        raise DatasetError(f"{key} = {path!r}: {why}; point it at a local copy of {name} you can read")
 
 
 def read_registry_rows(source, fields: JsonlFields, key: str, *, require: bool = True,
                        max_rows: int | None = None) -> list[dict]:
     """The prompt rows of a registry source (NeMo RL's rows, ``line`` counting from 1, ``task_name`` from the
     source's ``default_task_name``: the environment that scores them); more than ``max_rows`` (``data.max_rows``)
-    is an error."""
+    read is an error, said from the table's length before its rows are formatted."""
     src = registry_source(source, key)
+    if src.path is not None:
+        _check_local_copy(src.path, f"{key}.path", src.name)
     where = f"{key}.name = {src.name!r}"
     rows = registry_rows(src, lambda c: load_rows(c, where, f"{key}.path", max_rows=max_rows), key,
                          max_rows=max_rows)

@@ -9,9 +9,10 @@ there: one line naming the hub id, the command that fetches it and the config ke
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from rlplane.data.errors import DatasetError
 from rlplane.data.registry import HubCopy, read_gzip_jsonl
@@ -27,6 +28,29 @@ def _datasets(what: str):
 
     datasets.disable_progress_bars()
     return datasets
+
+
+@contextlib.contextmanager
+def quiet(datasets) -> Iterator[None]:
+    """``datasets``' and ``huggingface_hub``'s own log lines held back ("Failed to read schema ...", "Repo card
+    metadata block was not found"): the one-line error that follows says what went wrong."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    levels = datasets.logging.get_verbosity(), hub_logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    hub_logging.set_verbosity(hub_logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(levels[0])
+        hub_logging.set_verbosity(levels[1])
+
+
+def cause(e: BaseException) -> BaseException:
+    """What ``datasets`` wrapped ("An error occurred while generating the dataset"): the cause says what."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def offline() -> bool:
@@ -73,15 +97,18 @@ def _local_rows(c: HubCopy, where: str, max_rows: int | None = None) -> Iterable
         return read_gzip_jsonl(path, max_rows)
     fmt = FILE_FORMATS.get(os.path.splitext(path)[1])
     try:
-        if fmt is not None:
-            return datasets.load_dataset(fmt, data_files=path, split="train")
-        if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(
-                os.path.join(path, "dataset_info.json")) and os.path.isfile(os.path.join(path, "state.json")):
-            return _split_of(datasets.load_from_disk(path), c.split, where)
-        return datasets.load_dataset(path, c.subset, split=c.split)
-    except (FileNotFoundError, ValueError) as e:
-        raise DatasetError(f"{where}: cannot read the local copy {path} ({_first_line(e)}); point it at a file, "
-                           "a save_to_disk directory or a downloaded hub repo") from None
+        with quiet(datasets):
+            if fmt is not None:
+                return datasets.load_dataset(fmt, data_files=path, split="train")
+            if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(
+                    os.path.join(path, "dataset_info.json")) and os.path.isfile(os.path.join(path, "state.json")):
+                return _split_of(datasets.load_from_disk(path), c.split, where)
+            return datasets.load_dataset(path, c.subset, split=c.split)
+    except DatasetError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for a file it cannot parse
+        raise DatasetError(f"{where}: cannot read the local copy {path} ({_first_line(cause(e))}); point it at a "
+                           "file, a save_to_disk directory or a downloaded hub repo") from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -125,9 +152,10 @@ def load_rows(c: HubCopy, where: str, path_key: str, *, max_rows: int | None = N
             from huggingface_hub import hf_hub_download
 
             return read_gzip_jsonl(hf_hub_download(c.repo, c.file, repo_type="dataset"), max_rows)
-        if c.is_url:
-            return datasets.load_dataset("csv", data_files=c.repo, split="train")
-        return datasets.load_dataset(c.repo, c.subset, split=c.split)
+        with quiet(datasets):
+            if c.is_url:
+                return datasets.load_dataset("csv", data_files=c.repo, split="train")
+            return datasets.load_dataset(c.repo, c.subset, split=c.split)
     except ImportError as e:  # a URL needs fsspec's HTTP file system (aiohttp)
         raise DatasetError(f"{where}: reading {c.repo} needs {_first_line(e)}; or fetch it with "
                            f"`{fetch_command(c)}` and set {path_key} to the file") from None

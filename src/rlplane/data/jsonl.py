@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from rlplane.data.datum import PromptFormat
-from rlplane.data.errors import DatasetError
+from rlplane.data.errors import DatasetError, unreadable
+from rlplane.data.file_bounds import bounded_lines, count_lines, scan
 from rlplane.data.processors import prompt_data_processor
 from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
-# Reading a data file is bounded per row and in rows: a file with no newline, or rows nested without end, is one
-# line naming the file and the limit. A prompt is a few KB; NeMo RL's datasets nest 3 levels.
-MAX_ROW_BYTES = 16 << 20
+# Reading a data file is bounded per row and in rows: a file with no newline (data/file_bounds.py), or rows nested
+# without end, is one line naming the file and the limit. NeMo RL's datasets nest 3 levels.
 MAX_ROW_DEPTH = 32
 
 
@@ -58,32 +57,6 @@ def answer_text(value, key: str, path: str, line_no: int, unit: str = "line") ->
                        "non-empty string or a number")
 
 
-def bounded_lines(f, path: str):
-    """``(line number, raw bytes)`` of a binary file, each line at most :data:`MAX_ROW_BYTES` (read no further)."""
-    line_no = 0
-    while raw := f.readline(MAX_ROW_BYTES + 1):
-        line_no += 1
-        if len(raw) > MAX_ROW_BYTES:
-            raise DatasetError(f"dataset {path}, line {line_no}: longer than {MAX_ROW_BYTES:,} bytes, over "
-                               f"MAX_ROW_BYTES = {MAX_ROW_BYTES:,} (a prompt is a few KB); is this a data file with "
-                               "one row per line? (a JSON array on one line: save it as JSON Lines)")
-        yield line_no, raw
-
-
-def _count_lines(f) -> int:
-    """Lines of a binary file, counted in large blocks (an upper bound on its rows, at the speed of a read)."""
-    lines, last = 0, b"\n"
-    while block := f.read(1 << 24):
-        lines, last = lines + block.count(b"\n"), block[-1:]
-    return lines + (last != b"\n")
-
-
-def too_many_rows(path: str, max_rows: int) -> DatasetError:
-    return DatasetError(f"dataset {path}: more than {max_rows:,} rows, over data.max_rows = {max_rows:,} (every row "
-                        "is tokenized and held at start-up); raise data.max_rows, or cut the file to the rows the run "
-                        "will use")
-
-
 def _too_deep(path: str, line_no: int) -> DatasetError:
     return DatasetError(f"dataset {path}, line {line_no}: nested more than {MAX_ROW_DEPTH} levels deep, over "
                         f"MAX_ROW_DEPTH = {MAX_ROW_DEPTH}; flatten the row's fields")
@@ -107,15 +80,13 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: 
     """Rows as ``{"problem", "answer", "task_name", "line"}`` (1-based; blanks skipped), with ``extra_env_info``
     holding any other fields (also kept at the top level); ``require=False``: problem and answer may be absent.
     More than ``max_rows`` rows (``data.max_rows``) is an error, said before the rest is read."""
-    if not os.path.isfile(path):
-        what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
-        raise DatasetError(f"dataset {path}: {what}")
+    if (why := unreadable(path)) is not None:
+        raise DatasetError(f"dataset {path}: {why}")
     rows = []
     with open(path, "rb") as f:
-        if max_rows is not None and _count_lines(f) > max_rows:  # before any row is kept; blank lines are no rows
+        if max_rows is not None and count_lines(f) > max_rows:  # before any row is kept; blank lines are no rows
             f.seek(0)
-            if sum(1 for _, raw in bounded_lines(f, path) if raw.strip()) > max_rows:
-                raise too_many_rows(path, max_rows)
+            scan(f, path, max_rows)
         f.seek(0)
         for line_no, raw in bounded_lines(f, path):
             line = decode_line(raw, path, line_no)

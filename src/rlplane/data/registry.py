@@ -14,6 +14,7 @@ in one line.
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import json
 from collections.abc import Callable, Iterable, Mapping
@@ -165,9 +166,32 @@ def entry(name: str, key: str) -> Entry:
         raise DatasetError(f"{key} = {name!r}: NeMo-Gym's rows run in NeMo-Gym's environments, which rlplane does "
                            "not have; use a registry dataset or a JSONL file (data.dataset=jsonl)")
     if name not in ENTRIES:
-        raise DatasetError(f"{key} = {name!r}: not a NeMo RL dataset name; known: {', '.join(ENTRIES)} (or a hub id "
-                           "with data.dataset=hf data.train.path=ID)")
+        close = difflib.get_close_matches(str(name), ENTRIES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise DatasetError(f"{key} = {name!r}: not a NeMo RL dataset name; {hint}known: {', '.join(ENTRIES)} (or a "
+                           "hub id with data.dataset=hf data.train.path=ID)")
     return ENTRIES[name]
+
+
+# Options that are not text, by name (every other option is text, or null where its default is): NeMo RL's types.
+_FLAGS = ("extract_answer", "verifiable_only", "require_valid", "use_preserving_dataset")
+_COUNTS = ("max_samples", "characters_per_sample")  # a positive number, or null for all
+
+
+def _option_problem(name: str, value: Any, default: Any) -> str | None:
+    """What ``value`` for option ``name`` should be instead (None: it is fine)."""
+    if name in _FLAGS:
+        return None if isinstance(value, bool) else "true or false"
+    if name in _COUNTS:
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+        return None if ok else "a whole number of at least 1, or null"
+    if name == "seed":
+        return None if isinstance(value, int) and not isinstance(value, bool) else "a whole number"
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "a whole number"
+    return None if isinstance(value, str) or (value is None and default is None) else "text"
 
 
 def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -177,12 +201,10 @@ def resolve_options(e: Entry, given: Mapping[str, Any], key: str) -> dict[str, A
     if unknown:
         takes = ", ".join(e.defaults) or "none"
         raise DatasetError(f"{key}.options.{unknown[0]}: not an option of {e.name} (its options: {takes}); remove it")
-    for name, value in given.items():  # an option of NeMo RL's defaults' type (null defaults take any)
-        want = type(e.defaults[name])
-        if e.defaults[name] is not None and not (isinstance(value, want) and (want is bool) == isinstance(value, bool)):
-            kind = {"bool": "true or false", "int": "a whole number", "str": "text"}.get(want.__name__, want.__name__)
-            raise DatasetError(f"{key}.options.{name} = {value!r}: {e.name}'s {name} is {kind} (NeMo RL's default: "
-                               f"{e.defaults[name]!r}); set {kind}")
+    for name, value in given.items():
+        if (want := _option_problem(name, value, e.defaults[name])) is not None:
+            raise DatasetError(f"{key}.options.{name} = {value!r}: {e.name}'s {name} is {want} (NeMo RL's default: "
+                               f"{e.defaults[name]!r}); set {want}")
     opts = {**e.defaults, **given}
     if e.splits and opts.get("split") not in e.splits:
         raise DatasetError(f"{key}.split = {opts.get('split')!r}: {e.name} has the splits {', '.join(e.splits)}; "

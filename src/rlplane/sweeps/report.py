@@ -105,7 +105,7 @@ def _points(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.1f}"
 
 
-def _acc(v: float | None) -> str:
+def acc_text(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
@@ -118,8 +118,8 @@ def markdown(title: str, header: list[str], results: list[RunResult], stats: lis
              "| run | seed | start | end | gain (points) | best | wall |", "|---|---|---|---|---|---|---|"]
     for r in results:
         if r.status == "done":
-            lines.append(f"| {r.label} | {r.seed} | {_acc(r.start)} | {_acc(r.end)} | {_points(r.gain)} | "
-                         f"{_acc(r.best)} | {_secs(r.wall_s)} |")
+            lines.append(f"| {r.label} | {r.seed} | {acc_text(r.start)} | {acc_text(r.end)} | {_points(r.gain)} | "
+                         f"{acc_text(r.best)} | {_secs(r.wall_s)} |")
         else:
             lines.append(f"| {r.label} | {r.seed} | {r.status}{': ' + r.error if r.error else ''} | | | | |")
     lines += ["", "| runs | n | gain mean ± sd | worst | best | time per run |", "|---|---|---|---|---|---|"]
@@ -171,7 +171,8 @@ def plot(path: Path, title: str, results: list[RunResult]) -> bool:
     ax.set_ylabel("held-out accuracy")
     ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2 if len(results) > 8 else 1)
+    if ax.lines:  # none when no run validated
+        ax.legend(fontsize=7, ncol=2 if len(results) > 8 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from rlplane.errors import ConfigError
 from rlplane.sweeps.plan import SweepRun
-from rlplane.sweeps.report import RunResult, console_lines, group_stats, markdown, plot, read_run, to_json
+from rlplane.sweeps.report import RunResult, acc_text, console_lines, group_stats, markdown, plot, read_run, to_json
 from rlplane.utils.run_dir import LOCK_FILE, RunLock
 
 PLAN_FILE = "sweep.json"
+MAX_PLAN_BYTES = 16 << 20
 REPORT_FILES = ("sweep.md", "results.json", "curves.png")
 _RUN_FILES = ("config.yaml", "summary.json")  # an ordinary run directory holds these (utils/run_dir.py)
 
@@ -54,7 +55,19 @@ def _differences(a, b, prefix: str = "") -> list[str]:
 
 def claim_directory(out: Path, ident: dict) -> None:
     """Make ``out`` this sweep's directory, or check that it already is: one line if it holds a run or another
-    sweep."""
+    sweep, or is closed to this user."""
+    try:
+        _claim(out, ident)
+    except OSError as e:  # a directory on the way this user may not enter or read
+        raise ConfigError([f"--out {out}: cannot use it ({e.strerror or type(e).__name__}{_on(e, out)}); name a "
+                           "directory you can read and write"]) from None
+
+
+def _on(e: OSError, out: Path) -> str:
+    return f": {e.filename}" if e.filename and str(e.filename) != str(out) else ""
+
+
+def _claim(out: Path, ident: dict) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError([f"--out {out}: is a file; name a directory for the sweep"])
     if any((out / f).is_file() for f in _RUN_FILES):
@@ -63,7 +76,11 @@ def claim_directory(out: Path, ident: dict) -> None:
     plan = out / PLAN_FILE
     if plan.is_file():
         try:
+            if plan.stat().st_size > MAX_PLAN_BYTES:  # rlplane writes tens of KB: not one of its plans
+                raise ValueError
             saved = json.loads(plan.read_text())
+            if not isinstance(saved, dict):
+                raise ValueError
         except ValueError:
             raise ConfigError([f"--out {out}: {PLAN_FILE} is damaged; name a new directory or delete it"]) from None
         keys = _differences(saved.get("resolved"), ident["resolved"])
@@ -149,7 +166,8 @@ def run_sweep(config: str | None, overrides: list[str], runs: list[SweepRun], ou
         rc, wall = run_one(config, overrides, run, out)
         res = read_run(out, run)
         if rc == 0 and res.status == "done":
-            say(f"[{i}/{n}] {run.label}: {res.start:.3f} -> {res.end:.3f}, gain {_gain(res)} in {wall:.0f} s")
+            say(f"[{i}/{n}] {run.label}: {acc_text(res.start)} -> {acc_text(res.end)}, gain {_gain(res)} in "
+                f"{wall:.0f} s")
         else:
             why = res.error or _last_error(out / "logs" / f"{run.label}.log")
             say(f"[{i}/{n}] {run.label}: failed (exit {rc}): {why}")

@@ -2,8 +2,8 @@
 start-up deadlines, and the Python API's injectable parts. CLI cases: (id, argv, setup or None, expected:
 "one-line" | "runs"); API cases: (id, call(world, t), expected). Run and judged by ``test_bad_input_matrix.py``.
 
-Two surfaces have a place here for their cases: seeds and controls (``SEED_AND_CONTROL_CASES``, kept empty until
-they land) and NeMo RL's registry datasets (``REGISTRY_DATASET_CASES``)."""
+NeMo RL's registry datasets as a user keeps them (``REGISTRY_DATASET_CASES``: names, options, local copies); sweeps,
+controls, the hub's cache and an unprivileged user's cases: ``matrix_cases_sweeps.py``."""
 
 from __future__ import annotations
 
@@ -85,8 +85,6 @@ for cid, ov in [("deadline/cluster-connect-zero", ["cluster.connect_timeout_s=0"
 case("deadline/runs-short-deadlines", ["train", *T, "cluster.connect_timeout_s=0.5", "logger.connect_timeout_s=0.5"],
      expect="runs")
 
-# ---- seeds and controls (rlplane sweep, grpo.reward_control): their cases go here
-SEED_AND_CONTROL_CASES: list[tuple[str, list[str], object, str]] = []
 # ---- NeMo RL registry datasets (data.*.name; local copies of the hub repos' files, no network; the hub offline
 # with nothing cached: test_bad_input_matrix.py's ENV_CASES)
 def _copies(world, t):
@@ -137,7 +135,7 @@ for cid, ov in [
                                      "data.validation.name=gsm8k", "data.validation.path={t}/gsm8k.parquet"]),
 ]:
     REGISTRY_DATASET_CASES.append((cid, ["train", *T, *ov], _copies, "runs"))
-CASES += SEED_AND_CONTROL_CASES + REGISTRY_DATASET_CASES
+CASES += REGISTRY_DATASET_CASES
 
 
 # ---- the Python API's injectable parts: rlplane.train(loss_fn=, dataset=, dataloader=, logger=, policy=, ...)

@@ -11,28 +11,30 @@ console script in a subprocess, to check the real entry point too.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import importlib.util
 import json
 import os
 import pty
+import shutil
 import signal
-import stat
 import subprocess
 import sys
+import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import pytest
 
 import rlplane
-from rlplane.cli import main
 from rlplane.runtime.process_actor import PARENT_POLL_S
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    return _load_path(name, Path(__file__).with_name(f"{name}.py"))
+
+
+def _load_path(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # the later case modules import the first one's world and helpers
     spec.loader.exec_module(module)
@@ -40,9 +42,11 @@ def _load(name: str):
 
 
 C = _load("matrix_cases")
+R = _load("matrix_running")
 READERS, PARTS = _load("matrix_cases_readers"), _load("matrix_cases_parts")
+SWEEPS = _load("matrix_cases_sweeps")
 CASES, T, TINY = C.CASES, C.T, C.TINY
-EXPECTING_CASES = READERS.CASES + PARTS.CASES  # (id, argv, setup, "one-line" | "runs")
+EXPECTING_CASES = READERS.CASES + PARTS.CASES + SWEEPS.CASES  # (id, argv, setup, "one-line" | "runs")
 RESULTS: dict[str, str] = {}  # case id -> "one-line" | "ok" | "traceback" | "wrong: why"
 
 
@@ -57,80 +61,9 @@ def world(tmp_path_factory):
     sys.modules.pop("matrix_user", None)
 
 
-# ---- running and judging a case ---------------------------------------------------------------------
-def _snapshot(*roots: Path) -> dict[str, str]:
-    """Each file's content hash (a large file's size and modification time; a FIFO or device: its kind)."""
-    out = {}
-    for root in roots:
-        for dirpath, _, files in os.walk(root):
-            for f in files:
-                if f == ".rlplane.lock":  # rlplane's own: a run rewrites its holder's pid there
-                    continue
-                p = os.path.join(dirpath, f)
-                st = os.stat(p)
-                if not stat.S_ISREG(st.st_mode):  # opening a FIFO would wait for a writer
-                    out[p] = f"mode {stat.S_IFMT(st.st_mode)}"
-                elif st.st_size > 1 << 20:
-                    out[p] = f"{st.st_size} bytes, mtime {st.st_mtime_ns}"
-                else:
-                    with open(p, "rb") as fh:
-                        out[p] = hashlib.sha1(fh.read()).hexdigest()
-    return out
-
-
-def _judge(rc, err: str, escaped: str | None, before: dict, after: dict, argv: list[str],
-           expect: str = "one-line") -> str:
-    if escaped is not None or "Traceback" in err:
-        return "traceback"
-    lines = err.strip().splitlines()
-    if expect == "runs":
-        errors = [ln for ln in lines if ln.startswith("rlplane: error:")]
-        if rc != 0 or errors:
-            return f"wrong: expected a run, got exit status {rc}: {errors[:1] or lines[-1:]}"
-        changed = [p for p, h in before.items() if after.get(p) != h]
-        return f"wrong: changed or removed the user's {changed[:2]}" if changed else "ok"
-    if rc != 2:
-        return f"wrong: exit status {rc}"
-    if len(lines) != 1 or not lines[0].startswith("rlplane: error:"):
-        return f"wrong: stderr is {len(lines)} lines: {lines[:3]}"
-    changed = [p for p, h in before.items() if after.get(p) != h]
-    if changed:
-        return f"wrong: changed or removed the user's {changed[:2]}"
-    new_ckpts = [p for p in after if p not in before and "/checkpoints/step_" in p]
-    if argv[:1] == ["train"] and new_ckpts:
-        return f"wrong: trained before failing ({new_ckpts[0]})"
-    return "one-line"
-
-
-def run_case(argv_t: list[str], world: Path, t: Path, capsys, setup, expect: str = "one-line") -> tuple[str, str]:
-    try:
-        return _run_case(argv_t, world, t, capsys, setup, expect)
-    finally:
-        while C.MOUNTS:  # a full-disk case's tmpfs
-            subprocess.run(["umount", "-l", C.MOUNTS.pop()], check=False)
-
-
-def _run_case(argv_t: list[str], world: Path, t: Path, capsys, setup, expect: str) -> tuple[str, str]:
-    if setup is not None:
-        setup(world, t)
-    argv = [a.replace("{w}", str(world)).replace("{t}", str(t)) for a in argv_t]
-    before = _snapshot(world, t)
-    capsys.readouterr()
-    escaped, rc = None, None
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code
-    except BaseException:  # noqa: BLE001 - the point is to see it
-        escaped = traceback.format_exc()
-    err = capsys.readouterr().err
-    verdict = _judge(rc, err, escaped, before, _snapshot(world, t), argv, expect)
-    return verdict, (escaped or err).strip()
-
-
 @pytest.mark.parametrize("cid, argv, setup", CASES, ids=[c[0] for c in CASES])
 def test_bad_command_is_one_line_error(cid, argv, setup, world, tmp_path, capsys):
-    verdict, err = run_case(argv, world, tmp_path, capsys, setup)
+    verdict, err = R.run_case(argv, world, tmp_path, capsys, setup)
     RESULTS[cid] = verdict
     assert verdict == "one-line", f"{cid}: {verdict}\n{err[-1500:]}"
 
@@ -139,7 +72,7 @@ def test_bad_command_is_one_line_error(cid, argv, setup, world, tmp_path, capsys
 def test_command_is_one_line_error_or_a_correct_run(cid, argv, setup, expect, world, tmp_path, capsys):
     """Readers (NeMo files, limits, data.tasks, data files) and parts (pools, weight sync, watchdog, early stop,
     deadlines): a one-line error, or a run that does what it was asked, as the case expects."""
-    verdict, err = run_case(argv, world, tmp_path, capsys, setup, expect)
+    verdict, err = R.run_case(argv, world, tmp_path, capsys, setup, expect)
     RESULTS[cid] = verdict
     assert verdict == ("ok" if expect == "runs" else "one-line"), f"{cid}: {verdict}\n{err[-1500:]}"
 
@@ -150,7 +83,7 @@ def test_ray_actors_that_cannot_fit_fail_fast(world, tmp_path, capsys, ray_sessi
     argv = ["train", *T, "runtime=ray", "data_plane.backend=ray", "policy.dp_size=8",
             "policy.train_global_batch_size=8",
             "grpo.num_prompts_per_step=4", "policy.train_micro_batch_size=1"]
-    verdict, err = run_case(argv, world, tmp_path, capsys, None)
+    verdict, err = R.run_case(argv, world, tmp_path, capsys, None)
     RESULTS["ray/dp8-on-2-cpus"] = verdict
     assert verdict == "one-line" and "need 4.5 CPUs" in err, err[-1500:]
 
@@ -211,7 +144,7 @@ def test_python_api_mistake_is_one_line_exception(cid, call, expect, world, tmp_
     a right call, a run."""
     from rlplane.cli import _user_errors
 
-    before = _snapshot(world, tmp_path)
+    before = R.snapshot(world, tmp_path)
     try:
         call(world, tmp_path)
         verdict = "ok" if expect == "runs" else "wrong: returned normally"
@@ -220,7 +153,7 @@ def test_python_api_mistake_is_one_line_exception(cid, call, expect, world, tmp_
         verdict = "one-line" if len(lines) == 1 else f"wrong: message is {len(lines)} lines"
     except BaseException:  # noqa: BLE001 - the point is to see it
         verdict = "traceback"
-    after = _snapshot(world, tmp_path)
+    after = R.snapshot(world, tmp_path)
     if verdict == "one-line" and any(after.get(p) != h for p, h in before.items()):
         verdict = "wrong: changed the user's files"
     if verdict == "one-line" and any("/checkpoints/step_" in p for p in after if p not in before):
@@ -266,20 +199,10 @@ ENV_CASES = [
 ]
 
 
-def _console(argv: list[str], env: dict[str, str], cwd: Path, **kw) -> subprocess.Popen:
-    full = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
-    return subprocess.Popen([sys.executable, "-m", "rlplane.cli", *argv], env=full, cwd=cwd, text=True,
-                            stderr=subprocess.PIPE, start_new_session=True, **kw)
-
-
-def _fill(items, world: Path, t: Path):
-    return [a.replace("{w}", str(world)).replace("{t}", str(t)) for a in items]
-
-
 @pytest.mark.parametrize("cid, env, argv, expect", ENV_CASES, ids=[c[0] for c in ENV_CASES])
 def test_environment_variable_is_taken_or_one_line(cid, env, argv, expect, world, tmp_path):
-    env = dict(zip(env, _fill(env.values(), world, tmp_path)))
-    proc = _console(_fill(argv, world, tmp_path), env, tmp_path, stdout=subprocess.DEVNULL)
+    env = dict(zip(env, R.fill(env.values(), world, tmp_path)))
+    proc = R.console(R.fill(argv, world, tmp_path), env, tmp_path, stdout=subprocess.DEVNULL)
     _, err = proc.communicate(timeout=300)
     lines = err.strip().splitlines()
     if "Traceback" in err:
@@ -293,27 +216,6 @@ def test_environment_variable_is_taken_or_one_line(cid, env, argv, expect, world
     assert verdict in ("ok", "one-line"), f"{cid}: {verdict}\n{err[-1500:]}"
 
 
-BATCH_SCRIPT = """
-import contextlib, io, json, os, sys
-from rlplane.cli import main
-
-out = {}
-for cid, argv, env in json.loads(sys.argv[1]):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = e.code
-        except BaseException as e:
-            rc, err = None, io.StringIO("Traceback: " + repr(e))
-    out[cid] = [rc, err.getvalue()]
-    for k, v in saved.items():
-        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-print(json.dumps(out))
-"""
 SERVER_IDS = [c[0] for c in PARTS.server_cases(0)]
 
 
@@ -324,24 +226,66 @@ def test_start_up_handshakes_with_a_silent_server_are_one_line(world, tmp_path):
     pytest.importorskip("wandb")
     server = PARTS.SilentServer()
     try:
-        cases = [(cid, _fill(argv, world, tmp_path), env) for cid, argv, env in PARTS.server_cases(server.port)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        env.pop("RAY_ADDRESS", None)
-        proc = subprocess.run([sys.executable, "-c", BATCH_SCRIPT, json.dumps(cases)], capture_output=True, text=True,
-                              env=env, cwd=tmp_path, timeout=300)
+        cases = [(cid, R.fill(argv, world, tmp_path), env) for cid, argv, env in PARTS.server_cases(server.port)]
+        out = R.run_batch(cases, env={}, cwd=tmp_path)
     finally:
         server.close()
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for cid, (rc, err) in json.loads(proc.stdout).items():
-        lines = err.strip().splitlines()
-        if "Traceback" in err:
-            RESULTS[cid] = "traceback"
-        elif rc == 2 and len(lines) == 1 and lines[0].startswith("rlplane: error:") and "did not answer" in lines[0]:
-            RESULTS[cid] = "one-line"
-        else:
-            RESULTS[cid] = f"wrong: exit status {rc}, stderr {lines[:2]}"
+    for cid, (rc, err) in out.items():
+        RESULTS[cid] = R.judge_batched(rc, err, "one-line", says="did not answer")
     bad = {cid: RESULTS[cid] for cid in SERVER_IDS if RESULTS[cid] != "one-line"}
     assert not bad, bad
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory):
+    """A Hugging Face cache holding stand-ins of the registry's hub repos (``tests/fixtures/nemo``)."""
+    pytest.importorskip("datasets")
+    sys.path.insert(0, str(READERS.NEMO_FIXTURES))
+    try:
+        import hub_standins
+    finally:
+        sys.path.remove(str(READERS.NEMO_FIXTURES))
+    return hub_standins, tmp_path_factory.mktemp("hf")
+
+
+@pytest.mark.parametrize("cid, argv, expect", SWEEPS.HUB_CASES, ids=[c[0] for c in SWEEPS.HUB_CASES])
+def test_registry_dataset_read_offline_is_one_line_or_a_run(cid, argv, expect, hub_cache, world, tmp_path, capsys,
+                                                            monkeypatch):
+    """NeMo RL's datasets by name over a Hugging Face cache of stand-ins, offline, in this process."""
+    standins, hf_home = hub_cache
+    standins.use_standins(monkeypatch, hf_home, SWEEPS.HUB_ROWS, repos=SWEEPS.HUB_REPOS)
+    verdict, err = R.run_case(argv, world, tmp_path, capsys, lambda w, t: SWEEPS.hub_setup(t), expect)
+    RESULTS[cid] = verdict
+    assert verdict == ("ok" if expect == "runs" else "one-line"), f"{cid}: {verdict}\n{err[-1500:]}"
+
+
+def test_closed_files_and_directories_as_an_unprivileged_user_are_one_line(world, tmp_path):
+    """Being root hides every file closed to a user: the same mistakes as a fresh unprivileged user, in one
+    interpreter. Root's files are left as they were."""
+    helper = _load_path("unprivileged", Path(__file__).parents[1] / "unprivileged.py")
+    if (why := helper.missing_reason()) is not None:
+        pytest.skip(why)
+    place = Path(tempfile.mkdtemp(prefix="rlplane-closed-"))  # not below pytest's 0700 directory
+    try:
+        SWEEPS.closed_world(place, world)
+        cases = SWEEPS.unprivileged_cases(place)
+        before = R.snapshot(*(place / d for d in ("closed", "ro", "rootrun")))
+        with helper.system_user() as user:
+            batch = [(cid, argv, {}) for cid, argv, _, _ in cases]
+            run = helper.run_python_as(user, ["-c", R.BATCH_SCRIPT, json.dumps(batch)], hold=place / "hold",
+                                       home=place / "work" / "home", cwd=place / "work",
+                                       env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                                            "OMP_WAIT_POLICY": "PASSIVE"})
+        assert run.returncode == 0, run.stderr[-2000:]
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        kept = R.snapshot(*(place / d for d in ("closed", "ro", "rootrun"))) == before
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+    for cid, argv, expect, says in cases:
+        rc, err = out[cid]
+        RESULTS[cid] = R.judge_batched(rc, err, expect, says) if kept else "wrong: changed root's files"
+    bad = {cid: (RESULTS[cid], out[cid][1][-300:]) for cid, *_ in cases if RESULTS[cid] not in ("one-line", "ok")}
+    assert not bad, json.dumps(bad, indent=1)
 
 
 def _wait_for_a_step(run: Path, proc: subprocess.Popen) -> None:
@@ -368,7 +312,7 @@ SIGNAL_CASES = [("signal/sigint-mid-run", "SIGINT"), ("signal/sigterm-mid-run", 
 def test_a_signal_mid_run_stops_it_cleanly(cid, name, world, tmp_path):
     """SIGINT, SIGTERM and SIGHUP stop after the step in progress with one line (exit 128 + the signal),
     leave no process behind, the run directory unlocked and no traceback."""
-    proc = _console(_fill(LONG, world, tmp_path), {}, tmp_path, stdout=subprocess.DEVNULL)
+    proc = R.console(R.fill(LONG, world, tmp_path), {}, tmp_path, stdout=subprocess.DEVNULL)
     _wait_for_a_step(tmp_path / "r", proc)
     proc.send_signal(getattr(signal, name))
     _, err = proc.communicate(timeout=120)
@@ -397,7 +341,7 @@ def test_a_closed_terminal_stops_an_async_run_at_a_step_boundary(world, tmp_path
     SIGHUP reaches the whole process group twice (from the shell, then from the kernel as the shell exits). The
     run stops after the step in progress with a checkpoint (exit 129), leaves no process behind, and resumes."""
     master, terminal = pty.openpty()
-    argv = _fill(["train", *TINY, *ASYNC_IN_A_PROCESS, "grpo.max_num_steps=100000",
+    argv = R.fill(["train", *TINY, *ASYNC_IN_A_PROCESS, "grpo.max_num_steps=100000",
                   "checkpointing.save_period=100000", "run_dir={t}/r"], world, tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "rlplane.cli", *argv], cwd=tmp_path, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
@@ -417,7 +361,7 @@ def test_a_closed_terminal_stops_an_async_run_at_a_step_boundary(world, tmp_path
     assert not _group_left(proc.pid), "a process of the run is left"
     done = (tmp_path / "r" / "logs" / "metrics.jsonl").read_text().count("\n")
     assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").glob("step_*")) == [f"step_{done}"]
-    resumed = _console(_fill(["train", "--quiet", *TINY, *ASYNC_IN_A_PROCESS, f"grpo.max_num_steps={done + 1}",
+    resumed = R.console(R.fill(["train", "--quiet", *TINY, *ASYNC_IN_A_PROCESS, f"grpo.max_num_steps={done + 1}",
                               "checkpointing.resume=true", "run_dir={t}/r"], world, tmp_path), {}, tmp_path,
                        stdout=subprocess.DEVNULL)
     _, err = resumed.communicate(timeout=300)
@@ -426,23 +370,13 @@ def test_a_closed_terminal_stops_an_async_run_at_a_step_boundary(world, tmp_path
 
 def test_a_reader_that_leaves_early_is_no_traceback(world, tmp_path):
     """`rlplane show-config | head -1`: the pipe closes under the writer (SIGPIPE is ignored by Python)."""
-    proc = _console(["show-config"], {}, tmp_path, stdout=subprocess.PIPE)
+    proc = R.console(["show-config"], {}, tmp_path, stdout=subprocess.PIPE)
     proc.stdout.readline()
     proc.stdout.close()
     _, err = proc.communicate(timeout=300)
     RESULTS["signal/sigpipe-show-config"] = verdict = "traceback" if "Traceback" in err else (
         "ok" if not err.strip() else f"wrong: stderr {err.strip().splitlines()[:2]}")
     assert verdict == "ok", err[-1500:]
-
-
-def surface_counts(results: dict[str, str]) -> dict[str, dict[str, int]]:
-    """Per surface (the case id's first part): one-line errors, correct runs (ok), tracebacks, wrong behaviours,
-    and what is missing (known, built elsewhere)."""
-    out: dict[str, dict[str, int]] = {}
-    for cid, verdict in sorted(results.items()):
-        row = out.setdefault(cid.split("/")[0], {"one-line": 0, "ok": 0, "traceback": 0, "wrong": 0, "missing": 0})
-        row[verdict.split(":")[0] if verdict.startswith(("wrong", "missing")) else verdict] += 1
-    return out
 
 
 def test_matrix_counts():
@@ -453,13 +387,13 @@ def test_matrix_counts():
     wrong = {k: v for k, v in RESULTS.items() if v.startswith("wrong")}
     print(f"\nbad-input matrix: {len(RESULTS)} commands, {one} one-line errors, {ran} correct runs, {tb} tracebacks, "
           f"{len(wrong)} wrong")
-    for surface, row in surface_counts(RESULTS).items():
+    for surface, row in R.surface_counts(RESULTS).items():
         print(f"  {surface:10s} {sum(row.values()):4d} inputs: {row['one-line']} one-line errors, {row['ok']} ran "
               f"correctly, {row['traceback']} tracebacks, {row['wrong']} wrong, {row['missing']} missing")
     if os.environ.get("RLPLANE_MATRIX_JSON"):  # for a report: the same tally as JSON
-        Path(os.environ["RLPLANE_MATRIX_JSON"]).write_text(json.dumps(surface_counts(RESULTS), indent=1) + "\n")
+        Path(os.environ["RLPLANE_MATRIX_JSON"]).write_text(json.dumps(R.surface_counts(RESULTS), indent=1) + "\n")
     if len(RESULTS) >= (len(CASES) + len(ALL_API_CASES) + len(ENV_CASES) + len(EXPECTING_CASES)
-                        + len(SERVER_IDS)):  # the whole file ran (not a -k selection)
+                        + len(SERVER_IDS) + len(SWEEPS.HUB_CASES)):  # the whole file ran (not a -k selection)
         assert len(RESULTS) >= 200
         assert tb == 0 and not wrong, json.dumps({k: v for k, v in RESULTS.items() if v not in ("one-line", "ok")},
                                                  indent=1)

@@ -51,6 +51,9 @@ def _commands(tmp: Path) -> list[list[str]]:
         ["export", "--checkpoint", str(tmp / "nope"), "-o", str(tmp / "out")],
         ["train", "-c", str(tmp / "nope.yaml")], ["train", "grpo.adv_estimator.name=nope"],
         ["train", "policy.optimizer.betas=[0.9,1.5]", "loss_fn.ratio_clip_c=0.5"],
+        ["train", "data.dataset=registry", "data.train.name=nope"],  # NeMo RL's dataset names: plain tables
+        ["train", "data.dataset=registry", "data.train.name=gsm8k", "data.train.options.nope=1"],
+        ["sweep", "--seeds", "1", "--variant", "grpo.nope=1"],  # every run's config, checked before the first
     ]
 
 

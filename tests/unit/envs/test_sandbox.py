@@ -11,16 +11,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pwd
-import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-import rlplane
 from rlplane.envs import UnknownEnvironmentError, create_env, sandbox
 from rlplane.envs.code import CodeEnv, extract_code
 from rlplane.envs.sandbox import SandboxLimits, SandboxUnavailable, run_python
@@ -30,7 +25,9 @@ _spec = importlib.util.spec_from_file_location("hostile_programs", _HOSTILE)
 hostile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hostile)
 GOOD, TESTS = hostile.GOOD, hostile.TESTS
-UNPRIVILEGED_USER = "rlplane-sbx"
+_spec = importlib.util.spec_from_file_location("unprivileged", Path(__file__).parents[1] / "unprivileged.py")
+unprivileged = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(unprivileged)
 
 
 def _report(suite: dict) -> tuple[int, int]:
@@ -59,72 +56,26 @@ def test_hostile_programs_are_contained(suite_here, layer):
     _check_suite(suite_here[layer], f"uid {os.geteuid()}, {layer}")
 
 
-def _blocked_ancestors(paths) -> dict[str, set[str]]:
-    """Directories only root may enter (e.g. /root, 0700) on the way to ``paths`` -> the child needed in each."""
-    blocked: dict[str, set[str]] = {}
-    for path in paths:
-        parts = Path(path).parts
-        for i in range(1, len(parts)):
-            directory = Path(*parts[:i])
-            if not os.stat(directory).st_mode & 0o001:
-                blocked.setdefault(str(directory), set()).add(parts[i])
-    return blocked
-
-
 @pytest.fixture(scope="module")
 def unprivileged_user():
     if os.geteuid() != 0:
         pytest.skip("the tests already run unprivileged: test_hostile_programs_are_contained covers that case")
-    missing = [t for t in ("useradd", "userdel", "unshare", "setpriv") if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"cannot switch to an unprivileged uid: {', '.join(missing)} not installed (util-linux, passwd)")
-    try:
-        pwd.getpwnam(UNPRIVILEGED_USER)
-        created = False
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        UNPRIVILEGED_USER], check=True, capture_output=True)
-        created = True
-    yield UNPRIVILEGED_USER
-    if created:
-        subprocess.run(["userdel", UNPRIVILEGED_USER], capture_output=True)
+    if (why := unprivileged.missing_reason()) is not None:
+        pytest.skip(why)
+    with unprivileged.system_user() as user:
+        yield user
 
 
 def test_hostile_programs_are_contained_for_an_unprivileged_trainer(unprivileged_user, tmp_path):
-    """The same batch, run by a trainer process with an ordinary uid and no capabilities.
-
-    The interpreter may sit below a directory only root can enter (pyenv under /root, 0700): the
-    driver then runs in a private mount namespace where such a directory is a tmpfs holding just the
-    needed child, bind-mounted from the host. Its uid, capabilities and user namespace are those of
-    any unprivileged user.
-    """
-    src = str(Path(rlplane.__file__).resolve().parents[1])
-    needed = {os.path.realpath(p) for p in (sys.executable, sys.base_prefix, sys.prefix, src, str(_HOSTILE))}
-    blocked = _blocked_ancestors(needed)
-    hold = tmp_path / "hold"
-    lines = ["set -e", "mount --make-rprivate /"]
-    for i, (directory, children) in enumerate(sorted(blocked.items())):
-        for j, child in enumerate(sorted(children)):
-            lines += [f"mkdir -p {hold}/{i}-{j}", f"mount --bind '{directory}/{child}' {hold}/{i}-{j}"]
-        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs '{directory}'")
-        for j, child in enumerate(sorted(children)):
-            lines += [f"mkdir -p '{directory}/{child}'", f"mount --move {hold}/{i}-{j} '{directory}/{child}'"]
-    home = tmp_path / "home"
-    home.mkdir()
-    user = pwd.getpwnam(unprivileged_user)
-    os.chown(home, user.pw_uid, user.pw_gid)
+    """The same batch, run by a trainer process with an ordinary uid and no capabilities (``tests/unit/
+    unprivileged.py``: a private mount namespace opens the way to an interpreter below /root)."""
     os.chmod(tmp_path, 0o755)
-    lines.append(
-        f"exec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups --inh-caps=-all "
-        f"env -i HOME={home} PATH=/usr/bin:/bin PYTHONPATH={src} OMP_NUM_THREADS=1 TMPDIR={home} "
-        f"{sys.executable} {_HOSTILE}"
-    )
-    run = subprocess.run(["unshare", "--mount", "sh", "-c", "\n".join(lines)], capture_output=True, text=True,
-                         timeout=300)
+    run = unprivileged.run_python_as(unprivileged_user, [str(_HOSTILE)], hold=tmp_path / "hold",
+                                     home=tmp_path / "home", needed=(str(_HOSTILE),))
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     for layer, suite in result.items():
-        assert suite["uid"] == user.pw_uid and suite["isolation"] == "user namespace"
+        assert suite["uid"] == unprivileged_user.pw_uid and suite["isolation"] == "user namespace"
         _check_suite(suite, f"unprivileged uid {suite['uid']}, {layer}")
 
 

@@ -13,9 +13,10 @@ import zipfile
 import pytest
 import torch
 
-from rlplane.data import hf_files, jsonl
+from rlplane.data import file_bounds, hf_files
 from rlplane.data.errors import DatasetError
-from rlplane.data.jsonl import MAX_ROW_BYTES, MAX_ROW_DEPTH, read_jsonl_rows
+from rlplane.data.file_bounds import MAX_ROW_BYTES
+from rlplane.data.jsonl import MAX_ROW_DEPTH, read_jsonl_rows
 from rlplane.data.task_spec import TaskDataSpec
 from rlplane.utils.checkpoint import CheckpointError, load_torch_state, load_weights, weight_shapes
 
@@ -93,7 +94,7 @@ def test_hf_files_are_held_to_max_rows(tmp_path, fmt):
 
 def test_a_csv_line_with_no_end_is_refused_before_datasets_reads_it(tmp_path, monkeypatch):
     pytest.importorskip("datasets")
-    monkeypatch.setattr(jsonl, "MAX_ROW_BYTES", 1024)
+    monkeypatch.setattr(file_bounds, "MAX_ROW_BYTES", 1024)
     f = tmp_path / "d.csv"
     f.write_text("problem,answer\n1+1=," + "2" * 5000 + "\n")
     with pytest.raises(DatasetError, match=r"d.csv, line 2: longer than 1,024 bytes, over MAX_ROW_BYTES"):
