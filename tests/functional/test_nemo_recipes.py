@@ -32,7 +32,12 @@ def nemo_user_overrides(loop: str, data: Path, generations: int) -> list[str]:
     ("grpo-llama3.2-1b-instruct-1n1g-tq_simple", "grpo", 2, []),
     ("grpo-math-1B-async-1off", "grpo", 2, []),
     ("ppo_math_1B", "ppo", 2, ["ppo.ppo_epochs=1"]),
-    ("distillation_math", "distillation", 1, ["teacher.model_name=embedded:tiny-llama"]),
+    # its validation set is AIME2024 from the hub (test_nemo_as_is.py reads it from a cache): here the local file
+    ("distillation_math", "distillation", 1, ["teacher.model_name=embedded:tiny-llama",
+                                              "data.validation.dataset_name=ResponseDataset",
+                                              "data.validation.data_path={data}",
+                                              "data.validation.input_key=question", "data.validation.output_key=answer",
+                                              "data.validation.repeat=1"]),
 ])
 def test_nemo_recipe_trains(tmp_path, name, loop, generations, extra):
     data = tmp_path / "local.jsonl"
@@ -40,8 +45,8 @@ def test_nemo_recipe_trains(tmp_path, name, loop, generations, extra):
                             for a in range(4) for b in range(4)))
     run = tmp_path / "run"
     cfg = load_config(str(FIXTURES / f"{name}.yaml"), [
-        *nemo_user_overrides(loop, data, generations), *extra, f"run_dir={run}", "logger.log_dir=null",
-        "checkpointing.checkpoint_dir=null", "logger.progress_bar=false"])
+        *nemo_user_overrides(loop, data, generations), *(x.format(data=data) for x in extra), f"run_dir={run}",
+        "logger.log_dir=null", "checkpointing.checkpoint_dir=null", "logger.progress_bar=false"])
     assert cfg.data.train.path == str(data) and cfg.algorithm == loop
     rlplane.train(cfg, quiet=True)
     rows = [json.loads(r) for r in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
