@@ -43,7 +43,27 @@ def build_tiny_llama(
 ) -> LlamaForCausalLM:
     """A random Llama with tied embeddings sized for ``tokenizer`` (``intermediate_size`` default
     ``2 * hidden_size``), deterministic in ``seed``; leaves the global RNG untouched."""
-    config = LlamaConfig(
+    config = tiny_llama_config(tokenizer, hidden_size, num_layers, num_heads, intermediate_size,
+                               max_position_embeddings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def tiny_llama_config(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+) -> LlamaConfig:
+    """The architecture :func:`build_tiny_llama` builds (no weights)."""
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -56,10 +76,3 @@ def build_tiny_llama(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
