@@ -137,6 +137,7 @@ def _sft(cfg, args, paths) -> int:
     from rlplane.config.loading import dump_config
     from rlplane.fast.threads import set_worker_threads
     from rlplane.models.configured import load_configured_policy
+    from rlplane.training.plan import rollout_options
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
     from rlplane.utils.seeding import seed_everything
@@ -150,7 +151,7 @@ def _sft(cfg, args, paths) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    state, result = warm_up(cfg, Prompts(cfg.dataset_options(), tok), say)
+    state, result = warm_up(rollout_options(cfg), cfg.warmup, cfg.env, Prompts(cfg.dataset_options(), tok), say)
     (paths.run_dir / "config.yaml").write_text(dump_config(cfg))  # written once the run really ran
     model.load_state_dict(state)
     model.save_pretrained(out)

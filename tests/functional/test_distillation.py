@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlplane.config.loading import load_config
-from rlplane.recipes.distillation import ReverseKLLoss, distillation_step, teacher_config, train
+from rlplane.recipes.distillation import ReverseKLLoss, distillation_step, train
 from rlplane.training import Session
 from rlplane.utils.logging import read_metrics
 
@@ -30,7 +30,7 @@ def test_teacher_equal_to_student_gives_zero_reverse_kl(tmp_path):
     # teacher_logprobs with the student's logprobs would show here).
     cfg = small_cfg(tmp_path, "warmup.enabled=false", "teacher.warmup.enabled=false", "checkpointing.enabled=false",
                     "teacher.tiny.hidden_size=128", "teacher.tiny.num_heads=4", "teacher.tiny.intermediate_size=256")
-    with Session(cfg, quiet=True, teacher_cfg=teacher_config(cfg)) as s:
+    with Session(cfg, quiet=True) as s:  # the plan's teacher role: distillation has one
         s.start()
         m = distillation_step(s, ReverseKLLoss(), 0)
     assert abs(m["train/reverse_kl"]) < 1e-5

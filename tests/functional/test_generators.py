@@ -20,7 +20,8 @@ from rlplane.recipes.grpo import TRAIN_COLUMNS, grpo_step
 from rlplane.training.loop import Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
 from rlplane.training.session import Session
-from rlplane.workers.policy import ClippedPGLoss
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from rlplane.workers.rollout import RolloutWorker
 
 SMALL = [
     "grpo.num_prompts_per_step=5",  # odd: the two generators get 3 and 2 groups
@@ -99,13 +100,13 @@ def run_steps_and_placements(tmp_path, *extra) -> tuple[list[dict], dict, dict, 
 
     cfg = load_config(None, [*SMALL, *RAY, f"run_dir={tmp_path}", "policy.generation.num_generators=2", *extra])
     with Session(cfg, quiet=True) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         rows = []
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             rows.append(grpo_step(s, loss, step))
-        where = {"policy": s.workers.policy.run("placement"), "generators": s.workers.rollout.group.run("placement")}
-        held = s.workers.rollout.group.run("num_weights_held")
+        where = {"policy": s.workers.policy.run(PolicyWorker.placement), "generators": s.workers.rollout.placement()}
+        held = s.workers.rollout.group.run(RolloutWorker.num_weights_held)
         table = {name: ray.util.placement_group_table(pg) for name, pg in s.workers.placement_groups.items()}
     return rows, where, table, held
 
@@ -158,7 +159,7 @@ def test_every_generator_gets_the_trained_weights(tmp_path, first_digit_env):
     first-digit reward varies from random weights, so the step changes them)."""
     cfg = load_config(None, [*SMALL, f"run_dir={tmp_path}", "policy.generation.num_generators=2"])
     with Session(cfg, quiet=True) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         s.start()
         before = {k: v.clone() for k, v in s.workers.policy.workers[0].model.state_dict().items()}
         s.begin_step(0)

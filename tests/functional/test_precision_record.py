@@ -3,6 +3,8 @@ resumed run keeps the recorded one even where this host would choose otherwise."
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from rlplane.cli import main
@@ -31,7 +33,7 @@ def test_auto_is_recorded_and_a_resume_keeps_it_on_a_host_that_would_choose_othe
     capsys.readouterr()
     assert main(["train", *RUN, "grpo.max_num_steps=2", "checkpointing.resume=true", f"run_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
-    assert "policy.precision: auto -> bf16 (recorded by the run that wrote" in out
+    assert re.search(r"\n  numerics +bf16 on cpu \(auto: recorded by the run that wrote", out)
     assert "resume: policy.precision" not in out  # no change to report: the same value
     assert _recorded(tmp_path / "config.yaml") == "bf16"
     assert _recorded(tmp_path / "checkpoints" / "step_2" / "config.yaml") == "bf16"

@@ -76,6 +76,10 @@ class RolloutLoopConfig(StrictModel):
     )
     stop_at_validation_threshold: float | None = Field(None, description="See stop_at_validation_metric.")
 
+    def samples_per_step(self) -> int:
+        """prompts × generations: the samples a step trains on (the run plan's ``sizes.samples_per_step``)."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt
+
     @model_validator(mode="after")
     def _rules(self) -> "RolloutLoopConfig":
         if self.batch_multiplier > 1 and not self.use_dynamic_sampling:

@@ -16,6 +16,7 @@ from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TEACHER_LO
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts, rollout_metrics, stamp_sample_mask
 from rlplane.utils.metrics import merge_rank_metrics
+from rlplane.workers.teacher import TeacherWorker
 
 TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, TEACHER_LOGPROBS]
 
@@ -32,13 +33,6 @@ class ReverseKLLoss:
                                global_valid_tokens)
 
 
-def teacher_config(cfg: RunConfig) -> RunConfig:
-    """The teacher's run config: the run's, with ``teacher.*`` as its model and warm-up."""
-    t = cfg.teacher
-    policy = cfg.policy.model_copy(update={"model_name": t.model_name, "tiny": t.tiny})
-    return cfg.model_copy(update={"policy": policy, "warmup": t.warmup})
-
-
 def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, float]:
     """One distillation step; returns its metrics (train/*, timing/train/*)."""
     g = s.cfg.distillation
@@ -47,8 +41,7 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
-                                    g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, s.plan.sizes.samples_per_step)
 
     # ---- the student's rollouts; the sample mask ------------------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
@@ -57,7 +50,7 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
 
     # ---- the teacher scores the student's tokens, written back per sample ------------------------
     with timer("teacher_logprobs"):
-        s.workers.teacher.run_sharded("compute_logprobs", meta, out_field=TEACHER_LOGPROBS)
+        s.workers.teacher.run_sharded(TeacherWorker.compute_logprobs, meta, out_field=TEACHER_LOGPROBS)
 
     # ---- train on the reverse KL; the step is over ----------------------------------------------
     with timer("policy_training"):
@@ -72,7 +65,7 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
 
 def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
     """Run the whole job: warm-up of student and teacher (or resume), steps, validation, checkpoints."""
-    with Session(cfg, quiet, teacher_cfg=teacher_config(cfg), components=components) as s:
+    with Session(cfg, quiet, components=components) as s:  # the teacher: the plan's teacher role
         loss = s.components.loss_fn or ReverseKLLoss()
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
@@ -81,6 +74,10 @@ def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None 
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
                 s.stop_early(step, e)
                 break
-            if s.end_step(step, metrics):
+            done = s.trained(step)
+            s.validate_if_due(done, metrics)
+            s.log_step(done, metrics)
+            saved = s.checkpoint_if_due(done, metrics)
+            if s.should_stop(done, metrics, saved):
                 break
         return s.summary()

@@ -1,9 +1,11 @@
 """Where workers run: the same worker classes in-process (`local`) or as Ray actors (`ray`).
 
 A group (one worker per DP rank) calls a method on all ranks and returns results in rank order; a single
-actor is called like an object. Workers do not know their runtime, and nothing above imports Ray.
-``lazy(method)`` returns the value locally or an object reference under Ray, resolved in the actor it is
-passed to (weights go from policy to generator without the driver).
+actor is called like an object. A call names the worker's method itself (``group.run(PolicyWorker.save, path)``),
+never its name as a string, so a reader and every tool can follow it; the name crosses to Ray here only.
+Workers do not know their runtime, and nothing above imports Ray. ``lazy(method)`` returns the value locally or
+an object reference under Ray, resolved in the actor it is passed to (weights go from policy to generator
+without the driver).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta, shard_meta_for_dp
 from rlplane.errors import ConfigError, WorkerFailed
 from rlplane.fast.heap import freeze_actor_heap
 from rlplane.runtime import interrupts, watchdog
+from rlplane.runtime.calls import method_name
 from rlplane.runtime.process_actor import ProcessActor
 from rlplane.runtime.worker_env import WORKER_ENV
 from rlplane.utils.reachable import check_reachable
 
 # An actor that has not started by then never will: fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
+
 
 
 def _per_rank_shards(meta: KVBatchMeta, world: int, batch_size: int | None) -> list[dict]:
@@ -55,33 +59,36 @@ def _dead_among(where: dict, method: str, timeout_s: float = 5.0) -> WorkerFaile
 
 
 class LocalGroup:
-    """Workers constructed in this process; calls run one after the other. ``name`` labels rank ``i``
-    as ``{name} {i}`` for the watchdog."""
+    """Workers constructed in this process; calls run one after the other. ``cls``: their class (whose methods a
+    call names); ``name`` labels rank ``i`` as ``{name} {i}`` for the watchdog."""
 
     def __init__(self, cls: type, per_rank_kwargs: list[dict[str, Any]], name: str | None = None):
-        self.name = name or cls.__name__
+        self.cls, self.name = cls, name or cls.__name__
         self.workers = [cls(**kw) for kw in per_rank_kwargs]
 
     def __len__(self) -> int:
         return len(self.workers)
 
-    def run(self, method: str, *args, per_rank: list[dict] | None = None, **kwargs) -> list:
-        with watchdog.tracking(self.name, method):
-            return [getattr(w, method)(*args, **kwargs, **(per_rank[i] if per_rank else {}))
+    def run(self, method: Callable, *args, per_rank: list[dict] | None = None, **kwargs) -> list:
+        name = method_name(method)
+        with watchdog.tracking(self.name, name):
+            return [getattr(w, name)(*args, **kwargs, **(per_rank[i] if per_rank else {}))
                     for i, w in enumerate(self.workers)]
 
-    def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
+    def run_sharded(self, method: Callable, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
         """Shard ``meta`` over the ranks (:func:`shard_meta_for_dp`) and call ``method`` on each with its shard."""
+        name = method_name(method)
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
         results = []
-        with watchdog.tracking(self.name, method):
+        with watchdog.tracking(self.name, name):
             for worker, shard in zip(self.workers, shards):  # a plain loop: one frame less to the worker
-                results.append(getattr(worker, method)(**kwargs, **shard))
+                results.append(getattr(worker, name)(**kwargs, **shard))
         return results
 
-    def lazy(self, method: str, *args, rank: int = 0, **kwargs):
-        with watchdog.tracking(f"{self.name} {rank}", method):
-            return getattr(self.workers[rank], method)(*args, **kwargs)
+    def lazy(self, method: Callable, *args, rank: int = 0, **kwargs):
+        name = method_name(method)
+        with watchdog.tracking(f"{self.name} {rank}", name):
+            return getattr(self.workers[rank], name)(*args, **kwargs)
 
     def wait(self, handles: list) -> list:
         """The results of calls made with :meth:`lazy` (already computed in this process)."""
@@ -104,7 +111,7 @@ class RayGroup:
         import ray
 
         self.data_plane = data_plane
-        self.name = name or cls.__name__
+        self.cls, self.name = cls, name or cls.__name__
 
         remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus,
                                 runtime_env={"env_vars": {**WORKER_ENV, **(env_vars or {})}})(cls)
@@ -122,34 +129,37 @@ class RayGroup:
         # Each actor's model and imports out of full GC's reach (rlplane.fast.heap).
         ray.get([w.__ray_call__.remote(freeze_actor_heap) for w in self.workers])
         if distributed:  # its own process group (gloo/NCCL): every actor is its own process
-            self.run("setup_distributed", ray.get(self.workers[0].node_address.remote()))
+            self.run(cls.setup_distributed, ray.get(self.workers[0].node_address.remote()))
 
     def __len__(self) -> int:
         return len(self.workers)
 
-    def run(self, method: str, *args, per_rank: list[dict] | None = None, **kwargs) -> list:
+    def run(self, method: Callable, *args, per_rank: list[dict] | None = None, **kwargs) -> list:
         import ray
 
+        name = method_name(method)
         refs = [
-            getattr(w, method).remote(*args, **kwargs, **(per_rank[i] if per_rank else {}))
+            getattr(w, name).remote(*args, **kwargs, **(per_rank[i] if per_rank else {}))
             for i, w in enumerate(self.workers)
         ]
-        return self._received(self._get(refs, method, ray.get))
+        return self._received(self._get(refs, name, ray.get))
 
-    def run_sharded(self, method: str, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
+    def run_sharded(self, method: Callable, meta: KVBatchMeta, batch_size: int | None = None, **kwargs) -> list:
         """Shard ``meta`` over the ranks and call ``method`` on each with its located shard; receipts are taken
         before this returns."""
         import ray
 
+        name = method_name(method)
         shards = _per_rank_shards(meta, len(self.workers), batch_size)
         if self.data_plane is not None:
             shards = [{"meta": self.data_plane.located(shard["meta"])} for shard in shards]
-        refs = [getattr(w, method).remote(**kwargs, **shards[i]) for i, w in enumerate(self.workers)]
-        return self._received(self._get(refs, method, ray.get))
+        refs = [getattr(w, name).remote(**kwargs, **shards[i]) for i, w in enumerate(self.workers)]
+        return self._received(self._get(refs, name, ray.get))
 
-    def lazy(self, method: str, *args, rank: int = 0, **kwargs):
-        ref = getattr(self.workers[rank], method).remote(*args, **kwargs)
-        self._lazy[ref.hex()] = method  # a hex, not the ref: holding it would pin the result in the object store
+    def lazy(self, method: Callable, *args, rank: int = 0, **kwargs):
+        name = method_name(method)
+        ref = getattr(self.workers[rank], name).remote(*args, **kwargs)
+        self._lazy[ref.hex()] = name  # a hex, not the ref: holding it would pin the result in the object store
         if len(self._lazy) > 64:  # refs handed to other actors are never waited for here
             self._lazy.pop(next(iter(self._lazy)))
         return ref
@@ -208,9 +218,10 @@ class LocalActor:
         self.obj = cls(**kwargs)
         self.name = name or cls.__name__
 
-    def call(self, method: str, *args, **kwargs):
-        with watchdog.tracking(self.name, method):
-            return getattr(self.obj, method)(*args, **kwargs)
+    def call(self, method: Callable, *args, **kwargs):
+        name = method_name(method)
+        with watchdog.tracking(self.name, name):
+            return getattr(self.obj, name)(*args, **kwargs)
 
     lazy = call
 
@@ -244,20 +255,21 @@ class RayActor:
         self.handle.__ray_call__.remote(freeze_actor_heap)
         watchdog.register_actor(self.name, self.handle.__ray_call__.remote(watchdog.install_stack_dump))
 
-    def call(self, method: str, *args, **kwargs):
+    def call(self, method: Callable, *args, **kwargs):
         import ray
 
         from rlplane.runtime.deadlines import ray_get
 
-        ref = getattr(self.handle, method).remote(*args, **kwargs)
-        with watchdog.tracking(self.name, method, {ref: (self.name, self.handle)}):
+        name = method_name(method)
+        ref = getattr(self.handle, name).remote(*args, **kwargs)
+        with watchdog.tracking(self.name, name, {ref: (self.name, self.handle)}):
             try:  # a deadline hit inside the actor comes out as its own one line, not Ray's traceback
                 return ray_get(ref)
             except ray.exceptions.RayActorError as e:
-                raise worker_died(e, self.name, method) from None
+                raise worker_died(e, self.name, name) from None
 
-    def lazy(self, method: str, *args, **kwargs):
-        return getattr(self.handle, method).remote(*args, **kwargs)
+    def lazy(self, method: Callable, *args, **kwargs):
+        return getattr(self.handle, method_name(method)).remote(*args, **kwargs)
 
     def share(self, name: str, tensors):
         """An argument for :meth:`call` holding ``tensors`` (as given: an object reference stays one)."""

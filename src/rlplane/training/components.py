@@ -18,11 +18,12 @@ from typing import Any
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import PREV_LOGPROBS, REFERENCE_LOGPROBS
 from rlplane.errors import ConfigError
+from rlplane.workers.policy import PolicyWorker
 
 # What the session calls on each injectable part.
 NEEDS = {
     "policy": ("get_logprobs_from_meta", "get_reference_policy_logprobs_from_meta", "train_from_meta"),
-    "policy_generation": ("call", "update_weights"),
+    "policy_generation": ("rollout", "set_weight_version", "update_weights"),
     "checkpointer": ("check_resume", "attach", "restore", "due", "save"),
 }
 
@@ -76,14 +77,14 @@ class DataPlanePolicy:
         """``prev_logprobs`` under the trained weights; ``micro_batch_size`` None: ``policy.logprob_batch_size``;
         ``timer``: a :class:`~rlplane.training.loop.Timer` the call is timed in (NeMo RL's nested timing)."""
         with _timed(timer, "policy_logprobs"):
-            self.group.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS,
+            self.group.run_sharded(PolicyWorker.compute_logprobs, meta, out_field=PREV_LOGPROBS,
                                    **_given(micro_batch_size=micro_batch_size))
 
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None,
                                                 timer=None) -> None:
         """``reference_policy_logprobs`` (temperature only) under the frozen initial weights."""
         with _timed(timer, "reference_policy_logprobs"):
-            self.group.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True,
+            self.group.run_sharded(PolicyWorker.compute_logprobs, meta, out_field=REFERENCE_LOGPROBS, reference=True,
                                    **_given(micro_batch_size=micro_batch_size))
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn, eval_mode: bool = False, gbs: int | None = None,
@@ -91,7 +92,7 @@ class DataPlanePolicy:
         """One training pass (``eval_mode``: loss and metrics only); the ranks' metrics, one dict each."""
         extra = _given(eval_mode=eval_mode or None, gbs=gbs, mbs=mbs)
         with _timed(timer, "policy_training"):
-            return self.group.run_sharded("train", meta, batch_size=gbs or self.train_global_batch_size,
+            return self.group.run_sharded(PolicyWorker.train, meta, batch_size=gbs or self.train_global_batch_size,
                                           loss=loss_fn, **extra)
 
 

@@ -15,7 +15,7 @@ from rlplane.generation import HFGenerationBackend  # noqa: E402
 from rlplane.models import load_policy  # noqa: E402
 from rlplane.models.lora import is_lora, policy_weights  # noqa: E402
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS  # noqa: E402
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers.logprobs import token_logprobs  # noqa: E402
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker  # noqa: E402
 

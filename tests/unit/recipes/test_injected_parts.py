@@ -62,7 +62,7 @@ def test_injected_policy_generation_and_checkpointer_wrap_the_runs_own(tmp_path)
             assert v == b[k] or (isinstance(v, float) and math.isclose(v, b[k], rel_tol=1e-6)), k
     # On-policy (one optimizer step per step): prev logprobs come from the training forward, no call.
     assert made["policy"].calls == ["get_reference_policy_logprobs_from_meta", "train_from_meta"] * 2
-    assert made["generation"].calls.count("call") >= 2  # rollouts (no weight push: local hf shares the module)
+    assert made["generation"].calls.count("rollout") >= 2  # no weight push: local hf shares the module
     assert made["checkpointer"].calls.count("save") == 2 and "attach" in made["checkpointer"].calls
     assert sorted(p.name for p in (tmp_path / "injected" / "checkpoints").iterdir() if p.name.startswith("step"))
 
@@ -82,9 +82,9 @@ class NoTrain:
     ({"checkpointer": object()}, "rlplane.train(checkpointer=...): object has no check_resume, attach, restore, due, "
                                  "save; give an object with check_resume, attach, restore, due, save, or a function "
                                  "of the run's own checkpointer"),
-    ({"policy_generation": lambda built: object()}, "rlplane.train(policy_generation=...): object has no call, "
-                                                    "update_weights; give an object with call, update_weights, or a "
-                                                    "function of the run's own policy_generation"),
+    ({"policy_generation": lambda built: object()},
+     "rlplane.train(policy_generation=...): object has no rollout, set_weight_version, update_weights; give an "
+     "object with rollout, set_weight_version, update_weights, or a function of the run's own policy_generation"),
 ])
 def test_a_part_lacking_a_needed_method_is_one_line(tmp_path, parts, said):
     with pytest.raises(ConfigError) as e:

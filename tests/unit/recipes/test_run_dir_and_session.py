@@ -31,15 +31,17 @@ def test_overlong_prompts_with_a_progress_bar_do_not_crash_the_session(tmp_path,
 
 
 def test_ray_actors_that_cannot_fit_the_cluster_are_refused():
+    from rlplane.training.plan import build_plan
     from rlplane.training.workers import check_ray_resources, ray_cpu_demand
 
-    cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=8"])
-    assert ray_cpu_demand(cfg, uses_critic=False) == 8 * 0.5 + 0.5  # policy ranks + the rollout actor
-    with pytest.raises(ConfigError, match=r"policy.dp_size = 8: the Ray actors need 4.5 CPUs .* has 2"):
-        check_ray_resources(cfg, uses_critic=False, cluster_cpus=2)
-    check_ray_resources(cfg, uses_critic=False, cluster_cpus=4.5)  # fits exactly
+    plan = build_plan(load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=8"]))
+    assert ray_cpu_demand(plan) == 8 * 0.5 + 0.5  # policy ranks + the rollout actor
+    with pytest.raises(ConfigError, match=r"policy.dp_size = 8: the Ray actors need 4.5 CPUs \(8 policy × 0.5 "
+                                          r"\+ 1 generator × 0.5\) but the Ray cluster has 2"):
+        check_ray_resources(plan, cluster_cpus=2)
+    check_ray_resources(plan, cluster_cpus=4.5)  # fits exactly
     ppo = load_config("ppo_arithmetic", ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=2"])
-    assert ray_cpu_demand(ppo, uses_critic=True) == 2 * 0.5 + 0.5 + 2 * 0.25  # + a critic rank per policy rank
+    assert ray_cpu_demand(build_plan(ppo)) == 2 * 0.5 + 0.5 + 2 * 0.25  # the plan's critic: a rank per policy rank
 
 
 def test_a_new_run_refuses_an_earlier_one_unless_overwrite(tmp_path, capsys):

@@ -29,7 +29,7 @@ def _stuck_call_under_a_watchdog(tmp_path) -> watchdog.Watchdog:
     dog.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            actor.call("wait_forever")
+            actor.call(Stuck.wait_forever)
     finally:
         dog.stop()
     return dog

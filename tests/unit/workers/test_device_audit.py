@@ -23,7 +23,7 @@ from rlplane.dataplane import make_data_plane
 from rlplane.models import precision
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
 from rlplane.runtime.devices import dist_backend, num_gpus_per_worker, resolve_device, to_device
-from rlplane.training.workers import policy_options, value_options
+from rlplane.training.plan import policy_options, value_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
 

@@ -16,7 +16,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers.logprobs import token_logprobs
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 

@@ -8,7 +8,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models.loading import load_policy
 from rlplane.recipes.ppo import TRAIN_COLUMNS as TRAIN_FIELDS
-from rlplane.training.workers import value_options
+from rlplane.training.plan import value_options
 from rlplane.workers.value import ValueWorker, build_value_model, shifted_values
 
 CFG = ["warmup.enabled=false", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",

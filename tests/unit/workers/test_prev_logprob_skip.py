@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from rlplane.config.loading import load_config
-from rlplane.config.plan import prev_logprobs_are_the_training_forward, skips_prev_logprob_forward
 from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
 from rlplane.training import Session
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options, prev_logprobs_are_the_training_forward, skips_prev_logprob_forward
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 N = 16  # 4 prompts x 4 generations: one global batch of 16 = one optimizer step per rollout
@@ -112,7 +111,7 @@ def _count_prev_forwards(tmp_path, *extra) -> int:
                              "checkpointing.enabled=false", f"run_dir={tmp_path}", *extra])
     with Session(cfg, quiet=True) as s:
         s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                              prev_from_forward=skips_prev_logprob_forward(cfg))  # as recipes/grpo.py's train()
         worker, calls = s.workers.policy.workers[0], []
         real = worker.compute_logprobs

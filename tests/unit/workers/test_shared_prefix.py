@@ -13,7 +13,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.recipes.grpo import TRAIN_COLUMNS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers import shared_prefix
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 

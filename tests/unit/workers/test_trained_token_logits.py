@@ -11,7 +11,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models.configured import load_configured_policy
 from rlplane.recipes.grpo import TRAIN_COLUMNS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers import policy
 from rlplane.workers.logprobs import microbatch_logprobs
 from rlplane.workers.packing import MicroBatch
