@@ -357,6 +357,16 @@ def validation_metric_known(cfg) -> list[str]:
     return errors
 
 
+def positive_nll_not_in_recipes(cfg) -> list[str]:
+    """VAPO's positive-example NLL needs each sample's reward and the global count of positive tokens inside the
+    loss; the recipes hand the policy workers advantages only, so the term would fail mid-step."""
+    w = cfg.loss_fn.positive_example_nll_weight
+    if w > 0:
+        return [f"loss_fn.positive_example_nll_weight = {w}: the GRPO and PPO trainers do not pass per-sample "
+                "rewards to the policy workers' loss, so this term cannot be computed; set it to 0"]
+    return []
+
+
 #: Run first: when one finds something, the rest are not run (they would judge the wrong section).
 SECTION_RULES: list[Rule] = [foreign_sections]
 
@@ -394,6 +404,7 @@ RULES: list[Rule] = [
     async_without_vllm_sleep,
     async_one_generator,
     validation_metric_known,
+    positive_nll_not_in_recipes,
 ]
 
 

@@ -77,15 +77,15 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_variant(text: str) -> Variant:
-    """A named variant (:data:`VARIANTS`) or one ``KEY=VALUE`` override as a variant of its own."""
+    """A named variant (:data:`VARIANTS`), or ``KEY=VALUE`` overrides (several separated by spaces) as one."""
     if text in VARIANTS:
         return VARIANTS[text]
-    key, sep, value = text.partition("=")
-    if sep and key and "." in key:
-        slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", text)[:80]
-        return Variant(slug, (text,), (), f"{key} = {value}")
-    raise ConfigError([f"--variant {text!r}: not a named variant ({', '.join(VARIANTS)}) or a KEY=VALUE override; "
-                       "e.g. --variant threads1 or --variant policy.optimizer.lr=1e-3"])
+    overrides = text.split()
+    if overrides and all(re.fullmatch(r"[A-Za-z_][\w.-]*\.[\w.-]+=\S*", o) for o in overrides):
+        slug = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "+".join(overrides))[:100]
+        return Variant(slug, tuple(overrides), (), ", ".join(o.replace("=", " = ", 1) for o in overrides))
+    raise ConfigError([f"--variant {text!r}: not a named variant ({', '.join(VARIANTS)}) or KEY=VALUE overrides; "
+                       "e.g. --variant threads1 or --variant 'policy.optimizer.lr=1e-3 grpo.max_num_steps=300'"])
 
 
 def control_overrides(algorithm: str, loop: str, kind: str) -> list[str]:

@@ -33,6 +33,7 @@ def identity(config: str | None, overrides: list[str], resolved: dict, loop: str
     """What a sweep is: its config, overrides and resolved config with the keys the sweep sets per run removed."""
     tree = json.loads(json.dumps(resolved))
     tree.pop("run_dir", None)
+    tree.pop("expected", None)  # the figures a preset prints, not what its runs compute
     if isinstance(tree.get(loop), dict):
         tree[loop].pop("seed", None)
     return {"config": config, "overrides": list(overrides), "resolved": tree}

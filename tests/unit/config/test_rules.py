@@ -18,6 +18,10 @@ THRESHOLD = {"grpo.stop_at_validation_metric": "accuracy", "grpo.stop_at_validat
 # (rule, algorithm, a config that keeps it, the changes that break it, the line it reports).
 # Configs are dotted keys over the defaults (32 prompts x 8 generations = 256 samples, batch 256).
 CASES = [
+    (rules.positive_nll_not_in_recipes, "grpo", {"loss_fn.positive_example_nll_weight": 0.0},
+     {"loss_fn.positive_example_nll_weight": 0.1},
+     "loss_fn.positive_example_nll_weight = 0.1: the GRPO and PPO trainers do not pass per-sample rewards to the "
+     "policy workers' loss, so this term cannot be computed; set it to 0"),
     (rules.foreign_sections, "grpo", {}, {"ppo": {"ppo_epochs": 2}},
      "ppo.ppo_epochs: PPO-only keys with algorithm = grpo; remove them (or set algorithm=ppo)"),
     (rules.foreign_sections, "grpo", {}, {"ppo": {"num_prompts_per_step": 4}},

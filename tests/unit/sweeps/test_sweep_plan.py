@@ -54,7 +54,13 @@ def test_bad_plans_are_one_line():
                   control_seeds=1)
     with pytest.raises(ConfigError, match="not a named variant"):
         parse_variant("faster")
-    assert parse_variant("policy.optimizer.lr=1e-3").overrides == ("policy.optimizer.lr=1e-3",)
+    one = parse_variant("policy.optimizer.lr=1e-3")
+    assert one.overrides == ("policy.optimizer.lr=1e-3",) and one.name == "policy.optimizer.lr=1e-3"
+    two = parse_variant("grpo.num_prompts_per_step=16 grpo.num_generations_per_prompt=16")
+    assert two.overrides == ("grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=16")
+    assert two.name == "grpo.num_prompts_per_step=16+grpo.num_generations_per_prompt=16"
+    with pytest.raises(ConfigError, match="not a named variant"):
+        parse_variant("lr=1e-3")
 
 
 def test_stats_are_the_gains_in_points():
