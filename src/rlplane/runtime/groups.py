@@ -196,9 +196,9 @@ class RayGroup:
                 raise
 
     def _received(self, results: list) -> list:
-        """``results`` after the driver's index took the write receipts in them."""
+        """``results`` with the write receipts in them replaced by those the driver's index gave back."""
         if self.data_plane is not None:
-            self.data_plane.commit_receipts(results)
+            return self.data_plane.commit_receipts(results)
         return results
 
     def close(self) -> None:
