@@ -91,13 +91,14 @@ def _prepared_run(cfg, args):
 
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
-    from rlplane.runtime.interrupts import stop_at_step_boundary
+    from rlplane.runtime.interrupts import StopSignals
 
     if args.early_stop:  # before the user's overrides: early_stop.* given there win
         args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
-    with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM / SIGHUP: stop after the step
-        summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
+    # SIGINT / SIGTERM / SIGHUP: the run stops after the step in progress.
+    with _prepared_run(cfg, args), StopSignals().installed() as signals:
+        summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet, signals=signals)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     name = cfg.algorithm.upper()

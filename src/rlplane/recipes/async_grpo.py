@@ -31,6 +31,7 @@ from rlplane.dataplane.columns import (
 )
 from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
 from rlplane.runtime.groups import make_actor
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
@@ -86,7 +87,8 @@ class Collector:
         # A child process builds its environments from its own registry: send this one's.
         self.actor = make_actor(plan.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=role.cpus,
                                 num_gpus=role.gpus, max_concurrency=4, process=not self.in_process,
-                                setup=[(restore_env_registry, (env_registry_snapshot(),))], name="async collector")
+                                setup=[(restore_env_registry, (env_registry_snapshot(),))], name="async collector",
+                                watchdog=s.watchdog)
         self._policy, self._prompts = policy, s.prompts
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
@@ -263,10 +265,11 @@ def async_grpo_step(s: Session, collector: Collector, loss: ClippedPGLoss, step:
             **collector.check.take_metrics(step)}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole async job: warm-up (or resume), async GRPO steps, validation, checkpoints."""
     collector = Collector(cfg.grpo)
-    with Session(cfg, quiet, components=components, side=collector) as s:
+    with Session(cfg, quiet, components=components, side=collector, signals=signals) as s:
         loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                                                      prev_from_forward=s.plan.skips_prev_logprob_forward)
         for step in range(s.start(), s.last_step()):  # start() starts the collector

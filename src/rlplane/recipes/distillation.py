@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rlplane.algorithms.losses import reverse_kl_loss
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TEACHER_LOGPROBS, TOKEN_MASK
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts, rollout_metrics, stamp_sample_mask
 from rlplane.utils.metrics import merge_rank_metrics
@@ -63,9 +64,10 @@ def distillation_step(s: Session, loss: ReverseKLLoss, step: int) -> dict[str, f
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole job: warm-up of student and teacher (or resume), steps, validation, checkpoints."""
-    with Session(cfg, quiet, components=components) as s:  # the teacher: the plan's teacher role
+    with Session(cfg, quiet, components=components, signals=signals) as s:  # the teacher: the plan's teacher role
         loss = s.components.loss_fn or ReverseKLLoss()
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)

@@ -18,6 +18,7 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
@@ -74,9 +75,10 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole job: warm-up (or resume), GRPO steps, validation, checkpoints. Returns a summary."""
-    with Session(cfg, quiet, components=components) as s:
+    with Session(cfg, quiet, components=components, signals=signals) as s:
         loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                                                      prev_from_forward=s.plan.skips_prev_logprob_forward)
         for step in range(s.start(), s.last_step()):

@@ -24,6 +24,7 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
     VALUES,
 )
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
@@ -167,11 +168,12 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     return {**out, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole job: warm-up (or resume), PPO steps, validation, checkpoints. Returns a summary."""
     if cfg.algorithm != "ppo":
         raise ValueError(f"recipes.ppo.train needs algorithm: ppo, got {cfg.algorithm!r}")
-    with Session(cfg, quiet, components=components) as s:  # the critic: the plan's value role (GAE)
+    with Session(cfg, quiet, components=components, signals=signals) as s:  # the critic: the plan's value role (GAE)
         loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                                                      prev_from_forward=s.plan.skips_prev_logprob_forward)
         for step in range(s.start(), s.last_step()):

@@ -41,10 +41,11 @@ from rlplane.fast.heap import freeze_heap
 from rlplane.fast.switches import check_switches
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import configured_tokenizer, configured_weight_shapes
-from rlplane.runtime import interrupts, watchdog
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import cluster_gpus, init_ray
+from rlplane.runtime.interrupts import StopSignals, stop_message
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, write_probes
+from rlplane.runtime.watchdog import Watchdog
 from rlplane.training.checkpoints import Checkpoints
 from rlplane.training.components import Components, DataPlanePolicy, LoggerSink
 from rlplane.training.early_stop import EarlyStop
@@ -92,13 +93,15 @@ class SidePart(Protocol):
 
 class Session:
     """``components``: parts given as objects (:mod:`rlplane.training.components`); ``side``: the recipe's own part
-    (:class:`SidePart`). Which workers run (a critic for PPO with GAE, a teacher for distillation) is the run
-    plan's role table."""
+    (:class:`SidePart`); ``signals``: the stop signals ``rlplane train`` installed (None: the run takes none). Which
+    workers run (a critic for PPO with GAE, a teacher for distillation) is the run plan's role table. The run's
+    supervision is its own: ``signals`` and ``watchdog``, handed to every worker group it makes."""
 
     def __init__(self, cfg: RunConfig, quiet: bool = False, *, components: Components | None = None,
-                 side: SidePart | None = None):
+                 side: SidePart | None = None, signals: StopSignals | None = None):
         self.components = components or Components()
         self.side = side
+        self.signals = signals or StopSignals()
         # Run paths absolute, writable, no earlier run unless resuming: checked first.
         check_switches()
         check_kill_spec()
@@ -146,8 +149,8 @@ class Session:
                                val_dataset=c.val_dataset, state_from=side.loader_state if side else None)
         self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
         self.early_stop = EarlyStop(cfg.loop, cfg.early_stop)
-        self.watchdog = watchdog.Watchdog(cfg.loop.watchdog_s, f"{cfg.algorithm}.watchdog_s",
-                                          self.paths.log_dir / "stacks.txt")
+        self.watchdog = Watchdog(cfg.loop.watchdog_s, f"{cfg.algorithm}.watchdog_s", self.paths.log_dir / "stacks.txt",
+                                 interrupt=self.signals.interrupt_now)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
                          within=functools.partial(_user_call, cfg.env.step_timeout_s))
         self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
@@ -158,7 +161,7 @@ class Session:
         self._say_prompt_stats()
         ray = cfg.runtime == "ray"
         if ray or cfg.data_plane.backend == "ray":
-            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None)
+            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None, self.signals)
         # The plan: roles and where they run, sizes, numerics, the data plane; printed, written at start().
         per_epoch = None if cfg.loop.use_dynamic_sampling else len(self.prompts.loader)
         plan = self.plan = build_plan(cfg, steps_per_epoch=per_epoch, task_names=self.task_names(),
@@ -173,7 +176,7 @@ class Session:
         dp = plan.data_plane
         self.data_plane = make_data_plane(dp.backend, **({"index": dp.index} if dp.backend == "ray" else {}))
         self.workers = Workers(plan, self.data_plane, cfg.env, shared_paths=self.shared_paths,
-                               num_nodes=cfg.cluster.num_nodes)
+                               num_nodes=cfg.cluster.num_nodes, watchdog=self.watchdog)
         self.refit = Refit(self.workers, plan.weight_check, sharded=plan.sharded_policy, say=self.say)
         self.checkpoints.attach(self.workers, self.prompts)
         if side is not None:
@@ -309,7 +312,7 @@ class Session:
             freeze_heap()
         self._stepped = True
         self.refit.version = step
-        watchdog.progress()
+        self.watchdog.progress()
         self.workers.rollout.set_weight_version(step)
         self.prompts.take_step_record()  # what a step that stopped early drew is no step's record
 
@@ -335,7 +338,7 @@ class Session:
         (a validation's refit now stamps them so). Returns ``step + 1``, the steps done."""
         done = step + 1
         self.refit.trained(done)
-        watchdog.progress()
+        self.watchdog.progress()
         kill_point("train")
         return done
 
@@ -374,10 +377,10 @@ class Session:
         """Whether the loop ends after step ``done``: a validation stopped the run, or SIGINT / SIGTERM / SIGHUP
         asked to stop (a checkpoint of the step unless just written or checkpointing is off, then the one line:
         :class:`~rlplane.errors.TrainingInterrupted`)."""
-        if (sig := interrupts.requested()) is not None and done < self.last_step():
+        if (sig := self.signals.requested) is not None and done < self.last_step():
             if saved is None and self.cfg.checkpointing.enabled:
                 saved = self.save_checkpoint(done, metrics)
-            raise interrupts.stop_message(sig, done, saved)
+            raise stop_message(sig, done, saved)
         return self.stopped is not None
 
     def _say_actor_deaths(self, step: int, metrics: dict[str, float]) -> None:

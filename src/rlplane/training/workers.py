@@ -15,6 +15,7 @@ from rlplane.runtime import placement
 from rlplane.runtime.devices import check_cluster_gpus
 from rlplane.runtime.env_pools import EnvPool, await_env_pools, start_env_pools
 from rlplane.runtime.groups import cluster_cpus as ray_cluster_cpus, cluster_gpus as ray_cluster_gpus, make_group
+from rlplane.runtime.watchdog import Watchdog
 from rlplane.training.generators import Generators
 from rlplane.training.plan import RunPlan
 from rlplane.workers.environments import EnvBlock
@@ -70,9 +71,9 @@ class Workers:
     """
 
     def __init__(self, plan: RunPlan, data_plane: DataPlaneClient, env: EnvConfig, *, shared_paths=None,
-                 num_nodes: int = 1):
+                 num_nodes: int = 1, watchdog: Watchdog | None = None):
         self.plan, self.data_plane, self.env, self.shared_paths = plan, data_plane, env, shared_paths
-        self.num_nodes = num_nodes
+        self.num_nodes, self.watchdog = num_nodes, watchdog
         self.env_pools: dict[str, EnvPool] = {}
         self.policy = self.value = self.teacher = None
         self.rollout: Generators | None = None  # the generators, called like one rollout worker
@@ -98,7 +99,7 @@ class Workers:
             r = plan.role(role)
             return make_group(runtime, cls, per_rank(options, state), num_cpus=r.cpus, num_gpus=r.gpus,
                               distributed=distributed, scheduling=slots.get(role), data_plane=self.data_plane,
-                              name=f"{'critic' if role == 'value' else role} rank")
+                              name=f"{'critic' if role == 'value' else role} rank", watchdog=self.watchdog)
 
         self.policy = group("policy", PolicyWorker, plan.policy, init_state, plan.distributed)
         if plan.value is not None:
@@ -129,7 +130,7 @@ class Workers:
             group = make_group("local", RolloutWorker, [dict(options=plan.rollout, env=EnvBlock(self.env),
                                                              data_plane=self.data_plane, model=w.model,
                                                              tokenizer=w.tokenizer, seed=seed)],
-                               name="generator")
+                               name="generator", watchdog=self.watchdog)
             self.generator_shares_weights = group.workers[0].backend.shares_weights
             return Generators(group)
         role = plan.role("generator")
@@ -140,7 +141,8 @@ class Workers:
                                [dict(options=plan.rollout, env=block, data_plane=self.data_plane, seed=seed + j,
                                      shared_paths=self.shared_paths) for j in range(role.count)],
                                num_cpus=role.cpus, num_gpus=role.gpus, scheduling=scheduling,
-                               env_vars=import_path_env(), data_plane=self.data_plane, name="generator")
+                               env_vars=import_path_env(), data_plane=self.data_plane, name="generator",
+                               watchdog=self.watchdog)
         except Exception as e:  # a user task the actor's node cannot import: one line, not Ray's trace
             raise user_task_error_in(e) or e from None
         return Generators(group, sleeps=plan.generators.sleeps)
