@@ -7,13 +7,16 @@ first ``max_val_samples`` training prompts); ``logger``: ``log_metrics(metrics, 
 
 ``policy``, ``policy_generation``, ``checkpointer``: an object with the methods in :data:`NEEDS`, used in
 place of the session's own, or a function (or class) of the session's own returning one (a wrapper).
+A recipe's own long-lived part beside the session's workers is a :class:`SidePart`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import PREV_LOGPROBS, REFERENCE_LOGPROBS
@@ -122,3 +125,21 @@ class LoggerSink:
 
     def close(self) -> None:
         pass
+
+
+class SidePart(Protocol):
+    """A recipe's own long-lived part beside the session's workers (async GRPO's collector), given to the session
+    when it is made: started at the end of :meth:`Session.start`, paused around every validation, asked for the
+    prompt loader's position and written into every checkpoint (``checkpoint_file``), stopped first on close."""
+
+    checkpoint_file: str
+
+    def start(self, s: Any, start_step: int) -> None: ...  # s: the Session
+
+    def paused(self) -> AbstractContextManager: ...
+
+    def loader_state(self) -> dict | None: ...  # None: the session's own loader is current
+
+    def save(self, path: Path) -> None: ...
+
+    def stop(self) -> None: ...

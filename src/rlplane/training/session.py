@@ -13,7 +13,8 @@
     s.summary(); s.close()         (or ``with``)
 
 Each part gets its own config section, or its slice of the plan. A recipe's own long-lived part (async GRPO's
-collector) is handed to the constructor as a :class:`SidePart`; the session calls it at fixed points.
+collector) is handed to the constructor as a :class:`~rlplane.training.components.SidePart`; the session calls it
+at fixed points.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ import gc
 import json
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Protocol
 
 import yaml
 from transformers.utils import logging as hf_logging
@@ -47,7 +47,7 @@ from rlplane.runtime.interrupts import StopSignals, stop_message
 from rlplane.runtime.shared_paths import node_path_error_in, remove_probes, write_probes
 from rlplane.runtime.watchdog import Watchdog
 from rlplane.training.checkpoints import Checkpoints
-from rlplane.training.components import Components, DataPlanePolicy, LoggerSink
+from rlplane.training.components import Components, DataPlanePolicy, LoggerSink, SidePart
 from rlplane.training.early_stop import EarlyStop
 from rlplane.training.loop import validate
 from rlplane.training.numerics import settle_precision
@@ -73,29 +73,12 @@ def _user_call(timeout_s: float | None, fn: Callable, what: str):
         raise UserTaskError(str(e)) from None
 
 
-class SidePart(Protocol):
-    """A recipe's own long-lived part beside the session's workers (async GRPO's collector), given to the session
-    when it is made: started at the end of :meth:`Session.start`, paused around every validation, asked for the
-    prompt loader's position and written into every checkpoint (``checkpoint_file``), stopped first on close."""
-
-    checkpoint_file: str
-
-    def start(self, s: Session, start_step: int) -> None: ...
-
-    def paused(self) -> AbstractContextManager: ...
-
-    def loader_state(self) -> dict | None: ...  # None: the session's own loader is current
-
-    def save(self, path: Path) -> None: ...
-
-    def stop(self) -> None: ...
-
-
 class Session:
     """``components``: parts given as objects (:mod:`rlplane.training.components`); ``side``: the recipe's own part
-    (:class:`SidePart`); ``signals``: the stop signals ``rlplane train`` installed (None: the run takes none). Which
-    workers run (a critic for PPO with GAE, a teacher for distillation) is the run plan's role table. The run's
-    supervision is its own: ``signals`` and ``watchdog``, handed to every worker group it makes."""
+    (:class:`~rlplane.training.components.SidePart`); ``signals``: the stop signals ``rlplane train`` installed
+    (None: the run takes none). Which workers run (a critic for PPO with GAE, a teacher for distillation) is the
+    run plan's role table. The run's supervision is its own: ``signals`` and ``watchdog``, handed to every worker
+    group it makes."""
 
     def __init__(self, cfg: RunConfig, quiet: bool = False, *, components: Components | None = None,
                  side: SidePart | None = None, signals: StopSignals | None = None):
