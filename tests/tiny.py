@@ -49,3 +49,16 @@ def collector(cfg, loader, start_version: int = 0, *, data_plane, seed: int = 0,
     return AsyncTrajectoryCollector(rollout_options(cfg), EnvBlock(cfg.env), loader, start_version, seed=seed,
                                     data_plane=data_plane, partition_id=partition_id,
                                     options=AsyncOptions.from_config(cfg.grpo), **kwargs)
+
+
+def worker_cfg(prompts: int, generations: int, *overrides: str, micro: int | None = None, logprob: int | None = None,
+               preset: str | None = None, loop: str = "grpo"):
+    """A config for tests of one worker: a step of ``prompts`` × ``generations`` samples trained as one global batch
+    (micro-batches of ``micro``, logprobs in batches of ``logprob``: the defaults where not given), no warm-up."""
+    from rlplane.config.loading import load_config
+
+    sizes = [f"policy.train_micro_batch_size={micro}"] * (micro is not None) + [
+        f"policy.logprob_batch_size={logprob}"] * (logprob is not None)
+    return load_config(preset, ["warmup.enabled=false", f"{loop}.num_prompts_per_step={prompts}",
+                                f"{loop}.num_generations_per_prompt={generations}",
+                                f"policy.train_global_batch_size={prompts * generations}", *sizes, *overrides])

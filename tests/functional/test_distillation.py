@@ -68,6 +68,7 @@ def test_distillation_resume_equals_straight_run(tmp_path):
     torch.testing.assert_close(torch.tensor(a[-1]["train/reverse_kl"]), torch.tensor(b[-1]["train/reverse_kl"]))
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_distillation_on_the_ray_runtime_with_the_driver_index_matches_the_store_actor(tmp_path, ray_session):
     """data_plane.index: auto gives distillation the driver-held index (its driver owns every key): the

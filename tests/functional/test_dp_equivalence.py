@@ -12,6 +12,8 @@ from rlplane.runtime.groups import RayGroup
 from rlplane.training.plan import policy_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
+pytestmark = pytest.mark.slow
+
 GBS = 32
 
 

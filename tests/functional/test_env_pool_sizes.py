@@ -18,7 +18,7 @@ from rlplane.workers.env_steps import step_envs
 from rlplane.workers.sample_state import SampleState
 from tests.tiny import rollout_worker
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MODULE = "tag_env_for_pool_size_tests"
 SOURCE = '''

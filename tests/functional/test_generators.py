@@ -86,6 +86,7 @@ def test_one_and_two_generators_give_the_same_samples_local(tmp_path):
     assert_same_samples(one, two)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_one_and_two_generators_give_the_same_samples_ray(tmp_path, ray_session):
     one = first_step_samples(tmp_path / "one", *RAY)
@@ -117,6 +118,7 @@ def check_steps(rows):
     assert all(abs(r["train/token_mult_prob_error"] - 1.0) < 0.02 for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_colocated_generators_share_the_policy_bundle_and_sleep(tmp_path, ray_session):
     rows, where, table, held = run_steps_and_placements(tmp_path, "policy.generation.colocated.enabled=true")
@@ -132,6 +134,7 @@ def test_colocated_generators_share_the_policy_bundle_and_sleep(tmp_path, ray_se
     assert held == [0, 0]  # asleep while the policy trained; the next refit wakes them
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_split_generators_have_their_own_bundles(tmp_path, ray_session):
     rows, where, table, held = run_steps_and_placements(tmp_path, "policy.generation.colocated.enabled=false")

@@ -148,6 +148,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_last_complete(tmp_path):
     assert info["step"] == 4 and summary["accuracy_after"] is not None
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_grpo_ray_runtime_two_policy_workers(tmp_path, ray_session):
     summary = train(
@@ -176,6 +177,7 @@ def test_the_default_ray_grpo_session_keeps_the_data_plane_index_in_the_driver(t
         assert type(s.data_plane.placement) is StoreIndex
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_grpo_ray_runtime_with_the_data_plane_index_in_the_driver(tmp_path, ray_session):
     """data_plane.index: auto (here the driver's): the policy ranks read from the metas they are sent and

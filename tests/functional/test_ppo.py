@@ -52,7 +52,7 @@ def _timings_free(rows):
     return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
 
 
-@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 def test_ppo_steps_write_values_and_train_both_models(tmp_path, first_digit_env, runtime, request):
     extra = RAY if runtime == "ray" else []
     if runtime == "ray":

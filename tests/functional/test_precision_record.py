@@ -9,13 +9,10 @@ import yaml
 
 from rlplane.cli import main
 from rlplane.models import precision as prec
+from tests.tiny import TINY_RUN
 
 # Wide enough (hidden 256) for auto to follow the CPU's flags; otherwise as small as a run gets.
-RUN = ["warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-       "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-       "grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_period=0",
-       "policy.tiny.hidden_size=256", "policy.tiny.intermediate_size=256", "policy.tiny.num_layers=1",
-       "logger.tensorboard_enabled=false", "checkpointing.save_period=1"]
+RUN = [*TINY_RUN, "grpo.val_at_end=false", "policy.tiny.hidden_size=256", "policy.tiny.intermediate_size=256"]
 
 
 def _recorded(path) -> str:

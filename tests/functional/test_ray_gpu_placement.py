@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent("""
     import itertools, json, sys, time
     import ray
