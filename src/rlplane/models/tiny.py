@@ -32,19 +32,10 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_llama(
-    tokenizer: PreTrainedTokenizerFast,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int | None = None,
-    max_position_embeddings: int = 256,
-    seed: int = 0,
-) -> LlamaForCausalLM:
-    """A random Llama with tied embeddings sized for ``tokenizer`` (``intermediate_size`` default
-    ``2 * hidden_size``), deterministic in ``seed``; leaves the global RNG untouched."""
-    config = tiny_llama_config(tokenizer, hidden_size, num_layers, num_heads, intermediate_size,
-                               max_position_embeddings)
+def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, **shape) -> LlamaForCausalLM:
+    """A random Llama with tied embeddings sized for ``tokenizer``, its ``shape`` as :func:`tiny_llama_config`
+    takes it, deterministic in ``seed``; leaves the global RNG untouched."""
+    config = tiny_llama_config(tokenizer, **shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -62,7 +53,8 @@ def tiny_llama_config(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 256,
 ) -> LlamaConfig:
-    """The architecture :func:`build_tiny_llama` builds (no weights)."""
+    """The architecture :func:`build_tiny_llama` builds (no weights); ``intermediate_size`` defaults to
+    ``2 * hidden_size``."""
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
