@@ -51,10 +51,10 @@ from rlplane.training.components import Components, DataPlanePolicy, LoggerSink,
 from rlplane.training.early_stop import EarlyStop
 from rlplane.training.loop import validate
 from rlplane.training.numerics import settle_precision
-from rlplane.training.plan import build_plan, numerics
+from rlplane.training.plan import RunPlan, build_plan, numerics
 from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
-from rlplane.training.runlog import RunLog
+from rlplane.training.runlog import RunLog, actor_death_lines
 from rlplane.training.warmup import warm_up
 from rlplane.training.workers import Workers, check_placement, check_ray_resources
 from rlplane.utils.checkpoint import latest_checkpoint
@@ -99,13 +99,11 @@ class Session:
             raise
 
     def _set_up(self, cfg: RunConfig, quiet: bool) -> None:
-        c = self.components
-        hf_logging.disable_progress_bar()  # the run prints its own progress; no bar per checkpoint write
-        set_worker_threads(cfg.policy.threads_per_worker)
-        seed_everything(cfg.loop.seed)
+        """The session's parts, in the order their errors should surface: the run's numerics and data (tokenizer,
+        a checkpoint to resume, prompts, user tasks) before anything slow; the log; the plan, printed; the parts the
+        plan names (data plane, workers not started yet, refit)."""
         self._t_start = time.perf_counter()
-        self._early_messages: list[str] = []  # said once the log exists
-        self.workers = self.shared_paths = None
+        self.workers = self.shared_paths = None  # what close() releases, once they exist
         self._frozen = False  # gc.freeze() done by start() (and the first begin_step), undone by close()
         self._stepped = False
         self.stopped: tuple[int, str] | None = None  # (steps done, why) once a validation ended the run
@@ -113,11 +111,31 @@ class Session:
         self.warmup_result: dict[str, float] = {}
         self.teacher_warmup_result: dict[str, float] = {}
         self.last_validation: dict[str, float] = {}
-        # Tokenizer, checkpoint, data and user tasks first: their errors surface before anything slow.
+        hf_logging.disable_progress_bar()  # the run prints its own progress; no bar per checkpoint write
+        set_worker_threads(cfg.policy.threads_per_worker)
+        seed_everything(cfg.loop.seed)
         # policy.precision: auto -> one concrete choice for config.yaml, checkpoints and every worker: the one a
         # resumed run recorded, else what this host and the model's width give.
         num = numerics(cfg, latest_checkpoint(self.paths.checkpoint_dir) if cfg.checkpointing.resume else None)
         cfg = self.cfg = settle_precision(cfg, num.precision) if num.precision != "auto" else cfg
+        said = self._read_data(cfg)
+        c = self.components
+        self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
+                          run_config=cfg.model_dump(mode="json"), quiet=quiet,
+                          sinks=[LoggerSink(c.logger)] if c.logger is not None else None)
+        for msg in said:
+            self.say(msg)
+        self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
+        self.early_stop = EarlyStop(cfg.loop, cfg.early_stop)
+        self.watchdog = Watchdog(cfg.loop.watchdog_s, f"{cfg.algorithm}.watchdog_s", self.paths.log_dir / "stacks.txt",
+                                 interrupt=self.signals.interrupt_now)
+        self.plan = self._make_plan(cfg, num, quiet)
+        self._assemble(self.plan, cfg)
+
+    def _read_data(self, cfg: RunConfig) -> list[str]:
+        """Tokenizer, the checkpoint to resume (checked against the configured model's weight shapes: no model is
+        loaded), the prompts, the user tasks (each stepped once); returns what to say once the log exists."""
+        c, side, said = self.components, self.side, []
         self.tokenizer = configured_tokenizer(cfg.policy)
         p = cfg.policy
         self.checkpoints = c.use("checkpointer", Checkpoints(cfg.checkpointing, self.paths.checkpoint_dir,
@@ -125,35 +143,39 @@ class Session:
                                        run_config=cfg.model_dump(mode="json"),
                                        dp_size=p.dp_size, fsdp=p.dtensor_cfg.enabled))
         self._resume_from = (self.checkpoints.check_resume(
-            functools.partial(configured_weight_shapes, p, self.tokenizer), self._early_messages.append)
+            functools.partial(configured_weight_shapes, p, self.tokenizer), said.append)
             if cfg.checkpointing.resume else None)
-        side = self.side
         self.prompts = Prompts(cfg.dataset_options(), self.tokenizer, dataset=c.dataset, dataloader=c.dataloader,
                                val_dataset=c.val_dataset, state_from=side.loader_state if side else None)
-        self.env_errors = EnvErrorWindow(cfg.env.max_error_rate, cfg.env.error_window_steps)
-        self.early_stop = EarlyStop(cfg.loop, cfg.early_stop)
-        self.watchdog = Watchdog(cfg.loop.watchdog_s, f"{cfg.algorithm}.watchdog_s", self.paths.log_dir / "stacks.txt",
-                                 interrupt=self.signals.interrupt_now)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
                          within=functools.partial(_user_call, cfg.env.step_timeout_s))
-        self.log = RunLog(cfg.logger, self.paths, max_num_steps=cfg.loop.max_num_steps, algorithm=cfg.algorithm,
-                          run_config=cfg.model_dump(mode="json"), quiet=quiet,
-                          sinks=[LoggerSink(c.logger)] if c.logger is not None else None)
-        for msg in self._early_messages:
-            self.say(msg)
-        self._say_prompt_stats()
+        stats = self.prompts.stats
+        if stats.get("skipped_overlong"):
+            said.append(f"skipped {stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
+        if stats.get("zero_loss_overlong"):
+            said.append(f"kept {stats['zero_loss_overlong']} prompts longer than policy.max_total_sequence_length "
+                        "with loss_multiplier 0, cut to a few tokens (data.on_overlong_prompt: zero_loss; skip drops "
+                        "them)")
+        return said
+
+    def _make_plan(self, cfg: RunConfig, num, quiet: bool) -> RunPlan:
+        """The run plan from the config, the data read and (``runtime: ray``) the cluster joined; printed."""
         ray = cfg.runtime == "ray"
         if ray or cfg.data_plane.backend == "ray":
             init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None, self.signals)
-        # The plan: roles and where they run, sizes, numerics, the data plane; printed, written at start().
         per_epoch = None if cfg.loop.use_dynamic_sampling else len(self.prompts.loader)
-        plan = self.plan = build_plan(cfg, steps_per_epoch=per_epoch, task_names=self.task_names(),
-                                      cluster_gpus=cluster_gpus() if ray else 0.0, settled=num)
+        plan = build_plan(cfg, steps_per_epoch=per_epoch, task_names=self.task_names(),
+                          cluster_gpus=cluster_gpus() if ray else 0.0, settled=num)
         if not quiet:  # on stdout with the other start-up choices (policy.precision's): stderr is for errors
             print(plan.table(self.run_dir / PLAN_FILE), flush=True)
-        if ray:
+        return plan
+
+    def _assemble(self, plan: RunPlan, cfg: RunConfig) -> None:
+        """The parts the plan names: under Ray its actors held against the cluster and the run's paths probed; the
+        data plane, the workers (started by :meth:`start`), the refit; the side part's hooks."""
+        if plan.runtime == "ray":
             check_ray_resources(plan)
-            check_placement(plan, cfg.cluster.num_nodes, p.generation.colocated.enabled)
+            check_placement(plan, cfg.cluster.num_nodes, cfg.policy.generation.colocated.enabled)
             # Workers may be on other nodes: paths they write to are probed first thing in each worker.
             self.shared_paths = write_probes(self._probed_dirs())
         dp = plan.data_plane
@@ -162,20 +184,13 @@ class Session:
                                num_nodes=cfg.cluster.num_nodes, watchdog=self.watchdog)
         self.refit = Refit(self.workers, plan.weight_check, sharded=plan.sharded_policy, say=self.say)
         self.checkpoints.attach(self.workers, self.prompts)
+        side = self.side
         if side is not None:
             self.checkpoints.add_part(side.checkpoint_file, side.save)
         self._closers: list[Callable[[], None]] = [side.stop] if side is not None else []
 
     def say(self, msg: str) -> None:
         self.log.say(msg)
-
-    def _say_prompt_stats(self) -> None:
-        stats = self.prompts.stats
-        if stats.get("skipped_overlong"):
-            self.say(f"skipped {stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
-        if stats.get("zero_loss_overlong"):
-            self.say(f"kept {stats['zero_loss_overlong']} prompts longer than policy.max_total_sequence_length with "
-                     "loss_multiplier 0, cut to a few tokens (data.on_overlong_prompt: zero_loss; skip drops them)")
 
     @property
     def policy(self):
@@ -212,16 +227,9 @@ class Session:
         except Exception as e:  # Ray's text of an actor's constructor error: its one line, not the trace
             raise node_path_error_in(e) or user_task_error_in(e) or e from None
         if self.plan.runtime != "local":
-            self._write_placement()
-
-    def _write_placement(self) -> None:
-        """``logs/placement.json``: the node, placement group and bundles each actor reports, rewritten each start
-        (``environments``: each environment pool's actors, node and pid)."""
-        where = {name: g.run(g.cls.placement) for name, g in self.workers.trained_groups().items()}
-        where["generators"] = self.workers.rollout.placement()
-        if self.workers.env_pools:
-            where["environments"] = self.workers.env_placement()
-        (self.paths.log_dir / "placement.json").write_text(json.dumps(where, indent=1) + "\n")
+            # logs/placement.json: where each actor runs, rewritten each start.
+            where = json.dumps(self.workers.placement(), indent=1)
+            (self.paths.log_dir / "placement.json").write_text(where + "\n")
 
     # ---- start: resume, or warm up
     def start(self) -> int:
@@ -343,7 +351,8 @@ class Session:
         whose actors died, the environments' error rate (``env.max_error_rate``), the step's prompts record."""
         metrics.update(self.refit.take_metrics(done - 1))
         self.log.log(metrics, step=done)
-        self._say_actor_deaths(done, metrics)
+        for line in actor_death_lines(done, metrics, self.cfg.algorithm, self.cfg.loop.rollout_failure_policy):
+            self.say(line)
         self.env_errors.check(metrics)  # env.max_error_rate: stop a run whose environments keep failing
         if (record := self.prompts.take_step_record()) is not None:
             self.log.log_prompts(done, record)
@@ -365,17 +374,6 @@ class Session:
                 saved = self.save_checkpoint(done, metrics)
             raise stop_message(sig, done, saved)
         return self.stopped is not None
-
-    def _say_actor_deaths(self, step: int, metrics: dict[str, float]) -> None:
-        """One line per environment whose actors died during the step (runtime: ray; Ray restarted them)."""
-        for key, deaths in metrics.items():
-            if key.endswith("/actor_deaths") and deaths:
-                phase, _, task, _ = key.split("/")
-                self.say(f"step {step}: {deaths:g} environment actor(s) of {task!r} died during {phase} and were "
-                         f"restarted; the samples they held followed {self.cfg.algorithm}.rollout_failure_policy = "
-                         f"{self.cfg.loop.rollout_failure_policy} ({phase}/rollout_failures = "
-                         f"{metrics.get(f'{phase}/rollout_failures', 0):g}, rollout_retries = "
-                         f"{metrics.get(f'{phase}/rollout_retries', 0):g})")
 
     def stop_early(self, step: int, reason: Exception) -> None:
         """Step ``step`` found the data used up: validate and checkpoint the step before as the last."""

@@ -152,9 +152,14 @@ class Workers:
         groups = {"policy": self.policy, "value": self.value, "teacher": self.teacher}
         return {name: g for name, g in groups.items() if g is not None}
 
-    def env_placement(self) -> dict[str, list[dict]]:
-        """Pool name -> where each of its environment actors runs (node, pid)."""
-        return {name: pool.placement() for name, pool in self.env_pools.items()}
+    def placement(self) -> dict:
+        """Where each actor runs (``runtime: ray``): per trained group and the generators, the node, placement group
+        and bundle each reports; ``environments``: each environment pool's actors, node and pid."""
+        where = {name: g.run(g.cls.placement) for name, g in self.trained_groups().items()}
+        where["generators"] = self.rollout.placement()
+        if self.env_pools:
+            where["environments"] = {name: pool.placement() for name, pool in self.env_pools.items()}
+        return where
 
     def close(self) -> None:
         for g in (*self.trained_groups().values(), self.rollout):
