@@ -149,8 +149,8 @@ class RunPlan:
         s, n = self.sizes, self.numerics
         rows = [("recipe", f"{self.recipe}, runtime {self.runtime}, seed {self.seed}")]
         for r in self.roles:
-            each = f" ({r.cpus:g} CPU{', ' + format(r.gpus, 'g') + ' GPU' if r.gpus else ''} each)" if (
-                self.runtime == "ray" and r.where == "Ray actors") else ""
+            asks = [f"{r.cpus:g} CPU"] * bool(r.cpus) + [f"{r.gpus:g} GPU"] * bool(r.gpus)  # Ray's, per actor
+            each = f" ({', '.join(asks)} each)" if asks else ""
             rows.append((r.name, f"{r.count} × {r.model}, {r.where}{each}"))
         rows.append(("numerics", f"{n.precision} on {n.device} ({n.why})"))
         epoch = f"{s.steps_per_epoch} steps per epoch, " if s.steps_per_epoch else ""
