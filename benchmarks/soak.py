@@ -72,13 +72,17 @@ def _rss_fds(procs: list[psutil.Process]) -> tuple[int, int]:
     return rss, fds
 
 
-def _ray_actor_procs() -> list[psutil.Process]:
-    """This job's live actors, from the GCS actor table (the state API needs the dashboard, which is off)."""
+def _ray_actor_procs() -> dict[str, psutil.Process]:
+    """This job's live actors by class name (``Name#i`` for several of one class, in pid order), from the GCS
+    actor table (the state API needs the dashboard, which is off)."""
     import ray
     from ray._private.state import actors
 
     table = actors(job_id=ray.JobID.from_hex(ray.get_runtime_context().get_job_id()), actor_state_name="ALIVE")
-    return [p for a in table.values() if a.get("Pid") and (p := _proc(a["Pid"])) is not None]
+    found = sorted((a["ActorClassName"], a["Pid"]) for a in table.values() if a.get("Pid"))
+    names = [name for name, _ in found]
+    return {(name if names.count(name) == 1 else f"{name}#{names[:i].count(name)}"): p
+            for i, (name, pid) in enumerate(found) if (p := _proc(pid)) is not None}
 
 
 def _proc(pid: int) -> psutil.Process | None:
@@ -102,7 +106,9 @@ def sample(s: Session, step: int, t0: float) -> dict[str, float]:
     row: dict[str, float] = {"step": step, "seconds": round(time.perf_counter() - t0, 1)}
     row["driver_rss"], row["driver_fds"] = _rss_fds([me])
     if s.cfg.runtime == "ray":
-        row["workers_rss"], row["workers_fds"] = _rss_fds(_ray_actor_procs())
+        procs = _ray_actor_procs()
+        row["workers_rss"], row["workers_fds"] = _rss_fds(list(procs.values()))
+        row.update({f"rss:{name}": _rss_fds([p])[0] for name, p in procs.items()})  # each process's own
         row["object_store_bytes"] = _object_store_bytes()
     elif s.cfg.grpo.async_grpo.collector_process:  # the collector's process and anything it started
         row["workers_rss"], row["workers_fds"] = _rss_fds(me.children(recursive=True))
@@ -137,21 +143,28 @@ def run_soak(cfg: RunConfig, every: int) -> list[dict]:
 
 
 def verdict(rows: list[dict]) -> dict[str, tuple[float, float, float, bool]]:
-    """Per figure: (first, midpoint, last, flat)."""
+    """Per figure: (first, midpoint, last, flat); a process's own RSS (``rss:NAME``) is held to the RSS tolerance."""
     mid, last = rows[len(rows) // 2], rows[-1]
     out = {}
-    for k in [k for k in rows[0] if k not in ("step", "seconds")]:
+    for k in [k for k in rows[0] if k not in ("step", "seconds") and k in last]:
         if k in INDEX:
             flat = last[k] <= max(r[k] for r in rows[: len(rows) // 2 + 1])
         else:
-            rel, absolute = TOLERANCE[k]
+            rel, absolute = TOLERANCE["workers_rss" if k.startswith("rss:") else k]
             flat = last[k] - mid[k] <= max(rel * mid[k], absolute)  # key strings lengthen with the step number
         out[k] = (rows[0][k], mid[k], last[k], flat)
     return out
 
 
+def second_half_slope(rows: list[dict], k: str) -> float:
+    """Growth per 1,000 steps from the midpoint sample to the last (bytes for RSS): where a creep shows."""
+    mid, last = rows[len(rows) // 2], rows[-1]
+    return (last[k] - mid[k]) / max(last["step"] - mid["step"], 1) * 1000
+
+
 def _show(k: str, v: float) -> str:
-    return f"{v / MIB:.1f} MiB" if k.endswith(("rss", "_bytes")) and k != "index_bytes" else f"{v:,.0f}"
+    mib = (k.endswith(("rss", "_bytes")) or k.startswith("rss:")) and k != "index_bytes"
+    return f"{v / MIB:.1f} MiB" if mib else f"{v:,.0f}"
 
 
 def main() -> None:
@@ -177,12 +190,14 @@ def main() -> None:
           f"sampled every {args.every} steps")
     for r in rows:
         print("  " + " ".join(f"{k}={_show(k, v)}" for k, v in r.items()))
-    print(f"{'figure':<20} {'step ' + str(rows[0]['step']):>14} {'step ' + str(rows[len(rows) // 2]['step']):>14} "
-          f"{'step ' + str(rows[-1]['step']):>14}  verdict")
+    print(f"{'figure':<32} {'step ' + str(rows[0]['step']):>14} {'step ' + str(rows[len(rows) // 2]['step']):>14} "
+          f"{'step ' + str(rows[-1]['step']):>14} {'2nd half /1k steps':>19}  verdict")
     flat_all = True
     for k, (first, mid, last, flat) in verdict(rows).items():
         flat_all &= flat
-        print(f"{k:<20} {_show(k, first):>14} {_show(k, mid):>14} {_show(k, last):>14}  {'flat' if flat else 'GROWS'}")
+        slope = _show(k, second_half_slope(rows, k)) if "rss" in k else ""
+        print(f"{k:<32} {_show(k, first):>14} {_show(k, mid):>14} {_show(k, last):>14} {slope:>19}  "
+              f"{'flat' if flat else 'GROWS'}")
     print("verdict: " + ("flat" if flat_all else "NOT flat"))
     sys.exit(0 if flat_all else 1)
 

@@ -12,6 +12,18 @@ largest: "Which is the largest of these numbers: 41, 87, 15, 92, 60, 33?" -> 92 
 numbers; the largest at a uniformly drawn position).
 duplicate: "Which number appears twice in this list: 63, 15, 43, 43, 75, 72, 61?" -> 43 (5-7 distinct two-digit
 numbers, one of them copied to a uniformly drawn place, next to its twin or not).
+sequence: "What number comes next: 7, 11, 15, 19?" -> 23 (an arithmetic sequence, 4-5 terms, start 1-40, step
+2-9): a pattern task; the answer is in no list, so no copying rule scores.
+count: "How many of these numbers are greater than 50: 63, 15, 43, 75, 72?" -> 3 (5-7 distinct two-digit numbers,
+each above 50 with probability 1/2): a counting task; its answers 0-7 follow a binomial, so always answering the
+commonest one scores about a third.
+ordinal: "In the list owl, cat, fox, bee, dog, which word is fourth?" -> bee (5-7 distinct three-letter words,
+the asked position uniform): retrieval by position, not by name.
+odd: "Which of these numbers is odd: 14, 28, 37, 42, 60?" -> 37 (4-6 distinct two-digit numbers, one odd, at a
+uniformly drawn position): a classification task.
+after: "In the list owl, cat, fox, bee, dog, which word comes right after fox?" -> bee (5-7 distinct three-letter
+words, the asked word never the last): retrieval by adjacency.
+reverse: "q = 12, d = 5, x = 27, ... Which letter is 27?" -> x: lookup the other way round (6-8 variables).
 month: "Which month comes 3 months before February?" -> November (1-6 months either way: 144 problems, so
 the held-out set is a share of them: --val-size 60 leaves 84 to train on).
 """
@@ -60,7 +72,58 @@ def duplicate(rng: random.Random, min_count: int = 5, max_count: int = 7) -> dic
             "answer": str(twice)}
 
 
-TASKS = {"duplicate": duplicate, "largest": largest, "lookup": lookup, "month": month}
+def sequence(rng: random.Random, min_terms: int = 4, max_terms: int = 5) -> dict:
+    start, step, n = rng.randint(1, 40), rng.randint(2, 9), rng.randint(min_terms, max_terms)
+    terms = [start + i * step for i in range(n)]
+    return {"problem": f"What number comes next: {', '.join(map(str, terms))}?", "answer": str(start + n * step)}
+
+
+def count(rng: random.Random, min_count: int = 5, max_count: int = 7) -> dict:
+    k = rng.randint(min_count, max_count)
+    numbers = [rng.choice(range(51, 100)) if rng.random() < 0.5 else rng.choice(range(10, 50)) for _ in range(k)]
+    while len(set(numbers)) < k:  # distinct, each side kept
+        i = rng.randrange(k)
+        numbers[i] = rng.choice(range(51, 100)) if numbers[i] > 50 else rng.choice(range(10, 50))
+    above = sum(n > 50 for n in numbers)
+    return {"problem": f"How many of these numbers are greater than 50: {', '.join(map(str, numbers))}?",
+            "answer": str(above)}
+
+
+WORDS = ("ant bat bee cat cow dog eel elk emu fox gnu hen jay owl pig ram rat yak ape hog").split()
+ORDINALS = ("first second third fourth fifth sixth seventh").split()
+
+
+def ordinal(rng: random.Random, min_count: int = 5, max_count: int = 7) -> dict:
+    words = rng.sample(WORDS, rng.randint(min_count, max_count))
+    q = rng.randrange(len(words))
+    return {"problem": f"In the list {', '.join(words)}, which word is {ORDINALS[q]}?", "answer": words[q]}
+
+
+def odd(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
+    k = rng.randint(min_count, max_count)
+    numbers = rng.sample(range(10, 100, 2), k - 1)
+    numbers.insert(rng.randrange(k), rng.randrange(11, 100, 2))
+    return {"problem": f"Which of these numbers is odd: {', '.join(map(str, numbers))}?",
+            "answer": str(next(n for n in numbers if n % 2))}
+
+
+def after(rng: random.Random, min_count: int = 5, max_count: int = 7) -> dict:
+    words = rng.sample(WORDS, rng.randint(min_count, max_count))
+    q = rng.randrange(len(words) - 1)
+    return {"problem": f"In the list {', '.join(words)}, which word comes right after {words[q]}?",
+            "answer": words[q + 1]}
+
+
+def reverse(rng: random.Random, min_vars: int = 6, max_vars: int = 8) -> dict:
+    k = rng.randint(min_vars, max_vars)
+    names, values = rng.sample(NAMES, k), rng.sample(range(1, 30), k)
+    q = rng.randrange(k)
+    text = ", ".join(f"{n} = {v}" for n, v in zip(names, values))
+    return {"problem": f"{text}. Which letter is {values[q]}?", "answer": names[q]}
+
+
+TASKS = {"after": after, "count": count, "duplicate": duplicate, "largest": largest, "lookup": lookup, "month": month,
+         "odd": odd, "ordinal": ordinal, "reverse": reverse, "sequence": sequence}
 
 
 def write(task: str, out: Path, train_size: int, val_size: int, seed: int) -> None:

@@ -69,7 +69,8 @@ def env() -> None:
     import importlib.metadata as md
 
     versions = {}
-    for name in ("torch", "transformers", "accelerate", "peft", "pydantic", "pytest", "ray", "vllm", "tensorboard"):
+    for name in ("torch", "transformers", "accelerate", "peft", "pydantic", "pytest", "ray", "gguf", "vllm",
+                 "tensorboard"):
         try:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:

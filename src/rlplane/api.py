@@ -33,20 +33,30 @@ def load_config(config: str | dict | RunConfig | None = None, overrides: Sequenc
         load_config as load_file,
         load_yaml_tree,
     )
+    from rlplane.config.yaml_limits import check_tree_bounds
+    from rlplane.errors import ConfigError
 
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides or []):
+        raise ConfigError([f"overrides = {overrides!r:.80}: give a list of 'KEY=VALUE' strings, e.g. "
+                           "['grpo.max_num_steps=20']"])
     if isinstance(config, RunConfig):
         import yaml
 
         tree = yaml.safe_load(dump_config(config))
     elif isinstance(config, Mapping):
+        check_tree_bounds(config, "config= mapping")
         tree = dict(config)
         parent = tree.pop("defaults", None)
+        if parent and not isinstance(parent, str):
+            raise ConfigError([f"config['defaults'] = {parent!r:.80}: name one preset or YAML file"])
         if parent:
             from rlplane.config.yaml_tree import deep_merge
 
             tree = deep_merge(load_yaml_tree(parent), tree)
+    elif config is None or isinstance(config, (str, os.PathLike)):
+        return load_file(os.fspath(config or "grpo_arithmetic"), list(overrides or []))
     else:
-        return load_file(config or "grpo_arithmetic", list(overrides or []))
+        raise ConfigError([f"config = {config!r:.80}: give a preset name, a YAML path, a dict or a RunConfig"])
     return build_config(apply_overrides(tree, list(overrides or [])))
 
 

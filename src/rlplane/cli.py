@@ -18,19 +18,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from rlplane.data.errors import DatasetError
-    from rlplane.dataplane import DataPlaneError
-    from rlplane.envs import UnknownEnvironmentError
-    from rlplane.envs.sandbox import SandboxUnavailable
-    from rlplane.errors import ConfigError, WorkerFailed
-    from rlplane.models.loading import ModelLoadError
-    from rlplane.runtime.deadlines import DeadlineExceeded
-    from rlplane.training import TrainingStopped
-    from rlplane.utils.checkpoint import CheckpointError
+# The errors a user can cause, by the module that defines each. A class whose module was never imported cannot
+# have been raised, so only imported ones are caught: printing a config mistake imports no torch.
+USER_ERRORS = (
+    ("rlplane.errors", "ConfigError"), ("rlplane.data.errors", "DatasetError"),
+    ("rlplane.models.loading", "ModelLoadError"), ("rlplane.envs.registry", "UnknownEnvironmentError"),
+    ("rlplane.dataplane.errors", "DataPlaneError"), ("rlplane.training.loop", "TrainingStopped"),
+    ("rlplane.utils.checkpoint", "CheckpointError"), ("rlplane.runtime.deadlines", "DeadlineExceeded"),
+    ("rlplane.envs.sandbox", "SandboxUnavailable"), ("rlplane.errors", "WorkerFailed"),
+)
 
-    return (ConfigError, DatasetError, ModelLoadError, UnknownEnvironmentError, DataPlaneError, TrainingStopped,
-            CheckpointError, DeadlineExceeded, SandboxUnavailable, WorkerFailed)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    return tuple(getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -167,13 +167,14 @@ def _checkpoint_weights(path: str):
     from pathlib import Path
 
     from rlplane.errors import ConfigError
-    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
 
     p = Path(path)
     if not p.is_dir():
         what = "is a file, not a directory" if p.exists() else "no such directory"
         raise ConfigError([f"--checkpoint {p}: {what}; pass a run directory, "
                            "a step_N checkpoint or an HF model directory"])
+    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
+
     ckpt = p
     if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
         ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
@@ -213,7 +214,6 @@ def cmd_eval(args) -> int:
 
     from rlplane.config.loading import load_config
     from rlplane.errors import ConfigError
-    from rlplane.evaluation import evaluate
 
     if bool(args.checkpoint) == bool(args.model):
         raise ConfigError(["rlplane eval: give exactly one of --checkpoint DIR or --model NAME"])
@@ -239,6 +239,8 @@ def cmd_eval(args) -> int:
     cfg = load_config(preset, [*overrides, *args.overrides, "warmup.enabled=false", "runtime=local"])
     if args.output:
         _check_output_file(Path(args.output))
+    from rlplane.evaluation import evaluate  # torch and transformers: once the command is known to be right
+
     k = args.k if args.k is not None else cfg.loop.val_num_generations_per_prompt
     # stdout carries one JSON document: what loading and generating print (the precision chosen) goes to stderr
     # once the evaluation has run, and not at all before a one-line error.
@@ -341,10 +343,13 @@ def cmd_sweep(args) -> int:
     from rlplane.config.recipes import RECIPES
     from rlplane.errors import ConfigError
     from rlplane.sweeps.plan import parse_seeds, parse_variant, plan_runs
-    from rlplane.sweeps.runner import claim_directory, identity, run_sweep
+    from rlplane.sweeps.runner import claim_directory, hold_directory, identity, run_sweep
     from rlplane.utils.machine import describe_machine
 
-    seeds = parse_seeds(args.seeds)
+    if args.seeds is not None and args.seed_list is not None:
+        raise ConfigError([f"--seeds {args.seeds} and --seed-list {args.seed_list}: give one (a count, or which "
+                           "seeds)"])
+    seeds = parse_seeds(args.seed_list) if args.seed_list is not None else list(range(1, (args.seeds or 5) + 1))
     variants = [parse_variant(v) for v in args.variant]
     cfg = _load(args)
     loop = RECIPES[cfg.algorithm].loop
@@ -357,6 +362,7 @@ def cmd_sweep(args) -> int:
     name = args.config or "grpo_arithmetic"
     out = Path(args.out or f"runs/sweep-{Path(name).stem}").expanduser().absolute()
     claim_directory(out, identity(args.config, args.overrides, cfg.model_dump(mode="json"), loop))
+    lock = hold_directory(out)
     title = f"rlplane sweep: {name}" + (f" {' '.join(args.overrides)}" if args.overrides else "")
     header = [f"machine: {describe_machine()}", f"date: {datetime.date.today().isoformat()}",
               f"seeds: {' '.join(map(str, seeds))}"
@@ -367,7 +373,10 @@ def cmd_sweep(args) -> int:
     say(title)
     for line in header:
         say(line)
-    results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    try:
+        results = run_sweep(args.config, args.overrides, runs, out, header=header, title=title, say=say)
+    finally:
+        lock.release()
     return 0 if all(r.status == "done" for r in results) else 1
 
 
@@ -435,7 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="a config over several seeds (and numeric variants, and its control), one run "
                                      "after another: gain per run, mean ± sd, worst, best; a table and a figure")
     _add_config_args(p)
-    p.add_argument("--seeds", default="5", help="5 (seeds 1 to 5), 11-15 (a range) or 1,4,9 (a list); default 5")
+    p.add_argument("--seeds", type=_at_least(1), default=None, help="how many seeds: N runs seeds 1 to N (default 5)")
+    p.add_argument("--seed-list", default=None, metavar="SEEDS",
+                   help="which seeds instead: 42, 11-15 (a range) or 1,4,9 (a list)")
     p.add_argument("--control", nargs="?", const="permute", default=None, choices=("permute", "coin"),
                    help="also run the control: rewards permuted within each batch (default) or a coin with the "
                         "batch's mean; distillation: a teacher that learned nothing")

@@ -13,9 +13,11 @@ from rlplane.data import (
     build_eval_set,
     read_jsonl_rows,
 )
-from rlplane.data.hf_files import read_hf_rows
+from rlplane.data.hf_files import read_hf_rows, read_registry_rows
 from rlplane.data.processors import prompt_data_processor, resolve_processor, resolve_prompt_format
 from rlplane.data.reasoning_gym import reasoning_gym_rows
+from rlplane.data.registry import ENTRIES
+from rlplane.data.splits import hold_out, repeated
 from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 from rlplane.envs import check_task_names
 from rlplane.envs.user import register_user_tasks
@@ -33,6 +35,14 @@ def task_processors(data, tokenizer):
     default, default_fn = _task_spec("default", data.prompt, tokenizer, "data.prompt")
     table = {name: _task_spec(name, p, tokenizer, f"data.tasks.{name}") for name, p in data.tasks.items()}
     return default, defaultdict(lambda: (default, default_fn), table)
+
+
+def held_out_size(data, source) -> float:
+    """The source's ``split_validation_size``; null: the registry dataset's NeMo RL default, else 0."""
+    if source.split_validation_size is not None:
+        return source.split_validation_size
+    entry = ENTRIES.get(source.name) if data.dataset == "registry" else None
+    return entry.split_validation_size if entry is not None else 0.0
 
 
 def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
@@ -79,21 +89,46 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
             train_ds = GuessNumberDataset(tokenizer, d.num_train_samples, low=r.low, high=r.high, seed=options.seed)
         val_ds = GuessNumberDataset(tokenizer, options.max_val_samples, low=r.low, high=r.high, seed=options.seed + 1)
         val = [val_ds[i] for i in range(len(val_ds))]
+    elif d.dataset == "sliding_puzzle":
+        from rlplane.envs.sliding_puzzle import SlidingPuzzleDataset
+
+        game = options.env.sliding_puzzle_game.model_dump()
+        if train:
+            train_ds = SlidingPuzzleDataset(tokenizer, d.num_train_samples, seed=options.seed, prompt_format=fmt,
+                                            **game)
+        val_ds = SlidingPuzzleDataset(tokenizer, options.max_val_samples, seed=options.seed + 1, prompt_format=fmt,
+                                      **game)
+        val = [val_ds[i] for i in range(len(val_ds))]
     else:
-        def rows(j):
+        require = not reads_own_rows
+
+        def rows(j, key: str) -> list[dict]:
             fields = JsonlFields(problem=j.problem_key, answer=j.answer_key, task_name=j.task_name_key,
                                  default_task_name=j.default_task_name)
+            if d.dataset == "registry":
+                return read_registry_rows(j, fields, key, require=require)
             if d.dataset == "hf":
-                return read_hf_rows(j.path, fields, j.format, j.split)
-            return read_jsonl_rows(j.path, fields, require=not reads_own_rows)
+                return read_hf_rows(j.path, fields, j.format, j.split or "train", subset=j.subset, key=key,
+                                    max_rows=d.max_rows)
+            return read_jsonl_rows(j.path, fields, require=require, max_rows=d.max_rows)
 
-        train_source = f"dataset {d.train.path}"
-        if train or d.validation is None:
-            train_ds = tokenized(rows(d.train), train_source)
-            check_task_names((x.task_name for x in train_ds.datums), train_source)
+        # Validation: rows held out of the training source (NeMo RL's split_validation_size), then data.validation.
+        size = held_out_size(d, d.train)
+        train_rows, val_rows = None, []
+        if train or size or d.validation is None:
+            train_rows = rows(d.train, "data.train")
+            if size:
+                train_rows, val_rows = hold_out(train_rows, size, d.train.seed, "data.train.split_validation_size")
         if d.validation is not None:
-            val_source = f"dataset {d.validation.path}"
-            val = list(tokenized(rows(d.validation), val_source).datums)
+            val_rows += repeated(rows(d.validation, "data.validation"), d.validation.repeat)
+        train_source = f"dataset {d.train.name or d.train.path}"
+        if train or not val_rows:
+            train_ds = tokenized(repeated(train_rows, d.train.repeat), train_source)
+            check_task_names((x.task_name for x in train_ds.datums), train_source)
+        if val_rows:
+            source = d.validation or d.train
+            val_source = f"dataset {source.name or source.path}" + (" (held out)" if d.validation is None else "")
+            val = list(tokenized(val_rows, val_source).datums)
             check_task_names((x.task_name for x in val), val_source)
         else:
             val = list(train_ds.datums[: options.max_val_samples])

@@ -1,77 +1,56 @@
-"""The RL math core: advantages, losses, KL estimators, sample filters, as pure torch functions."""
+"""The RL math core: advantages, losses, KL estimators, sample filters, as pure torch functions.
 
-from rlplane.algorithms.advantages import (
-    calculate_baseline_and_std_per_prompt,
-    clip_advantages,
-    gdpo_advantages,
-    group_ids,
-    grpo_advantages,
-    opd_advantages,
-    raw_reward_advantages,
-    reinforce_plus_plus_advantages,
-    rloo_advantages,
-)
-from rlplane.algorithms.filters import (
-    DynamicSamplingSelection,
-    apply_reward_shaping,
-    dapo_overlong_penalty,
-    dynamic_sampling_keep_mask,
-    dynamic_sampling_select,
-    failed_group_keep_mask,
-    overlong_filter_sample_mask,
-    scale_rewards,
-    seq_logprob_error_mask,
-    seq_mult_prob_error,
-    stop_properly_penalty,
-)
-from rlplane.algorithms.gae import compute_gae, gae_recursion, gae_token_rewards, length_adaptive_lambda
-from rlplane.algorithms.kl import kl_estimate, reward_kl
-from rlplane.algorithms.loss_options import ClippedPGOptions, KLInReward
-from rlplane.algorithms.losses import (
-    CLIPPED_PG_METRIC_REDUCTIONS,
-    NLL_METRIC_REDUCTIONS,
-    VALUE_METRIC_REDUCTIONS,
-    clipped_pg_loss,
-    nll_loss,
-    reverse_kl_loss,
-)
-from rlplane.algorithms.value_loss import explained_variance, value_loss
+Names are imported from their modules on first use: the config imports ``loss_options`` (plain
+dataclasses) to validate ``loss_fn``, and validating a config must not wait for torch.
+"""
 
-__all__ = [
-    "CLIPPED_PG_METRIC_REDUCTIONS",
-    "NLL_METRIC_REDUCTIONS",
-    "VALUE_METRIC_REDUCTIONS",
-    "DynamicSamplingSelection",
-    "apply_reward_shaping",
-    "calculate_baseline_and_std_per_prompt",
-    "clip_advantages",
-    "clipped_pg_loss",
-    "compute_gae",
-    "dapo_overlong_penalty",
-    "dynamic_sampling_keep_mask",
-    "dynamic_sampling_select",
-    "explained_variance",
-    "failed_group_keep_mask",
-    "gae_recursion",
-    "gae_token_rewards",
-    "gdpo_advantages",
-    "group_ids",
-    "grpo_advantages",
-    "kl_estimate",
-    "KLInReward",
-    "length_adaptive_lambda",
-    "ClippedPGOptions",
-    "nll_loss",
-    "reverse_kl_loss",
-    "reward_kl",
-    "opd_advantages",
-    "overlong_filter_sample_mask",
-    "raw_reward_advantages",
-    "reinforce_plus_plus_advantages",
-    "rloo_advantages",
-    "scale_rewards",
-    "seq_logprob_error_mask",
-    "seq_mult_prob_error",
-    "stop_properly_penalty",
-    "value_loss",
-]
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+_HOMES = {
+    "advantages": ("calculate_baseline_and_std_per_prompt", "clip_advantages", "gdpo_advantages", "group_ids",
+                   "grpo_advantages", "opd_advantages", "raw_reward_advantages", "reinforce_plus_plus_advantages",
+                   "rloo_advantages"),
+    "filters": ("DynamicSamplingSelection", "apply_reward_shaping", "dapo_overlong_penalty",
+                "dynamic_sampling_keep_mask", "dynamic_sampling_select", "failed_group_keep_mask",
+                "overlong_filter_sample_mask", "scale_rewards", "seq_logprob_error_mask", "seq_mult_prob_error",
+                "stop_properly_penalty"),
+    "gae": ("compute_gae", "gae_recursion", "gae_token_rewards", "length_adaptive_lambda"),
+    "kl": ("kl_estimate", "reward_kl"),
+    "loss_options": ("ClippedPGOptions", "KLInReward"),
+    "losses": ("CLIPPED_PG_METRIC_REDUCTIONS", "NLL_METRIC_REDUCTIONS", "VALUE_METRIC_REDUCTIONS", "clipped_pg_loss",
+               "nll_loss", "reverse_kl_loss"),
+    "value_loss": ("explained_variance", "value_loss"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+class _Package(types.ModuleType):
+    """The package's module: importing the submodule ``value_loss`` must not replace the function of that name
+    (Python binds a submodule to its package's attribute when it is first imported)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _MODULE_OF and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlplane.algorithms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rlplane.algorithms.{module}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

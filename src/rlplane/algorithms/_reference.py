@@ -87,3 +87,33 @@ def pg_loss_loop(
         if not token_level and seq_n > 0:
             total += float(sample_mask[i]) * seq_sum / seq_n
     return total / (global_valid_tokens if token_level else global_valid_seqs)
+
+
+def topk_kl_loss_loop(student_logits: Tensor, teacher_topk_logits: Tensor, indices: Tensor, mask: Tensor,
+                      global_valid_tokens: float, kl_type: str, weight: float, zero_outside_topk: bool) -> float:
+    """Twin of :func:`~rlplane.algorithms.distillation_kl.topk_kl_loss` over
+    :func:`~rlplane.algorithms.distillation_kl.topk_distillation_logprobs`, one token at a time in plain floats."""
+    total = 0.0
+    b, t, v = student_logits.shape
+    for i in range(b):
+        for j in range(t):
+            if not mask[i, j]:
+                continue
+            z = [float(x) for x in student_logits[i, j]]
+            top = [int(x) for x in indices[i, j]]
+            tz = [float(x) for x in teacher_topk_logits[i, j]]
+            tn = math.log(sum(math.exp(x) for x in tz))
+            lt = [x - tn for x in tz]  # teacher log-probs over its k
+            full = math.log(sum(math.exp(x) for x in z))
+            if zero_outside_topk:
+                ls = [z[k] - full for k in top]
+            else:
+                sn = math.log(sum(math.exp(z[k]) for k in top))
+                ls = [z[k] - sn for k in top]
+            fwd = sum(math.exp(a) * (a - c) for a, c in zip(lt, ls))
+            rev = sum(math.exp(c) * (c - a) for a, c in zip(lt, ls))
+            if zero_outside_topk and kl_type != "forward":
+                neg_h = sum(math.exp(x - full) * (x - full) for x in z)
+                rev += (neg_h - sum(math.exp(c) * c for c in ls)) + 100.0 * (1.0 - sum(math.exp(c) for c in ls))
+            total += {"forward": fwd, "reverse": rev, "mixed": weight * fwd + (1 - weight) * rev}[kl_type]
+    return total / global_valid_tokens

@@ -184,3 +184,43 @@ class ClippedPGOptions:
             errors.append(f"positive_example_nll_weight = {o.positive_example_nll_weight}: "
                           "needs μ >= 0; 0 disables the VAPO NLL term")
         return errors
+
+
+#: Distillation losses (``loss_fn.kl_type``): NeMo RL's KL over the teacher's top-k logits, or the sampled reverse KL.
+DISTILLATION_KL_TYPES: tuple[str, ...] = ("forward", "reverse", "mixed", "sampled_reverse")
+
+
+@dataclass(frozen=True)
+class DistillationLossOptions:
+    """``loss_fn`` keys of on-policy distillation (NeMo RL's ``DistillationLossFn``; ``algorithm: distillation``)."""
+
+    kl_type: Literal["forward", "reverse", "mixed", "sampled_reverse"] = _opt(
+        "mixed", "forward KL(p_T ‖ p_S), reverse KL(p_S ‖ p_T) or mixed, over the teacher's distillation.topk_logits_k "
+                 "largest logits (NeMo RL); sampled_reverse: the per-token reverse KL on the sampled token only "
+                 "(log π_S − log π_T of the student's own token; one optimizer step per rollout).")
+    mixed_kl_weight: float = _opt(0.5, "mixed: the forward KL's weight w (the reverse KL's is 1 − w), in [0, 1].")
+    zero_outside_topk: bool = _opt(False, "Take the student's probabilities over the whole vocabulary (not "
+                                          "renormalised over the top k) and count its mass outside the top k in the "
+                                          "reverse KL against a teacher log-probability of −100.")
+
+    def __post_init__(self) -> None:
+        errors = self.errors()
+        if errors:
+            raise ValueError("\n".join(errors))
+
+    @property
+    def topk(self) -> bool:
+        """Whether the loss reads the teacher's top-k logits (else its logprob of the sampled token)."""
+        return self.kl_type != "sampled_reverse"
+
+    def errors(self) -> list[str]:
+        errors: list[str] = []
+        if self.kl_type not in DISTILLATION_KL_TYPES:
+            errors.append(f"kl_type = {self.kl_type!r}: one of {', '.join(DISTILLATION_KL_TYPES)}")
+        if not 0.0 <= self.mixed_kl_weight <= 1.0:
+            errors.append(f"mixed_kl_weight = {self.mixed_kl_weight}: the forward KL's weight must be in [0, 1] "
+                          "(0.5 is NeMo RL's)")
+        if self.zero_outside_topk and self.kl_type == "sampled_reverse":
+            errors.append("zero_outside_topk = true with kl_type = 'sampled_reverse': the sampled KL reads no top k; "
+                          "set a top-k kl_type (forward, reverse, mixed) or zero_outside_topk = false")
+        return errors

@@ -14,28 +14,39 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field, model_validator
 
-from rlplane.algorithms.loss_options import ClippedPGOptions
+from rlplane.algorithms.loss_options import ClippedPGOptions, DistillationLossOptions
 from rlplane.config.base import StrictModel
 
 
 class _LossOptionsModel(StrictModel):
     @model_validator(mode="after")
     def _check(self):
-        self.options()  # ClippedPGOptions checks every rule; its ValueError lists each broken one
+        # Each dataclass checks every rule; their ValueErrors list each broken one.
+        self.options()
+        self.distillation_options()
         return self
 
     def options(self) -> ClippedPGOptions:
-        """The frozen loss options the workers' loss takes (checked when made: once per run)."""
-        return ClippedPGOptions(**self.model_dump())
+        """The frozen clipped-PG options the workers' loss takes (checked when made: once per run)."""
+        return ClippedPGOptions(**self.model_dump(include=_fields(ClippedPGOptions)))
+
+    def distillation_options(self) -> DistillationLossOptions:
+        """The distillation loss's options (``algorithm: distillation``)."""
+        return DistillationLossOptions(**self.model_dump(include=_fields(DistillationLossOptions)))
+
+
+def _fields(options: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(options)}
 
 
 def _loss_config() -> type[_LossOptionsModel]:
-    """``loss_fn`` as a strict pydantic model built from :class:`ClippedPGOptions`' fields (written once, there)."""
-    hints = typing.get_type_hints(ClippedPGOptions)
-    fields = {
-        f.name: (hints[f.name], Field(f.default, description=f.metadata["doc"]))
-        for f in dataclasses.fields(ClippedPGOptions)
-    }
+    """``loss_fn`` as a strict pydantic model built from :class:`ClippedPGOptions`' fields and
+    :class:`DistillationLossOptions`' (written once, there)."""
+    fields = {}
+    for options in (ClippedPGOptions, DistillationLossOptions):
+        hints = typing.get_type_hints(options)
+        fields.update({f.name: (hints[f.name], Field(f.default, description=f.metadata["doc"]))
+                       for f in dataclasses.fields(options)})
     return pydantic.create_model("LossConfig", __base__=_LossOptionsModel, __doc__=ClippedPGOptions.__doc__,
                                  __module__=__name__, **fields)
 

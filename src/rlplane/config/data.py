@@ -29,18 +29,33 @@ class ArithmeticDataConfig(StrictModel):
 
 
 class JsonlDataConfig(StrictModel):
-    """Problems from a file: JSONL (``dataset: jsonl``) or JSON/JSONL/Parquet/CSV read by Hugging Face
-    ``datasets`` (``dataset: hf``)."""
+    """One data source: a JSONL file (``dataset: jsonl``); files, or a Hugging Face hub dataset by id, read by
+    ``datasets`` (``dataset: hf``); or one of NeMo RL's registry datasets by name (``dataset: registry``:
+    ``rlplane.data.registry``, docs/nemo.md lists the names)."""
 
-    path: str = Field(..., description="Path of the file (or, for `hf`, a glob or directory of files).")
-    problem_key: str = Field("problem", description="Field holding the prompt text.")
-    answer_key: str = Field("answer", description="Field holding the reference answer.")
+    path: str | None = Field(None, description="jsonl: the file; hf: a file, glob or directory of files, or a hub id "
+                                               "(`openai/gsm8k`); registry: a local copy of the dataset's hub repo "
+                                               "or file (null: the hub copy through the Hugging Face cache).")
+    name: str | None = Field(None, description="registry: NeMo RL's dataset name (`gsm8k`, `OpenMathInstruct-2`, ...).")
+    subset: str | None = Field(None, description="hf hub id: its config (subset) name (null: its default).")
+    problem_key: str = Field("problem", description="Field holding the prompt text (registry rows: `problem`).")
+    answer_key: str = Field("answer", description="Field holding the reference answer (registry rows: `answer`).")
     task_name_key: str = Field("task_name", description="Field routing a row to an environment.")
     default_task_name: str = Field("arithmetic", description="Environment of rows without a task_name field.")
     format: Literal["auto", "json", "parquet", "csv"] = Field(
-        "auto", description="`hf` only: file format (auto: from the extension)."
+        "auto", description="`hf` files only: file format (auto: from the extension)."
     )
-    split: str = Field("train", description="`hf` only: the split to read.")
+    split: str | None = Field(None, description="hf / registry: the split to read (null: `train`, or the registry "
+                                                "dataset's own default, e.g. OpenMathInstruct-2's `train_1M`).")
+    split_validation_size: float | None = Field(
+        None, ge=0, description="Hold out this fraction (< 1) or number (>= 1) of the source's rows as the "
+        "validation set when data.validation is null, drawn as NeMo RL's train_test_split draws them (null: 0, or "
+        "the registry dataset's NeMo RL default, e.g. 0.05 for OpenMathInstruct-2)."
+    )
+    seed: int = Field(42, description="Seed of the held-out draw (and of a registry dataset's own sampling).")
+    repeat: int = Field(1, ge=1, description="Each row this many times, in order (NeMo RL's AIME `repeat`).")
+    options: dict = Field(default_factory=dict, description="registry: the dataset's own options (NeMo RL's keyword "
+                          "arguments: output_key, extract_answer, verifiable_only, max_samples, ...; docs/nemo.md).")
 
 
 class ReasoningGymDataConfig(StrictModel):
@@ -97,12 +112,13 @@ class PromptConfig(StrictModel):
 class DataConfig(StrictModel):
     """Where prompts come from."""
 
-    dataset: Literal["arithmetic", "jsonl", "hf", "reasoning_gym", "guess_number"] = Field(
-        "arithmetic", description="Which dataset kind (guess_number: games over env.guess_number's range)."
-    )
+    dataset: Literal["arithmetic", "jsonl", "hf", "registry", "reasoning_gym", "guess_number", "sliding_puzzle"] = (
+        Field("arithmetic", description="Which dataset kind (registry: NeMo RL's datasets by name; guess_number: "
+              "games over env.guess_number's range; sliding_puzzle: boards of env.sliding_puzzle_game)."))
     arithmetic: ArithmeticDataConfig = Field(default_factory=ArithmeticDataConfig, description="Procedural task.")
-    train: JsonlDataConfig | None = Field(None, description="Training file (dataset: jsonl or hf).")
-    validation: JsonlDataConfig | None = Field(None, description="Validation file (dataset: jsonl or hf).")
+    train: JsonlDataConfig | None = Field(None, description="Training source (dataset: jsonl, hf or registry).")
+    validation: JsonlDataConfig | None = Field(None, description="Validation source (dataset: jsonl, hf or "
+                                                                 "registry; null: held out of the training source).")
     reasoning_gym: ReasoningGymDataConfig = Field(
         default_factory=ReasoningGymDataConfig, description="Procedural reasoning-gym tasks (dataset: reasoning_gym)."
     )
@@ -112,6 +128,11 @@ class DataConfig(StrictModel):
         "data.prompt)."
     )
     num_train_samples: int = Field(100_000, ge=1, description="Size of the procedural training stream.")
+    max_rows: int | None = Field(
+        2_000_000, ge=1, description="Most rows a data file (train or validation, `jsonl` or `hf`) may hold: each is "
+        "tokenized and kept in memory at start-up; a file with more is an error naming it "
+        "(null: no limit)."
+    )
     shuffle: bool = Field(True, description="Shuffle each epoch.")
     on_overlong_prompt: Literal["zero_loss", "skip", "error"] = Field(
         "zero_loss", description="A prompt longer than policy.max_total_sequence_length: keep it with loss_multiplier "
@@ -122,6 +143,19 @@ class DataConfig(StrictModel):
     def _files_need_paths(self) -> "DataConfig":
         if self.dataset in ("jsonl", "hf") and self.train is None:
             raise ValueError(f"dataset = {self.dataset} needs data.train.path; set data.train.path=FILE")
+        if self.dataset == "registry" and self.train is None:
+            raise ValueError("dataset = registry needs data.train.name; set data.train.name=NAME (e.g. gsm8k)")
+        for key, source in (("train", self.train), ("validation", self.validation)):
+            if source is None:
+                continue
+            if self.dataset == "registry" and source.name is None:
+                raise ValueError(f"dataset = registry: data.{key}.name is not set; name a NeMo RL dataset "
+                                 "(docs/nemo.md lists them)")
+            if self.dataset in ("jsonl", "hf") and source.path is None:
+                raise ValueError(f"dataset = {self.dataset}: data.{key}.path is not set; set data.{key}.path=FILE")
+            if self.dataset != "registry" and (source.name is not None or source.options):
+                raise ValueError(f"data.{key}.name / options are for dataset = registry (data.dataset = "
+                                 f"{self.dataset}); remove them or set data.dataset=registry")
         return self
 
 
@@ -131,7 +165,9 @@ def task_names_of(data: DataConfig) -> list[str]:
         return [data.arithmetic.task_name]
     if data.dataset in ("reasoning_gym", "guess_number"):
         return [data.dataset]
-    return [j.default_task_name for j in (data.train, data.validation) if j is not None]
+    if data.dataset == "sliding_puzzle":
+        return ["sliding_puzzle_game"]
+    return [j.default_task_name for j in (data.train, data.validation) if j is not None]  # jsonl, hf, registry
 
 
 @dataclass(frozen=True)
@@ -139,7 +175,7 @@ class DatasetOptions:
     """What :func:`rlplane.datasets.build_datasets` reads, cut from the run config by ``RunConfig.dataset_options``."""
 
     data: DataConfig
-    env: EnvConfig  # user tasks are registered from it; guess_number's range
+    env: EnvConfig  # user tasks are registered from it; guess_number's range; the sliding puzzle's boards
     seed: int  # the loop's seed: procedural problems and the loader's shuffle
     prompts_per_batch: int  # the loader's batch: num_prompts_per_step × batch_multiplier
     max_val_samples: int  # held-out problems

@@ -14,6 +14,11 @@ class MathEnvConfig(StrictModel):
 
     num_workers: int = Field(2, ge=1, description="Verifier processes (each scores one answer at a time).")
     timeout_s: float = Field(5.0, gt=0, description="Seconds one answer may take; a slower one scores 0.")
+    math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] = Field(
+        "hf_math_verify", description="The check (NeMo RL's key): `hf_math_verify` compares symbolically with "
+        "math-verify; `dapo_math_verify` is DAPO's rule: the text after the last `Answer:`, normalised, equal to the "
+        "reference (rlplane.verifiers.dapo_answer)."
+    )
 
 
 class ReasoningGymEnvConfig(StrictModel):
@@ -64,6 +69,16 @@ class GuessNumberEnvConfig(StrictModel):
         if self.low > self.high:
             raise ValueError(f"low = {self.low} > high = {self.high}; swap them")
         return self
+
+
+class SlidingPuzzleEnvConfig(StrictModel):
+    """NeMo RL's sliding-puzzle game (``rlplane.envs.sliding_puzzle``; NeMo RL's ``cfg.game_config`` and
+    ``cfg.max_moves``)."""
+
+    size: int = Field(3, ge=2, description="Largest board side; each puzzle draws a side from 2 to this.")
+    shuffle_moves: int = Field(10, ge=1, description="Most random gap moves that shuffle a board (an odd count "
+                                                     "from 1 to this).")
+    max_moves: int = Field(30, ge=1, description="Moves per game before it ends unrewarded.")
 
 
 class UserTaskConfig(StrictModel):
@@ -139,6 +154,10 @@ class EnvConfig(StrictModel):
         default_factory=dict, description="Pool size of one environment, by task_name, in place of actors_per_env "
         "(env.actors.math=4)."
     )
+    start_timeout_s: float = Field(
+        120.0, gt=0, description="runtime=ray: seconds every environment actor has to start and build its "
+        "environment (a constructor that connects to a judge server included) before the run stops with an error."
+    )
     cpus_per_actor: float = Field(
         0.0, ge=0, description="CPUs each environment actor reserves from Ray (0: scheduled anywhere, sharing the "
         "node's CPUs; give more to an environment whose step is heavy)."
@@ -155,6 +174,13 @@ class EnvConfig(StrictModel):
     calculator: CalculatorEnvConfig = Field(default_factory=CalculatorEnvConfig, description="Calculator tool.")
     code: CodeEnvConfig = Field(default_factory=CodeEnvConfig, description="Code execution in the sandbox.")
     guess_number: GuessNumberEnvConfig = Field(default_factory=GuessNumberEnvConfig, description="Guessing game.")
+    math_multi_reward: MathEnvConfig = Field(
+        default_factory=MathEnvConfig, description="NeMo RL's three-part math reward for GDPO (correctness, integer, "
+        "format; string checks, so its num_workers and timeout_s go unused)."
+    )
+    sliding_puzzle_game: SlidingPuzzleEnvConfig = Field(
+        default_factory=SlidingPuzzleEnvConfig, description="NeMo RL's sliding-puzzle game (multi-turn)."
+    )
 
     def env_kwargs(self, task_name: str) -> dict[str, Any]:
         """Keyword arguments for ``task_name``'s factory ({} when it has no subsection)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import sys
 import typing
 from typing import Any
 
@@ -33,10 +34,40 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(cls, "model_fields", {}))
 
 
+def _merged_unions(errors: list[dict]) -> list[dict]:
+    """A value that matches no member of a union (``Literal['auto'] | bool``) is one error per member, each with
+    the member's tag as the last part of its path: one error here, the members' rules joined by "or"."""
+    out: list[dict] = []
+    by_path: dict[tuple, dict] = {}
+    for e in errors:
+        loc = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        union = len(loc) > 1 and loc[-1] not in _fields_at(RunConfig, loc) and e["type"] != "extra_forbidden" and (
+            "[" in loc[-1] or loc[-1] in ("bool", "int", "float", "str", "list", "dict", "none"))
+        if not union:
+            out.append({**e, "loc": loc})
+            continue
+        merged = by_path.get(loc[:-1])
+        if merged is None:
+            by_path[loc[:-1]] = merged = {**e, "loc": loc[:-1]}
+            out.append(merged)
+        else:
+            merged["msg"] = f"{merged['msg']}, or {e['msg'].removeprefix('Input should be ')}"
+    return out
+
+
+def _shown(given) -> str:
+    """The value a rule refused, as the user can recognise it; a mapping or list where text was due is most often
+    an unquoted ``key: value`` in an override, which YAML reads as a mapping."""
+    if isinstance(given, (dict, list)):
+        text = repr(given)
+        return f" (got {text if len(text) <= 80 else type(given).__name__})"
+    return f" (got {given!r})"
+
+
 def _format_errors(err: ValidationError) -> list[str]:
     problems = []
-    for e in err.errors():
-        loc = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+    for e in _merged_unions(err.errors()):
+        loc = e["loc"]
         path = ".".join(loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             valid = _fields_at(RunConfig, loc)
@@ -54,7 +85,10 @@ def _format_errors(err: ValidationError) -> list[str]:
                             for line in msg.split("\n"))
             continue
         given = e.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        shown = "" if isinstance(given, dict) and e["type"] not in ("string_type", "int_type", "float_type",
+                                                                    "bool_type") else _shown(given)
+        if e["type"] == "string_type" and isinstance(given, dict):
+            shown += "; YAML reads `a: b` as a mapping: quote the text, e.g. KEY='Q: {problem}'"
         problems.append(f"{path}: {msg}{shown}")
     return problems
 
@@ -69,10 +103,14 @@ def build_config(tree: dict) -> RunConfig:
 
 def load_config(preset: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a preset (default: the embedded arithmetic job), apply overrides, validate."""
-    tree = read_nemo_config(preset, overrides or [])  # NeMo RL's format: read and translated (config/nemo.py)
+    notes: list[str] = []  # a NeMo RL file's: said once the config is valid, not above its errors
+    tree = read_nemo_config(preset, overrides or [], notes)  # NeMo RL's format: read and translated (config/nemo.py)
     if tree is None:
         tree = apply_overrides(load_yaml_tree(preset or "grpo_arithmetic"), overrides or [])
-    return build_config(tree)
+    cfg = build_config(tree)
+    if notes:
+        print("\n".join(notes), file=sys.stderr)
+    return cfg
 
 
 def dump_config(cfg: RunConfig) -> str:

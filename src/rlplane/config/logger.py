@@ -37,6 +37,8 @@ class LoggerConfig(StrictModel):
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="wandb settings.")
     mlflow_enabled: bool = Field(False, description="Log to MLflow (needs rlplane[trackers]).")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="MLflow settings.")
+    connect_timeout_s: float = Field(30.0, gt=0, description="Seconds a tracking server (MLflow's tracking_uri, "
+                                     "wandb's server) has to answer at start-up before the run stops with an error.")
     progress_bar: bool = Field(True, description="A progress bar on stderr when it is a terminal.")
     log_every_n_steps: int = Field(
         10, ge=1, description="Without a terminal (or progress_bar: false): one progress line per N steps."

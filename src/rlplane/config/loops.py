@@ -27,7 +27,7 @@ class RolloutLoopConfig(StrictModel):
         1000, ge=1, description="Passes over the training prompts, at most: the run ends when they are used up, "
         "if that comes before max_num_steps (every generation batch of dynamic sampling counts)."
     )
-    val_period: int = Field(50, ge=0, description="Validate every N steps (0 = never mid-run).")
+    val_period: int = Field(50, description="Validate every N steps (0 or below = never mid-run, as NeMo RL).")
     val_at_start: bool = Field(True, description="Validate before the first step.")
     val_at_end: bool = Field(True, description="Validate after the last step.")
     max_val_samples: int = Field(500, ge=1, description="Validation prompts.")
@@ -79,6 +79,10 @@ class RolloutLoopConfig(StrictModel):
     def samples_per_step(self) -> int:
         """prompts × generations: the samples a step trains on (the run plan's ``sizes.samples_per_step``)."""
         return self.num_prompts_per_step * self.num_generations_per_prompt
+
+    def validates_after(self, done: int) -> bool:
+        """Whether the periodic validation falls after ``done`` steps (``val_period`` <= 0: never)."""
+        return self.val_period > 0 and done % self.val_period == 0
 
     @model_validator(mode="after")
     def _rules(self) -> "RolloutLoopConfig":
@@ -209,6 +213,11 @@ class PPOConfig(RolloutLoopConfig):
 
 class DistillationConfig(RolloutLoopConfig):
     """The on-policy distillation loop: the shared rollout knobs (the student generates, the teacher scores)."""
+
+    topk_logits_k: int = Field(64, ge=1, description="Teacher logits kept per token for the top-k KL (the k largest, "
+                                                     "with their token ids, moved through the data plane; a k above "
+                                                     "the vocabulary keeps all of it: the full KL); unused with "
+                                                     "loss_fn.kl_type = sampled_reverse.")
 
     @model_validator(mode="after")
     def _no_reward_control(self) -> "DistillationConfig":

@@ -13,12 +13,12 @@ rlplane's alternative. Keys neither NeMo RL nor rlplane knows stay errors of the
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
-from typing import Any
 
+from rlplane.config.nemo_data import translate_data
 from rlplane.config.nemo_keys import FEATURES, GENERATION_BACKENDS, NO_EFFECT, PRECISION, is_off
+from rlplane.config.nemo_translation import Translation
 from rlplane.config.nemo_yaml import (
     apply_hydra_overrides,
     get_key,
@@ -26,50 +26,13 @@ from rlplane.config.nemo_yaml import (
     looks_like_nemo,
     resolve_interpolations,
 )
+from rlplane.config.yaml_limits import ConfigTooLarge
 from rlplane.config.yaml_tree import PRESET_DIR
 from rlplane.errors import ConfigError
 from rlplane.extras import vllm_available
 
 
-class _Translation:
-    """Pops NeMo RL keys from a copy of the tree, writes rlplane keys, collects notes and refusals."""
-
-    def __init__(self, tree: dict):
-        self.tree = copy.deepcopy(tree)
-        self.notes: list[str] = []
-        self.errors: list[str] = []
-
-    def has(self, key: str) -> bool:
-        parents, _, last = key.rpartition(".")
-        node = get_key(self.tree, parents) if parents else self.tree
-        return isinstance(node, dict) and last in node
-
-    def pop(self, key: str, default: Any = None) -> Any:
-        parents, _, last = key.rpartition(".")
-        node = get_key(self.tree, parents) if parents else self.tree
-        if not isinstance(node, dict) or last not in node:
-            return default
-        value = node.pop(last)
-        while parents and isinstance(get_key(self.tree, parents), dict) and not get_key(self.tree, parents):
-            parents, _, child = parents.rpartition(".")  # an emptied section goes too
-            (get_key(self.tree, parents) if parents else self.tree).pop(child)
-        return value
-
-    def put(self, key: str, value: Any) -> None:
-        node = self.tree
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-
-    def refuse(self, key: str, value: Any, rule: str) -> None:
-        self.errors.append(f"{key} = {value!r}: {rule}")
-
-    def note(self, line: str) -> None:
-        self.notes.append(line)
-
-
-def _optimizer(t: _Translation, section: str) -> None:
+def _optimizer(t: Translation, section: str) -> None:
     """NeMo RL's ``{name: torch.optim.AdamW, kwargs: {...}}`` -> rlplane's AdamW fields."""
     opt = t.pop(f"{section}.optimizer")
     if not isinstance(opt, dict) or "kwargs" not in opt and "name" not in opt:
@@ -90,7 +53,7 @@ def _optimizer(t: _Translation, section: str) -> None:
     t.put(f"{section}.optimizer", kept)
 
 
-def _scheduler(t: _Translation, section: str) -> None:
+def _scheduler(t: Translation, section: str) -> None:
     """NeMo RL's ``[LinearLR warm-up, ConstantLR | CosineAnnealingLR | LinearLR fall, {milestones}]`` ->
     rlplane's warm-up then ``decay`` (constant / cosine / linear). Other shapes are refused."""
     sched = t.pop(f"{section}.scheduler")
@@ -141,7 +104,7 @@ def _schedule_of(names: list[str], kwargs: list[dict], milestones: list, lr: flo
     return None
 
 
-def _model_section(t: _Translation, section: str) -> None:
+def _model_section(t: Translation, section: str) -> None:
     """What policy, value and teacher share in NeMo RL: precision, tokenizer, parallelism, LoRA."""
     tok = t.pop(f"{section}.tokenizer.name")
     if tok is not None and tok != get_key(t.tree, f"{section}.model_name", tok):
@@ -169,14 +132,44 @@ def _model_section(t: _Translation, section: str) -> None:
         t.put(f"{section}.lora", out)
     elif lora is not None:
         t.note(f"{section}.dtensor_cfg.lora_cfg: NeMo RL's LoRA, off here: ignored (rlplane: policy.lora)")
-    if t.has(f"{section}.dtensor_cfg.enabled"):
-        if t.pop(f"{section}.dtensor_cfg.enabled") and section == "policy" and not get_key(t.tree, "policy.dp_size"):
-            t.note(f"{section}.dtensor_cfg.enabled: NeMo RL's FSDP2 worker at its cluster's size; read as one "
-                   "unsharded rank (runtime: local); to shard set runtime=ray policy.dp_size=N "
-                   "policy.dtensor_cfg.enabled=true")
+    _parallelism(t, section)
 
 
-def _features(t: _Translation) -> None:
+def _parallelism(t: Translation, section: str) -> None:
+    """``dtensor_cfg``'s FSDP2 switch, tensor / context / sequence parallelism and CPU offload. rlplane shards by
+    FSDP2 data parallelism only: TP and CP > 1 are read as that, over the same devices, with a note on what differs."""
+    d = f"{section}.dtensor_cfg"
+    enabled = t.pop(f"{d}.enabled") if t.has(f"{d}.enabled") else None
+    sharded = section == "policy" and bool(get_key(t.tree, "policy.dp_size")) and bool(enabled)
+    if sharded:
+        t.put("policy.dtensor_cfg.enabled", True)  # the user asked for ranks: NeMo RL's FSDP2 over them
+    elif enabled and section == "policy":
+        t.note(f"{d}.enabled: NeMo RL's FSDP2 worker at its cluster's size; read as one unsharded rank (runtime: "
+               "local); to shard set runtime=ray policy.dp_size=N policy.dtensor_cfg.enabled=true")
+    tp, cp = t.pop(f"{d}.tensor_parallel_size") or 1, t.pop(f"{d}.context_parallel_size") or 1
+    sp, offload = t.pop(f"{d}.sequence_parallel"), t.pop(f"{d}.cpu_offload")
+    split = [f"tensor_parallel_size = {tp}"] * (tp > 1) + [f"context_parallel_size = {cp}"] * (cp > 1)
+    if split:
+        t.note(f"{d}.{{{', '.join(split)}}}: NeMo RL splits each layer's weights over TP ranks and each sequence "
+               "over CP ranks; rlplane shards the same model by FSDP2 data parallelism over the same devices instead "
+               "(runtime=ray policy.dp_size=N policy.dtensor_cfg.enabled=true): each rank holds 1/N of the weights, "
+               "gradients and optimizer state but computes whole layers on whole sequences, so one sequence's "
+               "activations sit on one device (policy.activation_checkpointing trims them)"
+               + ("" if section == "policy" else f"; the {section} runs with the policy's settings"))
+    if sp:
+        t.note(f"{d}.sequence_parallel = true: NeMo RL's sequence parallelism splits activations within a tensor-"
+               + ("parallel group, which does nothing with tensor_parallel_size = 1 there either" if tp == 1 else
+                  "parallel group; with TP read as FSDP2 data parallelism there is none here") + ": ignored")
+    if offload and sharded:
+        t.put("policy.dtensor_cfg.cpu_offload", True)
+    elif offload:
+        t.note(f"{d}.cpu_offload = true: FSDP2's CPU offload of sharded ranks (policy.dtensor_cfg.cpu_offload); "
+               + ("this run's one unsharded rank keeps its weights where it computes; with runtime=ray "
+                  "policy.dp_size=N policy.dtensor_cfg.enabled=true it applies" if section == "policy" else
+                  f"the {section} runs with the policy's settings"))
+
+
+def _features(t: Translation) -> None:
     """The NeMo-only features: refused when on; when off, dropped with one note per section."""
     off: dict[str, list[str]] = {}
     for key, off_when, what, instead in FEATURES:
@@ -206,7 +199,7 @@ def _features(t: _Translation) -> None:
         t.note(f"ignored, no rlplane counterpart and no effect on what it computes: {', '.join(dropped)}")
 
 
-def _generation(t: _Translation) -> None:
+def _generation(t: Translation) -> None:
     g = "policy.generation"
     backend = get_key(t.tree, f"{g}.backend")
     if backend is not None and backend not in GENERATION_BACKENDS:
@@ -222,18 +215,18 @@ def _generation(t: _Translation) -> None:
         t.note(f"{g}.max_new_tokens = {new}: NeMo RL caps prompt + response at max_model_len; rlplane's "
                f"max_new_tokens must leave the prompt room: read as {max(1, total // 2)} (half of "
                "policy.max_total_sequence_length); set it to choose")
-    for key in ("temperature", "top_p", "top_k"):
-        val = t.pop(f"{g}.val_{key}")
-        if val is not None and val != get_key(t.tree, f"{g}.{key}"):
-            t.note(f"{g}.val_{key} = {val}: ignored; rlplane validates greedily (pass@k samples with the "
-                   f"training {key})")
+    extra = get_key(t.tree, f"{g}.vllm_kwargs")
+    if get_key(t.tree, f"{g}.backend") != "vllm" and extra is not None:
+        t.pop(f"{g}.vllm_kwargs")
+        if extra:
+            t.note(f"{g}.vllm_kwargs = {extra}: vLLM engine arguments, unused: generation runs on hf here")
     kv = t.pop(f"{g}.vllm_cfg.kv_cache_dtype")
     if kv not in (None, "auto"):
         t.refuse(f"{g}.vllm_cfg.kv_cache_dtype", kv, "rlplane's vLLM engine keeps the KV cache in the model dtype; "
                                                      "set auto")
 
 
-def _grpo(t: _Translation) -> None:
+def _grpo(t: Translation) -> None:
     for key in ("normalize_rewards", "use_leave_one_out_baseline"):
         if not t.has(f"grpo.{key}"):
             continue
@@ -245,7 +238,7 @@ def _grpo(t: _Translation) -> None:
             t.note(f"grpo.{key} = {value}: ignored; {est} = {get_key(t.tree, est)} is what the estimator reads")
 
 
-def _batch_multiplier(t: _Translation, loop: str) -> None:
+def _batch_multiplier(t: Translation, loop: str) -> None:
     value = get_key(t.tree, f"{loop}.batch_multiplier")
     if isinstance(value, float):
         if value.is_integer():
@@ -256,7 +249,7 @@ def _batch_multiplier(t: _Translation, loop: str) -> None:
                                                         "set 1 (or an integer with use_dynamic_sampling)")
 
 
-def _async_grpo(t: _Translation) -> None:
+def _async_grpo(t: Translation) -> None:
     from rlplane.config.schema import AsyncGRPOConfig
 
     key = "grpo.async_grpo.max_generation_failures"
@@ -265,7 +258,7 @@ def _async_grpo(t: _Translation) -> None:
         t.note(f"{key} = {value}: ignored; rlplane's collector stops the run on a failed generation batch")
 
 
-def _value(t: _Translation) -> None:
+def _value(t: Translation) -> None:
     if t.has("value_loss_fn"):
         t.put("value.loss_fn", t.pop("value_loss_fn"))
     if not isinstance(get_key(t.tree, "value"), dict):
@@ -290,7 +283,7 @@ def _value(t: _Translation) -> None:
                "precision and device")
 
 
-def _teacher(t: _Translation) -> None:
+def _teacher(t: Translation) -> None:
     if not isinstance(get_key(t.tree, "teacher"), dict):
         return
     _model_section(t, "teacher")
@@ -303,80 +296,24 @@ def _teacher(t: _Translation) -> None:
                "batch sizes, precision and device")
 
 
-def _distillation_loss(t: _Translation) -> None:
-    kl = t.pop("loss_fn.kl_type")
-    if kl not in (None, "reverse"):
-        t.refuse("loss_fn.kl_type", kl, "rlplane's distillation minimises the sampled per-token reverse KL; set "
-                                        "reverse")
-    for key in ("mixed_kl_weight", "zero_outside_topk"):
-        if t.has(f"loss_fn.{key}"):
-            t.pop(f"loss_fn.{key}")
-    if t.has("distillation.topk_logits_k"):
-        k = t.pop("distillation.topk_logits_k")
-        t.note(f"distillation.topk_logits_k = {k}: ignored; rlplane's reverse KL uses the teacher's logprob of the "
-               "sampled token, no top-k logits")
+def _envs(t: Translation) -> None:
+    """NeMo RL's ``env.sliding_puzzle_game.cfg: {game_config: {size, shuffle_moves}, max_moves}`` -> rlplane's
+    ``env.sliding_puzzle_game: {size, shuffle_moves, max_moves}``."""
+    cfg = t.pop("env.sliding_puzzle_game.cfg")
+    if isinstance(cfg, dict):
+        game = dict(cfg.get("game_config") or {})
+        t.put("env.sliding_puzzle_game", {**{k: game[k] for k in ("size", "shuffle_moves") if k in game},
+                                          **({"max_moves": cfg["max_moves"]} if "max_moves" in cfg else {})})
 
 
-def _data(t: _Translation) -> None:
-    """NeMo RL's dataset keys -> ``data.dataset`` (a local JSONL through ResponseDataset), or dropped with a
-    note where rlplane's ``data.dataset`` is given."""
-    data = get_key(t.tree, "data")
-    if not isinstance(data, dict):
-        return
-    nemo_keys = [k for k in ("dataset_name", "train", "validation", "default", "prompt_file", "system_prompt_file",
-                             "train_data_path", "val_data_path", "input_key", "output_key", "split_validation_size",
-                             "train_split", "val_split") if k in data]
-    nemo_keys = [k for k in nemo_keys if not (k in ("train", "validation") and isinstance(data[k], dict)
-                                              and "path" in data[k])]
-    if not nemo_keys:
-        return
-    if "dataset" in data:
-        for k in nemo_keys:
-            data.pop(k)
-        t.note(f"data.{{{', '.join(nemo_keys)}}}: NeMo RL's dataset keys, ignored: data.dataset = "
-               f"{data['dataset']} is given")
-        return
-    nemo = {k: data.pop(k) for k in nemo_keys}
-    default = nemo.get("default") or {}
-    train, val = nemo.get("train") or {}, nemo.get("validation") or {}
-    name = train.get("dataset_name", default.get("dataset_name", nemo.get("dataset_name")))
-    path = train.get("data_path", nemo.get("train_data_path"))
-    if name in (None, "ResponseDataset") and path and Path(path).is_file():
-        spec = {"problem_key": train.get("input_key", default.get("input_key", nemo.get("input_key", "input"))),
-                "answer_key": train.get("output_key", default.get("output_key", nemo.get("output_key", "output"))),
-                "default_task_name": default.get("env_name", "math")}
-        t.put("data.dataset", "jsonl")
-        t.put("data.train", {"path": path, **spec})
-        val_path = val.get("data_path", nemo.get("val_data_path"))
-        if val_path:
-            t.put("data.validation", {"path": val_path, **spec})
-        processor = default.get("processor", "math_hf_data_processor")
-        # ResponseDataset rows are read by key here; math_hf_data_processor's prompt is the math format.
-        t.put("data.prompt.processor", "math" if processor == "math_hf_data_processor" else processor)
-        system = default.get("system_prompt_file", nemo.get("system_prompt_file"))
-        if system:
-            t.put("data.prompt.system_prompt_file", system)
-        prompt = default.get("prompt_file", nemo.get("prompt_file"))
-        if prompt:
-            if Path(prompt).is_file():
-                t.put("data.prompt.prompt_file", prompt)  # NeMo RL's {} (and {{}} for a literal) read as such
-            else:
-                t.refuse("data.default.prompt_file", prompt, "no such file here; give a path that exists or set "
-                                                             "data.prompt.template")
-        elif default.get("processor", "math_hf_data_processor") == "math_hf_data_processor":
-            t.put("data.prompt.template", "{problem}")  # no prompt file: NeMo RL's processor keeps the problem as is
-        return
-    t.refuse("data.train.dataset_name" if "train" in nemo else "data.dataset_name", name or path,
-             "rlplane reads local files, not NeMo RL's dataset registry; save it as JSONL and set "
-             "data.dataset=jsonl data.train.path=FILE (data.train.problem_key/answer_key), or data.dataset=arithmetic")
-
-
-def _data_plane(t: _Translation) -> None:
+def _data_plane(t: Translation) -> None:
     enabled = t.pop("data_plane.enabled")
     backend = t.pop("data_plane.backend") if get_key(t.tree, "data_plane.backend") not in ("memory", "ray") else None
     if backend not in (None, "simple"):
         t.refuse("data_plane.backend", backend, "rlplane's planes are memory (runtime: local) and ray (runtime: ray); "
                                                 "set data_plane.backend=ray")
+    if t.tree.get("runtime") == "ray" and not t.has("data_plane.backend"):
+        t.put("data_plane.backend", "ray")  # workers in other processes: the plane they all reach
     if enabled:
         t.note("data_plane.enabled: rlplane's steps always run through its data plane; read as "
                f"data_plane.backend = {get_key(t.tree, 'data_plane.backend', 'memory')}")
@@ -387,7 +324,7 @@ def _data_plane(t: _Translation) -> None:
 
 def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     """A resolved NeMo RL tree -> (rlplane tree, notes, refusals)."""
-    t = _Translation(tree)
+    t = Translation(tree)
     algorithm = t.tree.get("algorithm") or next((a for a in ("ppo", "distillation") if a in t.tree), "grpo")
     t.tree.setdefault("algorithm", algorithm)
     if "warmup" not in t.tree:  # NeMo RL has no supervised warm-up stage
@@ -397,13 +334,12 @@ def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     _grpo(t)
     _async_grpo(t)
     _batch_multiplier(t, algorithm)
-    if algorithm == "distillation":
-        _distillation_loss(t)
     _model_section(t, "policy")
     _optimizer(t, "policy")
     _scheduler(t, "policy")
     _generation(t)
-    _data(t)
+    translate_data(t)
+    _envs(t)
     _data_plane(t)
     _features(t)
     _value(t)
@@ -411,10 +347,11 @@ def translate(tree: dict) -> tuple[dict, list[str], list[str]]:
     return t.tree, t.notes, t.errors
 
 
-def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
+def read_nemo_config(name: str | None, overrides: list[str], said: list[str] | None = None) -> dict | None:
     """The rlplane tree of a NeMo RL config file with ``overrides`` applied; None when ``name`` is not one
     (an rlplane preset, or a file of rlplane's own shape). Prints one line saying so, and its notes, on
-    stderr; raises :class:`ConfigError` with every refusal at once."""
+    stderr (or adds them to ``said``, for the caller to print once the config is valid); raises
+    :class:`ConfigError` with every refusal at once, without the notes."""
     if not name:
         return None
     path = Path(name)
@@ -422,6 +359,8 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
         return None
     try:
         tree = load_nemo_chain(path)
+    except ConfigTooLarge:
+        raise
     except ConfigError:
         return None  # a file rlplane's own loader cannot read either: its error says why
     if tree is None or not looks_like_nemo(tree):
@@ -433,10 +372,18 @@ def read_nemo_config(name: str | None, overrides: list[str]) -> dict | None:
     tree = resolve_interpolations(apply_hydra_overrides(tree, [*overrides, *follow]))
     out, notes, errors = translate(tree)
     out.setdefault("run_dir", f"runs/{path.stem}")  # NeMo RL has none; rlplane's default names its own preset
-    print(f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
-          f"--config {name}", file=sys.stderr)
-    for line in notes:
-        print(f"rlplane: note: {line}", file=sys.stderr)
-    if errors:
+    log_dir = get_key(out, "logger.log_dir")
+    if log_dir and "logger.log_dir" not in given:  # NeMo RL's files share `logs`; each NeMo run takes a new exp_NNN
+        out["logger"]["log_dir"] = str(Path(log_dir) / path.stem)
+        notes.append(f"logger.log_dir = {log_dir}: NeMo RL logs each run to a new {log_dir}/exp_NNN; read as "
+                     f"{out['logger']['log_dir']} (another file's runs log beside it; this file's next run continues "
+                     "there with checkpointing.resume=true or replaces it with --overwrite, as its run_dir)")
+    if errors:  # the notes would only bury what to fix
         raise ConfigError(errors)
+    lines = [f"rlplane: {name}: read as NeMo RL format ({len(notes)} notes); rlplane's keys: rlplane show-config "
+             f"--config {name}", *(f"rlplane: note: {line}" for line in notes)]
+    if said is None:
+        print("\n".join(lines), file=sys.stderr)
+    else:
+        said.extend(lines)
     return out

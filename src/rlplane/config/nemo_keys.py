@@ -21,15 +21,8 @@ def is_one(value: Any) -> bool:
 # when off, refused when on.
 FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("policy.megatron_cfg", is_off, "Megatron-Core training",
-     "rlplane trains transformers models; shard with policy.dtensor_cfg.enabled=true policy.dp_size=N runtime=ray"),
-    ("policy.dtensor_cfg.tensor_parallel_size", is_one, "tensor parallelism",
-     "rlplane shards by data parallelism: policy.dp_size=N with policy.dtensor_cfg.enabled=true (runtime=ray)"),
-    ("policy.dtensor_cfg.context_parallel_size", is_one, "context parallelism",
-     "rlplane keeps a sequence on one rank; lower policy.max_total_sequence_length or use "
-     "policy.activation_checkpointing"),
-    ("policy.dtensor_cfg.sequence_parallel", is_off, "sequence parallelism", "policy.activation_checkpointing=true"),
-    ("policy.dtensor_cfg.cpu_offload", is_off, "parameter CPU offload", "policy.dtensor_cfg.enabled=true over "
-                                                                      "more ranks (policy.dp_size)"),
+     "rlplane trains transformers models: set policy.megatron_cfg.enabled=false policy.dtensor_cfg.enabled=true "
+     "(NeMo RL's DTensor worker, read as rlplane's FSDP2)"),
     ("policy.dtensor_cfg.custom_parallel_plan", is_off, "custom parallel plan", "policy.dtensor_cfg (FSDP2)"),
     ("policy.dtensor_cfg.automodel_kwargs", is_off, "NeMo Automodel arguments", "a local HF model directory"),
     ("policy.draft", is_off, "draft (Eagle) model", "no draft model: remove the section"),
@@ -37,9 +30,7 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
     ("policy.offload_optimizer_for_logprob", is_off, "optimizer offload", "policy.dtensor_cfg.enabled=true"),
     ("policy.tokenizer.chat_template_kwargs", is_off, "chat-template arguments", "data.prompt.chat_template"),
     ("policy.tokenizer.chat_template", is_off, "custom chat template", "data.prompt.template"),
-    ("policy.generation.stop_token_ids", is_off, "stop token ids", "policy.generation.stop_strings"),
     ("policy.generation.refit_transport", is_off, "refit transport choice", "rlplane picks the refit path itself"),
-    ("policy.generation.vllm_kwargs", is_off, "extra vLLM engine arguments", "policy.generation.vllm_cfg keys"),
     ("policy.generation.vllm_cfg.pipeline_parallel_size", is_one, "vLLM pipeline parallelism",
      "policy.generation.vllm_cfg.tensor_parallel_size"),
     ("policy.generation.vllm_cfg.expert_parallel_size", is_one, "vLLM expert parallelism",
@@ -62,7 +53,7 @@ FEATURES: list[tuple[str, Callable[[Any], bool], str, str]] = [
 ]
 # Settings with no effect on what rlplane computes (ports, monitors, kernels, file formats): dropped, one note.
 NO_EFFECT = (
-    "policy.dtensor_cfg._v2", "policy.generation_batch_size", "policy.logprob_chunk_size",
+    "policy.dtensor_cfg._v2", "policy.logprob_chunk_size",
     "policy.make_sequence_length_divisible_by", "policy.tokenizer.use_fastokens",
     "policy.dynamic_batching.sequence_length_round", "policy.sequence_packing.algorithm",
     "policy.sequence_packing.microbatch_order", "policy.sequence_packing.sequence_length_round",
@@ -71,6 +62,7 @@ NO_EFFECT = (
     "policy.generation.colocated.resources", "policy.generation.vllm_cfg.async_engine",
     "policy.generation.vllm_cfg.precision", "policy.generation.vllm_cfg.logprobs_mode",
     "policy.generation.vllm_cfg.max_model_len", "policy.generation.vllm_cfg.use_tqdm",
+    "policy.generation.vllm_cfg.distributed_executor_backend",
     "policy.generation.vllm_cfg.enable_vllm_metrics_logger", "policy.generation.vllm_cfg.vllm_metrics_logger_interval",
     "policy.generation.vllm_cfg.http_refit_api_key_env_var", "policy.generation.vllm_cfg.http_refit_server_port",
     "policy.generation.vllm_cfg.zmq_refit_server_port", "policy.generation.vllm_cfg.reset_encoder_cache_after_weight_"
@@ -79,7 +71,7 @@ NO_EFFECT = (
     "checkpointing.save_optimizer", "checkpointing.ft_save_period", "checkpointing.ft_keep_latest_k",
     "logger.monitor_gpus", "logger.gpu_monitoring", "logger.swanlab", "logger.tensorboard",
     "logger.wandb.log_nemo_gym_full_result_tables", "cluster.master_port_range_low", "cluster.master_port_range_high",
-    "cluster.segment_size", "data.max_input_seq_length", "data.num_workers", "env.math.math_verify_impl",
+    "cluster.segment_size", "data.max_input_seq_length", "data.num_workers",
     "data_plane.impl", "data_plane.storage_capacity", "data_plane.num_storage_units",
     "data_plane.claim_meta_poll_interval_s", "data_plane.global_segment_size", "data_plane.local_buffer_size",
     "data_plane.controller_address", "data_plane.ack_timeout_ms",

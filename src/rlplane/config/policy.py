@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -9,6 +11,10 @@ from pydantic import Field, field_validator, model_validator
 import rlplane.extras as extras
 from rlplane.config.base import StrictModel
 from rlplane.config.vllm import VllmConfig
+
+# vllm.LLM arguments rlplane sets itself: its weights directory, the trainer's dtype, processed logprobs, no
+# generation_config defaults (policy.generation.vllm_kwargs may not override them).
+VLLM_FIXED = ("model", "tokenizer", "dtype", "logprobs_mode", "generation_config", "seed")
 
 
 class ColocatedConfig(StrictModel):
@@ -29,17 +35,30 @@ class GenerationConfig(StrictModel):
         description="Generation backend: `hf` (transformers, KV-cached decode loop) or `vllm` (optional extra; "
         "its engine is refit after every optimizer step).",
     )
-    hf_decode: Literal["auto", "hf", "fused"] = Field(
+    hf_decode: Literal["auto", "hf", "fused", "graph"] = Field(
         "auto",
-        description="The `hf` backend's forward: `auto` runs Llama-family models (llama, mistral, qwen2) through "
-        "rlplane's fused decode forward (fast/fused_decode.py) and others through their own; `hf` forces "
-        "the model's own forward, `fused` requires the fused one.",
+        description="The `hf` backend's forward: `auto` runs Llama-family models (llama, mistral, qwen2) and Gemma 3 "
+        "through rlplane's fused decode forward (fast/fused_decode.py), on CUDA the Llama family's decode steps "
+        "as CUDA graphs (fast/graph_decode.py), and others through their own; `hf` forces the model's own "
+        "forward, `fused` the fused one without graphs, `graph` the static-shape step (captured on CUDA, run "
+        "eagerly elsewhere).",
     )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; training logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
     top_k: int | None = Field(None, ge=0, description="Top-k sampling (null or 0 = off).")
     max_new_tokens: int = Field(8, ge=1, description="Maximum generated tokens per turn.")
+    val_temperature: float | None = Field(
+        None, gt=0, description="Validation samples at this temperature (NeMo RL's key; its files set the training "
+        "one), its pass@k too; null: validation is greedy, pass@k samples with the training temperature."
+    )
+    val_top_p: float | None = Field(None, gt=0, le=1, description="With val_temperature: validation's nucleus mass "
+                                                                  "(null: top_p).")
+    val_top_k: int | None = Field(None, ge=0, description="With val_temperature: validation's top-k (null: top_k).")
     stop_strings: list[str] | None = Field(None, description="Extra strings that end a response.")
+    stop_token_ids: list[int] | None = Field(
+        None, description="Token ids that also end a response, besides the model's end-of-sequence ids (NeMo RL's "
+        "key; e.g. [128009], Llama 3's <|eot_id|>); the id ends the response and is trained on like an eos."
+    )
     num_generators: int = Field(
         1, ge=1, description="Rollout workers, each with its own engine; a step's prompt groups are spread across "
         "them (a group stays on one) and they generate concurrently under `runtime: ray`."
@@ -50,6 +69,11 @@ class GenerationConfig(StrictModel):
         "stops with an error (null = wait forever)."
     )
     vllm_cfg: VllmConfig = Field(default_factory=VllmConfig, description="The vLLM engine (backend: vllm only).")
+    vllm_kwargs: dict = Field(
+        default_factory=dict, description="Extra keyword arguments for the vLLM engine (`vllm.LLM`), as NeMo RL passes "
+        "them (e.g. compilation_config); backend vllm only. The ones rlplane sets for the logprobs to match the "
+        f"trainer's ({', '.join(VLLM_FIXED)}) cannot be given."
+    )
     verify_weights: Literal["fail", "warn", "off"] = Field(
         "fail", description="After every change of the policy's weights each generator echoes the weight version and "
         "a fingerprint of the weights it holds and scores a fixed probe the trainer scores too (docs/weight_sync.md): "
@@ -70,6 +94,14 @@ class GenerationConfig(StrictModel):
     @classmethod
     def _probe_off(cls, v):
         return 0 if v is False else v  # `off` / false: never probe; true names no N, so it stays an error
+
+    @model_validator(mode="after")
+    def _engine_kwargs(self) -> GenerationConfig:
+        fixed = sorted(set(self.vllm_kwargs) & set(VLLM_FIXED))
+        if fixed:
+            raise ValueError(f"vllm_kwargs.{fixed[0]}: rlplane sets it so the engine's logprobs match the trainer's; "
+                             "remove it")
+        return self
 
     @model_validator(mode="after")
     def _check_backend(self) -> GenerationConfig:
@@ -156,6 +188,11 @@ class DTensorConfig(StrictModel):
         False, description="Shard parameters, gradients and optimizer state of the policy, reference and value "
         "models across the policy.dp_size ranks (`runtime: ray`); `false` = plain DP, every rank a full copy."
     )
+    cpu_offload: bool = Field(
+        False, description="FSDP2's CPU offload (`CPUOffloadPolicy`): each rank keeps its shards of the parameters, "
+        "gradients and optimizer state in host memory, copied to the device for each forward and backward; the "
+        "AdamW step runs on the host. Less device memory, more host traffic. Needs `enabled`."
+    )
 
 
 class TokenBudgetConfig(StrictModel):
@@ -175,12 +212,15 @@ class TokenBudgetConfig(StrictModel):
 
 
 def transformers_packs() -> bool:
-    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows)."""
+    """Whether this transformers builds a block-diagonal mask from restarting position_ids (packed rows):
+    ``masking_utils.find_packed_sequence_indices``, new in 4.54. Read from the installed version, since
+    importing transformers takes seconds and a config is checked before anything heavy is imported."""
     try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
         return False
-    return True
+    release = re.match(r"(\d+)\.(\d+)", version)
+    return release is not None and (int(release[1]), int(release[2])) >= (4, 54)
 
 
 class SequencePackingConfig(TokenBudgetConfig):
@@ -243,6 +283,10 @@ class PolicyConfig(StrictModel):
     train_global_batch_size: int = Field(256, ge=1, description="Samples per optimizer step (across all DP ranks).")
     train_micro_batch_size: int = Field(256, ge=1, description="Samples per forward/backward on one rank.")
     logprob_batch_size: int = Field(256, ge=1, description="Samples per no-grad logprob forward on one rank.")
+    generation_batch_size: int | None = Field(
+        None, ge=1, description="hf backend: prompts a generator runs at once, at most (NeMo RL's key; its KV cache "
+        "holds rows × length); more go in passes, each row sampling the same tokens in any pass. null: all at once."
+    )
     max_total_sequence_length: int = Field(32, ge=2, description="Prompt + response tokens, at most.")
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip, > 0 (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")

@@ -54,9 +54,10 @@ RLPLANE_ONLY: tuple[str, ...] = (
     "policy.threads_per_worker", "policy.sequence_packing.row_tokens", "policy.generation.hf_decode",
     "policy.generation.num_generators", "policy.generation.timeout_s", "policy.generation.vllm_cfg.enable_sleep_mode",
     "policy.generation.verify_weights", "policy.generation.verify_probe_every", "data.", "env.", "data_plane.index",
-    "cluster.num_cpus", "cluster.address", "checkpointing.resume", "logger.jsonl_enabled", "logger.wandb.entity",
-    "logger.wandb.dir", "logger.progress_bar", "logger.log_every_n_steps", "logger.log_train_samples_every",
-    "early_stop.", "expected.", "grpo.async_grpo.max_concurrent_scoring", "grpo.async_grpo.collector_process",
+    "cluster.num_cpus", "cluster.address", "cluster.connect_timeout_s", "checkpointing.resume", "logger.jsonl_enabled",
+    "logger.wandb.entity", "logger.wandb.dir", "logger.connect_timeout_s", "logger.progress_bar",
+    "logger.log_every_n_steps", "logger.log_train_samples_every", "early_stop.", "expected.",
+    "grpo.async_grpo.max_concurrent_scoring", "grpo.async_grpo.collector_process",
 )
 # Loop keys of rlplane's own, in every loop section.
 RLPLANE_LOOP_KEYS = ("dynamic_sampling_shortfall", "rollout_failure_policy", "rollout_max_retries", "watchdog_s",

@@ -48,10 +48,12 @@ _TABLE: list[tuple[str, str, str]] = [
     # data: which prompts, in which order, worded how: all refused but the held-out set.
     ("data", REFUSED, "it changes the training prompts the saved position points into"),
     ("data.validation", FREE, "the held-out set only"),
+    ("data.max_rows", FREE, "a bound checked as files are read: the rows read are the same"),
     ("data.reasoning_gym.val_size", FREE, "the held-out set only"),
     ("data.reasoning_gym.val_seed", FREE, "the held-out set only"),
     ("env", FREE, "how responses are scored"),
     ("env.guess_number", REFUSED, "it generates the training prompts"),
+    ("env.sliding_puzzle_game", REFUSED, "it generates the training prompts"),
     ("data_plane", FREE, "where rollouts are kept within a step"),
     ("cluster", FREE, "the machines the run uses"),
     ("checkpointing", FREE, "when and where checkpoints are written"),
@@ -198,13 +200,17 @@ def check_checkpoint_config(checkpoint, new: dict, loader_state: dict) -> tuple[
     batch-counting state was saved at. Returns the check and the lines to say (changed keys, epoch position)."""
     from pathlib import Path
 
-    import yaml
+    from rlplane.config.yaml_limits import parse_config_yaml, read_config_text
+    from rlplane.errors import ConfigError
 
     path = Path(checkpoint) / "config.yaml"
     try:
-        old = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        return ResumeCheck([], [f"checkpoint file {path} is missing or damaged ({type(e).__name__}); delete the "
+        old = parse_config_yaml(read_config_text(path), str(path), unique_keys=False)
+    except ConfigError as e:
+        detail = str(e).removeprefix(f"config {path}")[:200]  # ":LINE: what" or ": what"
+        why = ("missing" if not path.is_file() else
+               f"line {detail[1:]}" if detail[1:2].isdigit() else detail.lstrip(":, "))
+        return ResumeCheck([], [f"checkpoint file {path} is missing or damaged ({why}); delete the "
                                 "checkpoint it belongs to (resume then starts from the one before)"]), []
     check = check_resume_config(old if isinstance(old, dict) else {}, new, f"resume from {checkpoint}")
     old_batch, new_batch = loader_batch_size(old or {}), loader_batch_size(new)

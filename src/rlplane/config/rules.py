@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from rlplane.config.data import task_names_of
 from rlplane.config.loops import RolloutLoopConfig
 from rlplane.config.policy import transformers_packs
 from rlplane.config.recipes import RECIPES, owner_of
@@ -181,6 +180,14 @@ def fsdp_without_lora(cfg) -> list[str]:
     return []
 
 
+def cpu_offload_needs_fsdp(cfg) -> list[str]:
+    d = cfg.policy.dtensor_cfg
+    if d.cpu_offload and not d.enabled:
+        return ["policy.dtensor_cfg.cpu_offload = true offloads FSDP2 shards; an unsharded rank has none: set "
+                "policy.dtensor_cfg.enabled=true (runtime=ray) or cpu_offload=false"]
+    return []
+
+
 def fsdp_needs_ray(cfg) -> list[str]:
     if cfg.policy.dtensor_cfg.enabled and cfg.runtime == "local":
         return ["policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the "
@@ -201,25 +208,8 @@ def vllm_cfg_fits_device(cfg) -> list[str]:
     return vllm_cfg_errors(p.device, p.generation.vllm_cfg) if p.generation.backend == "vllm" else []
 
 
-# ---- GRPO's advantage estimator ----------------------------------------------------------------------
-def gdpo_needs_components(cfg) -> list[str]:
-    """GDPO normalises each reward component: every environment of the data gives at least 2."""
-    from rlplane.envs.registry import reward_component_names  # the registry only when GDPO is chosen
-
-    if cfg.algorithm != "grpo" or cfg.grpo.adv_estimator.name != "gdpo":
-        return []
-    errors = []
-    for task in dict.fromkeys(task_names_of(cfg.data)):
-        names = reward_component_names(task)
-        if names is not None and len(names) < 2:
-            errors.append(
-                f"grpo.adv_estimator.name = gdpo: environment {task!r} gives {len(names)} reward components "
-                f"{list(names)}, GDPO needs at least 2 (task 'arithmetic' gives correct and format); use such "
-                "an environment or set grpo.adv_estimator.name=grpo"
-            )
-    return errors
-
-
+# ---- GRPO's advantage estimator (GDPO's need for reward components: training/advantages.py, where the
+# environments are known) -------------------------------------------------------------------------------
 def groups_need_two(cfg) -> list[str]:
     """A group of one response is its own baseline: advantage 0 under every group estimator."""
     g = cfg.grpo if cfg.algorithm == "grpo" else None
@@ -291,9 +281,26 @@ def on_policy_ratio_one_epoch(cfg) -> list[str]:
 
 def distillation_one_step(cfg) -> list[str]:
     samples = _samples(cfg)
-    if cfg.algorithm == "distillation" and samples != cfg.policy.train_global_batch_size:
-        return ["distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for "
-                f"the weights that sampled it): set policy.train_global_batch_size = {samples} (prompts × generations)"]
+    sampled = cfg.loss_fn.kl_type == "sampled_reverse"
+    if cfg.algorithm == "distillation" and sampled and samples != cfg.policy.train_global_batch_size:
+        return ["loss_fn.kl_type = sampled_reverse needs one optimizer step per rollout (the sampled reverse KL is "
+                f"on-policy only for the weights that sampled it): set policy.train_global_batch_size = {samples} "
+                "(prompts × generations), or a top-k kl_type (forward, reverse, mixed)"]
+    return []
+
+
+def distillation_loss_keys(cfg) -> list[str]:
+    """``loss_fn``'s distillation keys changed with another algorithm: they would do nothing."""
+    from rlplane.algorithms.loss_options import DistillationLossOptions
+
+    if cfg.algorithm == "distillation":
+        return []
+    default = DistillationLossOptions()
+    changed = [k for k in ("kl_type", "mixed_kl_weight", "zero_outside_topk")
+               if getattr(cfg.loss_fn, k) != getattr(default, k)]
+    if changed:
+        return [f"loss_fn.{{{', '.join(changed)}}}: distillation's loss keys with algorithm = {cfg.algorithm}; remove "
+                "them (or set algorithm=distillation)"]
     return []
 
 
@@ -309,13 +316,6 @@ def async_without_dynamic_sampling(cfg) -> list[str]:
     if _async(cfg) and cfg.grpo.use_dynamic_sampling:
         return ["grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole "
                 "steps ahead of time, there is no refill); set one of them to false"]
-    return []
-
-
-def async_without_on_policy_ratio(cfg) -> list[str]:
-    if _async(cfg) and cfg.loss_fn.force_on_policy_ratio:
-        return ["loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the "
-                "prev logprobs with the current weights); set it to false"]
     return []
 
 
@@ -357,6 +357,15 @@ def validation_metric_known(cfg) -> list[str]:
     return errors
 
 
+def early_stop_needs_validation(cfg) -> list[str]:
+    """Early stop judges each validation during the run: with none (``val_period`` 0) it is on and never acts."""
+    key = RECIPES[cfg.algorithm].loop
+    if cfg.early_stop.enabled and cfg.loop.val_period == 0:
+        return [f"early_stop.enabled with {key}.val_period = 0: no validation runs during the run, so early stop "
+                f"could never stop it; set {key}.val_period=N (validate every N steps) or turn early stop off"]
+    return []
+
+
 def positive_nll_not_in_recipes(cfg) -> list[str]:
     """VAPO's positive-example NLL needs each sample's reward and the global count of positive tokens inside the
     loss; the recipes hand the policy workers advantages only, so the term would fail mid-step."""
@@ -384,11 +393,11 @@ RULES: list[Rule] = [
     dynamic_batching_budget,
     sequence_packing_budget,
     fsdp_without_lora,
+    cpu_offload_needs_fsdp,
     fsdp_needs_ray,
     fsdp_not_async,
     vllm_cfg_fits_device,
     dp_needs_ray,
-    gdpo_needs_components,
     groups_need_two,
     kl_in_reward_needs_estimator,
     kl_in_reward_needs_prev,
@@ -398,12 +407,13 @@ RULES: list[Rule] = [
     kl_penalty_needs_reference,
     on_policy_ratio_one_epoch,
     distillation_one_step,
+    distillation_loss_keys,
     async_needs_is_correction,
     async_without_dynamic_sampling,
-    async_without_on_policy_ratio,
     async_without_vllm_sleep,
     async_one_generator,
     validation_metric_known,
+    early_stop_needs_validation,
     positive_nll_not_in_recipes,
 ]
 

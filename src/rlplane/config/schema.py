@@ -112,6 +112,8 @@ class ClusterConfig(StrictModel):
                                "a machine without one, where `policy.device: auto` computes on CPU).")
     num_nodes: int = Field(1, ge=1, description="Nodes the run's placement groups may spread over; the Ray cluster "
                            "must have at least this many.")
+    connect_timeout_s: float = Field(30.0, gt=0, description="Seconds the Ray head at `address` (or RAY_ADDRESS) has "
+                                     "to accept the connection and answer, before the run stops with an error.")
 
 
 class CheckpointingConfig(StrictModel):

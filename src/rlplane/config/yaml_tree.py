@@ -5,11 +5,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from pathlib import Path
 
-import yaml
-
+from rlplane.config.yaml_limits import (
+    MAX_CONFIG_DEPTH,
+    MAX_DEFAULTS_DEPTH,
+    ConfigTooLarge,
+    parse_config_yaml,
+    read_config_text,
+)
 from rlplane.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -39,40 +43,21 @@ def deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, but a key given twice in one mapping is an error (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, Hashable):
-                continue  # SafeLoader reports an unhashable key itself
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
 def load_yaml_tree(name: str, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a preset or YAML file and everything it extends, merged (child wins)."""
     path = _resolve_preset(name, _seen[-1].parent if _seen else None).resolve()
     if path in _seen:
         raise ConfigError([f"config {path}: `defaults` forms a cycle ({' -> '.join(str(p) for p in _seen)})"])
-    try:
-        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
-    except UnicodeDecodeError as e:
-        raise ConfigError([f"config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8"]) from None
-    except OSError as e:
-        raise ConfigError([f"config {path}: cannot read it ({e.strerror or type(e).__name__})"]) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError([f"config {where}: not valid YAML ({getattr(e, 'problem', e)}); fix the syntax"]) from None
+    if len(_seen) >= MAX_DEFAULTS_DEPTH:
+        raise ConfigTooLarge([f"config {_seen[0]}: its `defaults` chain is longer than {MAX_DEFAULTS_DEPTH} files, "
+                              f"over MAX_DEFAULTS_DEPTH = {MAX_DEFAULTS_DEPTH}; extend fewer files"])
+    tree = parse_config_yaml(read_config_text(path), str(path)) or {}
     if not isinstance(tree, dict):
         raise ConfigError([f"config {path}: the top level must be a mapping of sections, got {type(tree).__name__}"])
     parent = tree.pop("defaults", None)
     if parent:
+        if not isinstance(parent, str):
+            raise ConfigError([f"config {path}: defaults = {parent!r}: name one preset or YAML file"])
         tree = deep_merge(load_yaml_tree(parent, _seen + (path,)), tree)
     return tree
 
@@ -85,8 +70,10 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
             raise ConfigError([f"override {item!r}: expected KEY=VALUE, e.g. grpo.num_prompts_per_step=16"])
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
+            value = parse_config_yaml(raw, f"override {key}") if raw != "" else ""
+        except ConfigTooLarge:
+            raise
+        except ConfigError:
             value = raw
         if isinstance(value, str):  # YAML 1.1 reads `1e-4` as a string; users mean a number
             try:
@@ -95,6 +82,9 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
                 pass
         node = out
         parts = key.strip().split(".")
+        if len(parts) > MAX_CONFIG_DEPTH:
+            raise ConfigTooLarge([f"override {key[:60]}...: {len(parts)} levels deep, over MAX_CONFIG_DEPTH = "
+                                  f"{MAX_CONFIG_DEPTH}; name a key of the config"])
         for p in parts[:-1]:
             child = node.get(p)
             if not isinstance(child, dict):

@@ -15,6 +15,11 @@ from rlplane.data.errors import DatasetError
 from rlplane.data.processors import prompt_data_processor
 from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
+# Reading a data file is bounded per row and in rows: a file with no newline, or rows nested without end, is one
+# line naming the file and the limit. A prompt is a few KB; NeMo RL's datasets nest 3 levels.
+MAX_ROW_BYTES = 16 << 20
+MAX_ROW_DEPTH = 32
+
 
 @dataclass(frozen=True)
 class JsonlFields:
@@ -53,15 +58,66 @@ def answer_text(value, key: str, path: str, line_no: int, unit: str = "line") ->
                        "non-empty string or a number")
 
 
-def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: bool = True) -> list[dict]:
+def bounded_lines(f, path: str):
+    """``(line number, raw bytes)`` of a binary file, each line at most :data:`MAX_ROW_BYTES` (read no further)."""
+    line_no = 0
+    while raw := f.readline(MAX_ROW_BYTES + 1):
+        line_no += 1
+        if len(raw) > MAX_ROW_BYTES:
+            raise DatasetError(f"dataset {path}, line {line_no}: longer than {MAX_ROW_BYTES:,} bytes, over "
+                               f"MAX_ROW_BYTES = {MAX_ROW_BYTES:,} (a prompt is a few KB); is this a data file with "
+                               "one row per line? (a JSON array on one line: save it as JSON Lines)")
+        yield line_no, raw
+
+
+def _count_lines(f) -> int:
+    """Lines of a binary file, counted in large blocks (an upper bound on its rows, at the speed of a read)."""
+    lines, last = 0, b"\n"
+    while block := f.read(1 << 24):
+        lines, last = lines + block.count(b"\n"), block[-1:]
+    return lines + (last != b"\n")
+
+
+def too_many_rows(path: str, max_rows: int) -> DatasetError:
+    return DatasetError(f"dataset {path}: more than {max_rows:,} rows, over data.max_rows = {max_rows:,} (every row "
+                        "is tokenized and held at start-up); raise data.max_rows, or cut the file to the rows the run "
+                        "will use")
+
+
+def _too_deep(path: str, line_no: int) -> DatasetError:
+    return DatasetError(f"dataset {path}, line {line_no}: nested more than {MAX_ROW_DEPTH} levels deep, over "
+                        f"MAX_ROW_DEPTH = {MAX_ROW_DEPTH}; flatten the row's fields")
+
+
+def _depth(obj) -> int:
+    """Nesting of a parsed JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(obj, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_ROW_DEPTH:
+                break
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: bool = True,
+                    max_rows: int | None = None) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` (1-based; blanks skipped), with ``extra_env_info``
-    holding any other fields (also kept at the top level); ``require=False``: problem and answer may be absent."""
+    holding any other fields (also kept at the top level); ``require=False``: problem and answer may be absent.
+    More than ``max_rows`` rows (``data.max_rows``) is an error, said before the rest is read."""
     if not os.path.isfile(path):
         what = "is a directory, not a file" if os.path.isdir(path) else "no such file"
         raise DatasetError(f"dataset {path}: {what}")
     rows = []
     with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        if max_rows is not None and _count_lines(f) > max_rows:  # before any row is kept; blank lines are no rows
+            f.seek(0)
+            if sum(1 for _, raw in bounded_lines(f, path) if raw.strip()) > max_rows:
+                raise too_many_rows(path, max_rows)
+        f.seek(0)
+        for line_no, raw in bounded_lines(f, path):
             line = decode_line(raw, path, line_no)
             if not line.strip():
                 continue
@@ -71,6 +127,10 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: 
                 raise DatasetError(
                     f"dataset {path}, line {line_no}: not valid JSON ({e.msg} at column {e.colno})"
                 ) from None
+            except RecursionError:  # nested past what the parser recurses into
+                raise _too_deep(path, line_no) from None
+            if _depth(obj) > MAX_ROW_DEPTH:
+                raise _too_deep(path, line_no)
             if not isinstance(obj, dict):
                 raise DatasetError(f"dataset {path}, line {line_no}: expected a JSON object, got {type(obj).__name__}")
             rows.append(_row(obj, fields, path, line_no, require))

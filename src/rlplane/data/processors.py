@@ -7,6 +7,9 @@ template's user message) when the tokenizer has a chat template, else ``base`` (
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -93,15 +96,43 @@ def resolve_processor(name: str, key: str = "data.prompt.processor") -> tuple[Pr
         return None, DATA_PROCESSORS[name]
     if ":" in name:
         module, _, attr = name.partition(":")
-        try:
-            fn: Any = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise DatasetError(f"{key} = {name!r}: cannot import it ({type(e).__name__}: {e})") from None
+        fn: Any = getattr(_import_user_module(module, f"{key} = {name!r}"), attr, None)
+        if fn is None:
+            raise DatasetError(f"{key} = {name!r}: {module} has no {attr!r}; check the name")
         if not callable(fn):
             raise DatasetError(f"{key} = {name!r}: not a function")
         return None, fn
     raise DatasetError(f"{key} = {name!r}: unknown processor; known: {', '.join(known_processors())} "
                        "(or module:function)")
+
+
+PROCESSOR_IMPORT_TIMEOUT_S = 120.0  # importing a `module:function` processor: user code that runs at import
+
+
+def _import_user_module(module: str, head: str):
+    """``module`` (the working directory importable, as for user tasks), imported in a helper thread within
+    :data:`PROCESSOR_IMPORT_TIMEOUT_S`: whatever it raises or exits with, or a hang, is one line."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["module"] = importlib.import_module(module)
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: said in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=f"import {module}"[:60], daemon=True)
+    thread.start()
+    thread.join(PROCESSOR_IMPORT_TIMEOUT_S)
+    if thread.is_alive():  # left behind: an import cannot be interrupted
+        raise DatasetError(f"{head}: importing {module} did not finish within {PROCESSOR_IMPORT_TIMEOUT_S:g} s "
+                           f"(PROCESSOR_IMPORT_TIMEOUT_S); it waits on something when imported (a server, input): "
+                           "do that in the function instead")
+    if "error" in box:
+        e = box["error"]
+        raise DatasetError(f"{head}: cannot import it ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    return box["module"]
 
 
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rlplane.data.datum import PromptFormat
 from rlplane.data.errors import DatasetError
@@ -19,9 +19,20 @@ def nemo_template(text: str) -> str:
     return re.sub(r"(?<!\{)\{\}(?!\})", "{problem}", text)
 
 
+MAX_PROMPT_FILE_BYTES = 1 << 20  # a prompt template or system prompt; a model's whole context is far less
+
+
 def _read(path: str, key: str) -> str:
+    if os.path.exists(path) and not os.path.isfile(path):  # a directory, a FIFO (open would wait), a device
+        raise DatasetError(f"{key} = {path!r}: not a regular file; name the prompt file itself")
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPT_FILE_BYTES + 1)
+        if len(data) > MAX_PROMPT_FILE_BYTES:
+            raise DatasetError(f"{key} = {path!r}: more than {MAX_PROMPT_FILE_BYTES:,} bytes, over "
+                               f"MAX_PROMPT_FILE_BYTES = {MAX_PROMPT_FILE_BYTES:,}; a prompt file holds a template "
+                               "with {} for the problem: is this the right file?")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DatasetError(f"{key} = {path!r}: cannot read it ({type(e).__name__}: {e})") from None
 

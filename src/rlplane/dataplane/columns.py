@@ -13,7 +13,8 @@ import torch
 __all__ = [
     "ADVANTAGES", "ASYNC_ROLLOUT_COLUMNS", "COLUMNS", "GENERATION_LOGPROBS", "GENERATION_VERSIONS", "INPUT_IDS",
     "PREV_LOGPROBS", "REFERENCE_LOGPROBS", "RETURNS",
-    "ROLLOUT_COLUMNS", "TEACHER_LOGPROBS", "TOKEN_COLUMNS", "TOKEN_MASK", "VALUES", "ColumnSpec", "pad_values",
+    "ROLLOUT_COLUMNS", "TEACHER_LOGPROBS", "TEACHER_TOPK_INDICES", "TEACHER_TOPK_LOGITS", "TOKEN_COLUMNS", "TOKEN_MASK",
+    "VALUES", "ColumnSpec", "pad_values",
 ]
 
 INPUT_IDS = "input_ids"
@@ -23,6 +24,8 @@ GENERATION_VERSIONS = "generation_versions"
 PREV_LOGPROBS = "prev_logprobs"
 REFERENCE_LOGPROBS = "reference_policy_logprobs"
 TEACHER_LOGPROBS = "teacher_logprobs"
+TEACHER_TOPK_LOGITS = "teacher_topk_logits"
+TEACHER_TOPK_INDICES = "teacher_topk_indices"
 ADVANTAGES = "advantages"
 VALUES = "values"
 RETURNS = "returns"
@@ -55,6 +58,11 @@ COLUMNS: dict[str, ColumnSpec] = {c.name: c for c in (
                "log π_ref of the frozen reference policy (KL penalty)"),
     ColumnSpec(TEACHER_LOGPROBS, True, torch.float32, 0.0, "teacher worker (compute_logprobs)",
                "log π_teacher of the student's tokens (on-policy distillation)"),
+    ColumnSpec(TEACHER_TOPK_LOGITS, True, torch.float32, 0.0, "teacher worker (compute_topk_logits)",
+               "(T, k): the teacher's k largest logits (over the temperature) for token t, position 0 zeros "
+               "(on-policy distillation's top-k KL)"),
+    ColumnSpec(TEACHER_TOPK_INDICES, True, torch.long, 0, "teacher worker (compute_topk_logits)",
+               "(T, k): the token ids of those logits"),
     ColumnSpec(ADVANTAGES, True, torch.float32, 0.0, "driver (GRPO: per-sample value broadcast; PPO: GAE)",
                "advantage of each token"),
     ColumnSpec(VALUES, True, torch.float32, 0.0, "value worker (compute_values)",

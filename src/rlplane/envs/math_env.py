@@ -13,6 +13,7 @@ from rlplane.data.datum import Message
 from rlplane.envs.interface import Environment, EnvironmentReturn
 
 VERIFY_FN = "rlplane.verifiers.math_answer:verify_math_answer"
+VERIFY_FNS = {"hf_math_verify": VERIFY_FN, "dapo_math_verify": "rlplane.verifiers.dapo_answer:verify_dapo_answer"}
 
 
 def assistant_text(message_log: list[Message]) -> str:
@@ -65,10 +66,19 @@ class PooledVerifierEnv(Environment):
 
 
 class MathEnv(PooledVerifierEnv):
-    """Math answers against ``metadata["ground_truth"]`` with math-verify (see the module docstring)."""
+    """Math answers against ``metadata["ground_truth"]`` with math-verify (see the module docstring), or with DAPO's
+    rule (``math_verify_impl: dapo_math_verify``, NeMo RL's key)."""
 
     verify_fn = VERIFY_FN
     requires = ("math_verify", "math")
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, verify_fn: str | None = None,
+                 math_verify_impl: str = "hf_math_verify"):
+        if math_verify_impl not in VERIFY_FNS:
+            raise ValueError(f"math_verify_impl = {math_verify_impl!r}: one of {', '.join(VERIFY_FNS)}")
+        if math_verify_impl != "hf_math_verify":
+            self.requires = None  # DAPO's rule is plain string work
+        super().__init__(num_workers, timeout_s, verify_fn or VERIFY_FNS[math_verify_impl])
 
     def verifier_args(self, response: str, metadata: dict[str, Any]) -> tuple:
         return (response, str(metadata["ground_truth"]))

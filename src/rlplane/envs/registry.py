@@ -17,6 +17,8 @@ ENV_REGISTRY: dict[str, Callable[..., Environment] | str] = {
     "reasoning_gym": "rlplane.envs.reasoning_gym_env:ReasoningGymEnv",
     "guess_number": "rlplane.envs.guess_number:GuessNumberEnv",
     "short_answer": "rlplane.envs.short_answer:ShortAnswerEnv",
+    "math_multi_reward": "rlplane.envs.math_multi_reward:MathMultiRewardEnv",
+    "sliding_puzzle_game": "rlplane.envs.sliding_puzzle:SlidingPuzzleEnv",
 }
 
 

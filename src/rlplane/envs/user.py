@@ -246,7 +246,13 @@ LOCAL_TASK_ATTR = "rlplane_user_task"  # set on a factory registered for a Pytho
 
 
 def check_task_names(env_cfg, datums: Sequence[Any]) -> None:
-    """A user task no row names would never be called (a misspelt task): an error naming the data's tasks."""
+    """A user task no row names would never be called (a misspelt task): an error naming the data's tasks; a
+    validation environment (``env.val_task_to_env``) that is none."""
+    for task, env in env_cfg.val_task_to_env.items():  # else the first validation, after training, finds out
+        if env not in ENV_REGISTRY:
+            raise UserTaskError(f"env.val_task_to_env.{task} = {env!r}: no such environment (known: "
+                                f"{', '.join(sorted(ENV_REGISTRY))}); name one, or a user task env.{env}.reward_fn / "
+                                "class")
     if not datums:
         return
     have = dict.fromkeys(d.task_name for d in datums)

@@ -3,8 +3,11 @@
 - :mod:`~rlplane.fast.fused_decode`: a fused Llama-family decode forward; twin: the model's own forward;
   off: ``policy.generation.hf_decode: hf`` or ``RLPLANE_FUSED_DECODE=0``. Its fp32 output projection
   through oneDNN; twin: ``F.linear``; off: ``RLPLANE_ONEDNN_LINEAR=0``.
+- :mod:`~rlplane.fast.graph_decode`: on CUDA the decode step at fixed shapes (batch buckets, a static KV cache)
+  captured as CUDA graphs; twin: the fused decode forward; off: ``policy.generation.hf_decode: fused`` or
+  ``RLPLANE_CUDA_GRAPH_DECODE=0``.
 - :mod:`~rlplane.fast.allocator`: glibc keeps freed memory; twin: glibc's defaults;
-  off: ``RLPLANE_KEEP_FREED_MEMORY=0``.
+  off: ``RLPLANE_KEEP_FREED_MEMORY=0``. In few malloc arenas; twin: glibc's count; off: ``RLPLANE_FEW_ARENAS=0``.
 - :mod:`~rlplane.fast.heap`: long-lived objects out of the garbage collector's full collections;
   twin: no ``gc.freeze``; off: ``RLPLANE_FREEZE_HEAP=0``.
 - :mod:`~rlplane.fast.threads`: torch threads per worker and a lower priority for background threads;

@@ -3,8 +3,9 @@
 Unlike ``model.generate`` it returns the processed logprobs of the chosen tokens and stops computing
 finished rows: it prefills each distinct prompt once into a preallocated KV cache, then decodes the
 running rows (Llama family and Gemma 3 through :mod:`rlplane.fast.fused_decode`, others through their own
-forward). Weights handed over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the
-next forward; the KV cache of earlier positions is kept (NeMo RL's default).
+forward; on CUDA the Llama family's steps replay CUDA graphs, :mod:`rlplane.fast.graph_decode`). Weights handed
+over mid-generation (:class:`~rlplane.generation.interface.WeightSwap`) load before the next forward; the KV
+cache of earlier positions is kept (NeMo RL's default).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlplane.fast.allocator import keep_freed_memory
+from rlplane.fast.allocator import keep_freed_memory, limit_malloc_arenas
 from rlplane.fast.fused_decode import GEMMA_MODEL_TYPES, LlamaDecoder, unsupported_reason
 from rlplane.fast.gemma_decode import Gemma3Decoder
-from rlplane.fast.switches import FUSED_DECODE, enabled
+from rlplane.fast.graph_decode import StaticDecoder, graph_unsupported_reason
+from rlplane.fast.switches import CUDA_GRAPH_DECODE, FUSED_DECODE, enabled
 from rlplane.generation.interface import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -85,29 +87,34 @@ class _HFStepper:
 class HFGenerationBackend(GenerationBackend):
     """Batched sampling from ``model`` as given (the trainer's own module when colocated, else refit a copy).
 
-    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2, gemma3_text; else the model's forward), ``"hf"`` or
-    ``"fused"``; ``last_decode`` says which ran.
+    ``decode``: ``"auto"`` (fused for llama, mistral, qwen2, gemma3_text, and on CUDA the llama family's steps
+    replayed as CUDA graphs; else the model's forward), ``"hf"``, ``"fused"`` or ``"graph"`` (the static-shape
+    step: captured on CUDA, eager elsewhere); ``last_decode`` says which ran (``"graph-eager"``: uncaptured).
     """
 
     shares_weights = True
     supports_row_seeds = True
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kv_cache: str = "preallocated",
-                 decode: str = "auto"):
+                 decode: str = "auto", max_batch_size: int | None = None):
         if kv_cache not in ("preallocated", "dynamic"):
             raise ValueError(f"kv_cache = {kv_cache!r}: use 'preallocated' or 'dynamic' (transformers' DynamicCache)")
-        if decode not in ("auto", "hf", "fused"):
-            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward) "
-                             "or 'fused' (Llama family)")
-        if decode == "fused" and kv_cache == "dynamic":
-            raise ValueError("decode = 'fused' has its own preallocated cache; "
+        if decode not in ("auto", "hf", "fused", "graph"):
+            raise ValueError(f"decode = {decode!r}: use 'auto', 'hf' (the model's own forward), 'fused' (Llama family) "
+                             "or 'graph' (Llama family, CUDA graphs)")
+        if decode in ("fused", "graph") and kv_cache == "dynamic":
+            raise ValueError(f"decode = {decode!r} has its own preallocated cache; "
                              "use kv_cache='preallocated' or decode='hf'")
-        # Freed decode-step tensors stay in the heap from here on (rlplane/fast/allocator.py).
+        # Freed decode-step tensors stay in the heap from here on, in few arenas (rlplane/fast/allocator.py).
         keep_freed_memory()
+        limit_malloc_arenas()
         self.kv_cache = kv_cache  # "dynamic" is kept to measure the difference (benchmarks/generation.py)
+        # Rows per pass, at most (NeMo RL's policy.generation_batch_size): the KV cache is rows × length.
+        self.max_batch_size = max_batch_size
         self.decode = decode
         self.last_decode: str | None = None
         self._active: LlamaDecoder | _HFStepper | None = None  # the running generation's stepper
+        self._static: StaticDecoder | None = None  # kept between generations: its cache and CUDA graphs
         self.model = model
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -120,6 +127,7 @@ class HFGenerationBackend(GenerationBackend):
 
     def sleep(self) -> None:
         """Free the model's weights while a colocated trainer needs the memory; :meth:`update_weights` reallocates."""
+        self._static = None  # its weight copies, cache and graphs too (captured again after the wake)
         self._shapes = {id(p): p.shape for p in self.model.parameters()}
         for p in self.model.parameters():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -178,18 +186,44 @@ class HFGenerationBackend(GenerationBackend):
         try:
             # no_grad, not inference_mode: under inference_mode autocast re-casts every weight each step.
             with torch.no_grad(), autocast(self.model), self._swap.generating():
-                return self._generate(
-                    prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                    greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings, seed=seed,
-                    generator=generator, row_seeds=row_seeds,
-                )
+                step = self.max_batch_size or max(1, len(prompt_ids))
+                if len(prompt_ids) <= step:
+                    return self._generate(
+                        prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids, stop_strings=stop_strings,
+                        seed=seed, generator=generator, row_seeds=row_seeds,
+                    )
+                # In passes of max_batch_size rows; with row seeds a row draws the same tokens in any pass.
+                rows = normalize_stop_strings(stop_strings, len(prompt_ids))
+                generator = generator if generator is not None or seed is None else torch.Generator(
+                    self.model.device).manual_seed(seed)
+                parts = [self._generate(
+                    prompt_ids[i:i + step], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids,
+                    stop_strings=None if rows is None else rows[i:i + step], seed=None, generator=generator,
+                    row_seeds=None if row_seeds is None else row_seeds[i:i + step],
+                ) for i in range(0, len(prompt_ids), step)]
+                return GenerationOutput(
+                    [x for o in parts for x in o.output_ids], [x for o in parts for x in o.logprobs],
+                    [x for o in parts for x in o.finish_reasons],
+                    None if any(o.versions is None for o in parts) else [x for o in parts for x in o.versions])
         finally:
             self._cast_weights = {}
             self._active = None  # frees the cache and the fused matrices
             self.model.train(was_training)
 
     def _stepper(self, capacity: int) -> LlamaDecoder | _HFStepper:
-        """The fused decoder where ``decode`` and the model allow it, else the model's own forward."""
+        """The static-shape decoder (captured on CUDA) or the fused decoder where ``decode``, the device and the
+        model allow them, else the model's own forward."""
+        device = self.model.device
+        auto_graph = device.type == "cuda" and enabled(FUSED_DECODE) and enabled(CUDA_GRAPH_DECODE)
+        if self.decode == "graph" or (self.decode == "auto" and auto_graph):
+            reason = "kv_cache = 'dynamic'" if self.kv_cache == "dynamic" else graph_unsupported_reason(self.model,
+                                                                                                         capacity)
+            if reason is None:
+                return self._static_decoder(capacity, capture=device.type == "cuda")
+            if self.decode == "graph":
+                raise ValueError(f"decode = 'graph': {reason}; use decode='auto' or 'hf' for this model")
         reason = "decode = 'hf'" if self.decode == "hf" else unsupported_reason(self.model, capacity)
         if reason is None and self.decode == "auto" and not enabled(FUSED_DECODE):
             reason = f"{FUSED_DECODE}=0"
@@ -204,6 +238,16 @@ class HFGenerationBackend(GenerationBackend):
         self.last_decode = "hf"
         self._cast_weights = _frozen_weights_cast(self.model)
         return _HFStepper(self, capacity)
+
+    def _static_decoder(self, capacity: int, capture: bool) -> StaticDecoder:
+        """The kept static decoder (a new one when the compute dtype or capture changed), set up for this call."""
+        dtype = getattr(self.model, "rlplane_autocast_dtype", None) or self.model.model.embed_tokens.weight.dtype
+        if self._static is None or self._static.capture != capture or self._static.dtype != dtype:
+            self._static = None
+            self._static = StaticDecoder(self.model, capture=capture)
+        self._static.begin(capacity)
+        self.last_decode = "graph" if capture else "graph-eager"
+        return self._static
 
     def _forward(self, **kwargs) -> torch.Tensor:
         """The model's logits for ``kwargs``, with the frozen weights' bf16 copies (if any) in place of theirs."""

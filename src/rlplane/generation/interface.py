@@ -156,6 +156,12 @@ def default_stop_token_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def stop_ids(backend: GenerationBackend, extra: Sequence[int]) -> list[int]:
+    """The ids that end a response: ``backend``'s end-of-sequence ids, then ``extra`` (``policy.generation.
+    stop_token_ids``, NeMo RL's key), no repeats."""
+    return list(dict.fromkeys([*getattr(backend, "stop_token_ids", []), *map(int, extra)]))
+
+
 def normalize_stop_strings(stop_strings: StopStrings, batch_size: int) -> list[tuple[str, ...]] | None:
     """Per-row tuples of stop strings, or None when no row has any."""
     if not stop_strings:

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -237,6 +238,7 @@ class VLLMGenerationBackend(GenerationBackend):
         tensor_parallel_size: int = 1,
         enforce_eager: bool = True,
         enable_sleep_mode: bool = False,
+        engine_kwargs: Mapping[str, Any] | None = None,
     ):
         self._dir = None  # close() may run (from __del__) after a constructor that raised early
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: refit reaches its model
@@ -267,7 +269,7 @@ class VLLMGenerationBackend(GenerationBackend):
         set_num_threads = torch.set_num_threads
         try:
             with _ENGINE_LOCK:  # its warm-up runs forward passes
-                self.llm = vllm.LLM(
+                args = dict(
                     model=self._dir,
                     dtype=str(dtype).removeprefix("torch."),
                     logprobs_mode="processed_logprobs",
@@ -278,6 +280,8 @@ class VLLMGenerationBackend(GenerationBackend):
                     seed=seed,
                     **gpu_options,
                 )
+                args.update(engine_kwargs or {})  # policy.generation.vllm_kwargs over the rest, as NeMo RL passes them
+                self.llm = vllm.LLM(**args)
         finally:
             torch.set_num_threads = set_num_threads
         _LIVE_ENGINES.add(self.llm)

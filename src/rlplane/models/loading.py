@@ -151,9 +151,11 @@ def _pretrained(model_name: str, load: Callable[[str, bool], Any]) -> Any:
                 f"is offline (HF_HUB_OFFLINE=1); with network set HF_HUB_OFFLINE=0 to download it, or {_ALTERNATIVES}"
             ) from None
     if not hub_reachable():
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
         raise ModelLoadError(
             f"model_name={model_name!r}: a hub id that is not in the local Hugging Face cache, and the hub "
-            f"did not answer within {HUB_PROBE_TIMEOUT_S:g} s (no network?); {_ALTERNATIVES}"
+            f"(HF_ENDPOINT = {endpoint}) did not answer within {HUB_PROBE_TIMEOUT_S:g} s (no network?); "
+            f"{_ALTERNATIVES}"
         )
     return load(model_name, False)
 

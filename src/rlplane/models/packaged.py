@@ -140,7 +140,7 @@ def packaged_model_dir(name: str) -> Path:
     joined = Path(tempfile.mkdtemp(prefix=f".{name}-gguf-", dir=out.parent)) if spec.chunks else None
     try:
         source = join_chunks(name, joined / spec.filename) if joined else gguf_path(name)
-        _convert_gguf(source, tmp)
+        convert_gguf(source, tmp)
         try:
             os.rename(tmp, out)  # atomic; fails if another process got there first
         except OSError:
@@ -153,7 +153,7 @@ def packaged_model_dir(name: str) -> Path:
     return out
 
 
-def _convert_gguf(source: Path, out: Path) -> None:
+def convert_gguf(source: Path, out: Path) -> None:
     """Dequantise ``source`` into a plain fp32 model and save it with its tokenizer to ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -19,6 +19,7 @@ import torch
 
 from rlplane.envs.interface import EnvBatch, EnvironmentReturn, default_env_metrics
 from rlplane.envs.registry import create_env, restore_env_registry
+from rlplane.errors import WorkerFailed
 from rlplane.runtime.groups import spread
 
 RESTART_TIMEOUT_S = 120.0
@@ -245,16 +246,21 @@ def start_env_pools(specs: Mapping[str, tuple[str, int]], kwargs_of, registry: d
 
 
 def await_env_pools(pools: Mapping[str, EnvPool], timeout_s: float = RESTART_TIMEOUT_S) -> None:
-    """Wait until every actor of ``pools`` has built its environment (a constructor that raised raises here)."""
+    """Wait until every actor of ``pools`` has built its environment (a constructor that raised raises here);
+    :class:`WorkerFailed` naming the late ones after ``timeout_s`` (``env.start_timeout_s``)."""
     if not pools:  # runtime: local has none; ray.wait would start a Ray instance of its own
         return
     import ray
 
+    names = [f"{p.name!r} #{j}" for p in pools.values() for j in range(len(p.actors))]
     refs = [a.ping.remote() for p in pools.values() for a in p.actors]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if len(ready) < len(refs):
-        raise RuntimeError(f"runtime=ray: {len(refs) - len(ready)} of {len(refs)} environment actors did not start "
-                           f"within {timeout_s:g} s; free the Ray cluster or lower env.actors_per_env")
+        late = [name for name, ref in zip(names, refs) if ref not in ready]
+        raise WorkerFailed(f"environment actors {', '.join(late[:4])}{' ...' if len(late) > 4 else ''} ({len(late)} "
+                           f"of {len(refs)}) did not start within {timeout_s:g} s (env.start_timeout_s = "
+                           f"{timeout_s:g}): a constructor that waits on a server, or a Ray cluster with no room for "
+                           "them; raise env.start_timeout_s, free the cluster or lower env.actors_per_env")
     ray.get(refs)
 
 

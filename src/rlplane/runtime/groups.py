@@ -22,7 +22,7 @@ from rlplane.runtime.interrupts import StopSignals
 from rlplane.runtime.process_actor import ProcessActor
 from rlplane.runtime.watchdog import Watchdog, install_stack_dump, tracker
 from rlplane.runtime.worker_env import WORKER_ENV
-from rlplane.utils.reachable import check_reachable
+from rlplane.utils.reachable import check_server
 
 # An actor that has not started by then never will: fail, do not hang.
 ACTOR_START_TIMEOUT_S = 300.0
@@ -351,9 +351,10 @@ def cluster_gpus() -> float:
 
 
 def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: int | None = None,
-             signals: StopSignals | None = None) -> None:
-    """Start (or join) Ray once per process, quietly and without the dashboard; ``signals``: the run's stop
-    signals, which Ray's own processes must not take and whose handlers ``ray.init`` replaces."""
+             connect_timeout_s: float = 30.0, signals: StopSignals | None = None) -> None:
+    """Start (or join) Ray once per process, quietly and without the dashboard; a head at ``address`` must answer
+    within ``connect_timeout_s`` (``cluster.connect_timeout_s``); ``signals``: the run's stop signals, which Ray's
+    own processes must not take and whose handlers ``ray.init`` replaces."""
     signals = signals or StopSignals()  # not installed: nothing to keep
     import tempfile
 
@@ -366,9 +367,10 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, num_gpus: 
     # cluster.address, else Ray's own RAY_ADDRESS (which ray.init would read itself); "local" starts one here.
     key, target = ("cluster.address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
     if target and target not in ("auto", "local"):  # ray.init retries an address with no GCS behind it forever
-        check_reachable(target, 10001 if target.startswith("ray://") else 6379, key,
-                        "start the cluster (ray start --head) or fix the address" + (
-                            "; null runs a local Ray" if address else ", or unset it to run a local Ray"))
+        check_server(target, 10001 if target.startswith("ray://") else 6379, key,
+                     "start the cluster (ray start --head) or fix the address" + (
+                         "; null runs a local Ray" if address else ", or unset it to run a local Ray"),
+                     protocol="grpc", timeout_s=connect_timeout_s, timeout_key="cluster.connect_timeout_s")
     if target and target != "local":
         if not address and (num_cpus or num_gpus):
             raise ConfigError([f"RAY_ADDRESS={target!r} (environment) joins that cluster, which brings its own "

@@ -48,31 +48,27 @@ class SweepRun:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``5`` (seeds 1..5), ``11-15`` (a range, both ends in) or ``1,4,9`` (a list); one line on anything else."""
-    t = text.strip()
-    try:
-        if re.fullmatch(r"\d+", t):
-            seeds = range(1, int(t) + 1)
-        elif m := re.fullmatch(r"(\d+)\s*-\s*(\d+)", t):
-            seeds = range(int(m.group(1)), int(m.group(2)) + 1)
-            if not seeds:
-                raise ConfigError([f"--seeds {text}: the range ends before it starts; write LOW-HIGH, e.g. 11-15"])
+    """``42`` (one seed), ``11-15`` (a range, both ends in) or ``1,4,9`` (a list, ranges allowed in it); one line on
+    anything else."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        p = part.strip()
+        if m := re.fullmatch(r"(\d+)\s*-\s*(\d+)", p):
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ConfigError([f"--seed-list {text}: {p} ends before it starts; write LOW-HIGH, e.g. 11-15"])
+            if hi - lo + 1 + len(seeds) > MAX_SEEDS:  # counted before it is listed
+                raise ConfigError([f"--seed-list {text}: more than {MAX_SEEDS} seeds; sweep fewer at a time"])
+            seeds += range(lo, hi + 1)
+        elif re.fullmatch(r"\d+", p):
+            seeds.append(int(p))
         else:
-            seeds = [int(s) for s in t.split(",")]
-    except ConfigError:
-        raise
-    except ValueError:
-        raise ConfigError([f"--seeds {text!r}: not a count, a range or a list; e.g. --seeds 5, --seeds 11-15 or "
-                           "--seeds 1,4,9"]) from None
-    if len(seeds) > MAX_SEEDS:  # a range is counted before it is listed
-        raise ConfigError([f"--seeds {text}: {len(seeds)} seeds, more than {MAX_SEEDS}; sweep fewer at a time"])
-    seeds = list(seeds)
-    if not seeds:
-        raise ConfigError([f"--seeds {text}: no seeds; give at least one (--seeds 5 runs seeds 1 to 5)"])
+            raise ConfigError([f"--seed-list {text!r}: {p!r} is not a seed or a range; e.g. --seed-list 42, "
+                               "--seed-list 11-15 or --seed-list 1,4,9"])
+    if len(seeds) > MAX_SEEDS:
+        raise ConfigError([f"--seed-list {text}: more than {MAX_SEEDS} seeds; sweep fewer at a time"])
     if dupes := sorted({s for s in seeds if seeds.count(s) > 1}):
-        raise ConfigError([f"--seeds {text}: seed {', '.join(map(str, dupes))} given twice; each seed runs once"])
-    if any(s < 0 for s in seeds):
-        raise ConfigError([f"--seeds {text}: seeds are non-negative integers"])
+        raise ConfigError([f"--seed-list {text}: seed {', '.join(map(str, dupes))} given twice; each seed runs once"])
     return seeds
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from rlplane.errors import ConfigError
 from rlplane.sweeps.plan import SweepRun
 from rlplane.sweeps.report import RunResult, console_lines, group_stats, markdown, plot, read_run, to_json
+from rlplane.utils.run_dir import LOCK_FILE, RunLock
 
 PLAN_FILE = "sweep.json"
 REPORT_FILES = ("sweep.md", "results.json", "curves.png")
@@ -68,7 +69,7 @@ def claim_directory(out: Path, ident: dict) -> None:
             raise ConfigError([f"--out {out}: holds a sweep of another config (it differs at {shown}); continue it "
                                f"with its own config and overrides ({PLAN_FILE}) or name a new directory"])
         return
-    if out.is_dir() and any(p.name != "logs" for p in out.iterdir()):
+    if out.is_dir() and any(p.name not in ("logs", LOCK_FILE) for p in out.iterdir()):
         raise ConfigError([f"--out {out}: is not empty and holds no sweep; name a new or empty directory"])
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -76,6 +77,18 @@ def claim_directory(out: Path, ident: dict) -> None:
     except OSError as e:
         raise ConfigError([f"--out {out}: cannot write there ({e.strerror or type(e).__name__}); name a directory "
                            "you can write"]) from None
+
+
+def hold_directory(out: Path) -> RunLock:
+    """The sweep's lock on ``out`` for its life (one sweep writes a directory at a time); one line if another
+    sweep holds it."""
+    try:
+        return RunLock(out).acquire()
+    except ConfigError as e:
+        line = e.problems[0].replace(f"run_dir = {str(out)!r}", f"--out {out}")
+        line = line.replace("another rlplane run", "another rlplane sweep").replace("pick another run_dir",
+                                                                                  "name another --out")
+        raise ConfigError([line]) from None
 
 
 def train_command(config: str | None, overrides: list[str], run: SweepRun, run_dir: Path, overwrite: bool) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import PREV_LOGPROBS, REFERENCE_LOGPROBS
 from rlplane.errors import ConfigError
+from rlplane.training.loop import TrainingStopped
 from rlplane.workers.policy import PolicyWorker
 
 # What the session calls on each injectable part.
@@ -48,6 +49,9 @@ class Components:
             given = getattr(self, name)
             if given is not None and not _is_wrapper(given, name):
                 _check(name, given)
+        if self.logger is not None and not any(callable(getattr(self.logger, m, None)) for m in ("log_metrics", "log")):
+            raise ConfigError([f"rlplane.train(logger=...): {type(self.logger).__name__} has no log_metrics(metrics, "
+                               "step) or log(metrics, step); give an object with one of them"])
 
     def use(self, name: str, built: Any) -> Any:
         """The part to use for ``name``: the given object, the given wrapper applied to ``built``, or ``built``."""
@@ -115,10 +119,13 @@ class LoggerSink:
         self.logger = logger
 
     def log(self, metrics: dict, step: int) -> None:
-        if hasattr(self.logger, "log_metrics"):
-            self.logger.log_metrics(metrics, step)
-        else:
-            self.logger.log(metrics, step)
+        method = "log_metrics" if hasattr(self.logger, "log_metrics") else "log"
+        try:
+            getattr(self.logger, method)(metrics, step)
+        except Exception as e:  # the user's code: its failure in one line (the step's checkpoint is written after)
+            raise TrainingStopped(f"rlplane.train(logger=...): {type(self.logger).__name__}.{method} raised "
+                                  f"{type(e).__name__}: {' '.join(str(e).split())[:200]} at step {step}; the run "
+                                  "stopped (its checkpoints up to the step before are whole)") from None
 
     def log_samples(self, kind: str, step: int, rows: list[dict]) -> None:
         pass

@@ -46,10 +46,10 @@ class Timer:
 
 def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: list,
              data_plane: DataPlaneClient, tokenizer) -> tuple[dict[str, float], list[dict]]:
-    """Greedy accuracy on the held-out set (pass@k when k > 1), the environments' ``env/<task>/*`` metrics of
-    the greedy answers, how spread out those answers are (``top_answer_share``, and the accuracy one constant
-    answer would reach: ``constant_answer_accuracy``, where every problem has a reference answer), and the
-    greedy answers as samples.jsonl rows.
+    """Greedy accuracy on the held-out set (sampled at ``policy.generation.val_temperature`` where set, as NeMo RL;
+    pass@k when k > 1), the environments' ``env/<task>/*`` metrics of those answers, how spread out they are
+    (``top_answer_share``, and the accuracy one constant answer would reach: ``constant_answer_accuracy``, where
+    every problem has a reference answer), and the answers as samples.jsonl rows.
 
     As NeMo RL's ``validate_sync``, per batch: ``VAL_PARTITION`` registered, the samples put under its keys,
     the driver reads the carry and the samples' text from the plane, the partition cleared.

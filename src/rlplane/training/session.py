@@ -56,7 +56,7 @@ from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog, actor_death_lines
 from rlplane.training.warmup import warm_up
-from rlplane.training.workers import Workers, check_placement, check_ray_resources
+from rlplane.training.workers import Workers, check_gdpo_components, check_placement, check_ray_resources
 from rlplane.utils.checkpoint import latest_checkpoint
 from rlplane.utils.kill_points import check_kill_spec, kill_point
 from rlplane.utils.run_dir import prepare_run_paths, release_run_dir
@@ -149,6 +149,7 @@ class Session:
                                val_dataset=c.val_dataset, state_from=side.loader_state if side else None)
         check_user_tasks(cfg.env, [*self.prompts.val_datums, *getattr(self.prompts.dataset, "datums", [])],
                          within=functools.partial(_user_call, cfg.env.step_timeout_s))
+        check_gdpo_components(cfg, self.task_names())
         stats = self.prompts.stats
         if stats.get("skipped_overlong"):
             said.append(f"skipped {stats['skipped_overlong']} prompts longer than policy.max_total_sequence_length")
@@ -162,7 +163,8 @@ class Session:
         """The run plan from the config, the data read and (``runtime: ray``) the cluster joined; printed."""
         ray = cfg.runtime == "ray"
         if ray or cfg.data_plane.backend == "ray":
-            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None, self.signals)
+            init_ray(cfg.cluster.num_cpus, cfg.cluster.address, cfg.cluster.gpus_per_node or None,
+                     connect_timeout_s=cfg.cluster.connect_timeout_s, signals=self.signals)
         per_epoch = None if cfg.loop.use_dynamic_sampling else len(self.prompts.loader)
         plan = build_plan(cfg, steps_per_epoch=per_epoch, task_names=self.task_names(),
                           cluster_gpus=cluster_gpus() if ray else 0.0, settled=num)
@@ -337,7 +339,7 @@ class Session:
         """``validate``: every ``val_period`` steps and at the last, into ``metrics``; a validation can end the run
         (:mod:`~rlplane.training.early_stop`)."""
         g, end = self.cfg.loop, self.last_step()
-        if (g.val_period and done % g.val_period == 0) or (g.val_at_end and done == end):
+        if g.validates_after(done) or (g.val_at_end and done == end):
             t0 = time.perf_counter()
             self.last_validation = self.validate()
             metrics.update(self.last_validation)
@@ -381,7 +383,7 @@ class Session:
         self.say(f"{reason}: stopping after step {done}")
         if done == 0:
             return
-        if g.val_at_end and not (g.val_period and done % g.val_period == 0):
+        if g.val_at_end and not g.validates_after(done):
             self.last_validation = self.validate()
             self.log.log(self.last_validation, step=done)
         if self.cfg.checkpointing.enabled and not self.checkpoints.due(done):

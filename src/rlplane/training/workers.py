@@ -7,8 +7,9 @@ actor pools (``runtime: ray``), and the critic and frozen teacher where the reci
 from __future__ import annotations
 
 from rlplane.config.envs import EnvConfig
+from rlplane.config.schema import RunConfig
 from rlplane.dataplane import DataPlaneClient
-from rlplane.envs.registry import env_registry_snapshot
+from rlplane.envs.registry import env_registry_snapshot, reward_component_names
 from rlplane.envs.user import import_path_env, user_task_error_in
 from rlplane.errors import ConfigError
 from rlplane.runtime import placement
@@ -28,6 +29,24 @@ from rlplane.workers.value import ValueWorker
 def ray_cpu_demand(plan: RunPlan) -> float:
     """CPUs the run's Ray actors ask for together (Ray never schedules an actor it cannot fit)."""
     return sum(r.count * r.cpus for r in plan.roles)
+
+
+def check_gdpo_components(cfg: RunConfig, task_names) -> None:
+    """GDPO normalises each reward component: every environment the data names gives at least 2. Checked at
+    start-up, where the environments are known (the config sits below them), user tasks registered by then."""
+    if cfg.algorithm != "grpo" or cfg.grpo.adv_estimator.name != "gdpo":
+        return
+    errors = []
+    for task in dict.fromkeys(task_names):
+        names = reward_component_names(task)
+        if names is not None and len(names) < 2:
+            errors.append(
+                f"grpo.adv_estimator.name = gdpo: environment {task!r} gives {len(names)} reward components "
+                f"{list(names)}, GDPO needs at least 2 (task 'arithmetic' gives correct and format); use such "
+                "an environment or set grpo.adv_estimator.name=grpo"
+            )
+    if errors:
+        raise ConfigError(errors)
 
 
 def check_ray_resources(plan: RunPlan, cluster_cpus: float | None = None) -> None:
@@ -109,7 +128,7 @@ class Workers:
         self.env_pools = self._start_env_pools()
         self.rollout = self._start_generators(slots.get("generators"))
         try:  # awaited after the generators: a user task the rollout actor cannot import is said by it first
-            await_env_pools(self.env_pools)
+            await_env_pools(self.env_pools, self.env.start_timeout_s)
         except Exception as e:
             raise user_task_error_in(e, "an environment actor") or e from None
 

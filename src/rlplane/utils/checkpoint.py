@@ -143,8 +143,7 @@ class CheckpointManager:
 
     def load_info(self, path: Path) -> dict:
         try:
-            with open(path / "training_info.json") as f:
-                info = json.load(f)
+            info = read_json_file(path / "training_info.json")
         except (OSError, ValueError) as e:
             raise CheckpointError(
                 f"checkpoint {path}: training_info.json is missing or damaged "
@@ -205,6 +204,66 @@ class CheckpointManager:
                 shutil.rmtree(aside)
 
 
+# ---- sizes against headers, checked before a file is read
+MAX_JSON_BYTES = 16 << 20  # training_info.json, a shard index: rlplane writes a few KB
+MAX_SAFETENSORS_HEADER_BYTES = 100_000_000  # safetensors' own bound on its JSON header
+
+
+def _damaged(path, what: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint file {path}: {what}; delete the checkpoint it belongs to (resume then starts "
+                           "from the one before) or restore it")
+
+
+def read_json_file(path: Path) -> object:
+    """A checkpoint's JSON file, its size checked first (``OSError`` / ``ValueError`` as ``json.load``'s)."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{size:,} bytes, over MAX_JSON_BYTES = {MAX_JSON_BYTES:,}")
+    return json.loads(path.read_bytes())
+
+
+def check_safetensors_sizes(path: Path) -> None:
+    """The header's length and its tensors' offsets against the file's size: a truncated or padded file, or a
+    header that claims more than the file holds, is one line before the tensors are read."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        header_bytes = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < header_bytes <= min(size - 8, MAX_SAFETENSORS_HEADER_BYTES):
+            raise _damaged(path, f"its header claims {header_bytes:,} bytes and the file holds {size:,} (a truncated "
+                                 "or damaged safetensors file)")
+        try:
+            header = json.loads(f.read(header_bytes))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            raise _damaged(path, f"its header is not safetensors' ({type(e).__name__})") from None
+    if 8 + header_bytes + end != size:
+        raise _damaged(path, f"its header places tensors up to byte {8 + header_bytes + end:,} and the file holds "
+                             f"{size:,} (truncated or padded)")
+
+
+def check_zip_sizes(path) -> None:
+    """A ``torch.save`` file is a zip of stored records: each record's declared size must be the bytes it takes in
+    the file (no compression, which could expand without bound) and together fit in the file. Read from the zip's
+    directory before torch allocates a record; a file that is no zip is left to torch's own error."""
+    import zipfile
+
+    size = os.path.getsize(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            records = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return
+    packed = next((r for r in records if r.compress_type != zipfile.ZIP_STORED or r.file_size != r.compress_size),
+                  None)
+    if packed is not None:
+        raise _damaged(path, f"record {packed.filename!r} declares {packed.file_size:,} bytes from "
+                             f"{packed.compress_size:,} stored (torch.save writes records as they are)")
+    declared = sum(r.file_size for r in records)
+    if declared > size:
+        raise _damaged(path, f"its records declare {declared:,} bytes and the file holds {size:,}")
+
+
 # ---- weights
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
     """The latest complete ``step_N`` in ``checkpoint_dir`` (None if none), read without changing anything."""
@@ -217,7 +276,7 @@ def weight_files(weights_dir: str | os.PathLike) -> list[Path]:
     index = d / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json_file(index)["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"weights {d}: {INDEX_FILE} is damaged "
@@ -241,6 +300,7 @@ def weight_shapes(weights_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
     shapes = {}
     for f in weight_files(weights_dir):
+        check_safetensors_sizes(f)
         try:
             with safe_open(str(f), "pt") as st:
                 for k in st.keys():
@@ -258,6 +318,7 @@ def load_weights(weights_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     out: dict[str, torch.Tensor] = {}
     for f in weight_files(weights_dir):
+        check_safetensors_sizes(f)
         try:
             out.update(load_file(str(f)))
         except (SafetensorError, OSError) as e:
@@ -291,10 +352,13 @@ def check_shapes_fit(expected: dict[str, tuple[int, ...]], weights_dir: str | os
 def load_torch_state(path: str | os.PathLike):
     """``torch.load(path, weights_only=True)`` with a one-line error for a missing or damaged file."""
     try:
+        check_zip_sizes(path)
         return torch.load(path, weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete: delete it "
                               "(resume then starts from the one before)") from None
+    except CheckpointError:
+        raise
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for a damaged file
         # torch's first sentence is the useful part.
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""

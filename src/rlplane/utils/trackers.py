@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlplane.errors import ConfigError
-from rlplane.utils.reachable import check_reachable
+from rlplane.utils.reachable import check_server
 from rlplane.utils.run_dir import ensure_writable_dir
 
 INSTALL_HINT = "pip install 'rlplane[trackers]'"
@@ -47,14 +47,28 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+CONNECT_KEY = "logger.connect_timeout_s"
+
+
+def _check_tracking_server(url: str, key: str, hint: str, timeout_s: float) -> None:
+    """An HTTP(S) tracking server answers within ``timeout_s``: its client would retry for minutes."""
+    https = url.startswith("https")
+    check_server(url, 443 if https else 80, key, hint, protocol="https" if https else "http", timeout_s=timeout_s,
+                 timeout_key=CONNECT_KEY)
+
+
 class WandbSink:
-    def __init__(self, cfg, run_name: str, log_dir: Path, config: dict):
+    def __init__(self, cfg, run_name: str, log_dir: Path, config: dict, connect_timeout_s: float = 30.0):
         self._wandb = _lazy_import("wandb", "logger.wandb_enabled")
         where = Path(cfg.dir) if cfg.dir else log_dir
         ensure_writable_dir(where, "logger.wandb.dir")
+        if os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
+            _check_tracking_server(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"), "WANDB_BASE_URL",
+                                   "check the network, or log offline with WANDB_MODE=offline", connect_timeout_s)
         try:
             self.run = self._wandb.init(project=cfg.project, name=cfg.name or run_name, entity=cfg.entity,
-                                        dir=str(where), config=config)
+                                        dir=str(where), config=config,
+                                        settings=self._wandb.Settings(init_timeout=connect_timeout_s))
         except Exception as e:  # no login, no network: say what to do instead of a traceback
             raise ConfigError([f"logger.wandb_enabled: wandb.init failed ({type(e).__name__}: {str(e)[:200]}); "
                                "run `wandb login`, or log offline with WANDB_MODE=offline"]) from None
@@ -78,7 +92,7 @@ _MLFLOW_BAD = re.compile(r"[^\w\-./: ]")
 
 
 class MlflowSink:
-    def __init__(self, cfg, run_name: str, log_dir: Path, config: dict):
+    def __init__(self, cfg, run_name: str, log_dir: Path, config: dict, connect_timeout_s: float = 30.0):
         _lazy_import("mlflow", "logger.mlflow_enabled")
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
@@ -89,8 +103,8 @@ class MlflowSink:
             # MLflow 3 keeps the file store only behind this opt-in.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         if uri.startswith(("http://", "https://")):  # MLflow's client retries a dead server for minutes
-            check_reachable(uri, 443 if uri.startswith("https") else 80, "logger.mlflow.tracking_uri",
-                            "start the tracking server or fix the URI (unset: a sqlite store in the log directory)")
+            _check_tracking_server(uri, "logger.mlflow.tracking_uri", "start the tracking server or fix the URI "
+                                   "(unset: a sqlite store in the log directory)", connect_timeout_s)
         try:
             self.client = MlflowClient(uri)
             exp = self.client.get_experiment_by_name(cfg.experiment_name)
@@ -171,9 +185,9 @@ def make_trackers(logger_cfg, run_name: str, log_dir: Path, config: dict) -> lis
     sinks: list = []
     try:
         if logger_cfg.wandb_enabled:
-            sinks.append(WandbSink(logger_cfg.wandb, run_name, log_dir, config))
+            sinks.append(WandbSink(logger_cfg.wandb, run_name, log_dir, config, logger_cfg.connect_timeout_s))
         if logger_cfg.mlflow_enabled:
-            sinks.append(MlflowSink(logger_cfg.mlflow, run_name, log_dir, config))
+            sinks.append(MlflowSink(logger_cfg.mlflow, run_name, log_dir, config, logger_cfg.connect_timeout_s))
     except BaseException:
         for sink in sinks:  # the first one started: do not leave its run open
             sink.close()

@@ -71,23 +71,27 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, device: torch.device, world_size: int,
+                cpu_offload: bool = False) -> torch.nn.Module:
     """Shard ``model`` in place with FSDP2 over the default group's ``world_size`` ranks.
 
     One FSDP unit per HF block (``_no_split_modules``), the root holds the rest (tied weights stay one).
     Mixed precision follows ``rlplane_autocast_dtype``: bf16 compute, fp32 reduction and AdamW state.
+    ``cpu_offload``: the shards (and their gradients, so the AdamW state) live in host memory between uses
+    (``CPUOffloadPolicy``; pinned where there is a GPU to copy to).
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world_size,))
     compute = getattr(model, "rlplane_autocast_dtype", None)
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in block_names:
-            fully_shard(module, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+            fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
     # Rank gradients must be summed: a plain SUM reduce-scatter (factor 1), which gloo also has (unlike PREMUL_SUM).
     for module in model.modules():
         if is_sharded(module):

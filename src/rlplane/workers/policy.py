@@ -29,10 +29,11 @@ from rlplane.generation.sampling import filtering_on
 from rlplane.models.configured import load_configured_policy
 from rlplane.models.fingerprint import fingerprint
 from rlplane.models.lora import is_lora, load_policy_weights, policy_weights
+from rlplane.models.precision import autocast
 from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers import parallel, rank as rank_block, shared_prefix
 from rlplane.workers.logprobs import microbatch_logprobs
-from rlplane.workers.packing import MicroBatch, microbatch_planner
+from rlplane.workers.packing import MicroBatch, forward_microbatch, microbatch_planner
 from rlplane.workers.rank import DPRank
 from rlplane.workers.scorer import Scorer, shard_logprobs
 from rlplane.workers.trainer import Trainer
@@ -52,6 +53,8 @@ class PolicyLoss(Protocol):
     def columns(self) -> list[str]: ...
 
     # Optional ``wants_unfiltered_logprobs``: ``(filtered, unfiltered)`` logprobs under top-k/top-p.
+    # Optional ``wants_logits``: the next-token logits over the temperature, (b, L-1, V), in place of logprobs
+    # (L: the micro-batch's width; column t predicts token t + 1, as the batch's [:, 1:] columns).
 
     def __call__(self, curr_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], sample_mask: torch.Tensor,
                  global_valid_tokens: torch.Tensor, global_valid_seqs: torch.Tensor): ...
@@ -143,7 +146,7 @@ class PolicyWorker:
 
     def shard_models(self) -> None:
         """FSDP2-shard the trained model and the reference over the joined group."""
-        self.trainer.shard(list(self.frozen_models().values()))
+        self.trainer.shard(list(self.frozen_models().values()), self.policy.dtensor_cfg.cpu_offload)
 
     def ping(self) -> int:
         return self.dp_rank.rank
@@ -191,7 +194,12 @@ class PolicyWorker:
                    if TOKEN_MASK in data and shared_prefix.applies(p) else None)
 
         def forward(mb: MicroBatch):
-            """(b, T-1) logprobs, or (filtered, unfiltered) with ``split_kl``; 0 at masked tokens on the plain path."""
+            """(b, T-1) logprobs, or (filtered, unfiltered) with ``split_kl``; 0 at masked tokens on the plain path;
+            or the loss's logits (``wants_logits``)."""
+            if getattr(loss, "wants_logits", False):
+                with autocast(self.model):
+                    logits, _ = forward_microbatch(self.model, ids, lengths, mb, p.dynamic_batching.enabled)
+                return logits[:, :-1].float() / gen.temperature  # (b, L-1, V)
             lp = microbatch_logprobs(self.model, ids, lengths, mb, p.dynamic_batching.enabled,
                                      gen.temperature, gen.top_k, gen.top_p, split_kl,
                                      only=data[TOKEN_MASK][mb.rows] if TOKEN_MASK in data else None,

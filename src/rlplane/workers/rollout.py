@@ -27,6 +27,7 @@ from rlplane.envs.interface import EnvBatch
 from rlplane.errors import WorkerFailed
 from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
+from rlplane.generation.interface import stop_ids
 from rlplane.generation.sampling import sample_seed
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.env_pools import call_env_metrics
@@ -82,7 +83,8 @@ class RolloutWorker:
         self.tokenizer = tokenizer
         g = self.generation = p.generation
         # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.
-        engine = g.vllm_cfg.model_dump() if g.backend == "vllm" else {"decode": g.hf_decode}
+        engine = ({**g.vllm_cfg.model_dump(), "engine_kwargs": dict(g.vllm_kwargs)} if g.backend == "vllm"
+                  else {"decode": g.hf_decode, "max_batch_size": p.generation_batch_size})
         self.backend = create_backend(g.backend, model, tokenizer, **engine)
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
         self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
@@ -195,6 +197,11 @@ class RolloutWorker:
             raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
         rows = [d for d in datums for _ in range(group_size)]
         version = self.weight_version if weight_version is None else int(weight_version)
+        sampling = {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k}
+        if heldout and gen.val_temperature is not None:  # validation samples as NeMo RL's does, never greedily
+            greedy = False
+            sampling = {"temperature": gen.val_temperature, "top_p": gen.val_top_p or gen.top_p,
+                        "top_k": gen.val_top_k if gen.val_top_k is not None else gen.top_k}
         row_seeds = None
         if getattr(self.backend, "supports_row_seeds", False) and not greedy:
             stream = "heldout" if heldout else "train"
@@ -208,9 +215,8 @@ class RolloutWorker:
             max_total_sequence_length=p.max_total_sequence_length,
             max_new_tokens=gen.max_new_tokens,
             stop_strings=gen.stop_strings,
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            top_k=gen.top_k,
+            **({"stop_token_ids": stop_ids(self.backend, gen.stop_token_ids)} if gen.stop_token_ids else {}),
+            **sampling,
             greedy=greedy,
             generator=self.generator,
             row_seeds=row_seeds,

@@ -1,5 +1,5 @@
 """The scorer block: per-token logprobs of a DP shard under a frozen model (reference or teacher), written
-back into the data plane. The reference's are temperature-only, as in NeMo RL."""
+back into the data plane. The reference's are temperature-only, as in NeMo RL. Also a teacher's top-k logits."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import torch
 
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, TOKEN_MASK
+from rlplane.models.precision import autocast
 from rlplane.workers import shared_prefix
 from rlplane.workers.logprobs import microbatch_logprobs
-from rlplane.workers.packing import microbatch_planner
+from rlplane.workers.packing import forward_microbatch, microbatch_planner
 from rlplane.workers.rank import DPRank
 
 
@@ -42,6 +43,39 @@ def shard_logprobs(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_
     finish_lockstep()
     model.train(was_training)
     return rank.put_rows(meta, out_field, out, lengths)
+
+
+@torch.no_grad()
+def shard_topk_logits(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_fields: tuple[str, str], policy,
+                      k: int) -> KVBatchMeta | None:
+    """The k largest logits over the temperature (and their token ids) of the distribution of every token of
+    ``rank``'s shard, written back as ``out_fields`` (values, ids): (T, k) per sample, row t for token t (from the
+    logits at t − 1), row 0 zeros. No-grad, eval mode, ``policy.logprob_batch_size`` micro-batches."""
+    lengths = rank.lengths(meta)
+    plan = microbatch_planner(policy, train=False)(torch.arange(len(meta), device=rank.device), lengths)
+    finish_lockstep = rank.lockstep(model, len(plan))
+    if len(meta) == 0:
+        return finish_lockstep()
+    ids = rank.fetch(meta, [INPUT_IDS])[INPUT_IDS]  # (B, T)
+    temperature = policy.generation.temperature
+    was_training = model.training
+    model.eval()
+    width = min(k, model.config.vocab_size)
+    values = torch.zeros((*ids.shape, width), dtype=torch.float32)  # (B, T, k) on the host, as the plane holds them
+    tokens = torch.zeros((*ids.shape, width), dtype=torch.long)
+    for mb in plan:
+        with autocast(model):
+            logits, _ = forward_microbatch(model, ids, lengths, mb, policy.dynamic_batching.enabled)  # (b, L, V)
+        top = torch.topk(logits[:, :-1].float() / temperature, width, dim=-1)  # (b, L-1, k): for tokens 1..L-1
+        span = top.values.shape[1]
+        values[mb.rows.cpu(), 1 : span + 1] = top.values.cpu()
+        tokens[mb.rows.cpu(), 1 : span + 1] = top.indices.cpu()
+    finish_lockstep()
+    model.train(was_training)
+    cut = lengths.cpu()
+    return rank.dp.put_samples(list(meta.sample_ids), meta.partition_id,
+                               {out_fields[0]: [values[i, : cut[i]] for i in range(len(values))],
+                                out_fields[1]: [tokens[i, : cut[i]] for i in range(len(tokens))]})
 
 
 class Scorer:

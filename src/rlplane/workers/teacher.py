@@ -1,5 +1,5 @@
-"""The teacher worker of on-policy distillation: a frozen model scoring the student's tokens as
-``teacher_logprobs`` over its DP shard (same tokenizer as the student)."""
+"""The teacher worker of on-policy distillation: a frozen model scoring the student's tokens over its DP shard (same
+tokenizer as the student), as ``teacher_logprobs`` or as its top-k logits per token."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
-from rlplane.dataplane.columns import TEACHER_LOGPROBS
+from rlplane.dataplane.columns import TEACHER_LOGPROBS, TEACHER_TOPK_INDICES, TEACHER_TOPK_LOGITS
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.shared_paths import SharedPaths
 from rlplane.workers import rank as rank_block
 from rlplane.workers.rank import DPRank
-from rlplane.workers.scorer import Scorer
+from rlplane.workers.scorer import Scorer, shard_topk_logits
 
 if TYPE_CHECKING:
     from rlplane.config.policy import PolicyConfig
@@ -60,6 +60,12 @@ class TeacherWorker:
     def compute_logprobs(self, meta: KVBatchMeta, out_field: str = TEACHER_LOGPROBS) -> KVBatchMeta | None:
         """Forward the shard without gradients and write the teacher's per-token logprobs back as ``out_field``."""
         return self.scorer.write_logprobs(meta, out_field)
+
+    def compute_topk_logits(self, meta: KVBatchMeta, k: int) -> KVBatchMeta | None:
+        """The teacher's ``k`` largest logits of each token and their ids, written back as ``teacher_topk_logits``
+        and ``teacher_topk_indices`` (the top-k KL's input; :func:`~rlplane.workers.scorer.shard_topk_logits`)."""
+        return shard_topk_logits(self.dp_rank, self.model, meta, (TEACHER_TOPK_LOGITS, TEACHER_TOPK_INDICES),
+                                 self.scorer.policy, k)
 
     def save(self, path: str) -> None:
         """HF weights + tokenizer to ``path/weights`` (rank 0): the warmed-up teacher survives a resume."""

@@ -52,10 +52,11 @@ class Trainer:
         self.model.train()
         self.optimizer, self.scheduler = build_optimizer(self.model, optimizer, scheduler)
 
-    def shard(self, frozen: list[torch.nn.Module]) -> None:
-        """FSDP2-shard the model and ``frozen`` ones; the optimizer is rebuilt over the shards."""
+    def shard(self, frozen: list[torch.nn.Module], cpu_offload: bool = False) -> None:
+        """FSDP2-shard the model and ``frozen`` ones (their shards in host memory with ``cpu_offload``); the
+        optimizer is rebuilt over the shards."""
         for m in (self.model, *frozen):
-            parallel.shard_model(m, self.rank.device, self.rank.world_size)
+            parallel.shard_model(m, self.rank.device, self.rank.world_size, cpu_offload)
         self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
 
     def train_global_batches(

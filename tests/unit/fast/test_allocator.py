@@ -115,3 +115,66 @@ def test_glibc_that_caps_the_mmap_threshold_gets_its_cap(monkeypatch):
     assert allocator._mallopt_keep()
     assert calls == [(allocator._M_MMAP_THRESHOLD, allocator.KEEP_BYTES), (allocator._M_MMAP_THRESHOLD, 32 << 20),
                      (allocator._M_TRIM_THRESHOLD, allocator.KEEP_BYTES)]
+
+
+# Threads that allocate at once each get an arena of their own, up to glibc's limit; malloc_stats prints one
+# "Arena N:" block per arena on stderr.
+_ARENAS = """
+import ctypes, threading
+from rlplane.fast import allocator
+applied = allocator.limit_malloc_arenas()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+barrier = threading.Barrier(12)
+def work():
+    barrier.wait()
+    blocks = [libc.malloc(4096) for _ in range(64)]
+    barrier.wait()
+    for b in blocks:
+        libc.free(b)
+threads = [threading.Thread(target=work) for _ in range(12)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(applied, flush=True)
+libc.malloc_stats()
+"""
+
+
+def _arenas(env_value: str | None) -> tuple[bool, int]:
+    env = {k: v for k, v in os.environ.items() if k not in (allocator.FEW_ARENAS_VAR, "MALLOC_ARENA_MAX")}
+    if env_value is not None:
+        env[allocator.FEW_ARENAS_VAR] = env_value
+    out = subprocess.run([sys.executable, "-c", _ARENAS], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True", out.stderr.count("Arena ")
+
+
+@glibc
+def test_threads_share_few_arenas():
+    applied, arenas = _arenas(None)
+    assert applied and arenas == allocator.MALLOC_ARENAS
+
+
+@glibc
+def test_off_switch_leaves_an_arena_per_thread():
+    applied, arenas = _arenas("0")
+    assert not applied and arenas > allocator.MALLOC_ARENAS
+
+
+def test_hf_backend_limits_the_arenas(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlplane.generation import hf
+
+    calls = []
+    monkeypatch.setattr(hf, "limit_malloc_arenas", lambda: calls.append(1) or True)
+
+    class Tok:
+        pad_token_id = 0
+        eos_token_id = 1
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    hf.HFGenerationBackend(model, Tok())
+    assert calls == [1]

@@ -388,3 +388,17 @@ def test_stop_string_spanning_tokens_with_a_trailing_space():
             assert stop in text and stop not in tok.decode(ids[:-1])
         else:
             assert reason == "length" and text == full
+
+
+def test_passes_of_max_batch_size_rows_sample_as_one_pass(model, tok):
+    # policy.generation_batch_size (NeMo RL's key): 10 rows in passes of 3 (3, 3, 3, 1); with per-row seeds each row
+    # draws the same tokens and logprobs as in one pass, and stop strings stay with their rows.
+    prompts = _prompts(10, seed=5)
+    seeds = list(range(100, 110))
+    stops = [["3"] if i % 2 else None for i in range(10)]
+    whole = HFGenerationBackend(model, tok).generate(prompts, max_new_tokens=7, row_seeds=seeds, stop_strings=stops)
+    passes = HFGenerationBackend(model, tok, max_batch_size=3).generate(prompts, max_new_tokens=7, row_seeds=seeds,
+                                                                        stop_strings=stops)
+    assert passes.output_ids == whole.output_ids and passes.finish_reasons == whole.finish_reasons
+    for a, b in zip(passes.logprobs, whole.logprobs):
+        torch.testing.assert_close(a, b)

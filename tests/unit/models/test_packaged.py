@@ -87,7 +87,7 @@ def test_converted_once_into_the_cache_and_the_joined_file_removed(fake, tmp_pat
         seen.append(source.read_bytes())
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(packaged, "_convert_gguf", convert)
+    monkeypatch.setattr(packaged, "convert_gguf", convert)
     first = packaged_model_dir("fake")
     second = packaged_model_dir("fake")
     assert first == second == tmp_path / "cache" / "models" / "fake"

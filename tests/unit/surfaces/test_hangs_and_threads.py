@@ -139,10 +139,11 @@ def test_addresses_are_read_as_host_and_port(address, default, expected):
 
 @pytest.mark.parametrize("address", ["head:port", ":6379"])
 def test_a_malformed_address_is_one_line(address):
-    from rlplane.utils.reachable import check_reachable
+    from rlplane.utils.reachable import check_server
 
     with pytest.raises(ConfigError, match=rf"^cluster.address = '{address}': not a host:port address"):
-        check_reachable(address, 6379, "cluster.address", "fix it")
+        check_server(address, 6379, "cluster.address", "fix it", protocol="grpc", timeout_s=5,
+                     timeout_key="cluster.connect_timeout_s")
 
 
 def test_a_ray_cluster_that_refuses_the_connection_is_one_line(monkeypatch):
@@ -159,7 +160,7 @@ def test_a_ray_cluster_that_refuses_the_connection_is_one_line(monkeypatch):
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(groups, "check_reachable", lambda *a: None)
+    monkeypatch.setattr(groups, "check_server", lambda *a, **k: None)
     with pytest.raises(ConfigError) as e:
         groups.init_ray(address="10.0.0.5:6379")
     assert str(e.value) == (

@@ -12,17 +12,17 @@ from rlplane.sweeps.report import RunResult, group_stats, markdown
 from rlplane.sweeps.runner import claim_directory, identity
 
 
-@pytest.mark.parametrize("text, seeds", [("3", [1, 2, 3]), ("11-13", [11, 12, 13]), ("4,1,9", [4, 1, 9]),
-                                         (" 7 ", [1, 2, 3, 4, 5, 6, 7]), ("5-5", [5])])
-def test_seeds_as_count_range_or_list(text, seeds):
+@pytest.mark.parametrize("text, seeds", [("42", [42]), ("11-13", [11, 12, 13]), ("4,1,9", [4, 1, 9]),
+                                         (" 7 ", [7]), ("5-5", [5]), ("1-3,42", [1, 2, 3, 42])])
+def test_seed_list_as_seed_range_or_list(text, seeds):
     assert parse_seeds(text) == seeds
 
 
-@pytest.mark.parametrize("text, says", [("0", "no seeds"), ("1,2,1", "seed 1 given twice"),
-                                        ("9-3", "ends before it starts"), ("a", "not a count, a range or a list"),
-                                        ("1,,2", "not a count"), ("5000", "more than 1000"),
-                                        ("1-99999999999999", "more than 1000")])
-def test_bad_seeds_are_one_line(text, says):
+@pytest.mark.parametrize("text, says", [("", "'' is not a seed"), ("1,2,1", "seed 1 given twice"),
+                                        ("9-3", "ends before it starts"), ("a", "'a' is not a seed or a range"),
+                                        ("1,,2", "'' is not a seed"), ("-1", "not a seed"),
+                                        ("1-5000", "more than 1000"), ("1-99999999999999", "more than 1000")])
+def test_bad_seed_lists_are_one_line(text, says):
     with pytest.raises(ConfigError, match=says) as e:
         parse_seeds(text)
     assert len(e.value.problems) == 1 and "\n" not in e.value.problems[0]
@@ -102,3 +102,21 @@ def test_a_directory_holds_one_sweep(tmp_path):
     with pytest.raises(ConfigError, match="sweep.json is damaged"):
         claim_directory(tmp_path / "s", ident)
     assert json.loads(json.dumps(ident)) == ident
+
+
+def test_one_sweep_writes_a_directory_at_a_time(tmp_path):
+    import fcntl
+    import os
+
+    from rlplane.sweeps.runner import hold_directory
+
+    (tmp_path / "s").mkdir()
+    fd = os.open(tmp_path / "s" / ".rlplane.lock", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b'{"pid": 7, "host": "h", "started": "then"}')
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by "another process": an open file description of its own
+    try:
+        with pytest.raises(ConfigError, match=r"--out .*/s: another rlplane sweep is using it \(pid 7 on host h"):
+            hold_directory(tmp_path / "s")
+    finally:
+        os.close(fd)
+    hold_directory(tmp_path / "s").release()

@@ -204,7 +204,7 @@ def test_generators_count_in_the_ray_cpu_demand_and_async_grpo_takes_one():
 def test_hf_decode_config_key_reaches_the_backend():
     from rlplane.models.configured import load_configured_policy
 
-    for value in ("auto", "hf", "fused"):
+    for value in ("auto", "hf", "fused", "graph"):
         cfg = load_config(None, [f"policy.generation.hf_decode={value}"])
         model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
         assert rollout_worker(cfg, None, model=model, tokenizer=tok).backend.decode == value
