@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from rlplane.data.errors import DatasetError
 
 
 def shuffled_indices(n: int, seed: int) -> list[int]:
-    """``Dataset.shuffle(seed)``'s order of ``n`` rows."""
+    """``Dataset.shuffle(seed)``'s order of ``n`` rows (numpy imported here: config checks reach this module)."""
+    import numpy as np
+
     return np.random.default_rng(seed).permutation(n).tolist()
 
 
