@@ -20,7 +20,7 @@ from rlplane.runtime import placement as placements
 from rlplane.runtime.devices import gpu_requests, num_gpus_per_worker
 from rlplane.runtime.env_pools import pool_env_names
 from rlplane.runtime.shared_paths import with_driver_model_path
-from rlplane.training.numerics import recorded_precision, settle_precision
+from rlplane.training.numerics import Numerics, numerics, settle_precision
 from rlplane.training.weight_check import WeightCheckOptions
 from rlplane.workers.policy import PolicyWorkerOptions
 from rlplane.workers.rollout import RolloutOptions
@@ -61,16 +61,6 @@ class Sizes:
     logprob_batch_size: int
     steps_per_epoch: int | None  # the loader's batches per pass over the training prompts (None: not known)
     last_step: int  # max_num_steps, or sooner when max_num_epochs run out (dynamic sampling: max_num_steps)
-
-
-@dataclass(frozen=True)
-class Numerics:
-    """``precision`` the models compute in (``auto`` only where each GPU worker decides for its own device) and
-    ``why``; ``device`` the trained ranks compute on."""
-
-    precision: str
-    why: str
-    device: str
 
 
 @dataclass(frozen=True)
@@ -276,25 +266,6 @@ def env_pool_specs(cfg: RunConfig, task_names) -> dict[str, tuple[str, int]]:
     return {name: (env, n) for name, (env, n) in specs.items() if env in sendable and n > 0}
 
 
-def numerics(cfg: RunConfig, resumed: Path | None = None) -> Numerics:
-    """``policy.precision`` settled for the run: as set; for ``auto`` on CPU the choice a resumed run recorded, else
-    what this host's features and the model's width give (the model's config is read, not its weights); for
-    ``auto`` on a GPU each worker decides for its own device."""
-    from rlplane.models.configured import configured_architecture
-    from rlplane.models.precision import choose_precision
-
-    p = cfg.policy
-    if p.precision != "auto":
-        return Numerics(p.precision, "set in the config", p.device)
-    if p.device != "cpu":
-        return Numerics("auto", "each GPU worker decides for its device", p.device)
-    saved = recorded_precision(resumed)
-    if saved is not None:
-        return Numerics(saved, f"auto: recorded by the run that wrote {resumed}", p.device)
-    chosen, why = choose_precision("auto", getattr(configured_architecture(p), "hidden_size", None), "cpu")
-    return Numerics(chosen, f"auto: {why}", p.device)
-
-
 def _sizes(cfg: RunConfig, steps_per_epoch: int | None) -> Sizes:
     g, p = cfg.loop, cfg.policy
     samples = g.samples_per_step()
@@ -342,7 +313,8 @@ def _roles(cfg: RunConfig, gen: GeneratorPlan, pools: dict[str, tuple[str, int]]
 def build_plan(cfg: RunConfig, *, steps_per_epoch: int | None = None, task_names=(), cluster_gpus: float = 0.0,
                settled: Numerics | None = None) -> RunPlan:
     """The plan of ``cfg``: ``steps_per_epoch`` and ``task_names`` from its data, ``cluster_gpus`` from the Ray
-    cluster it joined (``runtime: ray``), ``settled``: its :func:`numerics` (else settled here, as for a fresh run).
+    cluster it joined (``runtime: ray``), ``settled``: its :func:`~rlplane.training.numerics.numerics` (else settled
+    here, as for a fresh run).
     Under Ray the workers get the model by the absolute path the driver resolves."""
     num = settled or numerics(cfg)
     cfg = settle_precision(cfg, num.precision) if num.precision != "auto" else cfg

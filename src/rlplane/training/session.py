@@ -50,8 +50,8 @@ from rlplane.training.checkpoints import Checkpoints
 from rlplane.training.components import Components, DataPlanePolicy, LoggerSink, SidePart
 from rlplane.training.early_stop import EarlyStop
 from rlplane.training.loop import validate
-from rlplane.training.numerics import settle_precision
-from rlplane.training.plan import RunPlan, build_plan, numerics
+from rlplane.training.numerics import numerics, settle_precision
+from rlplane.training.plan import RunPlan, build_plan
 from rlplane.training.prompts import Prompts
 from rlplane.training.refit import Refit
 from rlplane.training.runlog import RunLog, actor_death_lines
