@@ -41,10 +41,13 @@ def identity(config: str | None, overrides: list[str], resolved: dict, loop: str
 
 
 def _differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ; a key only one side has (a setting added to rlplane since the sweep began,
+    at its default) is not a difference."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in [*a, *(k for k in b if k not in a)]:
-            out += _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+            if k in a and k in b:
+                out += _differences(a[k], b[k], f"{prefix}.{k}" if prefix else str(k))
         return out
     return [] if a == b else [prefix]
 
@@ -63,8 +66,8 @@ def claim_directory(out: Path, ident: dict) -> None:
             saved = json.loads(plan.read_text())
         except ValueError:
             raise ConfigError([f"--out {out}: {PLAN_FILE} is damaged; name a new directory or delete it"]) from None
-        if saved.get("resolved") != ident["resolved"]:
-            keys = _differences(saved.get("resolved"), ident["resolved"])
+        keys = _differences(saved.get("resolved"), ident["resolved"])
+        if keys or not isinstance(saved.get("resolved"), dict):
             shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
             raise ConfigError([f"--out {out}: holds a sweep of another config (it differs at {shown}); continue it "
                                f"with its own config and overrides ({PLAN_FILE}) or name a new directory"])

@@ -87,6 +87,9 @@ def test_a_directory_holds_one_sweep(tmp_path):
     assert ident["resolved"] == {"grpo": {"max_num_steps": 5}}  # what the sweep sets per run is not its identity
     claim_directory(tmp_path / "s", ident)
     claim_directory(tmp_path / "s", ident)  # the same sweep again: continues
+    newer = identity("grpo_arithmetic", ["grpo.max_num_steps=5"],
+                     {"run_dir": "a", "grpo": {"seed": 1, "max_num_steps": 5, "new_key": 0}}, "grpo")
+    claim_directory(tmp_path / "s", newer)  # a setting rlplane added since, at its default: the same sweep
     other = identity(None, [], {"grpo": {"seed": 1, "max_num_steps": 6}}, "grpo")
     with pytest.raises(ConfigError, match=r"holds a sweep of another config \(it differs at grpo.max_num_steps\)"):
         claim_directory(tmp_path / "s", other)
