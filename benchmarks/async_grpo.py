@@ -113,20 +113,20 @@ def warm_start(base: list[str], save_dir: Path | None, tmp: Path) -> Path:
 
 @contextlib.contextmanager
 def step_ends() -> Iterator[list[float]]:
-    """The wall-clock time (perf_counter) at which each step's work ends: the entry of
-    ``Session.end_step``, before that step's logging, validation and checkpoint."""
+    """The wall-clock time (perf_counter) at which each step's work ends: the entry of ``Session.trained``, the
+    first of the jobs that end a step (before its validation, logging and checkpoint)."""
     ends: list[float] = []
-    end_step = Session.end_step
+    trained = Session.trained
 
-    def timed(self, step, metrics):
+    def timed(self, step):
         ends.append(time.perf_counter())
-        return end_step(self, step, metrics)
+        return trained(self, step)
 
-    Session.end_step = timed
+    Session.trained = timed
     try:
         yield ends
     finally:
-        Session.end_step = end_step
+        Session.trained = trained
 
 
 def run(name: str, train, overrides: list[str], run_dir: Path) -> dict[str, float]:

@@ -34,12 +34,14 @@ def build(num_generators: int, args, data_plane, weights):
     from rlplane.config.loading import load_config
     from rlplane.runtime.groups import make_group
     from rlplane.training.generators import Generators
-    from rlplane.training.workers import RAY_CPUS_ROLLOUT
+    from rlplane.training.plan import RAY_CPUS, rollout_options
+    from rlplane.workers.environments import EnvBlock
     from rlplane.workers.rollout import RolloutWorker
 
     cfg = config(args, num_generators, load_config)
-    group = make_group("ray", RolloutWorker, [dict(cfg=cfg, data_plane=data_plane, seed=cfg.loop.seed + j)
-                                              for j in range(num_generators)], num_cpus=RAY_CPUS_ROLLOUT)
+    group = make_group("ray", RolloutWorker, [dict(options=rollout_options(cfg), env=EnvBlock(cfg.env),
+                                                   data_plane=data_plane, seed=cfg.loop.seed + j)
+                                              for j in range(num_generators)], num_cpus=RAY_CPUS["generator"])
     gens = Generators(group)
     gens.update_weights(weights)
     return gens

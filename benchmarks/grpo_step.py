@@ -110,7 +110,7 @@ def main() -> int:
                                  "logger.tensorboard_enabled=false", f"run_dir={tmp}", *args.overrides])
         s = Session(cfg, quiet=True)
         s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         floor = FloorLoop(cfg, s.workers.policy.workers[0].get_weights())
         ours, base, phases = [], [], []
         for i in range(args.warmup_steps + args.steps):

@@ -28,7 +28,7 @@ in fp32, in training only at the tokens the loss reads).
 Same ``policy.activation_checkpointing``.
 
 Phases (median seconds): generation (sampling + scoring), logprobs (the old-policy forward; rlplane
-skips it when the rollout gets one optimizer step, see ``rlplane.config.plan``), training
+skips it when the rollout gets one optimizer step, see ``rlplane.training.plan``), training
 (advantages, forward+backward, clip, optimizer). Generated-token counts differ between the two
 (different random draws, eos stops), so tokens/s is printed beside the times.
 
@@ -54,10 +54,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from rlplane.config.loading import load_config  # noqa: E402
-from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.datasets import build_datasets  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
+from rlplane.training.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
@@ -189,7 +189,7 @@ def run_model(model_key: str, args) -> None:
         cfg = load_config(name, [*overrides, f"run_dir={tmp}"])
         s = Session(cfg, quiet=True)
         s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                              prev_from_forward=skips_prev_logprob_forward(cfg))  # as recipes.grpo.train builds it
         w = s.workers.policy.workers[0]
         dtype = getattr(w.model, "rlplane_autocast_dtype", None)

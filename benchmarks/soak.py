@@ -119,20 +119,20 @@ def sample(s: Session, step: int, t0: float) -> dict[str, float]:
 
 @contextlib.contextmanager
 def sampled_every(every: int, rows: list[dict]) -> Iterator[None]:
-    """Session.end_step records a row after the first step, every ``every`` steps and after the last."""
-    original, t0 = Session.end_step, time.perf_counter()
+    """Session.log_step (a step's logging job) records a row after the first step, every ``every`` steps and after
+    the last."""
+    original, t0 = Session.log_step, time.perf_counter()
 
-    def end_step(self: Session, step: int, metrics: dict[str, float]) -> None:
-        original(self, step, metrics)
-        done = step + 1
+    def log_step(self: Session, done: int, metrics: dict[str, float]) -> None:
+        original(self, done, metrics)
         if done == 1 or done % every == 0 or done == self.last_step():
             rows.append(sample(self, done, t0))
 
-    Session.end_step = end_step
+    Session.log_step = log_step
     try:
         yield
     finally:
-        Session.end_step = original
+        Session.log_step = original
 
 
 def run_soak(cfg: RunConfig, every: int) -> list[dict]:

@@ -20,7 +20,7 @@ and std), which differs from TRL's: a group's lone correct sample gets advantage
 (1 - 1/8) / std = 2.47 in TRL's.
 
 Step time: rlplane, a step of ``recipes/grpo.train``'s loop (``begin_step``, ``grpo_step``,
-``end_step``: prompts, generation, scoring, logprobs, advantages, training, logging; no validation or
+``log_step``: prompts, generation, scoring, logprobs, advantages, training, logging; no validation or
 checkpoint is due); TRL, the interval between consecutive ``on_step_end`` callbacks (dataloader,
 generation, scoring, forward/backward, clip, optimizer, logging). Both as wall time and as the
 process's CPU time over the same interval (all its threads; both run in this one process): the CPU
@@ -49,12 +49,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from rlplane.config.loading import load_config  # noqa: E402
-from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.datasets import build_datasets  # noqa: E402
 from rlplane.envs import create_env  # noqa: E402
 from rlplane.fast.threads import available_cores  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
+from rlplane.training.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 # No validation inside a run (the benchmark evaluates each final model itself, outside every timing).
@@ -116,14 +116,14 @@ def run_rlplane(warm_dir: str, steps: int, threads: int,
         try:
             s.start()
             # As recipes/grpo.train builds it.
-            loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+            loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                                  prev_from_forward=skips_prev_logprob_forward(cfg))
             times, cpu, phases = [], [], []
             for step in range(steps):
                 t0, c0 = time.perf_counter(), time.process_time()
                 s.begin_step(step)  # as recipes/grpo.train does before each step
                 m = grpo_step(s, loss, step)
-                s.end_step(step, m)  # logging (the run's files); no validation or checkpoint is due
+                s.log_step(s.trained(step), m)  # logging (the run's files); no validation or checkpoint is due
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
                 phases.append({k.removeprefix("timing/train/"): v for k,

@@ -25,9 +25,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from rlplane.config.loading import load_config  # noqa: E402
-from rlplane.config.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
+from rlplane.training.plan import skips_prev_logprob_forward  # noqa: E402
 from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 MODES = ("fail", "off")
@@ -41,7 +41,7 @@ def session(tmp: str, mode: str, overrides: list[str]) -> tuple[Session, Clipped
                              *overrides])
     s = Session(cfg, quiet=True)
     s.start()
-    return s, ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+    return s, ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                             prev_from_forward=skips_prev_logprob_forward(cfg))
 
 
@@ -56,7 +56,10 @@ def one_round(tmp: str, args) -> dict:
                 t0 = time.perf_counter()
                 s.begin_step(step)
                 metrics = grpo_step(s, loss, step)
-                s.end_step(step, metrics)
+                done = s.trained(step)  # the end-of-step jobs, as recipes/grpo.train runs them
+                s.validate_if_due(done, metrics)
+                s.log_step(done, metrics)
+                s.checkpoint_if_due(done, metrics)
                 if step >= args.warmup_steps:
                     times[mode].append(time.perf_counter() - t0)
                     if mode == "fail":

@@ -56,3 +56,15 @@ def _restore_env_registry():
     yield
     ENV_REGISTRY.clear()
     ENV_REGISTRY.update(saved)
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """The shared tiny-run preset (``tests/tiny.py``: ``TINY_RUN``) writing into this test's ``tmp_path / "run"``:
+    ``tiny_run("grpo.max_num_steps=3")`` is its RunConfig with that override; ``preset=`` starts from a preset."""
+    from tests.tiny import tiny_cfg
+
+    def make(*overrides: str, preset: str | None = None):
+        return tiny_cfg(tmp_path / "run", *overrides, preset=preset)
+
+    return make

@@ -98,14 +98,15 @@ def _prepared_run(cfg, args):
 
 def cmd_train(args) -> int:
     from rlplane.config.recipes import recipe_for, train_function
-    from rlplane.runtime.interrupts import stop_at_step_boundary
+    from rlplane.runtime.interrupts import StopSignals
 
     if args.early_stop:  # before the user's overrides: early_stop.* given there win
         args.overrides = ["early_stop.enabled=true", *args.overrides]
     cfg = _load(args)
     _check_data_files(cfg)
-    with _prepared_run(cfg, args), stop_at_step_boundary():  # SIGINT / SIGTERM / SIGHUP: stop after the step
-        summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet)
+    # SIGINT / SIGTERM / SIGHUP: the run stops after the step in progress.
+    with _prepared_run(cfg, args), StopSignals().installed() as signals:
+        summary = train_function(recipe_for(cfg))(cfg, quiet=args.quiet, signals=signals)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     name = cfg.algorithm.upper()
@@ -146,6 +147,7 @@ def _sft(cfg, args, paths) -> int:
     from rlplane.config.loading import dump_config
     from rlplane.fast.threads import set_worker_threads
     from rlplane.models.configured import load_configured_policy
+    from rlplane.training.plan import rollout_options
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
     from rlplane.utils.seeding import seed_everything
@@ -159,7 +161,7 @@ def _sft(cfg, args, paths) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    state, result = warm_up(cfg, Prompts(cfg.dataset_options(), tok), say)
+    state, result = warm_up(rollout_options(cfg), cfg.warmup, cfg.env, Prompts(cfg.dataset_options(), tok), say)
     (paths.run_dir / "config.yaml").write_text(dump_config(cfg))  # written once the run really ran
     model.load_state_dict(state)
     model.save_pretrained(out)

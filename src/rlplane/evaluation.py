@@ -52,7 +52,9 @@ def evaluate(
     """Greedy accuracy (and pass@k when ``k > 1``) of ``cfg``'s model on ``num_problems`` held-out problems."""
     from rlplane.datasets import build_datasets
     from rlplane.models.configured import load_configured_policy
+    from rlplane.training.plan import rollout_options
     from rlplane.utils.seeding import seed_everything
+    from rlplane.workers.environments import EnvBlock
     from rlplane.workers.rollout import RolloutWorker
 
     t0 = time.perf_counter()
@@ -67,7 +69,8 @@ def evaluate(
     longest = max(d.length for d in datums)
     run_cfg = cfg.model_copy(
         update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": longest + max_new})})
-    worker = RolloutWorker(run_cfg, None, model=model, tokenizer=tokenizer, seed=cfg.loop.seed)
+    worker = RolloutWorker(rollout_options(run_cfg), EnvBlock(run_cfg.env), None, model=model, tokenizer=tokenizer,
+                           seed=cfg.loop.seed)
 
     greedy = {"rewards": [], "truncated": [], "lengths": []}
     sampled = {"rewards": [], "truncated": [], "lengths": []}
@@ -117,10 +120,7 @@ def evaluate(
             "k": k, "temperature": cfg.policy.generation.temperature,
             **generation_metrics(s["rewards"], s["truncated"], s["lengths"], max_new),
         }
-    for env in worker._envs.values():
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+    worker.close()
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     return result
 

@@ -158,6 +158,7 @@ def test_generation_failures_stop_the_run_with_the_collectors_reason(tmp_path, m
     assert "RuntimeError: inference server unreachable" in str(e.value)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_async_grpo_ray_runtime(tmp_path, ray_session):
     async_grpo.train(cfg_for(tmp_path, "runtime=ray", "data_plane.backend=ray", "grpo.max_num_steps=3",

@@ -169,7 +169,7 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
     import threading
 
     from rlplane.dataplane.codec import pack_rows, to_wire
-    from rlplane.dataplane.index import PENDING, WriteSpec
+    from rlplane.dataplane.index import PENDING, PlaneIndex, WriteSpec
     from rlplane.dataplane.ray_objects import Stored
 
     ray = ray_session
@@ -177,7 +177,7 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
     try:
         client.register_partition("p", ["input_ids"], 2)
         lens = torch.tensor([2, 3])
-        chunks = client._index_call("commit", "p", ["a", "b"], {"input_ids": PENDING},
+        chunks = client._index_call(PlaneIndex.commit, "p", ["a", "b"], {"input_ids": PENDING},
                                     WriteSpec({"input_ids": lens.numpy()}, None, False, None)).chunks
         ref = ray.put({"input_ids": to_wire(pack_rows([torch.arange(2), torch.arange(3)]))})
         late = threading.Timer(0.3, lambda: client.placement.actor.attach.remote("p", chunks, Stored((ref,), (0,))))
@@ -191,14 +191,15 @@ def test_reader_waits_for_a_commit_whose_data_is_still_on_its_way(ray_session):
 
 
 def test_a_put_whose_object_was_never_stored_fails_its_readers_clearly(ray_session):
-    from rlplane.dataplane.index import PENDING, WriteSpec
+    from rlplane.dataplane.index import PENDING, PlaneIndex, WriteSpec
     from rlplane.dataplane.ray_objects import Failed
 
     ray = ray_session
     client = make_data_plane("ray")
     try:
         client.register_partition("p", ["reward"], 1)
-        chunks = client._index_call("commit", "p", ["a"], {"reward": PENDING}, WriteSpec({}, None, False, None)).chunks
+        chunks = client._index_call(PlaneIndex.commit, "p", ["a"], {"reward": PENDING},
+                                    WriteSpec({}, None, False, None)).chunks
         ray.get(client.placement.actor.attach.remote("p", chunks, Failed("ObjectStoreFullError: full")))
         with pytest.raises(DataPlaneError, match=r"partition 'p': field 'reward' of keys \['a'\] "
                                                  r"was never stored \(ObjectStoreFullError"):

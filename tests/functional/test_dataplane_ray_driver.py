@@ -1,7 +1,8 @@
 """The Ray data plane with the index in the driver (`make_data_plane("ray", index="driver")`):
 actor DP ranks read what the meta they are sent locates (`client.located`), with no index to ask,
-and hand their write-backs back in receipts that the driver's index takes (`client.commit_receipts`;
-a worker group makes both calls, runtime/groups.py)."""
+and hand their write-backs back in receipts that the driver's index takes (`client.commit_receipts`, which
+returns the results with each receipt replaced by the taken one; a worker group makes both calls,
+runtime/groups.py)."""
 
 import time
 
@@ -97,8 +98,8 @@ def test_ranks_read_and_write_back_through_the_drivers_index(ray_session, ranks)
         meta = client.put_samples([f"k{i}" for i in range(n)], "train", cols)
         assert plasma_usage()[1] == before[1] + 1  # one object per put
         metas, inverse = shard_meta_for_dp(meta, 2)
-        written = ray.get([r.step.remote(client, client.located(m)) for r, m in zip(ranks, metas)])
-        client.commit_receipts(written)
+        written = client.commit_receipts(ray.get([r.step.remote(client, client.located(m))
+                                                  for r, m in zip(ranks, metas)]))
         # The receipts reached the driver: its index now knows prev_logprobs for every key.
         assert client.status("train", fields=["prev_logprobs"]) == {f"k{i}": {"prev_logprobs": True} for i in range(n)}
         for w in written:
@@ -201,8 +202,7 @@ def test_a_write_back_fetched_twice_is_taken_into_the_index_once(ray_session, ra
         _, cols = _batch(4)
         meta = client.put_samples(["a", "b", "c", "d"], "t", cols)
         ref = ranks[0].step.remote(client, client.located(meta))
-        first, again = ray.get(ref), ray.get(ref)  # two copies of one receipt
-        client.commit_receipts([first, again])
+        first, again = client.commit_receipts([ray.get(ref), ray.get(ref)])  # two copies of one receipt
         assert client.num_objects() == 3  # input_ids, generation_logprobs, prev_logprobs: not 4
         lookups = []
         lookup = client._lookup
@@ -229,8 +229,7 @@ def test_clear_of_a_partition_frees_the_objects_its_worker_receipts_held(ray_ses
         client.register_partition("c", ["input_ids", "generation_logprobs", "prev_logprobs"], 4)
         _, cols = _batch(4, seed=1)
         meta = client.put_samples(["a", "b", "c", "d"], "c", cols)
-        written = ray.get(ranks[1].step.remote(client, client.located(meta)))
-        client.commit_receipts(written)
+        written = client.commit_receipts(ray.get(ranks[1].step.remote(client, client.located(meta))))
         client.clear_samples(meta, None)
         with pytest.raises(ClearedKeyError, match=r"keys \['a', 'b', 'c', 'd'\] were cleared"):
             client.get_samples(written, None, ["prev_logprobs"])
@@ -270,7 +269,7 @@ def test_a_write_back_goes_home_without_the_snapshot_it_was_handed(ray_session, 
         assert ray.get(ranks[1].read.remote(client, client.located(meta), ["generation_logprobs"]))[0] == "ok"
         written = ray.get(ranks[0].step.remote(client, client.located(meta)))
         assert [type(loc).__name__ for loc in written.locations] == ["Receipt"]
-        client.commit_receipts(written)
+        written = client.commit_receipts(written)
         name, msg = ray.get(ranks[1].read.remote(client, written, ["generation_logprobs"]))
         assert name == "MissingFieldError" and "send the meta after the write" in msg  # only its own put
         name, cols_back = ray.get(ranks[1].read.remote(client, client.located(written),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlplane.config.loading import load_config
-from rlplane.recipes.distillation import ReverseKLLoss, distillation_loss, distillation_step, teacher_config, train
+from rlplane.recipes.distillation import ReverseKLLoss, distillation_loss, distillation_step, train
 from rlplane.training import Session
 from rlplane.utils.logging import read_metrics
 
@@ -32,7 +32,7 @@ def test_teacher_equal_to_student_gives_zero_reverse_kl(tmp_path):
     # teacher_logprobs with the student's logprobs would show here).
     cfg = small_cfg(tmp_path, "warmup.enabled=false", "teacher.warmup.enabled=false", "checkpointing.enabled=false",
                     "teacher.tiny.hidden_size=128", "teacher.tiny.num_heads=4", "teacher.tiny.intermediate_size=256")
-    with Session(cfg, quiet=True, teacher_cfg=teacher_config(cfg)) as s:
+    with Session(cfg, quiet=True) as s:  # the plan's teacher role: distillation has one
         s.start()
         m = distillation_step(s, ReverseKLLoss(), 0)
     assert abs(m["train/reverse_kl"]) < 1e-5
@@ -46,7 +46,7 @@ def test_top_k_kl_is_zero_when_the_teacher_is_the_student(tmp_path, kl_type):
     cfg = small_cfg(tmp_path, "warmup.enabled=false", "teacher.warmup.enabled=false", "checkpointing.enabled=false",
                     "teacher.tiny.hidden_size=128", "teacher.tiny.num_heads=4", "teacher.tiny.intermediate_size=256",
                     f"loss_fn.kl_type={kl_type}", "distillation.topk_logits_k=5")
-    with Session(cfg, quiet=True, teacher_cfg=teacher_config(cfg)) as s:
+    with Session(cfg, quiet=True) as s:
         s.start()
         m = distillation_step(s, distillation_loss(cfg), 0)
     assert abs(m["train/distillation_kl"]) < 1e-6
@@ -98,6 +98,7 @@ def test_distillation_resume_equals_straight_run(tmp_path):
     torch.testing.assert_close(torch.tensor(a[-1]["train/reverse_kl"]), torch.tensor(b[-1]["train/reverse_kl"]))
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_distillation_on_the_ray_runtime_with_the_driver_index_matches_the_store_actor(tmp_path, ray_session):
     """data_plane.index: auto gives distillation the driver-held index (its driver owns every key): the

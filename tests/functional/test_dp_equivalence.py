@@ -9,8 +9,10 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.recipes.grpo import TRAIN_COLUMNS
 from rlplane.runtime.groups import RayGroup
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+
+pytestmark = pytest.mark.slow
 
 GBS = 32
 
@@ -56,10 +58,10 @@ def test_one_and_two_dp_workers_give_the_same_step(ray_session):
     try:
         import ray
 
-        group.run("setup_distributed", ray.get(group.workers[0].node_address.remote()))
+        group.run(PolicyWorker.setup_distributed, ray.get(group.workers[0].node_address.remote()))
         metas, _ = shard_meta_for_dp(meta, 2, batch_size=GBS)
-        two = group.run("train", per_rank=[{"meta": m} for m in metas], loss=loss)
-        w0, w1 = group.run("get_weights")
+        two = group.run(PolicyWorker.train, per_rank=[{"meta": m} for m in metas], loss=loss)
+        w0, w1 = group.run(PolicyWorker.get_weights)
     finally:
         group.kill()
         client.close()

@@ -61,11 +61,11 @@ def per_token_reads(client: RecordingClient) -> set[str]:
     return per_token(client.reads)
 
 
-def run_steps(tmp_path, preset, section, step_fn, extra=(), critic=False, teacher_cfg=None, loss=None):
+def run_steps(tmp_path, preset, section, step_fn, extra=(), loss=None):
     cfg = load_config(preset, [*(f"{section}.{x}" for x in SMALL), *COMMON, f"run_dir={tmp_path}", *extra])
-    with Session(cfg, quiet=True, critic=critic, teacher_cfg=teacher_cfg(cfg) if teacher_cfg else None) as s:
+    with Session(cfg, quiet=True) as s:  # the critic and the teacher: the plan's roles for the preset
         s.start()
-        loss = loss or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = loss or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         s.data_plane = client = RecordingClient(s.data_plane)
         for step in range(2):
             step_fn(s, loss, step)
@@ -89,12 +89,12 @@ def test_sync_grpo_driver_reads_no_per_token_column(tmp_path, first_digit_env, e
 
 
 def test_distillation_driver_reads_no_per_token_column(tmp_path, first_digit_env):
-    from rlplane.recipes.distillation import distillation_loss, distillation_step, teacher_config
+    from rlplane.recipes.distillation import distillation_loss, distillation_step
 
     extra = ["teacher.warmup.enabled=false", "teacher.tiny.hidden_size=64"]
     cfg = load_config("distill_arithmetic", [f"run_dir={tmp_path}", *extra])
     client = run_steps(tmp_path, "distill_arithmetic", "distillation", distillation_step, extra,
-                       teacher_cfg=teacher_config, loss=distillation_loss(cfg))
+                       loss=distillation_loss(cfg))
     assert per_token_reads(client) == set()
 
 
@@ -111,8 +111,7 @@ def test_distillation_driver_reads_no_per_token_column(tmp_path, first_digit_env
 def test_ppo_driver_reads_only_what_gae_needs(tmp_path, first_digit_env, extra, allowed):
     from rlplane.recipes.ppo import ppo_step
 
-    critic = "ppo.adv_estimator.name=raw_reward" not in extra
-    client = run_steps(tmp_path, "ppo_arithmetic", "ppo", ppo_step, ["ppo.ppo_epochs=1", *extra], critic=critic)
+    client = run_steps(tmp_path, "ppo_arithmetic", "ppo", ppo_step, ["ppo.ppo_epochs=1", *extra])
     assert per_token_reads(client) == allowed
 
 
@@ -139,7 +138,7 @@ _PROCESS = "grpo.async_grpo.collector_process=true"
 def test_async_grpo_driver_reads_and_receives_no_per_token_column(tmp_path, first_digit_env, extra):
     """The collector writes its groups into the shared plane (from its own process by default, through
     the forwarding client and the server thread here); the driver gets receipts and (G,) carries."""
-    from rlplane.recipes.async_grpo import CollectorHandle, async_grpo_step
+    from rlplane.recipes.async_grpo import Collector, async_grpo_step
     from rlplane.runtime.process_actor import ProcessActor
 
     G = 4
@@ -147,23 +146,22 @@ def test_async_grpo_driver_reads_and_receives_no_per_token_column(tmp_path, firs
                              "grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
                              *extra])
     received = []
-    with Session(cfg, quiet=True) as s:
-        s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
-        handle = CollectorHandle(s, start_step=0)  # the collector gets the real client
-        assert isinstance(handle.actor, ProcessActor) == (_PROCESS in extra)
-        s.on_close(handle.stop)
-        real_call = handle.call
+    collector = Collector(cfg.grpo)
+    with Session(cfg, quiet=True, side=collector) as s:
+        s.start()  # starts the collector, with the real client
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
+        assert isinstance(collector.actor, ProcessActor) == (_PROCESS in extra)
+        real_call = collector.actor.call
 
         def recording_call(method, *args, **kwargs):
             out = real_call(method, *args, **kwargs)
             received.extend(tensors_in(out))
             return out
 
-        handle.call = recording_call
+        collector.actor.call = recording_call
         s.data_plane = client = RecordingClient(s.data_plane)
         for step in range(2):
-            async_grpo_step(s, handle, loss, step)
+            async_grpo_step(s, collector, loss, step)
     assert per_token_reads(client) == set()
     assert per_token(client.writes) <= {ADVANTAGES}
     # Whatever crosses from the collector to the driver is per sample: G values per group, not tokens.

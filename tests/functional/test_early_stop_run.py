@@ -10,6 +10,7 @@ from rlplane.cli import main
 from rlplane.config.loading import load_config
 from rlplane.recipes.grpo import train
 from rlplane.utils.logging import read_metrics
+from tests.tiny import TINY_RUN
 
 SHORT = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
          "policy.train_micro_batch_size=16", "policy.logprob_batch_size=16", "grpo.max_num_steps=6",
@@ -36,11 +37,7 @@ def test_threshold_met_at_start_runs_no_step(tmp_path):
     assert summary["stopped_early"]["after_step"] == 0
 
 
-TINY = ["warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-        "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-        "grpo.max_num_steps=6", "grpo.val_period=1", "grpo.val_at_start=false", "grpo.max_val_samples=4",
-        "grpo.val_batch_size=4", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-        "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "checkpointing.save_period=100"]
+TINY = [*TINY_RUN, "grpo.max_num_steps=6", "grpo.val_period=1", "checkpointing.save_period=100"]
 
 
 def test_the_early_stop_flag_ends_a_run_and_says_why_in_one_line(tmp_path, capsys):

@@ -14,7 +14,7 @@ import pytest
 import rlplane
 from rlplane.utils.logging import read_metrics
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MODULE = "dies_once_env_for_actor_tests"
 SOURCE = '''

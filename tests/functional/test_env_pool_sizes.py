@@ -13,12 +13,12 @@ from rlplane.config.loading import load_config
 from rlplane.envs.registry import env_registry_snapshot
 from rlplane.envs.user import IMPORT_PATH_VAR
 from rlplane.runtime.env_pools import await_env_pools, start_env_pools
-from rlplane.training.workers import env_pool_specs
+from rlplane.training.plan import env_pool_specs
 from rlplane.workers.env_steps import step_envs
-from rlplane.workers.rollout import RolloutWorker
 from rlplane.workers.sample_state import SampleState
+from tests.tiny import rollout_worker
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MODULE = "tag_env_for_pool_size_tests"
 SOURCE = '''
@@ -71,22 +71,22 @@ def test_each_tasks_samples_go_to_its_pool_and_match_the_in_process_path(ray_ses
     cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "warmup.enabled=false",
                              f"env.a.class={MODULE}:TagEnv", "env.a.kwargs.tag=1", f"env.b.class={MODULE}:TagEnv",
                              "env.b.kwargs.tag=2", *overrides])
-    local = RolloutWorker(cfg, None)  # registers the user tasks; no pools: every task in-process
+    local = rollout_worker(cfg, None)  # registers the user tasks; no pools: every task in-process
     specs = env_pool_specs(cfg, ["a", "b"])
     assert {name: n for name, (_, n) in specs.items()} == sizes
     pools = start_env_pools(specs, cfg.env.env_kwargs, env_registry_snapshot(), cfg.env,
                             env_vars={IMPORT_PATH_VAR: str(tmp_path)})
     try:
         await_env_pools(pools)
-        worker = RolloutWorker(cfg, None, model=local.backend.model, tokenizer=local.tokenizer, env_pools=pools)
+        worker = rollout_worker(cfg, None, model=local.backend.model, tokenizer=local.tokenizer, env_pools=pools)
         actor_pids = {name: {w["pid"] for w in p.placement()} for name, p in pools.items()}
         assert {name: len(pids) for name, pids in actor_pids.items()} == sizes
         rng = random.Random(len(overrides) * 10 + sum(sizes.values()))
         for _ in range(4):  # random mixes of the two tasks, 1 to 9 samples
             tasks = [rng.choice("ab") for _ in range(rng.randint(1, 9))]
             pooled, in_process = _states(tasks), _states(tasks)
-            assert step_envs(pooled, list(range(len(tasks))), worker.env, concurrent=bool(pools)) == (0, 0)
-            assert step_envs(in_process, list(range(len(tasks))), local.env) == (0, 0)
+            assert step_envs(pooled, list(range(len(tasks))), worker.envs.get, concurrent=bool(pools)) == (0, 0)
+            assert step_envs(in_process, list(range(len(tasks))), local.envs.get) == (0, 0)
             assert [_result(s) for s in pooled] == [_result(s) for s in in_process]
             for task, tag in (("a", 1), ("b", 2)):
                 mine = [s for s in pooled if s.task_name == task]

@@ -25,18 +25,14 @@ import pytest
 
 from rlplane.cli import main
 from rlplane.training import Session
+from tests.tiny import TINY_RUN
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-TINY = [
-    "runtime=ray", "data_plane.backend=ray", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4",
-    "policy.train_global_batch_size=8", "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8",
-    "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false", "warmup.enabled=false",
-    "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1",
-    "policy.generation.max_new_tokens=3", "logger.tensorboard_enabled=false", "logger.progress_bar=false",
-    "grpo.max_num_steps=3", "checkpointing.save_period=1", "checkpointing.keep_top_k=null",
-    "checkpointing.resume=true",
-]
+TINY = [*TINY_RUN, "runtime=ray", "data_plane.backend=ray", "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=8", "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8",
+        "grpo.val_at_end=false", "policy.generation.max_new_tokens=3", "logger.progress_bar=false",
+        "grpo.max_num_steps=3", "checkpointing.keep_top_k=null", "checkpointing.resume=true"]
 
 TASKS = '''
 import time

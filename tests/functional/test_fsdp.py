@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane, shard_meta_for_dp
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
-from rlplane.training.workers import policy_options, value_options
+from rlplane.training.plan import policy_options, value_options
 from rlplane.workers.parallel import check_resume_layout, local_state_bytes
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker

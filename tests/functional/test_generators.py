@@ -20,7 +20,8 @@ from rlplane.recipes.grpo import TRAIN_COLUMNS, grpo_step
 from rlplane.training.loop import Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
 from rlplane.training.session import Session
-from rlplane.workers.policy import ClippedPGLoss
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from rlplane.workers.rollout import RolloutWorker
 
 SMALL = [
     "grpo.num_prompts_per_step=5",  # odd: the two generators get 3 and 2 groups
@@ -85,6 +86,7 @@ def test_one_and_two_generators_give_the_same_samples_local(tmp_path):
     assert_same_samples(one, two)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_one_and_two_generators_give_the_same_samples_ray(tmp_path, ray_session):
     one = first_step_samples(tmp_path / "one", *RAY)
@@ -99,13 +101,13 @@ def run_steps_and_placements(tmp_path, *extra) -> tuple[list[dict], dict, dict, 
 
     cfg = load_config(None, [*SMALL, *RAY, f"run_dir={tmp_path}", "policy.generation.num_generators=2", *extra])
     with Session(cfg, quiet=True) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         rows = []
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             rows.append(grpo_step(s, loss, step))
-        where = {"policy": s.workers.policy.run("placement"), "generators": s.workers.rollout.group.run("placement")}
-        held = s.workers.rollout.group.run("num_weights_held")
+        where = {"policy": s.workers.policy.run(PolicyWorker.placement), "generators": s.workers.rollout.placement()}
+        held = s.workers.rollout.group.run(RolloutWorker.num_weights_held)
         table = {name: ray.util.placement_group_table(pg) for name, pg in s.workers.placement_groups.items()}
     return rows, where, table, held
 
@@ -116,6 +118,7 @@ def check_steps(rows):
     assert all(abs(r["train/token_mult_prob_error"] - 1.0) < 0.02 for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_colocated_generators_share_the_policy_bundle_and_sleep(tmp_path, ray_session):
     rows, where, table, held = run_steps_and_placements(tmp_path, "policy.generation.colocated.enabled=true")
@@ -131,6 +134,7 @@ def test_colocated_generators_share_the_policy_bundle_and_sleep(tmp_path, ray_se
     assert held == [0, 0]  # asleep while the policy trained; the next refit wakes them
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_split_generators_have_their_own_bundles(tmp_path, ray_session):
     rows, where, table, held = run_steps_and_placements(tmp_path, "policy.generation.colocated.enabled=false")
@@ -158,7 +162,7 @@ def test_every_generator_gets_the_trained_weights(tmp_path, first_digit_env):
     first-digit reward varies from random weights, so the step changes them)."""
     cfg = load_config(None, [*SMALL, f"run_dir={tmp_path}", "policy.generation.num_generators=2"])
     with Session(cfg, quiet=True) as s:
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         s.start()
         before = {k: v.clone() for k, v in s.workers.policy.workers[0].model.state_dict().items()}
         s.begin_step(0)

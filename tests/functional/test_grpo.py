@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -76,7 +77,7 @@ def test_grpo_changes_every_parameter(tmp_path, first_digit_env):
     s = Session(small_cfg(tmp_path, "warmup.enabled=false"), quiet=True)
     try:
         s.start()
-        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.plan.needs_reference)
         before = {k: v.clone() for k, v in s.workers.policy.workers[0].model.named_parameters()}
         for step in range(2):
             grpo_step(s, loss, step)
@@ -147,6 +148,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_last_complete(tmp_path):
     assert info["step"] == 4 and summary["accuracy_after"] is not None
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_grpo_ray_runtime_two_policy_workers(tmp_path, ray_session):
     summary = train(
@@ -168,12 +170,14 @@ def test_the_default_ray_grpo_session_keeps_the_data_plane_index_in_the_driver(t
 
     with Session(small_cfg(tmp_path / "auto", "runtime=ray", "data_plane.backend=ray")) as s:
         assert type(s.data_plane.placement) is DriverIndex
-    assert "data_plane.index: auto -> driver (recipe grpo: the driver owns every key" in capsys.readouterr().out
+    said = capsys.readouterr().out  # the run plan's table
+    assert re.search(r"\n  data plane +ray, index driver \(recipe grpo: the driver owns every key", said)
     with Session(small_cfg(tmp_path / "store", "runtime=ray", "data_plane.backend=ray", "data_plane.index=store"),
                  quiet=True) as s:
         assert type(s.data_plane.placement) is StoreIndex
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_grpo_ray_runtime_with_the_data_plane_index_in_the_driver(tmp_path, ray_session):
     """data_plane.index: auto (here the driver's): the policy ranks read from the metas they are sent and

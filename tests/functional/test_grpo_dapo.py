@@ -15,7 +15,7 @@ from rlplane.recipes.grpo import train
 from rlplane.runtime.groups import LocalGroup
 from rlplane.training import Session
 from rlplane.utils.logging import read_metrics
-from rlplane.workers.policy import ClippedPGLoss
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 P, G = 4, 4
 FAST = [
@@ -73,7 +73,7 @@ def trained_sizes(monkeypatch):
     real = LocalGroup.run_sharded
 
     def spy(self, method, meta, batch_size=None, **kwargs):
-        if method == "train":
+        if method.__name__ == "train":
             sizes.append(len(meta))
         return real(self, method, meta, batch_size, **kwargs)
 
@@ -139,7 +139,7 @@ def test_gdpo_trains_on_the_arithmetic_reward_components(tmp_path):
     s = Session(cfg, quiet=True)
     try:
         s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, P * G)
         meta, carry = collect_rollouts(s, Timer(), {})
         assert {"reward/correct", "reward/format"} <= set(carry)
@@ -172,14 +172,15 @@ def test_reinforce_plus_plus_with_kl_in_reward_whitens_over_trained_tokens(tmp_p
     s = Session(cfg, quiet=True)
     try:
         s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference)
         grpo_step(s, loss, 0)  # the policy moves off the reference: the KL term is non-zero
         s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, P * G)
         metrics = {}
         meta, carry = collect_rollouts(s, Timer(), metrics)
         meta, sample_mask = stamp_sample_mask(cfg.grpo.overlong_filtering, meta, carry)
-        s.workers.policy.run_sharded("compute_logprobs", meta, out_field="prev_logprobs")
-        s.workers.policy.run_sharded("compute_logprobs", meta, out_field="reference_policy_logprobs", reference=True)
+        s.workers.policy.run_sharded(PolicyWorker.compute_logprobs, meta, out_field="prev_logprobs")
+        s.workers.policy.run_sharded(PolicyWorker.compute_logprobs, meta, out_field="reference_policy_logprobs",
+                                     reference=True)
         rows, adv_metrics = estimator_advantages(s, meta, carry, sample_mask)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION,
                                         ["token_mask", "prev_logprobs", "reference_policy_logprobs"])

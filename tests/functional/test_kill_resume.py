@@ -40,6 +40,8 @@ import pytest
 
 from rlplane.utils.kill_points import KILL_VAR
 
+pytestmark = pytest.mark.slow
+
 REWARD_MODULE = '''
 def first_digit_odd(prompt, completion, extra):
     """Varied rewards from random weights: no warm-up needed for dynamic sampling to keep groups."""

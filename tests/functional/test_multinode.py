@@ -1,4 +1,4 @@
-"""The default job on a real multi-node Ray cluster (issue 18): a head node for the driver and two
+"""The default job on a real multi-node Ray cluster: a head node for the driver and two
 worker raylets (``ray.cluster_utils.Cluster``, each raylet its own processes and resources) on
 this machine; generators split from the policy (``policy.generation.colocated.enabled=false``,
 ``cluster.num_nodes=2``) run on another node than the policy ranks, the run checkpoints, is
@@ -29,13 +29,13 @@ from pathlib import Path
 import pytest
 
 from rlplane.utils.kill_points import KILL_VAR
+from tests.tiny import TINY_RUN
 
 SPLIT = ["runtime=ray", "data_plane.backend=ray", "cluster.num_nodes=2", "policy.generation.colocated.enabled=false",
          "logger.tensorboard_enabled=false", "logger.progress_bar=false"]
-TINY = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=8",
-        "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8", "grpo.val_period=0",
-        "grpo.val_at_start=false", "grpo.val_at_end=false", "warmup.enabled=false", "policy.tiny.hidden_size=16",
-        "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1"]
+# The tiny run, 2 prompts × 4 generations; validation only where a test asks for it.
+TINY = [*TINY_RUN, "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8", "grpo.val_at_end=false"]
 # CPUs of each worker raylet: a policy rank (0.5) and a generator (0.5) would fit on either one.
 WORKER_NODE_CPUS = 2
 

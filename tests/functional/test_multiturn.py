@@ -12,7 +12,7 @@ from rlplane.dataplane import make_data_plane
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, last_assistant_content, register_env
 from rlplane.models.configured import load_configured_policy
 from rlplane.workers.logprobs import token_logprobs
-from rlplane.workers.rollout import RolloutWorker
+from tests.tiny import rollout_worker
 
 OBSERVATION = "=1+"  # three tokens of the char tokenizer
 FIELDS = ["input_ids", "token_mask", "generation_logprobs"]
@@ -63,7 +63,7 @@ def _setup(max_total: int, turns: int = 3):
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     dp = make_data_plane("memory")
     dp.register_partition("train", FIELDS, 64)
-    return cfg, model, tok, dp, RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=5)
+    return cfg, model, tok, dp, rollout_worker(cfg, dp, model=model, tokenizer=tok, seed=5)
 
 
 def _datums(tok, problems, task="three_turns"):

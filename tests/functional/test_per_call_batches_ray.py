@@ -9,7 +9,7 @@ import pytest
 import rlplane
 from rlplane.utils.metrics import merge_rank_metrics
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TINY = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4",
         "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4", "grpo.max_num_steps=2",

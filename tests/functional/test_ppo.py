@@ -10,8 +10,8 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.recipes.ppo import TRAIN_COLUMNS, ppo_step, train
 from rlplane.training import Session, Timer
+from rlplane.training.plan import value_options
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
-from rlplane.training.workers import value_options
 from rlplane.utils.logging import read_metrics
 from rlplane.workers.policy import ClippedPGLoss
 from rlplane.workers.value import ValueWorker, shifted_values
@@ -39,6 +39,11 @@ SMALL = [
 RAY = ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=2"]
 
 
+def weights(group) -> dict:
+    """Rank 0's weights (policy or critic)."""
+    return group.run(group.cls.get_weights)[0]
+
+
 def small_cfg(tmp_path, *extra):
     return load_config("ppo_arithmetic", [*SMALL, f"run_dir={tmp_path}", *extra])
 
@@ -47,7 +52,7 @@ def _timings_free(rows):
     return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
 
 
-@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 def test_ppo_steps_write_values_and_train_both_models(tmp_path, first_digit_env, runtime, request):
     extra = RAY if runtime == "ray" else []
     if runtime == "ray":
@@ -56,27 +61,27 @@ def test_ppo_steps_write_values_and_train_both_models(tmp_path, first_digit_env,
     # driver makes rewards vary with the response length (1..4 tokens → 0, −1/3, −2/3, −1) either way.
     shaping = ["ppo.reward_shaping.enabled=true", "ppo.reward_shaping.overlong_buffer_length=3",
                "ppo.reward_shaping.max_response_length=4"]
-    s = Session(small_cfg(tmp_path, "warmup.enabled=false", *shaping, *extra), quiet=True, critic=True)
+    s = Session(small_cfg(tmp_path, "warmup.enabled=false", *shaping, *extra), quiet=True)
     try:
         s.start()
-        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.plan.needs_reference)
         # The values column goes worker → data plane, right-shifted, one row per sample, trimmed to its length.
         s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, 32)
         meta, _ = collect_rollouts(s, Timer(), {})
-        s.workers.value.run_sharded("compute_values", meta)
+        s.workers.value.run_sharded(ValueWorker.compute_values, meta)
         cols = s.data_plane.get_samples(meta, TRAIN_PARTITION, ["input_ids", "values"])
         assert cols["values"].shape == cols["input_ids"].shape and (cols["values"][:, 0] == 0).all()
         ref = ValueWorker(value_options(s.cfg), None)
-        ref.model.load_state_dict(s.workers.value.run("get_weights")[0])
+        ref.model.load_state_dict(weights(s.workers.value))
         lengths = torch.tensor(meta.seq_lens)
         attn = (torch.arange(cols["input_ids"].shape[1])[None] < lengths[:, None]).long()
         with torch.no_grad():
             torch.testing.assert_close(cols["values"] * attn, shifted_values(ref.model, cols["input_ids"], attn) * attn)
         s.data_plane.clear_samples(None, TRAIN_PARTITION)
 
-        policy_before, value_before = s.workers.policy.run("get_weights")[0], s.workers.value.run("get_weights")[0]
+        policy_before, value_before = weights(s.workers.policy), weights(s.workers.value)
         rows = [ppo_step(s, loss, step) for step in range(2)]
-        policy_after, value_after = s.workers.policy.run("get_weights")[0], s.workers.value.run("get_weights")[0]
+        policy_after, value_after = weights(s.workers.policy), weights(s.workers.value)
         assert [k for k in policy_before if torch.equal(policy_before[k], policy_after[k])] == []
         assert [k for k in value_before if torch.equal(value_before[k], value_after[k])] == []
         for r in rows:
@@ -119,20 +124,20 @@ def test_critic_warmup_kl_in_reward_and_dapo_filters(tmp_path, first_digit_env):
         "loss_fn.reference_policy_kl_penalty=0.05", "loss_fn.use_kl_in_reward=true",
         "ppo.use_dynamic_sampling=true", "ppo.batch_multiplier=2", "ppo.overlong_filtering=true",
         "ppo.adv_estimator.length_adaptive_alpha=0.5", "ppo.adv_estimator.gae_lambda_value=1.0",
-    ), quiet=True, critic=True)
+    ), quiet=True)
     try:
         s.start()
-        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.workers.needs_reference)
-        policy0, value0 = s.workers.policy.run("get_weights")[0], s.workers.value.run("get_weights")[0]
+        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.plan.needs_reference)
+        policy0, value0 = weights(s.workers.policy), weights(s.workers.value)
         r0 = ppo_step(s, loss, 0)
-        policy1, value1 = s.workers.policy.run("get_weights")[0], s.workers.value.run("get_weights")[0]
+        policy1, value1 = weights(s.workers.policy), weights(s.workers.value)
         assert all(torch.equal(policy0[k], policy1[k]) for k in policy0)  # critic warm-up: actor untouched
         assert not all(torch.equal(value0[k], value1[k]) for k in value0)
         assert r0["train/policy_trained"] == 0 and "train/loss" not in r0
         r1 = ppo_step(s, loss, 1)
         assert r1["train/policy_trained"] == 1 and r1["train/kl_penalty"] == 0  # KL went into the reward
         assert r1["train/dynamic_sampling_num_gen_batches"] >= 1 and r1["train/global_valid_seqs"] <= 16
-        policy2 = s.workers.policy.run("get_weights")[0]
+        policy2 = weights(s.workers.policy)
         assert not all(torch.equal(policy1[k], policy2[k]) for k in policy1)
     finally:
         s.close()
@@ -143,7 +148,7 @@ def test_raw_reward_estimator_runs_without_a_critic(tmp_path, first_digit_env):
                           "ppo.adv_estimator.name=raw_reward"), quiet=True)
     try:
         s.start()
-        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.workers.needs_reference)
+        loss = ClippedPGLoss(s.cfg.loss_fn.options(), reference=s.plan.needs_reference)
         assert s.workers.value is None
         r = ppo_step(s, loss, 0)
         assert math.isfinite(r["train/loss"]) and "critic/explained_var" not in r

@@ -16,12 +16,14 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent("""
     import itertools, json, sys, time
     import ray
     from rlplane.config.loading import load_config
     from rlplane.runtime import placement
-    from rlplane.training.workers import placement_plan, ray_gpus
+    from rlplane.training.plan import build_plan
 
     ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
 
@@ -32,14 +34,17 @@ SCRIPT = textwrap.dedent("""
 
     out = []
     for colocated, dp, gens, critic, teacher in json.loads(sys.argv[1]):
-        cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray",
-                                 f"policy.generation.colocated.enabled={colocated}",
-                                 f"policy.dp_size={dp}", f"policy.generation.num_generators={gens}",
-                                 f"policy.train_global_batch_size={8 * dp}", f"policy.logprob_batch_size={8 * dp}"])
-        asks = ray_gpus(cfg, 1.0, teacher)
-        plan = placement_plan(cfg, critic, teacher, 1.0)
-        requests = {"policy": asks["policy"], "value": asks["value"], "teacher": asks["teacher"],
-                    "generators": asks["generator"]}
+        # The recipe brings the role: PPO (GAE) a critic, distillation a teacher.
+        preset, loop = ("ppo_arithmetic", "ppo") if critic else ("distill_arithmetic", "distillation") if teacher \
+            else (None, "grpo")
+        cfg = load_config(preset, ["runtime=ray", "data_plane.backend=ray", "policy.device=auto",
+                                   f"policy.generation.colocated.enabled={colocated}",
+                                   f"policy.dp_size={dp}", f"policy.generation.num_generators={gens}",
+                                   f"{loop}.num_prompts_per_step={4 * dp}", f"{loop}.num_generations_per_prompt=2",
+                                   f"policy.train_global_batch_size={8 * dp}", f"policy.logprob_batch_size={8 * dp}"])
+        run_plan = build_plan(cfg, cluster_gpus=4)  # one GPU per trained rank
+        plan = run_plan.placement
+        requests = {("generators" if r.name == "generator" else r.name): r.gpus for r in run_plan.roles}
         names = [n for n in ("policy", "value", "teacher", "generators") if n in plan.slots]
         # Ray may place the groups in any order: every order for one rank with a critic, else the workers' own.
         for order in itertools.permutations(names) if dp == 1 and (critic or teacher) else [names]:

@@ -3,19 +3,21 @@
 free change takes effect (the learning rate), a refused one stops the run in one line before any step.
 
 The job: the embedded tiny model, no warm-up, 32 training prompts, 2 steps of 4 prompts × 4 generations
-with a checkpoint at each step; each test resumes a copy of that run.
+with a checkpoint at each step; each test resumes a copy of that run. The runs are the CLI's, in this process.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import shutil
-import subprocess
-import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from rlplane.cli import main
 
 NUM_PROMPTS = 32
 ARGS = [
@@ -27,11 +29,16 @@ ARGS = [
 ]
 
 
-def train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "rlplane.cli", "train", *ARGS, *overrides, f"run_dir={run_dir}",
-                           "checkpointing.resume=true"], env=env, capture_output=True, text=True, timeout=300)
+def train(run_dir: Path, *overrides: str) -> SimpleNamespace:
+    """``rlplane train`` (``rlplane.cli.main``, in this process: no interpreter to start per run), resuming in
+    ``run_dir``: its exit status and what it wrote to stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = main(["train", *ARGS, *overrides, f"run_dir={run_dir}", "checkpointing.resume=true"])
+        except SystemExit as e:
+            rc = e.code
+    return SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def rows(run_dir: Path, name: str) -> list[dict]:
@@ -46,7 +53,7 @@ def first_two_steps(tmp_path_factory) -> Path:
     return run_dir
 
 
-def resumed_copy(first_two_steps: Path, tmp_path: Path, *overrides: str) -> tuple[Path, subprocess.CompletedProcess]:
+def resumed_copy(first_two_steps: Path, tmp_path: Path, *overrides: str) -> tuple[Path, SimpleNamespace]:
     run_dir = tmp_path / "run"
     shutil.copytree(first_two_steps, run_dir)
     return run_dir, train(run_dir, *overrides)

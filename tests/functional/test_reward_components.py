@@ -11,7 +11,7 @@ from rlplane.data.datum import make_prompt_datum
 from rlplane.dataplane import make_data_plane
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.models.configured import load_configured_policy
-from rlplane.workers.rollout import RolloutWorker
+from tests.tiny import rollout_worker
 
 
 class TwoPartEnv:
@@ -51,7 +51,7 @@ def test_components_sum_over_turns_and_are_zero_where_the_env_failed(envs):
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     dp = make_data_plane("memory")
     dp.register_partition("train", ["input_ids", "token_mask", "generation_logprobs"], 16)
-    worker = RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=3)
+    worker = rollout_worker(cfg, dp, model=model, tokenizer=tok, seed=3)
     datums = [make_prompt_datum(p, "0", tok, idx=i, task_name=t)
               for i, (p, t) in enumerate([("1+2=", "two_part"), ("5+6=", "broken_two_part")])]
     _, carry, _ = worker.rollout(datums, group_size=2, partition_id="train")

@@ -1,5 +1,5 @@
 """Under runtime: ray every worker first checks that it sees the run directory the driver wrote; one
-that does not stops the run with one line naming its node and the path (issue 18, multi-node).
+that does not stops the run with one line naming its node and the path.
 
 A second node with its own disk is staged on this machine: the driver's probe file is deleted right
 after the driver writes it, so the Ray policy actor finds the run directory without it, exactly
@@ -11,12 +11,9 @@ from __future__ import annotations
 import pytest
 
 from rlplane.runtime import shared_paths
+from tests.tiny import TINY_RUN
 
-TINY = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4",
-        "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4", "grpo.max_num_steps=1",
-        "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false", "warmup.enabled=false",
-        "logger.tensorboard_enabled=false", "logger.progress_bar=false", "policy.tiny.hidden_size=16",
-        "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1"]
+TINY = [*TINY_RUN, "grpo.max_num_steps=1", "grpo.val_at_end=false", "logger.progress_bar=false"]
 
 
 @pytest.mark.ray

@@ -7,12 +7,9 @@ import json
 import shutil
 
 from rlplane.cli import main
+from tests.tiny import TINY_RUN
 
-TINY = ["warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-        "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-        "grpo.max_num_steps=2", "grpo.val_period=1", "grpo.max_val_samples=4", "grpo.val_batch_size=4",
-        "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1",
-        "logger.tensorboard_enabled=false", "checkpointing.enabled=false"]
+TINY = [*TINY_RUN, "grpo.val_at_start=true", "grpo.val_period=1", "checkpointing.enabled=false"]
 
 
 def test_a_sweep_runs_seeds_and_a_control_and_continues_after_an_interruption(tmp_path, capsys):

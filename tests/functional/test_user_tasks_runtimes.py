@@ -26,7 +26,7 @@ TINY = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "pol
         "logger.tensorboard_enabled=false", "checkpointing.enabled=false", "logger.progress_bar=false"]
 
 
-@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 def test_reward_fn_by_path_runs_where_the_env_runs(runtime, tmp_path, monkeypatch, request):
     if runtime == "ray":
         request.getfixturevalue("ray_session")
@@ -58,6 +58,7 @@ def test_reward_fn_by_path_runs_where_the_env_runs(runtime, tmp_path, monkeypatc
     assert summary["accuracy_after"] is not None
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_actor_that_cannot_import_the_task_fails_in_one_line(ray_session, tmp_path, monkeypatch, capsys):
     """The driver imports the module from a path only it has; the rollout actor cannot: one line, exit 2

@@ -38,7 +38,7 @@ def run(tmp_path, monkeypatch, runtime: str, faults: dict[int, str], *extra: str
     return {r["step"]: r for r in rows}
 
 
-@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.fixture(params=["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 def runtime(request):
     if request.param == "ray":
         request.getfixturevalue("ray_session")

@@ -21,7 +21,6 @@ import torch
 from rlplane.async_rl.buffer import ReplayBuffer, SampleResult, TrajectoryGroup, batch_groups
 from rlplane.async_rl.scheduler import AsyncOptions, Retry, Schedule, StartBatch, Stop
 from rlplane.async_rl.staleness import respan_version_carry, token_versions, version_carry
-from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
@@ -30,7 +29,8 @@ from rlplane.fast.threads import lower_thread_priority
 from rlplane.runtime.deadlines import DeadlineExceeded
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.env_metrics import is_env_metric
-from rlplane.workers.rollout import ENV_GROUPS, RolloutWorker
+from rlplane.workers.environments import EnvBlock
+from rlplane.workers.rollout import ENV_GROUPS, RolloutOptions, RolloutWorker
 
 
 def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec], group_size: int) -> list[str]:
@@ -43,28 +43,29 @@ def group_sample_keys(target: int, batch: int | str, datums: Sequence[DatumSpec]
 class AsyncTrajectoryCollector:
     def __init__(
         self,
-        cfg: RunConfig,
+        rollout: RolloutOptions,
+        env: EnvBlock,
         loader: Iterator[list[DatumSpec]],
         start_version: int,
         *,
         seed: int,
         data_plane: DataPlaneClient,
         partition_id: str,
+        options: AsyncOptions,
         fields: Sequence[str] = ASYNC_ROLLOUT_COLUMNS,
         init_weights: Mapping[str, torch.Tensor] | None = None,
-        options: AsyncOptions | None = None,
-        env_pools: Mapping[str, Any] | None = None,
     ):
-        """``partition_id`` is registered here with ``fields`` (the rollout's and the trainer's columns);
-        ``options`` default to ``cfg.grpo``'s; ``env_pools``: the run's environment actors (runtime: ray)."""
-        self.options = opts = options or AsyncOptions.from_config(cfg.grpo)
+        """``rollout``, ``env``: its generator's options and environments (under Ray, the run's actor pools);
+        ``options``: the schedule's (``grpo``'s); ``partition_id`` is registered here with ``fields`` (the rollout's
+        and the trainer's columns)."""
+        self.options = opts = options
         self.schedule = Schedule(opts, start_version)
         self.buffer = ReplayBuffer(opts.buffer_capacity, release=self._clear)
         self.dp, self.partition_id = data_plane, partition_id
         # Registered from this process: under Ray its later puts are ordered after it.
         self.dp.register_partition(partition_id, list(dict.fromkeys([*ASYNC_ROLLOUT_COLUMNS, *fields])),
                                    opts.buffer_capacity * opts.group_size)
-        self.worker = RolloutWorker(cfg, data_plane, seed=seed, env_pools=env_pools)  # its own model copy
+        self.worker = RolloutWorker(rollout, env, data_plane, seed=seed)  # its own model copy
         if init_weights is not None:
             self.worker.update_weights(init_weights, version=start_version)
         self.loader = loader
@@ -334,8 +335,9 @@ class AsyncTrajectoryCollector:
         t0 = time.perf_counter()
         times = {"generation": 0.0, "score_wait": 0.0, "scoring": 0.0}
         try:
-            with w.env_slot(self.options.generating_slot):  # the generating batch's environment set
-                generated = w.generate(datums, group_size=G, weight_version=job.version)
+            # In the generating batch's environment set.
+            generated = w.generate(datums, group_size=G, weight_version=job.version,
+                                   env_slot=self.options.generating_slot)
             times["generation"] = time.perf_counter() - t0
             self._event(self.schedule.batch_generated, job.number)
             slot = None
@@ -347,13 +349,11 @@ class AsyncTrajectoryCollector:
                             self._cond.wait()  # a batch started before this one is scored
                     scoring = time.perf_counter()
                     times["score_wait"] = scoring - waiting
-                    with w.env_slot(slot):
-                        w.score(generated)
+                    w.score(generated, env_slot=slot)
                     times["scoring"] = time.perf_counter() - scoring
             finally:
                 self._event(self.schedule.batch_scored, job.number, slot)
-            with w.env_slot(self.options.generating_slot):
-                result, carry, rollout_metrics = w.finish(generated, per_group=True)
+            result, carry, rollout_metrics = w.finish(generated, per_group=True)
             versions = token_versions(result.generation_versions, result.token_mask, job.version)
             carry.update(version_carry(versions, result.token_mask, job.version, self.options.max_age_steps))
             meta = w.put(result, carry, self.partition_id, group_sample_keys(job.target, job.number, datums, G),

@@ -76,6 +76,10 @@ class RolloutLoopConfig(StrictModel):
     )
     stop_at_validation_threshold: float | None = Field(None, description="See stop_at_validation_metric.")
 
+    def samples_per_step(self) -> int:
+        """prompts × generations: the samples a step trains on (the run plan's ``sizes.samples_per_step``)."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt
+
     def validates_after(self, done: int) -> bool:
         """Whether the periodic validation falls after ``done`` steps (``val_period`` <= 0: never)."""
         return self.val_period > 0 and done % self.val_period == 0

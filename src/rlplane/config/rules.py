@@ -20,7 +20,7 @@ Rule = Callable[[object], list[str]]
 
 def _samples(cfg) -> int:
     """Samples per step: the loop's prompts × generations."""
-    return cfg.loop.num_prompts_per_step * cfg.loop.num_generations_per_prompt
+    return cfg.loop.samples_per_step()
 
 
 def _kl_in_reward(cfg) -> bool:

@@ -1,7 +1,7 @@
 """The configuration tree of a run; key names follow NeMo RL where the feature is the same.
 
 Defaults live only here (presets override them); models are strict and frozen. Derived sizes are computed
-by :mod:`rlplane.config.plan` and printed at start-up, never written back.
+by the run plan (:mod:`rlplane.training.plan`), printed at start-up, never written back.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class DataPlaneConfig(StrictModel):
         "`driver`: the driver's client, so workers read the metas it sends and return their writes' receipts with "
         "no store round trips (one driver; not with grpo.async_grpo, whose collector clears keys itself); `auto`: "
         "`driver` where the recipe's driver owns every key (sync GRPO, PPO, distillation), else `store` "
-        "(`config/plan.py: data_plane_index`; the choice is printed at start-up).")
+        "(the run plan's `data_plane_index`; the choice is printed at start-up).")
 
 
 class ClusterConfig(StrictModel):

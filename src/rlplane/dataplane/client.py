@@ -19,7 +19,7 @@ import torch
 from .codec import Column, gather_dense, gather_jagged, jagged_from_padded, pack_rows
 from .columns import INPUT_IDS, pad_values as declared_pads
 from .errors import DataPlaneError, DuplicateKeyError, ShapeError, fmt_keys
-from .index import Committed, LookupPlan, WriteSpec
+from .index import Committed, LookupPlan, PlaneIndex, WriteSpec
 from .interface import DEFAULT_TOKEN_FIELDS, DataPlaneClient, FieldValue, SampleIds
 from .meta import GLOBAL_PAD_KEY, KVBatchMeta
 
@@ -123,8 +123,9 @@ class IndexedClient(DataPlaneClient):
     # ---- backend hooks
 
     @abc.abstractmethod
-    def _index_call(self, method: str, *args: Any) -> Any:
-        """Call `PlaneIndex.<method>(*args)` wherever the index lives; re-raise its errors as is."""
+    def _index_call(self, method: Callable, *args: Any) -> Any:
+        """Call ``method`` (a `PlaneIndex` method, e.g. ``PlaneIndex.lookup``) with ``args`` on the index wherever it
+        lives; re-raise its errors as is."""
 
     @abc.abstractmethod
     def _commit(self, pid: str, ids: list[str], columns: dict[str, Column | Callable[[], Column]], spec: WriteSpec,
@@ -140,7 +141,7 @@ class IndexedClient(DataPlaneClient):
     _splits_puts = False
 
     def _lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
-        return self._index_call("lookup", pid, ids, fields)
+        return self._index_call(PlaneIndex.lookup, pid, ids, fields)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -150,7 +151,7 @@ class IndexedClient(DataPlaneClient):
 
     def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
         self._check_open()
-        self._index_call("register", *check_register(partition_id, fields, num_samples), task_name)
+        self._index_call(PlaneIndex.register, *check_register(partition_id, fields, num_samples), task_name)
 
     def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None, shards=None):
         """Check, pack, settle sequence lengths, trim padded per-token fields, commit, build the receipt."""
@@ -256,7 +257,7 @@ class IndexedClient(DataPlaneClient):
 
     def _stored_lens(self, pid: str, ids: list[str], lens: Any, field: str) -> list[int]:
         """Each key's sequence length for trimming: the stored one, else this put's; raises for neither."""
-        stored = self._index_call("seq_lens", pid, ids)
+        stored = self._index_call(PlaneIndex.seq_lens, pid, ids)
         known = [s if s is not None else (lens[i] if lens is not None else None) for i, s in enumerate(stored)]
         if any(k is None for k in known):
             unknown = [s for s, k in zip(ids, known) if k is None]
@@ -357,35 +358,32 @@ class IndexedClient(DataPlaneClient):
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
         self._check_open()
         ids, pid, _ = resolve(sample_ids, partition_id)
-        return self._index_call("clear", pid, ids)
+        return self._index_call(PlaneIndex.clear, pid, ids)
 
     def list_samples(self, partition_id):
         self._check_open()
-        return self._index_call("list", partition_id)
+        return self._index_call(PlaneIndex.list, partition_id)
 
     def meta_for(self, partition_id, sample_ids=None):
         self._check_open()
         ids, fields, lens, tags, task = self._index_call(
-            "describe", partition_id, None if sample_ids is None else list(sample_ids)
-        )
+            PlaneIndex.describe, partition_id, None if sample_ids is None else list(sample_ids))
         out_lens = None if any(x is None for x in lens) else tuple(lens)
         return KVBatchMeta(partition_id, task, tuple(ids), tuple(fields), out_lens, tuple(tags))
 
     def status(self, partition_id, sample_ids=None, fields=None):
         self._check_open()
-        return self._index_call(
-            "status", partition_id, None if sample_ids is None else list(sample_ids),
-            None if fields is None else list(fields)
-        )
+        return self._index_call(PlaneIndex.status, partition_id, None if sample_ids is None else list(sample_ids),
+                                None if fields is None else list(fields))
 
     def ready_samples(self, partition_id, fields):
         self._check_open()
-        return self._index_call("ready", partition_id, list(fields))
+        return self._index_call(PlaneIndex.ready, partition_id, list(fields))
 
     def is_complete(self, partition_id, fields):
         self._check_open()
-        return len(self.ready_samples(partition_id, fields)) >= self._index_call("expected", partition_id)
+        return len(self.ready_samples(partition_id, fields)) >= self._index_call(PlaneIndex.expected, partition_id)
 
     def footprint(self, partition_id):
         self._check_open()
-        return self._index_call("footprint", partition_id)
+        return self._index_call(PlaneIndex.footprint, partition_id)

@@ -8,7 +8,7 @@ cross as shared-memory handles (no copy in the parent), small ones by value; the
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -19,17 +19,10 @@ from .client import IndexedClient, encoded
 from .codec import Column
 from .columns import INPUT_IDS
 from .errors import DataPlaneError
-from .index import LookupPlan
+from .index import LookupPlan, PlaneIndex, remote_method
 from .interface import DEFAULT_TOKEN_FIELDS
 
 __all__ = ["ForwardingDataPlane", "PlaneServer", "share_column"]
-
-# The `PlaneIndex` methods a remote client may call.
-INDEX_METHODS = frozenset(
-    {"register", "seq_lens", "commit", "lookup", "list", "describe", "status", "ready", "expected", "clear",
-     "num_chunks", "footprint"}
-)
-
 
 def _for_the_pipe(t: torch.Tensor, owned: bool) -> torch.Tensor:
     """``t`` ready for the pipe: small ones by value, large ones in shared memory (moved in place only when
@@ -67,10 +60,9 @@ class PlaneServer:
             except (EOFError, OSError):  # the client's process ended, or close()
                 return
             try:
-                if method not in INDEX_METHODS:
-                    raise DataPlaneError(f"forwarded data-plane call {method!r} is not an index method")
-                result = self.plane._index_call(method, *args)
-                if method == "lookup":
+                call = remote_method(method)
+                result = self.plane._index_call(call, *args)
+                if call is PlaneIndex.lookup:
                     result = _shareable(result)
                 reply = (True, result)
             except Exception as e:  # noqa: BLE001 - the client re-raises it as is
@@ -93,14 +85,14 @@ class ForwardingDataPlane(IndexedClient):
         self._conn = conn
         self._lock = threading.Lock()
 
-    def _index_call(self, method: str, *args: Any) -> Any:
+    def _index_call(self, method: Callable, *args: Any) -> Any:
         with self._lock:
             try:
-                self._conn.send_bytes(dumps((method, args)))
+                self._conn.send_bytes(dumps((method.__name__, args)))  # the name crosses; the server's is the method
                 ok, value = self._conn.recv()
             except (EOFError, OSError) as e:
                 raise DataPlaneError(
-                    f"the data plane's process is gone ({type(e).__name__} on its pipe during {method!r}); "
+                    f"the data plane's process is gone ({type(e).__name__} on its pipe during {method.__name__!r}); "
                     "this worker cannot write or read the run's samples any more"
                 ) from None
         if not ok:
@@ -109,7 +101,7 @@ class ForwardingDataPlane(IndexedClient):
 
     def _commit(self, pid, ids, columns, spec, bounds):
         shared = {name: share_column(col) for name, col in encoded(columns).items()}
-        return self._index_call("commit", pid, ids, shared, spec), ()
+        return self._index_call(PlaneIndex.commit, pid, ids, shared, spec), ()
 
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         return plan.parts  # the columns came back with the lookup, mapped from shared memory

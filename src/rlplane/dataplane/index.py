@@ -368,3 +368,18 @@ class PlaneIndex:
     def footprint(self, pid: str) -> dict[str, int]:
         """The partition's size (`Partition.footprint`): what stays O(live keys) over any number of steps."""
         return self.partition(pid).footprint()
+
+
+# The `PlaneIndex` methods a client in another process may ask for (a store actor's, a forwarding server's), by
+# the name that crosses to it: a caller names the method itself (`PlaneIndex.lookup`), the name is used here only.
+REMOTE_METHODS = {m.__name__: m for m in (
+    PlaneIndex.register, PlaneIndex.seq_lens, PlaneIndex.commit, PlaneIndex.lookup, PlaneIndex.verify, PlaneIndex.list,
+    PlaneIndex.describe, PlaneIndex.status, PlaneIndex.ready, PlaneIndex.expected, PlaneIndex.clear,
+    PlaneIndex.num_chunks, PlaneIndex.footprint)}
+
+
+def remote_method(name: str):
+    """The `PlaneIndex` method a remote caller named (:data:`REMOTE_METHODS`); any other name is refused."""
+    if name not in REMOTE_METHODS:
+        raise DataPlaneError(f"data-plane index call {name!r} is not one a remote client may make")
+    return REMOTE_METHODS[name]

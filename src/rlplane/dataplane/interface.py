@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -11,7 +11,7 @@ import torch
 from .columns import TOKEN_COLUMNS
 from .meta import KVBatchMeta
 
-__all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "SampleIds", "receipts_in"]
+__all__ = ["DEFAULT_TOKEN_FIELDS", "DataPlaneClient", "FieldValue", "SampleIds", "replace_metas"]
 
 # Per-token fields: jagged in storage, padded on read; declared in `columns.py`.
 DEFAULT_TOKEN_FIELDS = TOKEN_COLUMNS
@@ -99,8 +99,10 @@ class DataPlaneClient(abc.ABC):
         """`meta` for a worker in another process (Ray with a driver index adds where its fields are now)."""
         return meta
 
-    def commit_receipts(self, results: Any) -> None:
-        """Take workers' write receipts in `results` into this client's index (or note them for clears)."""
+    def commit_receipts(self, results: Any) -> Any:
+        """Take workers' write receipts in `results` into this client's index (or note them for clears); returns
+        `results` with each receipt replaced by the one the index gave back (metas are frozen: never changed)."""
+        return results
 
     def footprint(self, partition_id: str) -> dict[str, int]:
         """The partition's index size: live keys, slots, tombstones, chunks, approximate bytes."""
@@ -117,14 +119,18 @@ class DataPlaneClient(abc.ABC):
         self.close()
 
 
-def receipts_in(results: Any) -> Iterator[KVBatchMeta]:
-    """The metas in workers' results: a meta, or inside a tuple, list or dict (two levels deep)."""
-    stack = [(results, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, KVBatchMeta):
-            yield value
-        elif depth < 2 and isinstance(value, (tuple, list)):
-            stack.extend((v, depth + 1) for v in value)
-        elif depth < 2 and isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
+def replace_metas(results: Any, replace: Callable[[KVBatchMeta], KVBatchMeta], depth: int = 0) -> Any:
+    """``results`` with every meta in it (itself, or inside a tuple, list or dict, two levels deep) replaced by
+    ``replace(meta)``; the containers are new where a meta in them was, the rest is as it came."""
+    if isinstance(results, KVBatchMeta):
+        return replace(results)
+    if depth >= 2:
+        return results
+    if isinstance(results, dict):
+        return {k: replace_metas(v, replace, depth + 1) for k, v in results.items()}
+    if isinstance(results, (tuple, list)):
+        items = [replace_metas(v, replace, depth + 1) for v in results]
+        if isinstance(results, list):
+            return items
+        return type(results)(*items) if hasattr(results, "_fields") else tuple(items)  # a named tuple stays one
+    return results

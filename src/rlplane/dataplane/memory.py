@@ -6,7 +6,7 @@ Reads gather into fresh tensors; pickling is refused; threads share it, index ca
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .client import IndexedClient, encoded
@@ -27,14 +27,14 @@ class MemoryDataPlane(IndexedClient):
         self.index = PlaneIndex()
         self._lock = threading.Lock()
 
-    def _index_call(self, method: str, *args: Any) -> Any:
+    def _index_call(self, method: Callable, *args: Any) -> Any:
         with self._lock:
-            result = getattr(self.index, method)(*args)
+            result = method(self.index, *args)
             self.index.freed.clear()
             return result
 
     def _commit(self, pid, ids, columns, spec, bounds):
-        return self._index_call("commit", pid, ids, encoded(columns), spec), ()
+        return self._index_call(PlaneIndex.commit, pid, ids, encoded(columns), spec), ()
 
     def _fetch(self, plan: LookupPlan) -> dict[str, list[tuple[Column, list[int], list[int]]]]:
         return plan.parts

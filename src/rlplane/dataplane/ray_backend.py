@@ -10,7 +10,7 @@ workers that read by key, and `owner="store"`. ``docs/architecture.md`` has the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -19,16 +19,15 @@ import ray
 from .client import IndexedClient, check_register, resolve
 from .columns import INPUT_IDS
 from .errors import DataPlaneError, MissingFieldError, fmt_keys
-from .interface import DEFAULT_TOKEN_FIELDS, receipts_in
-from .ray_index import DriverIndex, StoreIndex, WorkerIndex
-from .ray_objects import Background, Receipt, ReceiptBook, Snapshot, read_parts
+from .index import PlaneIndex
+from .interface import DEFAULT_TOKEN_FIELDS, replace_metas
+from .ray_index import DriverIndex, IndexPlacement, StoreIndex
+from .ray_objects import Background, Lease, Receipt, ReceiptBook, Snapshot, read_parts
 
 __all__ = ["RayDataPlane"]
 
-Placement = StoreIndex | DriverIndex | WorkerIndex
 
-
-def _client(placement: Placement, token_fields: frozenset, seq_len_field: str) -> RayDataPlane:
+def _client(placement: IndexPlacement, token_fields: frozenset, seq_len_field: str) -> RayDataPlane:
     """A pickled `RayDataPlane`: a client of the same index (see `RayDataPlane.__reduce__`)."""
     return RayDataPlane(token_fields, seq_len_field, placement=placement)
 
@@ -47,7 +46,7 @@ class RayDataPlane(IndexedClient):
         name: str | None = None,
         owner: str = "producer",
         attach: bool = False,
-        placement: Placement | None = None,
+        placement: IndexPlacement | None = None,
     ) -> None:
         """`index`: "store" (actor) or "driver" (this client); `owner`: "producer" or "store" (one extra copy
         per put); `attach`: connect to the store actor `name`; `placement`: reuse one (an unpickled client)."""
@@ -84,7 +83,7 @@ class RayDataPlane(IndexedClient):
         super()._check_open()
         self.placement.raise_refused()  # a worker's write the driver's index refused: said once, here
 
-    def _index_call(self, method: str, *args: Any) -> Any:
+    def _index_call(self, method: Callable, *args: Any) -> Any:
         return self.placement.call(method, *args)
 
     def _commit(self, pid, ids, columns, spec, bounds):
@@ -92,7 +91,7 @@ class RayDataPlane(IndexedClient):
         self.book.forget(pid, ids, columns)  # receipts of the rows this put replaced
         if stored is None:
             return committed, ()
-        receipt = Receipt(self._key, pid, tuple(ids), committed.chunks, stored, pending)
+        receipt = Receipt(self._key, pid, tuple(ids), committed.chunks, Lease(stored), pending)
         self.book.note(receipt)
         return committed, (receipt,)
 
@@ -108,28 +107,25 @@ class RayDataPlane(IndexedClient):
     def register_partition(self, partition_id, fields, num_samples, *, task_name=None):
         # Checked here, saving the store a round trip per step.
         self._check_open()
-        self.placement.send("register", *check_register(partition_id, fields, num_samples), task_name)
+        self.placement.send(PlaneIndex.register, *check_register(partition_id, fields, num_samples), task_name)
 
     def put_samples(self, sample_ids, partition_id, fields, tags=None, *, seq_lens=None, shards=None):
-        receipt = super().put_samples(sample_ids, partition_id, fields, tags, seq_lens=seq_lens, shards=shards)
-        if isinstance(self.placement, WorkerIndex):
-            # Back to the driver without its snapshot: the index knows better, and the refs cost a borrow per step.
-            receipt = receipt.with_locations(x for x in receipt.locations if not isinstance(x, Snapshot))
-        return receipt
+        meta = super().put_samples(sample_ids, partition_id, fields, tags, seq_lens=seq_lens, shards=shards)
+        return self.placement.outgoing(meta)
 
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
         self._check_open()
         ids, pid, _ = resolve(sample_ids, partition_id)
         self.book.forget(pid, ids)  # (a refused clear loses only the receipts' shortcut)
         if wait:
-            return self.placement.call("clear", pid, ids)
-        return self.placement.send("clear", pid, ids)  # a step's final clear: nobody waits on the answer
+            return self.placement.call(PlaneIndex.clear, pid, ids)
+        return self.placement.send(PlaneIndex.clear, pid, ids)  # a step's final clear: nobody waits on the answer
 
     def get_samples(self, sample_ids, partition_id, select_fields, pad_values=None, pad_to=None):
         self._check_open()
         ids, pid, meta = resolve(sample_ids, partition_id)
         fields = [select_fields] if isinstance(select_fields, str) else list(select_fields or [])
-        if isinstance(self.placement, WorkerIndex):
+        if not self.placement.answers_lookups:  # a worker of a driver-held index: the meta is all there is
             return self._read_in_worker(ids, pid, meta, fields, pad_values, pad_to)
         located = None if meta is None or not ids or not fields else self._from_receipts(meta, ids, fields)
         if located is None:
@@ -157,23 +153,26 @@ class RayDataPlane(IndexedClient):
             self._background.prefetch(refs)
 
     def located(self, meta):
-        if not isinstance(self.placement, DriverIndex):
-            return meta
-        others = tuple(x for x in meta.locations if getattr(x, "store", None) != self._key)
-        return meta.with_locations((*others, self.placement.snapshot(meta.partition_id, meta.sample_ids)))
+        return self.placement.located(meta)
 
     def commit_receipts(self, results):
-        for meta in receipts_in(results):
-            for loc in meta.locations:
-                if isinstance(loc, Receipt) and loc.store == self._key:
-                    if loc.pending is not None:
-                        self.placement.take(loc)
-                    if loc.stored is not None:
-                        self.book.note(loc)
+        """``results`` with each of this plane's receipts in them replaced by the one the index gave back for it
+        (a worker's pending write taken), and noted for clears."""
+        return replace_metas(results, self._taken)
+
+    def _taken(self, meta):
+        locations = []
+        for loc in meta.locations:
+            if isinstance(loc, Receipt) and loc.store == self._key:
+                loc = self.placement.take(loc)
+                if loc.stored is not None:
+                    self.book.note(loc)
+            locations.append(loc)
+        return meta.with_locations(locations)
 
     def num_objects(self, partition_id: str | None = None) -> int:
         """How many (put, field) chunks the index holds (all partitions if None); 0 once all is cleared."""
-        return self._index_call("num_chunks", partition_id)
+        return self._index_call(PlaneIndex.num_chunks, partition_id)
 
     def close(self) -> None:
         if self._closed:

@@ -1,4 +1,5 @@
-"""Where the `ray` data plane keeps its `PlaneIndex`.
+"""Where the `ray` data plane keeps its `PlaneIndex`: three placements answering through one protocol
+(:class:`IndexPlacement`), so the client asks its placement and never branches on which it is.
 
 `StoreIndex` (default): a long-lived `StoreActor` any process may ask. `DriverIndex`: the driver's client,
 no actor round trips; workers read snapshots it hands them and hand writes back. `WorkerIndex`: a
@@ -12,25 +13,53 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
 from .client import encoded
 from .errors import DataPlaneError, fmt_keys
-from .index import PENDING, Committed, LookupPlan, Pending, PlaneIndex, WriteSpec
+from .index import PENDING, Committed, LookupPlan, Pending, PlaneIndex, WriteSpec, remote_method
+from .meta import KVBatchMeta
 from .ray_objects import Background, Failed, Receipt, Snapshot, Stored, WriteBack, put_parts
 
-__all__ = ["DriverIndex", "StoreActor", "StoreIndex", "WorkerIndex"]
+__all__ = ["DriverIndex", "IndexPlacement", "StoreActor", "StoreIndex", "WorkerIndex"]
 
 _PENDING_TIMEOUT_S = 60.0  # a reader gives up on a committed chunk whose data never came
 _ABSORBED_KEPT = 4096  # uids of taken write-backs remembered (a receipt handed in twice is taken once)
 
-# The `PlaneIndex` methods a remote client may call.
-INDEX_METHODS = frozenset(
-    {"register", "seq_lens", "commit", "lookup", "verify", "list", "describe", "status", "ready", "expected",
-     "clear", "num_chunks", "footprint"}
-)
+
+
+class IndexPlacement(Protocol):
+    """What the `ray` client asks of wherever its index lives. ``key`` names the index in receipts;
+    ``answers_lookups``: reads by key are answered here (not in a worker of a driver-held index, which reads only
+    what the metas it is sent carry)."""
+
+    key: str
+    answers_lookups: bool
+
+    def for_worker(self) -> IndexPlacement: ...  # the placement a pickled client in a worker gets
+
+    def call(self, method: Callable, *args: Any) -> Any: ...  # a `PlaneIndex` method, answered
+
+    def send(self, method: Callable, *args: Any) -> None: ...  # one whose answer nobody waits for
+
+    def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
+               bounds: list[int] | None) -> tuple[Committed, Stored | None, WriteBack | None]: ...
+
+    def lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan: ...
+
+    def verifier(self, pid: str, ids: list[str], expected: dict) -> Callable[[], bool]: ...
+
+    def take(self, receipt: Receipt) -> Receipt: ...  # a worker's receipt, its pending write taken (a new one)
+
+    def raise_refused(self) -> None: ...  # a worker's write this index refused, raised once
+
+    def located(self, meta: KVBatchMeta) -> KVBatchMeta: ...  # the meta a worker is sent
+
+    def outgoing(self, meta: KVBatchMeta) -> KVBatchMeta: ...  # the receipt of a put made here, as returned
+
+    def close(self) -> None: ...
 
 
 class StoreActor:
@@ -42,18 +71,19 @@ class StoreActor:
         self._deferred: dict[str, DataPlaneError] = {}  # client id -> error of a call it did not wait on
         self._background = Background()  # releasing refs: the reply need not wait on it
 
-    def call(self, method: str, *args: Any, client: str | None = None) -> Any:
+    def call(self, name: str, *args: Any, client: str | None = None) -> Any:
+        """``PlaneIndex.<name>(*args)``: the name is what crosses from the client's `StoreIndex.call`."""
         if client is not None and client in self._deferred:
             raise self._deferred.pop(client)  # a refused no-wait request: its caller hears it now
-        assert method in INDEX_METHODS, method
-        if method == "commit" and self.adopt:
+        method = remote_method(name)
+        if method is PlaneIndex.commit and self.adopt:
             pid, ids, payloads, spec = args
             # Re-put so this actor owns the objects and they outlive the producer.
             mine = {stored.refs: Stored(tuple(ray.put(ray.get(ref)) for ref in stored.refs), stored.starts)
                     for stored, _ in payloads.values()}
             args = (pid, ids, {f: (mine[stored.refs], name) for f, (stored, name) in payloads.items()}, spec)
         try:
-            return getattr(self.index, method)(*args)
+            return method(self.index, *args)
         finally:
             self._drop_freed()
 
@@ -67,13 +97,13 @@ class StoreActor:
         self.index.attach(pid, chunks, {f: payload if isinstance(payload, Failed) else (payload, f) for f in chunks})
         self._drop_freed()
 
-    def call_nowait(self, method: str, *args: Any, client: str | None = None) -> None:
+    def call_nowait(self, name: str, *args: Any, client: str | None = None) -> None:
         """Fire-and-forget `call`; an error is kept for the client's next `call` (Ray keeps one caller's order)."""
         try:
-            self.call(method, *args, client=client)
+            self.call(name, *args, client=client)
         except DataPlaneError as err:
             if client is not None:
-                note = f"{err} (raised by an earlier {method} that returned without waiting: wait=False)"
+                note = f"{err} (raised by an earlier {name} that returned without waiting: wait=False)"
                 self._deferred.setdefault(client, type(err)(note))
 
     def ping(self) -> bool:
@@ -97,6 +127,8 @@ class StoreIndex:
 
     `adopt` (owner="store"): the actor re-puts every column, so data outlives its producer (one more copy)."""
 
+    answers_lookups = True
+
     def __init__(self, actor: Any, owns: bool, adopt: bool) -> None:
         self.actor, self.owns, self.adopt = actor, owns, adopt
         self.key = actor._actor_id.hex()  # names the store in receipts
@@ -114,22 +146,22 @@ class StoreIndex:
     def for_worker(self) -> StoreIndex:
         return StoreIndex(self.actor, owns=False, adopt=self.adopt)
 
-    def call(self, method: str, *args: Any) -> Any:
-        return _wait(self.actor.call.remote(method, *args, client=self.client_id))
+    def call(self, method: Callable, *args: Any) -> Any:
+        return _wait(self.actor.call.remote(method.__name__, *args, client=self.client_id))
 
-    def send(self, method: str, *args: Any) -> None:
+    def send(self, method: Callable, *args: Any) -> None:
         """No answer needed (saves a round trip); this caller's next call sees it, or its refusal."""
-        self.actor.call_nowait.remote(method, *args, client=self.client_id)
+        self.actor.call_nowait.remote(method.__name__, *args, client=self.client_id)
 
     def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
                bounds: list[int] | None) -> tuple[Committed, Stored | None, WriteBack | None]:
         if self.adopt:
             # The store must re-put before this returns (the producer may exit); no receipt (it would pin our copy).
             stored = put_parts(encoded(columns), bounds)
-            return self.call("commit", pid, ids, {f: (stored, f) for f in columns}, spec), None, None
+            return self.call(PlaneIndex.commit, pid, ids, {f: (stored, f) for f in columns}, spec), None, None
         # Commit first (checks and a PENDING payload), copy the columns while the store answers, then a
         # no-wait `attach`; a reader that sees PENDING before it arrives asks again.
-        answer = self.actor.call.remote("commit", pid, ids, {f: PENDING for f in columns}, spec,
+        answer = self.actor.call.remote(PlaneIndex.commit.__name__, pid, ids, {f: PENDING for f in columns}, spec,
                                         client=self.client_id)
         try:
             payload: Stored | Failed = put_parts(encoded(columns), bounds)
@@ -145,7 +177,7 @@ class StoreIndex:
     def lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
         deadline = time.monotonic() + _PENDING_TIMEOUT_S
         while True:
-            plan = self.call("lookup", pid, ids, fields)
+            plan = self.call(PlaneIndex.lookup, pid, ids, fields)
             waiting = [f for f, parts in plan.parts.items() if any(isinstance(p, Pending) for p, _, _ in parts)]
             failed = [(f, p.reason) for f, parts in plan.parts.items() for p, _, _ in parts if isinstance(p, Failed)]
             if failed:
@@ -165,14 +197,22 @@ class StoreIndex:
 
     def verifier(self, pid: str, ids: list[str], expected: dict) -> Callable[[], bool]:
         """Starts the store's check that `expected` chunks are current; the answer when called."""
-        check = self.actor.call.remote("verify", pid, ids, expected, client=self.client_id)
+        check = self.actor.call.remote(PlaneIndex.verify.__name__, pid, ids, expected, client=self.client_id)
         return lambda: _wait(check)
 
-    def take(self, receipt: Receipt) -> None:
-        """Nothing: the store took every write when it was made."""
+    def take(self, receipt: Receipt) -> Receipt:
+        """Nothing to take: the store took every write when it was made."""
+        return receipt
 
     def raise_refused(self) -> None:
         """Nothing: a refused write raised when it was made."""
+
+    def located(self, meta: KVBatchMeta) -> KVBatchMeta:
+        """As it is: a worker asks the store."""
+        return meta
+
+    def outgoing(self, meta: KVBatchMeta) -> KVBatchMeta:
+        return meta
 
     def close(self) -> None:
         if self.owns:
@@ -181,6 +221,8 @@ class StoreIndex:
 
 class DriverIndex:
     """The index in the driver's process; calls serialised by a lock, freed refs dropped on `background`."""
+
+    answers_lookups = True
 
     def __init__(self, background: Background) -> None:
         self.key = f"driver:{uuid.uuid4().hex}"
@@ -193,9 +235,9 @@ class DriverIndex:
     def for_worker(self) -> WorkerIndex:
         return WorkerIndex(self.key)
 
-    def call(self, method: str, *args: Any) -> Any:
+    def call(self, method: Callable, *args: Any) -> Any:
         with self._lock:
-            out = getattr(self.index, method)(*args)
+            out = method(self.index, *args)
             freed, self.index.freed = self.index.freed, []
         if freed:
             self._background.drop(freed)
@@ -206,32 +248,33 @@ class DriverIndex:
     def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
                bounds: list[int] | None) -> tuple[Committed, Stored, None]:
         stored = put_parts(encoded(columns), bounds)  # (a refused commit drops the objects)
-        return self.call("commit", pid, ids, {f: (stored, f) for f in columns}, spec), stored, None
+        return self.call(PlaneIndex.commit, pid, ids, {f: (stored, f) for f in columns}, spec), stored, None
 
     def lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
-        return self.call("lookup", pid, ids, fields)
+        return self.call(PlaneIndex.lookup, pid, ids, fields)
 
     def verifier(self, pid: str, ids: list[str], expected: dict) -> Callable[[], bool]:
-        return lambda: self.call("verify", pid, ids, expected)  # local: a few numpy compares
+        return lambda: self.call(PlaneIndex.verify, pid, ids, expected)  # local: a few numpy compares
 
-    def take(self, receipt: Receipt) -> None:
-        """Commit a worker's pending write as the store would; a refused one is kept for the client's next call."""
+    def take(self, receipt: Receipt) -> Receipt:
+        """Commit a worker's pending write as the store would; returns the receipt that replaces it (its chunk ids,
+        or, refused, no objects; the refusal is kept for the client's next call)."""
+        if receipt.pending is None:
+            return receipt
         uid, spec = receipt.pending.uid, receipt.pending.spec
-        receipt.pending = None
         with self._lock:
             chunks = self._absorbed.get(uid)
             if chunks is None:
                 payloads = {f: (receipt.stored, f) for f in receipt.chunks}
                 try:
-                    chunks = self.call("commit", receipt.pid, list(receipt.ids), payloads, spec).chunks
+                    chunks = self.call(PlaneIndex.commit, receipt.pid, list(receipt.ids), payloads, spec).chunks
                 except DataPlaneError as err:
-                    receipt.stored = None
                     self.refused = type(err)(f"{err} (a worker's write, refused when its receipt reached the driver)")
-                    return
+                    return receipt.refused()
                 self._absorbed[uid] = chunks
                 if len(self._absorbed) > _ABSORBED_KEPT:
                     self._absorbed.popitem(last=False)
-        receipt.chunks = dict(chunks)
+        return receipt.taken(chunks)
 
     def raise_refused(self) -> None:
         """Raise, once, the error of a worker's write this index refused in `take`."""
@@ -240,10 +283,19 @@ class DriverIndex:
             raise err
 
     def snapshot(self, pid: str, ids: tuple) -> Snapshot:
-        """Where `ids`' fields are now (`RayDataPlane.located`)."""
+        """Where `ids`' fields are now."""
         with self._lock:
             where, gone = self.index.locate(pid, ids)
         return Snapshot(self.key, pid, ids, where, gone)
+
+    def located(self, meta: KVBatchMeta) -> KVBatchMeta:
+        """``meta`` with a snapshot of where its keys' fields are now, in place of this index's earlier ones (a
+        worker has no index to ask)."""
+        others = tuple(x for x in meta.locations if getattr(x, "store", None) != self.key)
+        return meta.with_locations((*others, self.snapshot(meta.partition_id, meta.sample_ids)))
+
+    def outgoing(self, meta: KVBatchMeta) -> KVBatchMeta:
+        return meta
 
     def close(self) -> None:
         with self._lock:
@@ -253,19 +305,27 @@ class DriverIndex:
 class WorkerIndex:
     """A worker's side of a `DriverIndex`: no index here. Writes go back in receipts; nothing else asks."""
 
+    answers_lookups = False
+
     def __init__(self, key: str) -> None:
         self.key = key
 
     def for_worker(self) -> WorkerIndex:
         return self
 
-    def call(self, method: str, *args: Any) -> Any:
+    def call(self, method: Callable, *args: Any) -> Any:
         raise DataPlaneError(
-            f"data_plane index = 'driver': the {method!r} request is answered by the driver only; a worker "
+            f"data_plane index = 'driver': the {method.__name__!r} request is answered by the driver only; a worker "
             "reads the metas the driver hands it and writes under them (or use index='store')"
         )
 
-    send = lookup = call
+    send = call
+
+    def lookup(self, pid: str, ids: list[str], fields: list[str]) -> LookupPlan:
+        return self.call(PlaneIndex.lookup, pid, ids, fields)
+
+    def verifier(self, pid: str, ids: list[str], expected: dict) -> Callable[[], bool]:
+        return lambda: self.call(PlaneIndex.verify, pid, ids, expected)
 
     def commit(self, pid: str, ids: list[str], columns: dict, spec: WriteSpec,
                bounds: list[int] | None) -> tuple[Committed, Stored, WriteBack]:
@@ -275,11 +335,20 @@ class WorkerIndex:
         committed = Committed(lens, spec.tags, None, {f: -1 for f in columns})
         return committed, stored, WriteBack(uuid.uuid4().hex, spec)
 
-    def take(self, receipt: Receipt) -> None:
+    def take(self, receipt: Receipt) -> Receipt:
         """Nothing: a worker holds no index."""
+        return receipt
 
     def raise_refused(self) -> None:
         """Nothing: a worker holds no index."""
+
+    def located(self, meta: KVBatchMeta) -> KVBatchMeta:
+        return meta
+
+    def outgoing(self, meta: KVBatchMeta) -> KVBatchMeta:
+        """The receipt a worker's put returns to the driver, without its snapshots: the driver's index knows better,
+        and the refs would cost a borrow per step."""
+        return meta.with_locations(x for x in meta.locations if not isinstance(x, Snapshot))
 
     def close(self) -> None:
         pass

@@ -1,8 +1,10 @@
 """What the `ray` data plane keeps in Ray's object store, and the plain data that says where.
 
 A put's `Stored` objects (numpy, zero-copy reads) are named by its `Receipt` in `KVBatchMeta.locations`;
-a driver-held index hands workers a `Snapshot` instead. A receipt's ref keeps its object alive, so a
-client's `ReceiptBook` drops them on a clear or overwrite; releases run on a `Background` thread.
+a driver-held index hands workers a `Snapshot` instead. Receipts are frozen: a receipt that changes (a worker's
+write the driver's index took) is replaced by a new one. A receipt holds its objects through a `Lease`, which a
+client's `ReceiptBook` ends on a clear or overwrite of its rows, so the objects go while metas carrying the
+receipt live on; releases run on a `Background` thread.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .codec import Column, from_wire, to_wire
 from .errors import DataPlaneError
 from .index import WriteSpec
 
-__all__ = ["Background", "Failed", "Receipt", "ReceiptBook", "Snapshot", "Stored", "WriteBack", "put_parts",
+__all__ = ["Background", "Failed", "Lease", "Receipt", "ReceiptBook", "Snapshot", "Stored", "WriteBack", "put_parts",
            "read_parts"]
 
 
@@ -81,17 +83,48 @@ class WriteBack:
     spec: WriteSpec
 
 
-@dataclasses.dataclass(eq=False)
+class Lease:
+    """A receipt's hold on its put's objects: ``stored`` until the client holding the receipt ends it (its keys
+    cleared or its fields overwritten here), after which the objects can go though the receipt lives on. The one
+    part of a receipt that changes, in one place (:meth:`end`); a copy sent to another process holds its own."""
+
+    __slots__ = ("stored",)
+
+    def __init__(self, stored: Stored | None):
+        self.stored = stored
+
+    def end(self) -> None:
+        self.stored = None
+
+    def __reduce__(self):
+        return Lease, (self.stored,)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Receipt:
-    """Where one put stored its rows: `stored` (None once its keys are cleared here), each field's chunk id
-    (-1 until a `pending` write is taken), the keys in row order, and the owning index `store`."""
+    """Where one put stored its rows: its objects (through ``lease``; `stored` is None once they went), each
+    field's chunk id (-1 until a `pending` write is taken, which replaces the receipt), the keys in row order,
+    and the owning index `store`."""
 
     store: str
     pid: str
     ids: tuple
     chunks: dict[str, int]
-    stored: Stored | None
+    lease: Lease
     pending: WriteBack | None = None
+
+    @property
+    def stored(self) -> Stored | None:
+        return self.lease.stored
+
+    def taken(self, chunks: dict[str, int]) -> Receipt:
+        """This receipt once the index took its pending write as ``chunks``: a new one, same objects."""
+        return dataclasses.replace(self, chunks=dict(chunks), pending=None)
+
+    def refused(self) -> Receipt:
+        """This receipt once the index refused its pending write: no objects (they go), nothing pending."""
+        self.lease.end()
+        return dataclasses.replace(self, pending=None)
 
     def row_of(self) -> dict[str, int]:
         return {key: row for row, key in enumerate(self.ids)}
@@ -137,9 +170,9 @@ class ReceiptBook:
                     continue
                 if fields is None:
                     if keys is None or not keys.isdisjoint(r.ids):
-                        r.stored = None
+                        r.lease.end()
                 elif r.chunks.keys() <= set(fields) and keys.issuperset(r.ids):
-                    r.stored = None
+                    r.lease.end()
 
 
 class Background:

@@ -1,4 +1,5 @@
-"""The models a run's ``policy`` section describes: the policy and the PPO critic on its trunk (section + seed only)."""
+"""The models a run's ``policy`` section describes: the policy and the PPO critic on its trunk (section + seed only);
+its tokenizer and architecture alone, for a driver that needs no weights."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForTokenClassification
 
-from rlplane.models.loading import load_policy
+from rlplane.models.loading import load_model_config, load_policy, load_tokenizer
 from rlplane.models.precision import apply_precision
 
 if TYPE_CHECKING:
@@ -41,6 +42,30 @@ def load_configured_policy(policy: PolicyConfig, seed: int, *, trainable: bool =
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, tokenizer
+
+
+def configured_tokenizer(policy: PolicyConfig):
+    """The tokenizer of ``policy.model_name`` (:func:`load_configured_policy`'s), its weights left unread."""
+    return load_tokenizer(policy.model_name)
+
+
+def configured_architecture(policy: PolicyConfig):
+    """The architecture (an HF config: hidden size, layers, vocabulary) :func:`load_configured_policy` builds."""
+    embedded = policy.model_name.startswith("embedded:")
+    return load_model_config(policy.model_name, policy.tiny.model_dump() if embedded else None)
+
+
+def configured_weight_shapes(policy: PolicyConfig, tokenizer) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight :func:`load_configured_policy` holds (no LoRA), from a skeleton on the meta
+    device: no memory, no random numbers drawn."""
+    from transformers import AutoModelForCausalLM
+
+    config = configured_architecture(policy)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # a pad token added (ensure_pad_token)
+        model.resize_token_embeddings(len(tokenizer))
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def build_value_model(policy: PolicyConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None):

@@ -8,14 +8,22 @@ which the ``rlplane`` command sets by default).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from rlplane.models.packaged import PACKAGED_PREFIX, PackagedModelError, packaged_model_dir
-from rlplane.models.tiny import build_char_tokenizer, build_tiny_llama
+from rlplane.models.tiny import build_char_tokenizer, build_tiny_llama, tiny_llama_config
 
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_MODELS = ("tiny-llama",)
@@ -59,11 +67,7 @@ def load_policy(
     """``(model, tokenizer)``: eval mode, CPU, ``dtype``; ``model_kwargs`` go to ``build_tiny_llama`` or
     ``from_pretrained``; ``seed`` only for embedded models. Raises a one-line ``ModelLoadError``."""
     model_kwargs = dict(model_kwargs or {})
-    if model_name.startswith(EMBEDDED_PREFIX):
-        which = model_name[len(EMBEDDED_PREFIX):]
-        if which not in EMBEDDED_MODELS:
-            known = ", ".join(EMBEDDED_PREFIX + m for m in EMBEDDED_MODELS)
-            raise ModelLoadError(f"model_name={model_name!r}: unknown embedded model; known: {known}")
+    if _embedded(model_name):
         tokenizer = build_char_tokenizer()
         try:
             model = build_tiny_llama(tokenizer, seed=seed, **model_kwargs)
@@ -71,12 +75,59 @@ def load_policy(
             raise ModelLoadError(f"model_name={model_name!r}: {e}") from None
         return model.to(dtype).eval(), tokenizer
 
+    def load(source: str, local_only: bool):
+        tokenizer = _read(model_name, source, AutoTokenizer.from_pretrained, local_files_only=local_only)
+        model = _read(model_name, source, AutoModelForCausalLM.from_pretrained, dtype=dtype,
+                      local_files_only=local_only, **model_kwargs)
+        ensure_pad_token(tokenizer, model)
+        return model.eval(), tokenizer
+
+    return _pretrained(model_name, load)
+
+
+def load_tokenizer(model_name: str) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`load_policy` returns, without loading the weights."""
+    if _embedded(model_name):
+        return build_char_tokenizer()
+
+    def load(source: str, local_only: bool):
+        tokenizer = _read(model_name, source, AutoTokenizer.from_pretrained, local_files_only=local_only)
+        ensure_pad_token(tokenizer)
+        return tokenizer
+
+    return _pretrained(model_name, load)
+
+
+def load_model_config(model_name: str, model_kwargs: dict[str, Any] | None = None) -> PretrainedConfig:
+    """The architecture :func:`load_policy` builds (sizes, vocabulary), read without the weights."""
+    if _embedded(model_name):
+        try:
+            return tiny_llama_config(build_char_tokenizer(), **dict(model_kwargs or {}))
+        except TypeError as e:
+            raise ModelLoadError(f"model_name={model_name!r}: {e}") from None
+    return _pretrained(model_name, lambda source, local_only: _read(
+        model_name, source, AutoConfig.from_pretrained, local_files_only=local_only))
+
+
+def _embedded(model_name: str) -> bool:
+    """Whether ``model_name`` names an embedded model (an unknown one is a ``ModelLoadError``)."""
+    if not model_name.startswith(EMBEDDED_PREFIX):
+        return False
+    if model_name[len(EMBEDDED_PREFIX):] not in EMBEDDED_MODELS:
+        known = ", ".join(EMBEDDED_PREFIX + m for m in EMBEDDED_MODELS)
+        raise ModelLoadError(f"model_name={model_name!r}: unknown embedded model; known: {known}")
+    return True
+
+
+def _pretrained(model_name: str, load: Callable[[str, bool], Any]) -> Any:
+    """``load(source, local_only)`` for a packaged model, a local HF directory, or a hub id (the local cache first;
+    the network only when allowed and reachable)."""
     if model_name.startswith(PACKAGED_PREFIX):
         try:
             path = str(packaged_model_dir(model_name[len(PACKAGED_PREFIX):]))
         except PackagedModelError as e:
             raise ModelLoadError(str(e)) from None
-        return _from_pretrained(model_name, path, dtype, model_kwargs, local_only=True)
+        return load(path, True)
 
     path = os.path.expanduser(model_name)
     if os.path.isdir(path):
@@ -85,15 +136,14 @@ def load_policy(
                 f"model_name={model_name!r}: directory has no config.json; expected a Hugging Face "
                 "model directory (save_pretrained output)"
             )
-        return _from_pretrained(model_name, path, dtype, model_kwargs, local_only=True)
+        return load(path, True)
     if os.path.exists(path):
         raise ModelLoadError(f"model_name={model_name!r}: is a file; expected a Hugging Face model directory")
     looks_like_path = path.startswith((os.sep, ".", "~")) or model_name.count("/") > 1
     if looks_like_path:
         raise ModelLoadError(f"model_name={model_name!r}: no such directory; {_ALTERNATIVES}")
-    # A hub id: the local HF cache first; the network only when allowed and reachable.
     try:
-        return _from_pretrained(model_name, model_name, dtype, model_kwargs, local_only=True)
+        return load(model_name, True)
     except ModelLoadError:
         if hub_offline():
             raise ModelLoadError(
@@ -107,21 +157,19 @@ def load_policy(
             f"(HF_ENDPOINT = {endpoint}) did not answer within {HUB_PROBE_TIMEOUT_S:g} s (no network?); "
             f"{_ALTERNATIVES}"
         )
-    return _from_pretrained(model_name, model_name, dtype, model_kwargs, local_only=False)
+    return load(model_name, False)
 
 
-def _from_pretrained(model_name, source, dtype, model_kwargs, *, local_only):
+def _read(model_name: str, source: str, from_pretrained: Callable, **kwargs) -> Any:
+    """``from_pretrained(source, **kwargs)``; what it cannot read is a one-line ``ModelLoadError``."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only, **model_kwargs)
+        return from_pretrained(source, **kwargs)
     except (OSError, ValueError, SafetensorError) as e:  # a damaged weights file is the user's to fix too
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if os.path.isdir(source):
             raise ModelLoadError(f"model_name={model_name!r}: cannot load "
                                  f"the model directory {source}: {reason}") from None
         raise ModelLoadError(f"model_name={model_name!r}: the hub could not provide it: {reason}") from None
-    ensure_pad_token(tokenizer, model)
-    return model.eval(), tokenizer
 
 
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> None:

@@ -98,14 +98,21 @@ def cpu_bf16_instructions(flags: frozenset[str] | set[str] | None = None) -> lis
 def resolve_precision(precision: str, model: torch.nn.Module, device: torch.device | None = None) -> tuple[str, str]:
     """``(precision, why)``: ``"fp32"``/``"bf16"`` as given, or what ``"auto"`` picks for ``model`` on ``device``
     (default: where its parameters are now; a model loaded on the host for a GPU passes the GPU)."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if device is None and precision == "auto":
+        device = next(model.parameters()).device
+    return choose_precision(precision, hidden, device)
+
+
+def choose_precision(precision: str, hidden_size: int | None, device: torch.device | str | None) -> tuple[str, str]:
+    """:func:`resolve_precision` from a model's hidden size (its config alone: no weights needed)."""
     if precision != "auto":
         if precision not in PRECISIONS:
             raise ValueError(f"precision = {precision!r}: must be one of {', '.join(CHOICES)}")
         return precision, "set in the config"
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-    if hidden is not None and hidden < MIN_AUTO_BF16_HIDDEN:
-        return "fp32", f"hidden_size {hidden} < {MIN_AUTO_BF16_HIDDEN}: too small a model for bf16 to pay"
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if hidden_size is not None and hidden_size < MIN_AUTO_BF16_HIDDEN:
+        return "fp32", f"hidden_size {hidden_size} < {MIN_AUTO_BF16_HIDDEN}: too small a model for bf16 to pay"
+    device = torch.device(device if device is not None else "cpu")
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return "bf16", f"{torch.cuda.get_device_name(device)} supports bf16"
@@ -123,11 +130,11 @@ _announced: set[tuple[str, str]] = set()
 
 def apply_precision(model: torch.nn.Module, precision: str, announce: bool = True,
                     device: torch.device | None = None) -> str:
-    """Resolve ``precision`` for ``model`` on ``device``, record and return it; ``announce`` prints it once per
-    process."""
+    """Resolve ``precision`` for ``model`` on ``device``, record and return it; ``announce`` prints what ``auto``
+    chose, once per process (a precision the config names is the run plan's to show)."""
     chosen, why = resolve_precision(precision, model, device)
     set_precision(model, chosen)
-    if announce and (precision, chosen) not in _announced:
+    if announce and precision == "auto" and (precision, chosen) not in _announced:
         _announced.add((precision, chosen))
         print(f"policy.precision: {precision} -> {chosen} ({why})", flush=True)
     return chosen

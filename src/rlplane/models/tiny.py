@@ -32,18 +32,30 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_llama(
+def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, **shape) -> LlamaForCausalLM:
+    """A random Llama with tied embeddings sized for ``tokenizer``, its ``shape`` as :func:`tiny_llama_config`
+    takes it, deterministic in ``seed``; leaves the global RNG untouched."""
+    config = tiny_llama_config(tokenizer, **shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def tiny_llama_config(
     tokenizer: PreTrainedTokenizerFast,
     hidden_size: int = 128,
     num_layers: int = 2,
     num_heads: int = 4,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 256,
-    seed: int = 0,
-) -> LlamaForCausalLM:
-    """A random Llama with tied embeddings sized for ``tokenizer`` (``intermediate_size`` default
-    ``2 * hidden_size``), deterministic in ``seed``; leaves the global RNG untouched."""
-    config = LlamaConfig(
+) -> LlamaConfig:
+    """The architecture :func:`build_tiny_llama` builds (no weights); ``intermediate_size`` defaults to
+    ``2 * hidden_size``."""
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -56,10 +68,3 @@ def build_tiny_llama(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model

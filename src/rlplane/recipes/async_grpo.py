@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
 from rlplane.async_rl import AsyncOptions, AsyncTrajectoryCollector, SampleResult, TrajectoryGroup
 from rlplane.async_rl.staleness import group_token_ages, token_age_metrics
-from rlplane.config.plan import skips_prev_logprob_forward
-from rlplane.config.schema import RunConfig
+from rlplane.config.schema import GRPOConfig, RunConfig
 from rlplane.dataplane import concat_metas
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -30,7 +30,8 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
 )
 from rlplane.envs.registry import env_registry_snapshot, restore_env_registry
-from rlplane.runtime.groups import cluster_gpus, make_actor
+from rlplane.runtime.groups import make_actor
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, Session, Timer, TrainingStopped
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
@@ -44,11 +45,11 @@ from rlplane.training.rollouts import (
 )
 from rlplane.training.samples import train_samples
 from rlplane.training.weight_check import WeightCheck
-from rlplane.training.workers import RAY_CPUS_COLLECTOR, collector_gpus
 from rlplane.utils.kill_points import kill_point
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.env_metrics import is_env_metric, merge_env_metrics
-from rlplane.workers.policy import ClippedPGLoss
+from rlplane.workers.environments import EnvBlock
+from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 CHECKPOINT_FILE = "replay_buffer.pt"
 _POLL_S = 0.5  # how long one wait on the buffer lasts before the collector's health is checked
@@ -56,105 +57,143 @@ _POLL_S = 0.5  # how long one wait on the buffer lasts before the collector's he
 TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, PREV_LOGPROBS, REFERENCE_LOGPROBS, ADVANTAGES]
 
 
-class CollectorHandle:
-    """The collector (the runtime decides where), writing into the session's data plane, started with the
-    policy's weights and restored from the resumed checkpoint."""
+class Collector:
+    """The collector as the session's side part (:class:`~rlplane.training.session.SidePart`): made before the
+    session with nothing running; the session starts it (the runtime decides where: a driver thread, a child
+    process, a Ray actor) with the policy's weights once the start step is known, pauses it around validations,
+    writes its state into checkpoints (``replay_buffer.pt``, from its own process) and stops it first on close."""
 
-    def __init__(self, s: Session, start_step: int):
-        cfg = s.cfg
-        policy = s.workers.policy
-        self.options = AsyncOptions.from_config(cfg.grpo)
-        kwargs = dict(cfg=cfg, loader=s.prompts.loader, start_version=start_step, seed=cfg.grpo.seed + 3,
-                      data_plane=s.data_plane, partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
-                      init_weights=policy.lazy("get_weights"),  # straight from the rank-0 policy, not via the driver
-                      options=self.options, env_pools=s.workers.env_pools)
-        gpus = collector_gpus(cfg, cluster_gpus()) if cfg.runtime == "ray" else 0.0
-        # A child process builds its environments from its own registry: send this one's.
-        self.actor = make_actor(cfg.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=RAY_CPUS_COLLECTOR,
-                                num_gpus=gpus, max_concurrency=4, process=cfg.grpo.async_grpo.collector_process,
-                                setup=[(restore_env_registry, (env_registry_snapshot(),))], name="async collector")
-        self._policy = policy
-        self._prompts = s.prompts
+    checkpoint_file = CHECKPOINT_FILE
+
+    def __init__(self, grpo: GRPOConfig):
+        self.options = AsyncOptions.from_config(grpo)
+        self.in_process = not grpo.async_grpo.collector_process
+        self.seed = grpo.seed + 3
+        self.actor = None  # started by start()
+        self.check: WeightCheck | None = None
+        self._policy = self._prompts = None
         self._seconds: dict[str, float] = {}  # the collector's time counters at the last refit
-        if self.actor.obj is None:  # its own copy of the loader, in its process: checkpoints read its position
-            s.prompts.state_from = lambda: self.call("loader_state")
+
+    def start(self, s: Session, start_step: int) -> None:
+        """Build the collector writing into the session's data plane, with the rank-0 policy's weights, restored
+        from the resumed checkpoint; check its weights; let it generate."""
+        plan, policy = s.plan, s.workers.policy
+        role = plan.role("collector")
+        kwargs = dict(rollout=plan.rollout, env=EnvBlock(s.cfg.env, s.workers.env_pools), loader=s.prompts.loader,
+                      start_version=start_step, seed=self.seed, data_plane=s.data_plane,
+                      partition_id=TRAIN_PARTITION, fields=TRAIN_COLUMNS,
+                      init_weights=policy.lazy(PolicyWorker.get_weights),  # from the rank-0 policy, not the driver
+                      options=self.options)
+        # A child process builds its environments from its own registry: send this one's.
+        self.actor = make_actor(plan.runtime, AsyncTrajectoryCollector, kwargs, num_cpus=role.cpus,
+                                num_gpus=role.gpus, max_concurrency=4, process=not self.in_process,
+                                setup=[(restore_env_registry, (env_registry_snapshot(),))], name="async collector",
+                                watchdog=s.watchdog)
+        self._policy, self._prompts = policy, s.prompts
         resumed = s.checkpoints.resumed_from
         if resumed is not None and not (resumed / CHECKPOINT_FILE).is_file():
             # A sync run's checkpoint: the loader position (restored by the session) is all there is.
             s.say(f"{resumed} has no {CHECKPOINT_FILE} (a sync GRPO checkpoint): starting with an empty buffer")
         elif resumed is not None:  # read by the collector itself: its columns never pass the driver
-            restored, dropped = self.call("load_state", str(resumed / CHECKPOINT_FILE), start_step)
-            s.say(f"restored {restored} trajectory groups ({dropped} stale dropped){self.call('restore_note')}")
-        self.check = WeightCheck(cfg.policy.generation, s.say, label="collector generator",
-                                 prefix="weight_sync/collector_")
+            restored, dropped = self.actor.call(AsyncTrajectoryCollector.load_state, str(resumed / CHECKPOINT_FILE),
+                                                start_step)
+            note = self.actor.call(AsyncTrajectoryCollector.restore_note)
+            s.say(f"restored {restored} trajectory groups ({dropped} stale dropped){note}")
+        self.check = WeightCheck(plan.weight_check, s.say, label="collector generator", prefix="weight_sync/collector_")
         self._verify(start_step)
-        self.call("start")
+        self.actor.call(AsyncTrajectoryCollector.start)
 
     def _verify(self, version: int) -> None:
         """The collector's generator holds the weights of ``version`` (:mod:`rlplane.training.weight_check`);
         with in-flight updates a batch may be generating, so no probe then."""
         if self.check.enabled:
-            self.check.run(lambda probe, fingerprint: [self.call("weight_report", probe, fingerprint)],
-                           self._policy, version, probe=not self.options.in_flight)
+            self.check.run(lambda probe, fingerprint: [
+                self.actor.call(AsyncTrajectoryCollector.weight_report, probe, fingerprint)],
+                self._policy, version, probe=not self.options.in_flight)
 
-    def call(self, method: str, *args, **kwargs):
-        return self.actor.call(method, *args, **kwargs)
-
+    # ---- what the session calls
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """No collector batch starts meanwhile, and none is in flight (validation's generation runs alone)."""
-        self.call("pause")
+        """No collector batch starts meanwhile, and none is in flight (validation's generation runs alone);
+        nothing to pause before it started."""
+        if self.actor is None:
+            yield
+            return
+        self.actor.call(AsyncTrajectoryCollector.pause)
         try:
             yield
         finally:
-            self.call("resume")
+            self.actor.call(AsyncTrajectoryCollector.resume)
+
+    def loader_state(self) -> dict | None:
+        """The prompt loader's position while the collector draws in another process (None: the session's loader,
+        shared with a thread, or the collector not running)."""
+        if self.actor is None or self.actor.obj is not None:
+            return None
+        return self.actor.call(AsyncTrajectoryCollector.loader_state)
+
+    def save(self, path: Path) -> None:
+        self.actor.call(AsyncTrajectoryCollector.save_state, str(path))
+
+    def stop(self) -> None:
+        """Stop generating; a collector in another process goes, its loader position kept in the session's loader."""
+        if self.actor is None:
+            return
+        actor, self.actor = self.actor, None
+        try:
+            actor.call(AsyncTrajectoryCollector.stop)
+            if actor.obj is None:
+                self._prompts.load_state_dict(actor.call(AsyncTrajectoryCollector.loader_state))
+        finally:
+            if actor.obj is None:
+                actor.close()
+
+    # ---- what the step calls
+    def sample(self, num_groups: int, version: int, timeout_s: float) -> SampleResult | None:
+        return self.actor.call(AsyncTrajectoryCollector.sample, num_groups, version, timeout_s)
+
+    def health(self) -> str | None:
+        return self.actor.call(AsyncTrajectoryCollector.health)
+
+    def error_traceback(self) -> str:
+        return self.actor.call(AsyncTrajectoryCollector.error_traceback)
 
     def refit(self, version: int, timer: Timer) -> tuple[int, dict[str, float]]:
         """Collector to the trainer's weights ``version``: wait until the outgoing weights served their steps and
         the generation in flight ended (not with in-flight updates), copy, bump. Returns the groups buffered
         or being scored at the swap and the collector's seconds since the last refit."""
+        c = AsyncTrajectoryCollector
         with timer("idle/refit_bubble"):
-            self.call("prepare_for_refit", version)
+            self.actor.call(c.prepare_for_refit, version)
         kill_point("refit")  # the collector paused, its weights not yet the trainer's (Refit.if_stale is not used)
-        stats = self.call("stats")
+        stats = self.actor.call(c.stats)
         buffered = int(stats["buffer_size"])
         seconds = {k.removesuffix("_seconds"): v - self._seconds.get(k, 0.0)
                    for k, v in stats.items() if k.endswith("_seconds")}
         self._seconds = {k: v for k, v in stats.items() if k.endswith("_seconds")}
         with timer("weight_sync"):
             # In a child process: through a mapped shared-memory buffer, not pickled.
-            self.call("update_weights", self.actor.share("weights", self._policy.lazy("get_weights")),
-                      version)
-        self.call("set_weight_version", version)
+            weights = self.actor.share("weights", self._policy.lazy(PolicyWorker.get_weights))
+            self.actor.call(c.update_weights, weights, version)
+        self.actor.call(c.set_weight_version, version)
         self._verify(version)
-        self.call("resume_after_refit")
+        self.actor.call(c.resume_after_refit)
         return buffered, seconds
 
-    def stop(self) -> None:
-        remote = self.actor.obj is None  # a Ray actor or a child process: it goes too, its loader position stays
-        try:
-            self.call("stop")
-            if remote:
-                self._prompts.load_state_dict(self.call("loader_state"))
-        finally:
-            if remote:
-                self._prompts.state_from = None
-                self.actor.close()
 
-
-def wait_for_groups(s: Session, handle: CollectorHandle, step: int, timer: Timer) -> SampleResult:
+def wait_for_groups(s: Session, collector: Collector, step: int, timer: Timer) -> SampleResult:
     """The step's groups from the buffer; raises ``TrainingStopped`` if the collector gave up."""
-    P = s.cfg.grpo.num_prompts_per_step
+    P = s.plan.sizes.prompts_per_step
     with timer("exposed_generation"):
-        result = handle.call("sample", P, step, 0.0)
+        result = collector.sample(P, step, 0.0)
         if result is None:
             with timer("idle/buffer_starvation"):
                 while result is None:
-                    error = handle.call("health")
+                    error = collector.health()
                     if error is not None:
-                        s.say(handle.call("error_traceback"))
+                        s.say(collector.error_traceback())
                         raise TrainingStopped(error)
-                    result = handle.call("sample", P, step, _POLL_S)
+                    result = collector.sample(P, step, _POLL_S)
     return result
 
 
@@ -176,14 +215,14 @@ def merge_rollout_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
     return out
 
 
-def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, step: int) -> dict[str, float]:
+def async_grpo_step(s: Session, collector: Collector, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     """One async GRPO step at weight version ``step``; returns its metrics."""
     cfg, g = s.cfg, s.cfg.grpo
     timer = Timer()
     metrics: dict[str, float] = {}
 
     # ---- the step's trajectories: their receipts from the buffer (the columns are in the data plane)
-    result = wait_for_groups(s, handle, step, timer)
+    result = wait_for_groups(s, collector, step, timer)
     meta, carry = concat_metas([grp.meta for grp in result.groups]), step_carry(result.groups)
     metrics["reward"] = float(carry["rewards"].mean())  # before scaling and shaping; the task's in a control run
     apply_reward_control(g, meta.sample_ids, carry)
@@ -195,7 +234,7 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     # The step's prompts.jsonl row: what it trains, in order.
     s.prompts.note_served([[grp.epoch, grp.prompt_idx] for grp in result.groups],
                           [*result.evicted_prompts, *result.dropped_prompts])
-    metrics.update(token_age_metrics(*group_token_ages(result.groups, step), handle.options.max_age_steps))
+    metrics.update(token_age_metrics(*group_token_ages(result.groups, step), collector.options.max_age_steps))
     meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
 
     # ---- prev logprobs with the current weights (IS corrects the staleness), reference logprobs
@@ -216,27 +255,30 @@ def async_grpo_step(s: Session, handle: CollectorHandle, loss: ClippedPGLoss, st
     s.refit.mark_stale()
     # This step's keys only: the next steps' groups wait in the same partition.
     s.data_plane.clear_samples(meta, None, wait=False)
-    buffered, collector_seconds = handle.refit(step + 1, timer)
+    buffered, collector_seconds = collector.refit(step + 1, timer)
 
     add_train_metrics(metrics, merge_rank_metrics(results))
     metrics.update(rollout_metrics(carry, meta.seq_lens))
     metrics["buffer_size"] = float(buffered)
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics(),
-            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()}, **handle.check.take_metrics(step)}
+            **{f"timing/collector/{k}": v for k, v in collector_seconds.items()},
+            **collector.check.take_metrics(step)}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole async job: warm-up (or resume), async GRPO steps, validation, checkpoints."""
-    with Session(cfg, quiet, components=components) as s:
-        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
-                                                     prev_from_forward=skips_prev_logprob_forward(cfg))
-        start = s.start()
-        handle = CollectorHandle(s, start_step=start)
-        s.on_close(handle.stop)
-        s.while_validating = handle.paused
-        s.checkpoints.add_part(CHECKPOINT_FILE, lambda path: handle.call("save_state", str(path)))
-        for step in range(start, s.last_step()):
+    collector = Collector(cfg.grpo)
+    with Session(cfg, quiet, components=components, side=collector, signals=signals) as s:
+        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
+                                                     prev_from_forward=s.plan.skips_prev_logprob_forward)
+        for step in range(s.start(), s.last_step()):  # start() starts the collector
             s.begin_step(step)
-            if s.end_step(step, async_grpo_step(s, handle, loss, step)):
+            metrics = async_grpo_step(s, collector, loss, step)
+            done = s.trained(step)
+            s.validate_if_due(done, metrics)
+            s.log_step(done, metrics)
+            saved = s.checkpoint_if_due(done, metrics)
+            if s.should_stop(done, metrics, saved):
                 break
         return s.summary()

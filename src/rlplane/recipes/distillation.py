@@ -27,9 +27,11 @@ from rlplane.dataplane.columns import (
     TEACHER_TOPK_LOGITS,
     TOKEN_MASK,
 )
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts, rollout_metrics, stamp_sample_mask
 from rlplane.utils.metrics import merge_rank_metrics
+from rlplane.workers.teacher import TeacherWorker
 
 TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, TEACHER_LOGPROBS]
 TOPK_TRAIN_COLUMNS = [INPUT_IDS, TOKEN_MASK, GENERATION_LOGPROBS, TEACHER_TOPK_LOGITS, TEACHER_TOPK_INDICES]
@@ -73,13 +75,6 @@ def distillation_loss(cfg: RunConfig) -> ReverseKLLoss | TopKDistillationLoss:
     return TopKDistillationLoss(options) if options.topk else ReverseKLLoss()
 
 
-def teacher_config(cfg: RunConfig) -> RunConfig:
-    """The teacher's run config: the run's, with ``teacher.*`` as its model and warm-up."""
-    t = cfg.teacher
-    policy = cfg.policy.model_copy(update={"model_name": t.model_name, "tiny": t.tiny})
-    return cfg.model_copy(update={"policy": policy, "warmup": t.warmup})
-
-
 def distillation_step(s: Session, loss, step: int) -> dict[str, float]:
     """One distillation step; returns its metrics (train/*, timing/train/*)."""
     g = s.cfg.distillation
@@ -90,7 +85,7 @@ def distillation_step(s: Session, loss, step: int) -> dict[str, float]:
     with timer("refit"):
         s.refit.if_stale()
     s.data_plane.register_partition(TRAIN_PARTITION, TOPK_TRAIN_COLUMNS if topk else TRAIN_COLUMNS,
-                                    g.num_prompts_per_step * g.num_generations_per_prompt)
+                                    s.plan.sizes.samples_per_step)
 
     # ---- the student's rollouts; the sample mask ------------------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
@@ -100,9 +95,9 @@ def distillation_step(s: Session, loss, step: int) -> dict[str, float]:
     # ---- the teacher scores the student's tokens, written back per sample ------------------------
     with timer("teacher_logprobs"):
         if topk:  # its k largest logits of every token, and their ids
-            s.workers.teacher.run_sharded("compute_topk_logits", meta, k=g.topk_logits_k)
+            s.workers.teacher.run_sharded(TeacherWorker.compute_topk_logits, meta, k=g.topk_logits_k)
         else:
-            s.workers.teacher.run_sharded("compute_logprobs", meta, out_field=TEACHER_LOGPROBS)
+            s.workers.teacher.run_sharded(TeacherWorker.compute_logprobs, meta, out_field=TEACHER_LOGPROBS)
 
     # ---- train on the KL; the step is over ------------------------------------------------------
     with timer("policy_training"):
@@ -115,9 +110,10 @@ def distillation_step(s: Session, loss, step: int) -> dict[str, float]:
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole job: warm-up of student and teacher (or resume), steps, validation, checkpoints."""
-    with Session(cfg, quiet, teacher_cfg=teacher_config(cfg), components=components) as s:
+    with Session(cfg, quiet, components=components, signals=signals) as s:  # the teacher: the plan's teacher role
         loss = s.components.loss_fn or distillation_loss(cfg)
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
@@ -126,6 +122,10 @@ def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None 
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
                 s.stop_early(step, e)
                 break
-            if s.end_step(step, metrics):
+            done = s.trained(step)
+            s.validate_if_due(done, metrics)
+            s.log_step(done, metrics)
+            saved = s.checkpoint_if_due(done, metrics)
+            if s.should_stop(done, metrics, saved):
                 break
         return s.summary()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -19,6 +18,7 @@ from rlplane.dataplane.columns import (
     REFERENCE_LOGPROBS,
     TOKEN_MASK,
 )
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.advantages import estimator_advantages
 from rlplane.training.rollouts import (
@@ -45,8 +45,7 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
-                                    g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, s.plan.sizes.samples_per_step)
 
     # ---- rollout, rewards, dynamic sampling; the sample mask ------------------------------------
     meta, carry = collect_rollouts(s, timer, metrics)
@@ -76,11 +75,12 @@ def grpo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     return {**{f"train/{k}": v for k, v in metrics.items()}, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole job: warm-up (or resume), GRPO steps, validation, checkpoints. Returns a summary."""
-    with Session(cfg, quiet, components=components) as s:
-        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
-                                                     prev_from_forward=skips_prev_logprob_forward(cfg))
+    with Session(cfg, quiet, components=components, signals=signals) as s:
+        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
+                                                     prev_from_forward=s.plan.skips_prev_logprob_forward)
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             try:
@@ -88,6 +88,10 @@ def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None 
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
                 s.stop_early(step, e)
                 break
-            if s.end_step(step, metrics):
+            done = s.trained(step)
+            s.validate_if_due(done, metrics)
+            s.log_step(done, metrics)
+            saved = s.checkpoint_if_due(done, metrics)
+            if s.should_stop(done, metrics, saved):
                 break
         return s.summary()

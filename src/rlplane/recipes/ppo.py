@@ -13,7 +13,6 @@ import torch
 from rlplane.algorithms.advantages import raw_reward_advantages
 from rlplane.algorithms.gae import compute_gae
 from rlplane.algorithms.value_loss import explained_variance
-from rlplane.config.plan import skips_prev_logprob_forward
 from rlplane.config.schema import RunConfig
 from rlplane.dataplane.columns import (
     ADVANTAGES,
@@ -25,6 +24,7 @@ from rlplane.dataplane.columns import (
     TOKEN_MASK,
     VALUES,
 )
+from rlplane.runtime.interrupts import StopSignals
 from rlplane.training import Components, DataExhausted, Session, Timer
 from rlplane.training.rollouts import (
     TRAIN_PARTITION,
@@ -36,6 +36,7 @@ from rlplane.training.rollouts import (
 )
 from rlplane.utils.metrics import merge_rank_metrics
 from rlplane.workers.policy import ClippedPGLoss
+from rlplane.workers.value import ValueWorker
 
 __all__ = ["TRAIN_COLUMNS", "critic_metrics", "mean_over_epochs", "ppo_advantages", "ppo_step", "train"]
 
@@ -107,15 +108,14 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
 
     with timer("refit"):
         s.refit.if_stale()
-    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS,
-                                    g.num_prompts_per_step * g.num_generations_per_prompt)
+    s.data_plane.register_partition(TRAIN_PARTITION, TRAIN_COLUMNS, s.plan.sizes.samples_per_step)
 
     # ---- rollout, rewards, dynamic sampling → values → sample mask, logprobs ----------------------
     meta, carry = collect_rollouts(s, timer, metrics)
     s.refit.release()  # colocated: the generators sleep while the policy trains
     if critic is not None:
         with timer("values"):
-            critic.run_sharded("compute_values", meta)
+            critic.run_sharded(ValueWorker.compute_values, meta)
     meta, sample_mask = stamp_sample_mask(g.overlong_filtering, meta, carry)
     meta, sample_mask = policy_logprobs(s, meta, carry, sample_mask, loss, timer, metrics)
 
@@ -148,7 +148,7 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     for _ in range(g.ppo_epochs):
         if critic is not None:
             with timer("value_training"):
-                critic_passes.append(merge_rank_metrics(critic.run_sharded("train", meta, batch_size=gbs)))
+                critic_passes.append(merge_rank_metrics(critic.run_sharded(ValueWorker.train, meta, batch_size=gbs)))
         if train_actor:
             with timer("policy_training"):
                 actor_passes.append(merge_rank_metrics(s.policy.train_from_meta(meta, loss)))
@@ -168,13 +168,14 @@ def ppo_step(s: Session, loss: ClippedPGLoss, step: int) -> dict[str, float]:
     return {**out, **timer.metrics()}
 
 
-def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None) -> dict:
+def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None = None,
+          signals: StopSignals | None = None) -> dict:
     """Run the whole job: warm-up (or resume), PPO steps, validation, checkpoints. Returns a summary."""
     if cfg.algorithm != "ppo":
         raise ValueError(f"recipes.ppo.train needs algorithm: ppo, got {cfg.algorithm!r}")
-    with Session(cfg, quiet, critic=cfg.ppo.adv_estimator.name == "gae", components=components) as s:
-        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
-                                                     prev_from_forward=skips_prev_logprob_forward(cfg))
+    with Session(cfg, quiet, components=components, signals=signals) as s:  # the critic: the plan's value role (GAE)
+        loss = s.components.loss_fn or ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
+                                                     prev_from_forward=s.plan.skips_prev_logprob_forward)
         for step in range(s.start(), s.last_step()):
             s.begin_step(step)
             try:
@@ -182,6 +183,10 @@ def train(cfg: RunConfig, *, quiet: bool = False, components: Components | None 
             except DataExhausted as e:  # max_num_epochs used up inside a step (dynamic sampling)
                 s.stop_early(step, e)
                 break
-            if s.end_step(step, metrics):
+            done = s.trained(step)
+            s.validate_if_due(done, metrics)
+            s.log_step(done, metrics)
+            saved = s.checkpoint_if_due(done, metrics)
+            if s.should_stop(done, metrics, saved):
                 break
         return s.summary()

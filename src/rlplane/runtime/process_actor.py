@@ -27,6 +27,7 @@ import torch
 from rlplane.dataplane import MemoryDataPlane
 from rlplane.dataplane.forwarding import serve_to_other_process
 from rlplane.fast.heap import freeze_heap
+from rlplane.runtime.calls import method_name
 from rlplane.runtime.worker_env import WORKER_ENV
 from rlplane.utils.shared_pickle import dumps
 
@@ -97,8 +98,8 @@ class ProcessActor:
         atexit.register(self.close)  # an interpreter that exits without close() still ends the child cleanly
 
     # ---- calls
-    def call(self, method: str, *args, **kwargs):
-        return self._request(("call", method, args, kwargs))
+    def call(self, method: Callable, *args, **kwargs):
+        return self._request(("call", method_name(method), args, kwargs))
 
     lazy = call  # as locally: the value itself
 

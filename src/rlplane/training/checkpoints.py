@@ -16,7 +16,7 @@ from rlplane.training.workers import Workers
 from rlplane.utils.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    check_weights_fit,
+    check_shapes_fit,
     load_torch_state,
     weight_shapes,
 )
@@ -48,9 +48,11 @@ class Checkpoints:
         """Have ``save(path)`` write ``file_name`` in every checkpoint from now on (the part's owner writes it)."""
         self.parts[file_name] = save
 
-    def check_resume(self, model: torch.nn.Module, say: Callable[[str], None]) -> Path | None:
-        """Repair a crash mid-save, then check the latest checkpoint (info, files, weight shapes against ``model``)
-        so damage is a one-line error before any worker starts. Returns it (or None)."""
+    def check_resume(self, weight_shapes_now: Callable[[], dict[str, tuple[int, ...]]],
+                     say: Callable[[str], None]) -> Path | None:
+        """Repair a crash mid-save, then check the latest checkpoint (info, files, weight shapes against
+        ``weight_shapes_now()``: the configured policy's) so damage is a one-line error before any worker starts.
+        Returns it (or None)."""
         for what in self.manager.repair():
             say(f"checkpoint {what}")
         latest = self.manager.latest()
@@ -75,7 +77,7 @@ class Checkpoints:
             say(line)
         fix = ("resume with the policy settings of the run that wrote "
                f"it ({latest / 'config.yaml'}), or start a new run_dir")
-        check_weights_fit(model, latest / "policy" / "weights", fix)
+        check_shapes_fit(weight_shapes_now(), latest / "policy" / "weights", fix)
         for name in ("value", "teacher"):
             if (latest / name / "weights").is_dir():
                 weight_shapes(latest / name / "weights")  # damaged or truncated: say so now
@@ -86,13 +88,13 @@ class Checkpoints:
         info = self.manager.load_info(path)
         for name, group in self.workers.trained_groups().items():
             if (path / name).is_dir():
-                group.run("load", str(path / name))
+                group.run(group.cls.load, str(path / name))
                 if name in ("policy", "value"):  # loading restored the saved lr etc.: this run's apply
-                    group.run("apply_optimizer_settings", **self.run_config[name]["optimizer"])
+                    group.run(group.cls.apply_optimizer_settings, **self.run_config[name]["optimizer"])
         self.prompts.load_state_dict(self._resume_state["dataloader"])
         rng = self._resume_state["rng"]
         torch.set_rng_state(rng["torch"])
-        self.workers.rollout.call("set_rng_state", rng["rollout"])
+        self.workers.rollout.set_rng_state(rng["rollout"])
         self.resumed_from = path
         return info
 
@@ -112,10 +114,10 @@ class Checkpoints:
         def write(tmp: Path) -> None:
             (tmp / "config.yaml").write_text(self.config_yaml)
             for name, group in self.workers.trained_groups().items():
-                group.run("save", str(tmp / name))
+                group.run(group.cls.save, str(tmp / name))
             kill_point("checkpoint_write")
             torch.save(self.prompts.state_dict(), tmp / "dataloader.pt")
-            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.call("rng_state")},
+            torch.save({"torch": torch.get_rng_state(), "rollout": self.workers.rollout.rng_state()},
                        tmp / "rng.pt")
             for name, save in self.parts.items():
                 save(tmp / name)

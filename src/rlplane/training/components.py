@@ -7,23 +7,27 @@ first ``max_val_samples`` training prompts); ``logger``: ``log_metrics(metrics, 
 
 ``policy``, ``policy_generation``, ``checkpointer``: an object with the methods in :data:`NEEDS`, used in
 place of the session's own, or a function (or class) of the session's own returning one (a wrapper).
+A recipe's own long-lived part beside the session's workers is a :class:`SidePart`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import PREV_LOGPROBS, REFERENCE_LOGPROBS
 from rlplane.errors import ConfigError
 from rlplane.training.loop import TrainingStopped
+from rlplane.workers.policy import PolicyWorker
 
 # What the session calls on each injectable part.
 NEEDS = {
     "policy": ("get_logprobs_from_meta", "get_reference_policy_logprobs_from_meta", "train_from_meta"),
-    "policy_generation": ("call", "update_weights"),
+    "policy_generation": ("rollout", "set_weight_version", "update_weights"),
     "checkpointer": ("check_resume", "attach", "restore", "due", "save"),
 }
 
@@ -80,14 +84,14 @@ class DataPlanePolicy:
         """``prev_logprobs`` under the trained weights; ``micro_batch_size`` None: ``policy.logprob_batch_size``;
         ``timer``: a :class:`~rlplane.training.loop.Timer` the call is timed in (NeMo RL's nested timing)."""
         with _timed(timer, "policy_logprobs"):
-            self.group.run_sharded("compute_logprobs", meta, out_field=PREV_LOGPROBS,
+            self.group.run_sharded(PolicyWorker.compute_logprobs, meta, out_field=PREV_LOGPROBS,
                                    **_given(micro_batch_size=micro_batch_size))
 
     def get_reference_policy_logprobs_from_meta(self, meta: KVBatchMeta, micro_batch_size: int | None = None,
                                                 timer=None) -> None:
         """``reference_policy_logprobs`` (temperature only) under the frozen initial weights."""
         with _timed(timer, "reference_policy_logprobs"):
-            self.group.run_sharded("compute_logprobs", meta, out_field=REFERENCE_LOGPROBS, reference=True,
+            self.group.run_sharded(PolicyWorker.compute_logprobs, meta, out_field=REFERENCE_LOGPROBS, reference=True,
                                    **_given(micro_batch_size=micro_batch_size))
 
     def train_from_meta(self, meta: KVBatchMeta, loss_fn, eval_mode: bool = False, gbs: int | None = None,
@@ -95,7 +99,7 @@ class DataPlanePolicy:
         """One training pass (``eval_mode``: loss and metrics only); the ranks' metrics, one dict each."""
         extra = _given(eval_mode=eval_mode or None, gbs=gbs, mbs=mbs)
         with _timed(timer, "policy_training"):
-            return self.group.run_sharded("train", meta, batch_size=gbs or self.train_global_batch_size,
+            return self.group.run_sharded(PolicyWorker.train, meta, batch_size=gbs or self.train_global_batch_size,
                                           loss=loss_fn, **extra)
 
 
@@ -128,3 +132,21 @@ class LoggerSink:
 
     def close(self) -> None:
         pass
+
+
+class SidePart(Protocol):
+    """A recipe's own long-lived part beside the session's workers (async GRPO's collector), given to the session
+    when it is made: started at the end of :meth:`Session.start`, paused around every validation, asked for the
+    prompt loader's position and written into every checkpoint (``checkpoint_file``), stopped first on close."""
+
+    checkpoint_file: str
+
+    def start(self, s: Any, start_step: int) -> None: ...  # s: the Session
+
+    def paused(self) -> AbstractContextManager: ...
+
+    def loader_state(self) -> dict | None: ...  # None: the session's own loader is current
+
+    def save(self, path: Path) -> None: ...
+
+    def stop(self) -> None: ...

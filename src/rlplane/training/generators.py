@@ -14,6 +14,7 @@ import torch
 from rlplane.dataplane import concat_metas
 from rlplane.runtime.groups import LocalGroup, RayGroup, spread
 from rlplane.workers.env_metrics import is_env_metric, merge_env_metrics
+from rlplane.workers.rollout import RolloutWorker
 
 # Event counts are summed; ``max_*`` take the maximum; the rest are means weighted by rows.
 COUNT_METRICS = ("env_errors", "env_retries", "rollout_failures", "rollout_retries")
@@ -36,7 +37,8 @@ def merge_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, fl
 
 
 class Generators:
-    """``sleeps``: the generators release their weights until the next refit (colocated under Ray)."""
+    """The rollout workers used like one, through typed calls; ``sleeps``: they release their weights until the
+    next refit (colocated under Ray)."""
 
     def __init__(self, group: LocalGroup | RayGroup, sleeps: bool = False):
         self.group, self.sleeps = group, sleeps
@@ -45,24 +47,11 @@ class Generators:
     def __len__(self) -> int:
         return len(self.group)
 
-    def call(self, method: str, *args, **kwargs):
-        """``method`` as on one rollout worker: ``rollout`` spread, ``last_samples`` gathered, ``rng_state`` per
-        generator; anything else goes to all."""
-        if method == "rollout":
-            return self.rollout(*args, **kwargs)
-        if method == "last_samples":
-            return self.last_samples(*args, **kwargs)
-        if method == "rng_state":
-            return self.group.run("rng_state")
-        if method == "set_rng_state":
-            return self.set_rng_state(*args, **kwargs)
-        return self.group.run(method, *args, **kwargs)[0]
-
     def rollout(self, datums: Sequence, *, group_size: int, partition_id: str | None, **kwargs):
         """:meth:`RolloutWorker.rollout` of ``datums`` spread by whole group over the generators."""
         ranges = [(r, a, b) for r, (a, b) in enumerate(spread(len(datums), len(self))) if b > a]
-        handles = [self.group.lazy("rollout", datums[a:b], group_size=group_size, partition_id=partition_id,
-                                   **kwargs, rank=r) for r, a, b in ranges]
+        handles = [self.group.lazy(RolloutWorker.rollout, datums[a:b], group_size=group_size,
+                                   partition_id=partition_id, **kwargs, rank=r) for r, a, b in ranges]
         results = self.group.wait(handles)
         self._last_ranks = [r for r, _, _ in ranges]
         if len(results) == 1:
@@ -76,23 +65,44 @@ class Generators:
         return (None if partition_id is None else concat_metas(metas)), carry, metrics
 
     def last_samples(self, limit: int | None = None) -> list[dict]:
-        parts = self.group.wait([self.group.lazy("last_samples", rank=r) for r in self._last_ranks])
+        parts = self.group.wait([self.group.lazy(RolloutWorker.last_samples, rank=r) for r in self._last_ranks])
         return [s for part in parts for s in part][:limit]
+
+    def ping(self) -> None:
+        """Returns once every generator's constructor has (under Ray, raises what one raised)."""
+        self.group.run(RolloutWorker.ping)
+
+    def set_weight_version(self, version: int) -> None:
+        """The weight version every generator seeds its next rollouts with."""
+        self.group.run(RolloutWorker.set_weight_version, version)
+
+    def sleep(self) -> None:
+        """Every generator releases its weights until the next :meth:`update_weights`."""
+        self.group.run(RolloutWorker.sleep)
+
+    def rng_state(self) -> list:
+        """Each generator's sampling RNG state (engines without per-sample seeds use it)."""
+        return self.group.run(RolloutWorker.rng_state)
 
     def set_rng_state(self, state) -> None:
         """One state per generator (a single one goes to generator 0); only engines without per-sample seeds use it."""
         states = state if isinstance(state, list) else [state]
-        self.group.wait([self.group.lazy("set_rng_state", s, rank=r) for r, s in enumerate(states[: len(self)])])
+        self.group.wait([self.group.lazy(RolloutWorker.set_rng_state, s, rank=r)
+                         for r, s in enumerate(states[: len(self)])])
 
     def update_weights(self, weights, version: int | None = None) -> None:
         """Every generator loads ``weights`` as ``version`` (under Ray one object reference, resolved in each)."""
-        self.group.run("update_weights", weights, version=version)
+        self.group.run(RolloutWorker.update_weights, weights, version=version)
 
     def weight_reports(self, probe: bool, fingerprint: bool = True) -> list:
         """Each generator's :class:`~rlplane.workers.weight_sync.GeneratorReport`, in generator order."""
-        return self.group.run("weight_report", probe, fingerprint)
+        return self.group.run(RolloutWorker.weight_report, probe, fingerprint)
+
+    def placement(self) -> list[dict]:
+        """Where each generator runs (node, placement group, bundle; ``runtime: ray``)."""
+        return self.group.run(RolloutWorker.placement)
 
     def close(self) -> None:
         if isinstance(self.group, LocalGroup):  # a Ray actor's environments go with its processes
-            self.group.run("close")
+            self.group.run(RolloutWorker.close)
         self.group.close()

@@ -64,14 +64,14 @@ def validate(loop: RolloutLoopConfig, rollout: LocalActor | RayActor, datums: li
         # A round trip, so Ray orders the register above before the rollout worker's puts.
         data_plane.list_samples(VAL_PARTITION)
         try:
-            meta, carry, rollout_metrics = rollout.call("rollout", batch, group_size=1, partition_id=VAL_PARTITION,
-                                                        greedy=True, heldout=True)
+            meta, carry, rollout_metrics = rollout.rollout(batch, group_size=1, partition_id=VAL_PARTITION,
+                                                           greedy=True, heldout=True)
             correct.append(carry["rewards"])
             env_parts.append(rollout_metrics)
             samples += val_samples(data_plane, meta, carry, batch, tokenizer)
             if k > 1:
-                _, carry, _ = rollout.call("rollout", batch, group_size=k, partition_id=VAL_PARTITION, greedy=False,
-                                           heldout=True)
+                _, carry, _ = rollout.rollout(batch, group_size=k, partition_id=VAL_PARTITION, greedy=False,
+                                              heldout=True)
                 passed.append((carry["rewards"].view(-1, k) > 0).any(dim=1).float())
         finally:
             data_plane.clear_samples(None, VAL_PARTITION)

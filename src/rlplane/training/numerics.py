@@ -4,12 +4,42 @@ every checkpoint and every worker see one value, and a resumed run keeps the one
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from rlplane.config.schema import RunConfig
 from rlplane.models.precision import PRECISIONS
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """``precision`` the models compute in (``auto`` only where each GPU worker decides for its own device) and
+    ``why``; ``device`` the trained ranks compute on."""
+
+    precision: str
+    why: str
+    device: str
+
+
+def numerics(cfg: RunConfig, resumed: Path | None = None) -> Numerics:
+    """``policy.precision`` settled for the run: as set; for ``auto`` on CPU the choice a resumed run recorded, else
+    what this host's features and the model's width give (the model's config is read, not its weights); for
+    ``auto`` on a GPU each worker decides for its own device."""
+    from rlplane.models.configured import configured_architecture
+    from rlplane.models.precision import choose_precision
+
+    p = cfg.policy
+    if p.precision != "auto":
+        return Numerics(p.precision, "set in the config", p.device)
+    if p.device != "cpu":
+        return Numerics("auto", "each GPU worker decides for its device", p.device)
+    saved = recorded_precision(resumed)
+    if saved is not None:
+        return Numerics(saved, f"auto: recorded by the run that wrote {resumed}", p.device)
+    chosen, why = choose_precision("auto", getattr(configured_architecture(p), "hidden_size", None), "cpu")
+    return Numerics(chosen, f"auto: {why}", p.device)
 
 
 def recorded_precision(checkpoint: Path | None) -> str | None:
@@ -31,15 +61,6 @@ def _on_cpu_auto(cfg: RunConfig) -> bool:
 
 def _with_precision(cfg: RunConfig, precision: str) -> RunConfig:
     return cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"precision": precision})})
-
-
-def keep_recorded_precision(cfg: RunConfig, resumed: Path | None) -> tuple[RunConfig, str | None]:
-    """``(cfg, note)``: ``policy.precision: auto`` replaced by the precision ``resumed``'s run recorded (before the
-    policy is loaded, so it loads that way); ``note`` says so. Unchanged when there is nothing recorded."""
-    saved = recorded_precision(resumed) if _on_cpu_auto(cfg) else None
-    if saved is None:
-        return cfg, None
-    return _with_precision(cfg, saved), f"policy.precision: auto -> {saved} (recorded by the run that wrote {resumed})"
 
 
 def settle_precision(cfg: RunConfig, chosen: str) -> RunConfig:

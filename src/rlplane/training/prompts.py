@@ -6,6 +6,8 @@ that every prompt was trained exactly once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rlplane.config.data import DatasetOptions
 from rlplane.data import PromptDataLoader
 from rlplane.datasets import build_datasets
@@ -13,9 +15,12 @@ from rlplane.envs import check_task_names
 
 
 class Prompts:
-    """``dataset`` / ``dataloader`` / ``val_dataset``: given objects instead of ``data.*`` (``Components``)."""
+    """``dataset`` / ``dataloader`` / ``val_dataset``: given objects instead of ``data.*`` (``Components``);
+    ``state_from``: where a checkpoint reads the loader position when another process may be drawing the prompts
+    (async GRPO's collector; it answers None while this loader is the one drawing)."""
 
-    def __init__(self, options: DatasetOptions, tokenizer, *, dataset=None, dataloader=None, val_dataset=None):
+    def __init__(self, options: DatasetOptions, tokenizer, *, dataset=None, dataloader=None, val_dataset=None,
+                 state_from: Callable[[], dict | None] | None = None):
         if dataset is None and dataloader is None:
             self.loader, self.val_datums, self.stats = build_datasets(options, tokenizer)
         else:
@@ -32,8 +37,7 @@ class Prompts:
         self._iter = iter(self.loader)
         self._drawn: list[list[int]] = []  # this step's draws, [epoch, idx]
         self._trained: list[int] | None = None  # positions in _drawn of the prompts trained on (None: all)
-        # Where a checkpoint reads the loader position when another process draws (async); None: this loader.
-        self.state_from = None
+        self.state_from = state_from
 
     @property
     def dataset(self):
@@ -68,7 +72,8 @@ class Prompts:
         return {"drawn": drawn, "trained": drawn if trained is None else [drawn[i] for i in trained]}
 
     def state_dict(self) -> dict:
-        return self.loader.state_dict() if self.state_from is None else self.state_from()
+        state = self.state_from() if self.state_from is not None else None
+        return self.loader.state_dict() if state is None else state
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)

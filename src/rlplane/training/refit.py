@@ -9,21 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlplane.training.weight_check import WeightCheck
+from rlplane.training.weight_check import WeightCheck, WeightCheckOptions
 from rlplane.training.workers import Workers
 from rlplane.utils.kill_points import kill_point
+from rlplane.workers.policy import PolicyWorker
 
 
 class Refit:
     """``version``: the weight version the policy holds (the session sets it: the step its weights serve);
-    ``say``: where a weight-sync warning goes (``policy.generation.verify_weights: warn``)."""
+    ``check``: the plan's weight-sync check, ``say`` where its warnings go; ``sharded``: the policy's weights are
+    gathered by every rank together (FSDP over several ranks)."""
 
-    def __init__(self, workers: Workers, say: Callable[[str], None] = print):
-        self.workers = workers
+    def __init__(self, workers: Workers, check: WeightCheckOptions, *, sharded: bool = False,
+                 say: Callable[[str], None] = print):
+        self.workers, self.sharded = workers, sharded
         self.stale = False
         self.unverified = True  # the generators' weights were not checked since the policy's last changed
         self.version = 0
-        self.check = WeightCheck(workers.cfg.policy.generation, say)
+        self.check = WeightCheck(check, say)
 
     def mark_stale(self) -> None:
         """The policy's weights changed (an optimizer step, a checkpoint load, a fresh actor)."""
@@ -35,20 +38,25 @@ class Refit:
         kill_point("refit")
         if self.stale:
             w = self.workers
-            if w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1:
+            if self.sharded:
                 # Under FSDP get_weights is a gather all ranks join.
-                refs = [w.policy.lazy("get_weights", rank=r) for r in range(len(w.policy))]
+                refs = [w.policy.lazy(PolicyWorker.get_weights, rank=r) for r in range(len(w.policy))]
                 w.rollout.update_weights(refs[0], version=self.version)
                 w.policy.wait(refs[1:])
             else:
-                w.rollout.update_weights(w.policy.lazy("get_weights"), version=self.version)
+                w.rollout.update_weights(w.policy.lazy(PolicyWorker.get_weights), version=self.version)
             self.stale = False
             self.unverified = True
         if self.unverified and self.check.enabled:
             w = self.workers
             self.check.run(w.rollout.weight_reports, w.policy, self.version, shared=w.generator_shares_weights,
-                           sharded=w.cfg.policy.dtensor_cfg.enabled and len(w.policy) > 1)
+                           sharded=self.sharded)
         self.unverified = False
+
+    def trained(self, version: int) -> None:
+        """The policy's weights are now ``version`` (the step that trained them + 1): they serve the next step, and
+        a refit before it (a validation's) stamps them so."""
+        self.version = version
 
     def take_metrics(self, upto: int) -> dict[str, float]:
         """The weight-sync checks' metrics of the versions up to ``upto`` (the step whose row they join)."""
@@ -57,5 +65,5 @@ class Refit:
     def release(self) -> None:
         """Until the next refit: colocated generators sleep (weights freed) while the policy trains."""
         if self.workers.rollout.sleeps:
-            self.workers.rollout.call("sleep")
+            self.workers.rollout.sleep()
             self.stale = True

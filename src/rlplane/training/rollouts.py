@@ -79,8 +79,7 @@ def collect_rollouts(
     :class:`DataExhausted` when ``max_num_epochs`` is used up.
     """
     cfg, g = s.cfg, s.cfg.loop
-    G = g.num_generations_per_prompt
-    target = g.num_prompts_per_step * G
+    G, target = s.plan.sizes.generations_per_prompt, s.plan.sizes.samples_per_step
     metas, carries, keep_masks, num_groups = [], [], [], 0
     raw_rewards = []  # (B_i,) per generation batch, before scaling, shaping and the selection
     drop_failed = g.rollout_failure_policy == "drop_group"  # failed groups are dropped and refilled too
@@ -97,7 +96,7 @@ def collect_rollouts(
             kill_point("refill")
         datums = s.prompts.next()
         with timer("generation"):
-            meta, c, gen_metrics = s.workers.rollout.call("rollout", datums, group_size=G, partition_id=TRAIN_PARTITION)
+            meta, c, gen_metrics = s.workers.rollout.rollout(datums, group_size=G, partition_id=TRAIN_PARTITION)
         raw_rewards.append(c["rewards"])
         env_parts.append(gen_metrics)
         metrics["reward"] = float(torch.cat(raw_rewards).mean())  # the task's, also in a control run
@@ -161,7 +160,7 @@ def policy_logprobs(
     metrics: dict[str, float],
 ) -> tuple[KVBatchMeta, torch.Tensor]:
     """Prev and reference logprobs written back by the policy workers (no prev forward when
-    ``loss.prev_from_forward``, see ``config/plan.py``), then the logprob-error mask."""
+    ``loss.prev_from_forward``, see ``training/plan.py``), then the logprob-error mask."""
     # A loss given as an object (rlplane.train(loss_fn=...)) may lack these flags: prev is computed, the
     # reference when the loss reads it.
     prev_from_forward = getattr(loss, "prev_from_forward", False)

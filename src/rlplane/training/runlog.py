@@ -59,3 +59,18 @@ class RunLog:
     def close(self) -> None:
         self.progress.close()
         self.logger.close()
+
+
+def actor_death_lines(step: int, metrics: dict[str, float], algorithm: str, failure_policy: str) -> list[str]:
+    """One line per environment whose actors died during step ``step`` (``runtime: ray``; Ray restarted them), from
+    its ``<phase>/env/<task>/actor_deaths`` metrics."""
+    lines = []
+    for key, deaths in metrics.items():
+        if key.endswith("/actor_deaths") and deaths:
+            phase, _, task, _ = key.split("/")
+            lines.append(f"step {step}: {deaths:g} environment actor(s) of {task!r} died during {phase} and were "
+                         f"restarted; the samples they held followed {algorithm}.rollout_failure_policy = "
+                         f"{failure_policy} ({phase}/rollout_failures = "
+                         f"{metrics.get(f'{phase}/rollout_failures', 0):g}, rollout_retries = "
+                         f"{metrics.get(f'{phase}/rollout_retries', 0):g})")
+    return lines

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlplane.models.fingerprint import difference
 from rlplane.training.loop import TrainingStopped
+from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.weight_sync import GeneratorReport, probe_error, tolerance
 
 
@@ -27,13 +29,26 @@ def _weights(version, fingerprint, shared: bool) -> str:
     return f"version {_version(version)} (fingerprint {fingerprint.digest if fingerprint is not None else 'none'})"
 
 
+@dataclass(frozen=True)
+class WeightCheckOptions:
+    """``policy.generation.verify_weights`` (``fail`` | ``warn`` | ``off``) and ``verify_probe_every``, as the run
+    plan read them (the policy ranks fingerprint what they send only when the check is on)."""
+
+    mode: str
+    probe_every: int | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
 class WeightCheck:
-    """``generation``: the ``policy.generation`` section; ``say``: where ``warn`` mode's lines go; ``label``
+    """``options``: the run plan's :class:`WeightCheckOptions`; ``say``: where ``warn`` mode's lines go; ``label``
     names the generators in them, ``prefix`` starts the names of the metrics."""
 
-    def __init__(self, generation, say: Callable[[str], None] = print, label: str = "generator",
+    def __init__(self, options: WeightCheckOptions, say: Callable[[str], None] = print, label: str = "generator",
                  prefix: str = "weight_sync/"):
-        self.mode, self.probe_every, self.say = generation.verify_weights, generation.verify_probe_every, say
+        self.mode, self.probe_every, self.say = options.mode, options.probe_every, say
         self.label, self.prefix = label, prefix
         self.verified: dict[int, int | None] = {}  # generator -> the version last verified there
         # Per weight version checked: a step's row gets those of the versions it used, whenever they were checked
@@ -58,9 +73,9 @@ class WeightCheck:
         got = reports(probe, not shared)
         probes = [r.probe[:2] for r in got if r.probe is not None]
         if sharded:
-            trainer = policy.run("weight_check", probes, shared=shared)[0]
+            trainer = policy.run(PolicyWorker.weight_check, probes, shared=shared)[0]
         else:
-            trainer = policy.wait([policy.lazy("weight_check", probes, shared=shared)])[0]
+            trainer = policy.wait([policy.lazy(PolicyWorker.weight_check, probes, shared=shared)])[0]
         scores = iter(trainer["probe_logprobs"])
         errors = []
         for i, r in enumerate(got):

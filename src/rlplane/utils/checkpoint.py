@@ -330,8 +330,12 @@ def load_weights(weights_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 def check_weights_fit(model: torch.nn.Module, weights_dir: str | os.PathLike, fix: str) -> None:
     """Raise :class:`CheckpointError` unless ``weights_dir`` has ``model``'s names and shapes (a tied
     ``lm_head`` may be missing); ``fix`` ends the message."""
+    check_shapes_fit({k: tuple(v.shape) for k, v in model.state_dict().items()}, weights_dir, fix)
+
+
+def check_shapes_fit(expected: dict[str, tuple[int, ...]], weights_dir: str | os.PathLike, fix: str) -> None:
+    """:func:`check_weights_fit` against a model's weight names and shapes (``expected``)."""
     saved = weight_shapes(weights_dir)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     for k, shape in expected.items():
         if k in saved and saved[k] != shape:
             raise CheckpointError(

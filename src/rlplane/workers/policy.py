@@ -66,7 +66,7 @@ class ClippedPGLoss:
 
     options: ClippedPGOptions
     reference: bool  # the step wrote reference_policy_logprobs (the KL term's input)
-    # π_old is this training forward, detached (config/plan.py's skips_prev_logprob_forward).
+    # π_old is this training forward, detached (the run plan's skips_prev_logprob_forward).
     prev_from_forward: bool = False
 
     def columns(self) -> list[str]:
@@ -98,11 +98,12 @@ class ClippedPGLoss:
 
 @dataclass(frozen=True)
 class PolicyWorkerOptions:
-    """What a policy rank takes from the run's config (``training/workers.py`` builds it)."""
+    """What a policy rank takes from the run's config (the run plan builds it: ``training/plan.py``)."""
 
     policy: PolicyConfig  # the ``policy`` section: model, optimizer, micro-batching, sampling, device
     seed: int  # the run's seed: the embedded model's initialisation
     reference: bool  # keep a frozen copy of the initial weights: π_ref of the loss's KL term
+    fingerprint_sent: bool = False  # fingerprint the weights get_weights sends (the weight-sync check is on)
 
 
 class PolicyWorker:
@@ -118,6 +119,8 @@ class PolicyWorker:
         shared_paths: SharedPaths | None = None,
     ):
         p = self.policy = options.policy
+        self.fingerprint_sent = options.fingerprint_sent
+        self._sent = None  # the fingerprint of the weights get_weights sent last
         self.dp_rank = DPRank("policy worker", p, data_plane, rank, world_size, shared_paths)
         model, self.tokenizer = load_configured_policy(p, options.seed, trainable=True, init_state=init_state)
         self.pad_id = self.tokenizer.pad_token_id or 0
@@ -215,14 +218,14 @@ class PolicyWorker:
         their fingerprint is kept for the weight-sync check."""
         sharded = parallel.is_sharded(self.model)
         weights = parallel.full_state_dict(self.model) if sharded else policy_weights(self.model)
-        if self.policy.generation.verify_weights != "off":
+        if self.fingerprint_sent:
             self._sent = fingerprint(weights)
         return weights
 
     def weight_check(self, probes: list[tuple[list[int], list[int]]], shared: bool = False) -> dict:
         """The trainer's half of a weight-sync check: the last sent weights' fingerprint (None if ``shared``),
         its precision and its logprobs of each probe's tokens (under FSDP every rank runs it)."""
-        sent = None if shared else getattr(self, "_sent", None)
+        sent = None if shared else self._sent
         scores = score_probes(self.model, probes, self.policy.generation, self.pad_id) if probes else []
         return {"fingerprint": sent, "precision": model_precision(self.model), "probe_logprobs": scores}
 

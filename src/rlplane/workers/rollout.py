@@ -6,41 +6,40 @@ driver gets the receipt and a small (B,) carry (rewards, group, truncation, fail
 ``reward/<name>``). Failed environment steps follow ``rollout_failure_policy``. Sampling is seeded per
 sample key and weight version (``hf``), so a sample draws the same tokens wherever it is generated.
 Phases for callers that interleave work: ``generate``, ``score``, ``finish``, ``put``.
-Environments run here, or under ``runtime: ray`` in the driver's actor pools (``env_pools``); held-out
-rollouts use ``env.val_task_to_env``'s; each task's ``metrics()`` is reported as ``env/<task>/*``.
+Environments run here, or under ``runtime: ray`` in the driver's actor pools (:mod:`rlplane.workers.environments`);
+each task's ``metrics()`` is reported as ``env/<task>/*``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlplane.config.schema import RunConfig
 from rlplane.data.datum import DatumSpec
 from rlplane.dataplane import DataPlaneClient, KVBatchMeta
 from rlplane.dataplane.columns import GENERATION_LOGPROBS, INPUT_IDS, TOKEN_MASK
-from rlplane.envs import create_env
 from rlplane.envs.interface import EnvBatch
-from rlplane.envs.user import register_user_tasks
 from rlplane.errors import WorkerFailed
 from rlplane.fast.threads import set_worker_threads
 from rlplane.generation import create_backend
 from rlplane.generation.interface import stop_ids
 from rlplane.generation.sampling import sample_seed
 from rlplane.models.configured import load_configured_policy
-from rlplane.runtime.env_pools import EnvPool, call_env_metrics, pool_name
+from rlplane.runtime.env_pools import call_env_metrics
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.env_metrics import env_metrics
-from rlplane.workers.turns import EnvSteps, Turns, TurnsResult, generate_turns, score_turns, turns_result
+from rlplane.workers.environments import EnvBlock, Environments
+from rlplane.workers.turns import Turns, TurnsResult, generate_turns, score_turns, turns_result
 from rlplane.workers.weight_sync import GeneratorReport, model_precision, run_probe
+
+if TYPE_CHECKING:
+    from rlplane.config.policy import PolicyConfig
 
 ENV_GROUPS = "env_groups"  # finish(per_group=True): each prompt group's env/<task>/* metrics, in order
 
@@ -57,29 +56,42 @@ def sample_keys(datums: Sequence[DatumSpec], group_size: int, stream: str) -> li
     return [f"{stream}/e{d.epoch}/p{d.idx}_g{i}" for d in datums for i in range(group_size)]
 
 
+@dataclass(frozen=True)
+class RolloutOptions:
+    """What a rollout worker takes from the run's config (the run plan builds it, :mod:`rlplane.training.plan`)."""
+
+    policy: PolicyConfig  # the model a worker without one loads; its generation section; the sequence cap
+    seed: int  # the run's seed: the model's initialisation, and the per-row sampling seeds of every worker
+    max_rollout_turns: int
+    env_retries: int = 0  # re-runs of a failed environment step (rollout_failure_policy: retry)
+
+
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, data_plane: DataPlaneClient | None, model=None, tokenizer=None, seed: int = 0,
-                 shared_paths: SharedPaths | None = None, env_pools: Mapping[str, EnvPool] | None = None):
+    """``options``: its own settings; ``env``: the environments it steps; ``model``/``tokenizer``: a module to sample
+    from (the policy's own, colocated), else it loads its own copy; ``seed``: its generator's (engines without
+    per-row seeds)."""
+
+    def __init__(self, options: RolloutOptions, env: EnvBlock, data_plane: DataPlaneClient | None, model=None,
+                 tokenizer=None, seed: int = 0, shared_paths: SharedPaths | None = None):
+        p = options.policy
         # First: a run directory or model this worker cannot see is one line, not a traceback.
-        check_shared_paths(shared_paths, "rollout worker", cfg.policy.model_name)
-        self.cfg, self.dp = cfg, data_plane
-        set_worker_threads(cfg.policy.threads_per_worker)
+        check_shared_paths(shared_paths, "rollout worker", p.model_name)
+        self.options, self.dp = options, data_plane
+        set_worker_threads(p.threads_per_worker)
         if model is None:
-            model, tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
+            model, tokenizer = load_configured_policy(p, options.seed)
         self.tokenizer = tokenizer
-        g = cfg.policy.generation
+        g = self.generation = p.generation
         # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.
-        options = ({**g.vllm_cfg.model_dump(), "engine_kwargs": dict(g.vllm_kwargs)} if g.backend == "vllm"
-                   else {"decode": g.hf_decode, "max_batch_size": cfg.policy.generation_batch_size})
-        self.backend = create_backend(g.backend, model, tokenizer, **options)
+        engine = ({**g.vllm_cfg.model_dump(), "engine_kwargs": dict(g.vllm_kwargs)} if g.backend == "vllm"
+                  else {"decode": g.hf_decode, "max_batch_size": p.generation_batch_size})
+        self.backend = create_backend(g.backend, model, tokenizer, **engine)
         self.generator = torch.Generator().manual_seed(seed)  # backends without per-row seeds (vllm)
-        self.run_seed = cfg.loop.seed  # per-row seeds: the same in every worker of the run
         self.weight_version = 0  # the version the rollouts are seeded with; the trainer sets it
-        # Environments by (task, slot): each thread steps its own slot (env_slot), never one instance together.
-        self._envs: dict[tuple[str, int], object] = {}
-        self._slot = threading.local()
-        self.env_pools = dict(env_pools or {})  # pool name -> EnvPool (runtime: ray), owned by the driver
-        register_user_tasks(cfg.env, import_now=True)  # env.<task>.reward_fn / class: imported in this process
+        self.envs = Environments(env, retries=options.env_retries)
+        self._refit_names: list[str] | None = None  # the names the last refit sent (what the fingerprint covers)
+        self._held_before: int | None = None  # the version held before the last refit
+        self._last: tuple[list[DatumSpec], list] = ([], [])  # the last rollout's rows and states (last_samples)
 
     def ping(self) -> int:
         """Answers once the constructor has finished (under Ray, raises what it raised)."""
@@ -101,10 +113,10 @@ class RolloutWorker:
         """What the engine holds now: version, fingerprint over the last refit's names, the probe (weight_sync.py)."""
         return GeneratorReport(
             version=getattr(self.backend, "weight_version", None),
-            fingerprint=self.backend.fingerprint(getattr(self, "_refit_names", None)) if fingerprint else None,
+            fingerprint=self.backend.fingerprint(self._refit_names) if fingerprint else None,
             precision=model_precision(getattr(self.backend, "model", None)),
-            probe=run_probe(self.backend, self.tokenizer, self.cfg.policy.generation) if probe else None,
-            previous_version=getattr(self, "_held_before", None),
+            probe=run_probe(self.backend, self.tokenizer, self.generation) if probe else None,
+            previous_version=self._held_before,
         )
 
     def sleep(self) -> None:
@@ -135,15 +147,11 @@ class RolloutWorker:
 
     def close(self) -> None:
         """Close the environments that hold resources (verifier or sandbox worker processes)."""
-        for env in self._envs.values():
-            close = getattr(env, "close", None)
-            if close is not None:
-                close()
-        self._envs.clear()
+        self.envs.close()
 
     def last_samples(self, limit: int | None = None) -> list[dict]:
         """The last rollout's samples as text: task, prompt, completion (roles tagged), reward, reference."""
-        rows, states = getattr(self, "_last", ([], []))
+        rows, states = self._last
         out = []
         for d, st in list(zip(rows, states))[:limit]:
             turns = [m.get("content", "") if m.get("role") == "assistant" else f"[{m.get('role')}] {m.get('content')}"
@@ -153,52 +161,6 @@ class RolloutWorker:
         return out
 
     # ---- rollout
-    def env(self, task_name: str, validation: bool = False):
-        """The environment for ``task_name``: its actor pool, else this thread's slot's instance (made on first
-        use, then kept); ``validation``: ``env.val_task_to_env``'s."""
-        name = pool_name(task_name, validation, self.cfg.env.val_task_to_env)
-        if name in self.env_pools:
-            return self.env_pools[name]
-        key = self._env_key(name)
-        if key not in self._envs:
-            env_name = self.cfg.env.val_task_to_env[task_name] if name != task_name else task_name
-            self._envs[key] = create_env(env_name, **self.cfg.env.env_kwargs(env_name))
-        return self._envs[key]
-
-    @contextlib.contextmanager
-    def env_slot(self, slot: int) -> Iterator[None]:
-        """Inside the block this thread's environment steps use instance set ``slot``, so an environment never
-        needs to be thread-safe."""
-        previous = getattr(self._slot, "value", 0)
-        self._slot.value = slot
-        try:
-            yield
-        finally:
-            self._slot.value = previous
-
-    def renew_env(self, task_name: str, validation: bool = False):
-        """A fresh environment for ``task_name`` in this thread's slot (the old one closed), for a retry; a pool's
-        actors each build a fresh one."""
-        name = pool_name(task_name, validation, self.cfg.env.val_task_to_env)
-        if name in self.env_pools:
-            return self.env_pools[name].renew()
-        old = self._envs.pop(self._env_key(name), None)
-        close = getattr(old, "close", None)
-        if close is not None:
-            close()
-        return self.env(task_name, validation)
-
-    def _env_key(self, task_name: str) -> tuple[str, int]:
-        return task_name, getattr(self._slot, "value", 0)
-
-    def _any_env(self, task_name: str, validation: bool = False):
-        """An instance of ``task_name`` of any slot, else this slot's (a pool: itself)."""
-        name = pool_name(task_name, validation, self.cfg.env.val_task_to_env)
-        if name in self.env_pools:
-            return self.env_pools[name]
-        return (next((e for (task, _), e in list(self._envs.items()) if task == name), None)
-                or self.env(task_name, validation))
-
     def rollout(
         self,
         datums: Sequence[DatumSpec],
@@ -227,9 +189,10 @@ class RolloutWorker:
         return self.put(result, carry, partition_id, keys), carry, metrics
 
     def generate(self, datums: Sequence[DatumSpec], *, group_size: int, greedy: bool = False,
-                 weight_version: int | None = None, heldout: bool = False) -> Generated:
-        """Phase one: every generate call and the environment steps before the last turn."""
-        gen = self.cfg.policy.generation
+                 weight_version: int | None = None, heldout: bool = False, env_slot: int = 0) -> Generated:
+        """Phase one: every generate call and the environment steps before the last turn (in ``env_slot``'s
+        environment instances)."""
+        gen, p = self.generation, self.options.policy
         if getattr(self.backend, "asleep", False):  # a bug in the caller: the refit wakes the engine
             raise RuntimeError("rollout on a sleeping generator: refit it (update_weights) first")
         rows = [d for d in datums for _ in range(group_size)]
@@ -242,14 +205,14 @@ class RolloutWorker:
         row_seeds = None
         if getattr(self.backend, "supports_row_seeds", False) and not greedy:
             stream = "heldout" if heldout else "train"
-            row_seeds = [sample_seed(self.run_seed, k, version) for k in sample_keys(datums, group_size, stream)]
+            row_seeds = [sample_seed(self.options.seed, k, version) for k in sample_keys(datums, group_size, stream)]
         turns = generate_turns(
             self.backend,
             self.tokenizer,
             rows,
-            self._env_steps(heldout),
-            max_turns=self.cfg.loop.max_rollout_turns,
-            max_total_sequence_length=self.cfg.policy.max_total_sequence_length,
+            self.envs.steps(heldout, env_slot),
+            max_turns=self.options.max_rollout_turns,
+            max_total_sequence_length=p.max_total_sequence_length,
             max_new_tokens=gen.max_new_tokens,
             stop_strings=gen.stop_strings,
             **({"stop_token_ids": stop_ids(self.backend, gen.stop_token_ids)} if gen.stop_token_ids else {}),
@@ -261,9 +224,9 @@ class RolloutWorker:
         )
         return Generated(list(datums), rows, group_size, version, turns, heldout)
 
-    def score(self, generated: Generated) -> Generated:
-        """Phase two: the scoring environment step (none if every sample ended early)."""
-        score_turns(generated.turns, self._env_steps(generated.heldout))
+    def score(self, generated: Generated, env_slot: int = 0) -> Generated:
+        """Phase two: the scoring environment step (none if every sample ended early), in ``env_slot``."""
+        score_turns(generated.turns, self.envs.steps(generated.heldout, env_slot))
         return generated
 
     def finish(self, scored: Generated, per_group: bool = False
@@ -289,7 +252,7 @@ class RolloutWorker:
         }
         # Every declared component, 0 where none was given, so batches concatenate.
         declared = {n for task in dict.fromkeys(d.task_name for d in scored.datums)
-                    for n in getattr(self._any_env(task, scored.heldout), "reward_component_names", ())}
+                    for n in getattr(self.envs.any(task, scored.heldout), "reward_component_names", ())}
         zeros = torch.zeros(len(rows), dtype=torch.float32)
         for name in sorted(declared | set(res.reward_components)):
             carry[f"reward/{name}"] = res.reward_components.get(name, zeros)
@@ -299,7 +262,7 @@ class RolloutWorker:
         tasks = [d.task_name for d in rows]
 
         def metrics_of(task):
-            return functools.partial(call_env_metrics, self._any_env(task, scored.heldout))
+            return functools.partial(call_env_metrics, self.envs.any(task, scored.heldout))
 
         if per_group:
             spans = [slice(i * scored.group_size, (i + 1) * scored.group_size) for i in range(len(scored.datums))]
@@ -309,7 +272,7 @@ class RolloutWorker:
             metrics.update(env_metrics(tasks, res.rewards, EnvBatch(*parts), metrics_of))
         # Actor pools: how many died under this rollout, its steps and metrics() calls (so after those).
         for task in dict.fromkeys(d.task_name for d in rows):
-            pool = self.env_pools.get(pool_name(task, scored.heldout, self.cfg.env.val_task_to_env))
+            pool = self.envs.pool(task, scored.heldout)
             if pool is not None:
                 metrics[f"env/{task}/actor_deaths"] = float(pool.take_deaths())
         return res, carry, metrics
@@ -324,13 +287,6 @@ class RolloutWorker:
              GENERATION_LOGPROBS: result.generation_logprobs, **(columns or {})},
             tags=[{"sample_mask": float(m)} for m in carry["loss_multiplier"].tolist()],
         )
-
-    def _env_steps(self, validation: bool = False) -> EnvSteps:
-        loop = self.cfg.loop
-        return EnvSteps(functools.partial(self.env, validation=validation),
-                        functools.partial(self.renew_env, validation=validation),
-                        loop.rollout_max_retries if loop.rollout_failure_policy == "retry" else 0,
-                        self.cfg.env.step_timeout_s, concurrent=bool(self.env_pools))
 
 
 def check_finite_logprobs(logprobs: Sequence[torch.Tensor], version: int) -> None:

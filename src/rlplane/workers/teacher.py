@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TeacherWorkerOptions:
-    """What a teacher rank takes from the run's config (``training/workers.py`` builds it)."""
+    """What a teacher rank takes from the run's config (the run plan builds it: ``training/plan.py``)."""
 
     policy: PolicyConfig  # the teacher's ``policy`` section: its model, micro-batching, sampling, device
     seed: int  # the run's seed: the embedded model's initialisation

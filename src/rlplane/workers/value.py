@@ -54,7 +54,7 @@ def microbatch_values(model, input_ids: torch.Tensor, lengths: torch.Tensor, mb:
 
 @dataclass(frozen=True)
 class ValueWorkerOptions:
-    """What a critic rank takes from the run's config (``training/workers.py`` builds it)."""
+    """What a critic rank takes from the run's config (the run plan builds it: ``training/plan.py``)."""
 
     policy: PolicyConfig  # the policy's section: the trunk's model, micro-batching, batch size, device
     value: ValueConfig  # the ``value`` section: optimizer, schedule, clipping, loss

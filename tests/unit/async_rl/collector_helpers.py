@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from rlplane.async_rl import AsyncTrajectoryCollector
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.datasets import build_datasets
 from rlplane.models.configured import load_configured_policy
+from tests.tiny import collector
 
 P, G = 2, 2
 
@@ -27,7 +27,7 @@ def make_collector(*extra, start_version=0):
     _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     plane = make_data_plane("memory")  # the run's shared plane; the collector registers its partition
-    return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0, data_plane=plane, partition_id="train"), loader
+    return collector(cfg, loader, start_version, data_plane=plane), loader
 
 
 def wait_until(cond, timeout=20.0):

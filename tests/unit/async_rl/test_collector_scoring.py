@@ -13,11 +13,11 @@ class GatedJudge:
     """The collector's environment, its every step held until ``release`` is set (a slow judge)."""
 
     def __init__(self, collector):
-        self.real_env, self.judging, self.release = collector.worker.env, threading.Event(), threading.Event()
+        self.real_env, self.judging, self.release = collector.worker.envs.get, threading.Event(), threading.Event()
         self.cache = {}
-        collector.worker.env = self.env
+        collector.worker.envs.get = self.env
 
-    def env(self, task_name, validation=False):
+    def env(self, task_name, validation=False, slot=0):
         if task_name not in self.cache:
             real, gate = self.real_env(task_name), self
 
@@ -97,12 +97,12 @@ class TrackingJudge:
     order they end in; the first call is held until ``release`` is set (a slow judge on batch 1)."""
 
     def __init__(self, collector):
-        self.real_env, self.release = collector.worker.env, threading.Event()
+        self.real_env, self.release = collector.worker.envs.get, threading.Event()
         self.lock, self.active, self.peak, self.calls, self.ended = threading.Lock(), 0, 0, 0, []
         self.cache = {}
-        collector.worker.env = self.env
+        collector.worker.envs.get = self.env
 
-    def env(self, task_name, validation=False):
+    def env(self, task_name, validation=False, slot=0):
         if task_name not in self.cache:
             real, judge = self.real_env(task_name), self
 

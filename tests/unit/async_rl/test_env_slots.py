@@ -12,7 +12,7 @@ import pytest
 
 from rlplane.envs import ArithmeticEnv
 from rlplane.envs.interface import EnvironmentReturn
-from rlplane.workers import rollout as rollout_module
+from rlplane.workers import environments as environments_module
 from tests.unit.async_rl.collector_helpers import P, make_collector, wait_until
 
 
@@ -74,7 +74,7 @@ class TrackedEnv(ArithmeticEnv):
 @pytest.fixture
 def tracked(monkeypatch):
     def install(tracker: Tracker) -> Tracker:
-        monkeypatch.setattr(rollout_module, "create_env", tracker.make)
+        monkeypatch.setattr(environments_module, "create_env", tracker.make)
         return tracker
 
     return install

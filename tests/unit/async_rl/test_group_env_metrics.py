@@ -9,7 +9,6 @@ import time
 import pytest
 import torch
 
-from rlplane.async_rl import AsyncTrajectoryCollector
 from rlplane.async_rl.collector import group_env_metrics
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
@@ -18,6 +17,7 @@ from rlplane.envs.interface import EnvBatch, default_env_metrics
 from rlplane.models.configured import load_configured_policy
 from rlplane.recipes.async_grpo import merge_rollout_metrics
 from rlplane.workers.rollout import ENV_GROUPS
+from tests.tiny import collector
 
 P, G = 3, 2
 
@@ -29,8 +29,7 @@ def _collector():
         "grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"])
     _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
-    return AsyncTrajectoryCollector(cfg, loader, 0, seed=0, data_plane=make_data_plane("memory"),
-                                    partition_id="train")
+    return collector(cfg, loader, 0, data_plane=make_data_plane("memory"))
 
 
 def _expected(groups) -> dict[str, float]:

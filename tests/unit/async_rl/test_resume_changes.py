@@ -8,7 +8,6 @@ import time
 
 import torch
 
-from rlplane.async_rl import AsyncTrajectoryCollector
 from rlplane.async_rl.staleness import group_token_ages
 from rlplane.config.loading import load_config
 from rlplane.dataplane import KVBatchMeta, make_data_plane
@@ -16,6 +15,7 @@ from rlplane.datasets import build_datasets
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.models.configured import load_configured_policy
 from rlplane.recipes.async_grpo import step_carry
+from tests.tiny import collector
 
 P = 2
 
@@ -29,7 +29,7 @@ def make_collector(G=2, *extra, start_version=0):
     _, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     plane = make_data_plane("memory")
-    return AsyncTrajectoryCollector(cfg, loader, start_version, seed=0, data_plane=plane, partition_id="train")
+    return collector(cfg, loader, start_version, data_plane=plane)
 
 
 def wait_until(cond, timeout=30.0):

@@ -11,15 +11,10 @@ import shutil
 from pathlib import Path
 
 from rlplane.cli import main
+from tests.tiny import TINY_RUN
 
 # Tiny and fast: a run that does start trains 2 steps of a 1-layer model in well under a second.
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.max_val_samples=4",
-    "grpo.val_batch_size=4", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-    "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "checkpointing.save_period=1",
-]
+TINY = list(TINY_RUN)
 GOOD_ROW = '{"problem": "1+1=", "answer": "2"}\n'
 USER_MODULE = """
 import sys

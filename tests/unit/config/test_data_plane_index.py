@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rlplane.config.loading import load_config
-from rlplane.config.plan import data_plane_index
 from rlplane.config.recipes import ASYNC_GRPO, RECIPES
+from rlplane.training.plan import data_plane_index
 
 RAY = ["runtime=ray", "data_plane.backend=ray"]
 ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]

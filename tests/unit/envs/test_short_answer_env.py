@@ -5,6 +5,7 @@ import torch
 
 from rlplane.envs import create_env
 from rlplane.envs.short_answer import ShortAnswerEnv
+from tests.tiny import TINY_RUN
 
 
 def _log(reply: str) -> list[dict]:
@@ -54,13 +55,9 @@ def test_jsonl_rows_route_to_it_in_a_run(tmp_path):
             for a in range(4) for b in range(4)]
     for name in ("train", "val"):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    argv = ["train", "--quiet", "data.dataset=jsonl", f"data.train.path={tmp_path / 'train.jsonl'}",
-            f"data.validation.path={tmp_path / 'val.jsonl'}", f"run_dir={tmp_path / 'run'}", "warmup.enabled=false",
-            "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4",
-            "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4", "grpo.max_num_steps=1",
-            "grpo.val_period=0", "grpo.val_at_start=true", "grpo.max_val_samples=4", "grpo.val_batch_size=4",
-            "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1",
-            "logger.tensorboard_enabled=false", "checkpointing.enabled=false"]
+    argv = ["train", "--quiet", *TINY_RUN, "data.dataset=jsonl", f"data.train.path={tmp_path / 'train.jsonl'}",
+            f"data.validation.path={tmp_path / 'val.jsonl'}", f"run_dir={tmp_path / 'run'}", "grpo.max_num_steps=1",
+            "grpo.val_at_start=true", "checkpointing.enabled=false"]
     assert main(argv) == 0
     metrics = [json.loads(line) for line in open(tmp_path / "run" / "logs" / "metrics.jsonl")]
     assert any("validation/env/short_answer/accuracy" in m for m in metrics), metrics[0].keys()

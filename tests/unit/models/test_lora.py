@@ -8,6 +8,8 @@ import torch
 
 pytest.importorskip("peft")
 
+import functools
+
 from rlplane.cli import main as cli_main  # noqa: E402
 from rlplane.config.loading import dump_config, load_config  # noqa: E402
 from rlplane.dataplane import make_data_plane  # noqa: E402
@@ -15,19 +17,17 @@ from rlplane.generation import HFGenerationBackend  # noqa: E402
 from rlplane.models import load_policy  # noqa: E402
 from rlplane.models.lora import is_lora, policy_weights  # noqa: E402
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS  # noqa: E402
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers.logprobs import token_logprobs  # noqa: E402
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker  # noqa: E402
+from tests.tiny import worker_cfg
 
 N = 8
 LORA = ["policy.lora.enabled=true", "policy.lora.rank=4", "policy.lora.alpha=8", "policy.precision=fp32"]
 
 
-def _cfg(*extra):
-    return load_config(None, ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
-                              "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
-                              "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4",
-                              "policy.generation.max_new_tokens=6", "policy.optimizer.lr=0.05", *LORA, *extra])
+_cfg = functools.partial(worker_cfg, 2, 4, "policy.generation.max_new_tokens=6", "policy.optimizer.lr=0.05", *LORA,
+                         micro=4, logprob=8)  # N samples
 
 
 def _batch(worker, seed=0):

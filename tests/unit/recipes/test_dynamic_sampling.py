@@ -16,6 +16,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.training.loop import DataExhausted, Timer, TrainingStopped
+from rlplane.training.plan import build_plan
 from rlplane.training.rollouts import TRAIN_PARTITION, collect_rollouts
 
 P, G = 2, 2  # prompts per step, generations per prompt: target = 4 samples
@@ -49,13 +50,14 @@ class ScriptedSession:
         self.trained_groups: list[list[int]] = []  # what collect_rollouts reports as trained (logs/prompts.jsonl)
         self.prompts = SimpleNamespace(next=self.next_prompts, loader=self.train_loader,
                                        note_trained=self.trained_groups.append)
-        self.workers = SimpleNamespace(rollout=SimpleNamespace(call=self.rollout))
+        self.workers = SimpleNamespace(rollout=SimpleNamespace(rollout=self.rollout))
+        self.plan = build_plan(cfg)
 
     def next_prompts(self):
         self.train_loader.next()
         return [None] * (len(self.script[0]) // G)
 
-    def rollout(self, method, datums, *, group_size, partition_id):
+    def rollout(self, datums, *, group_size, partition_id):
         batch = self.script.pop(0)
         self.calls += 1
         rewards = torch.tensor([r for r, _ in batch], dtype=torch.float32)

@@ -15,15 +15,10 @@ from rlplane.envs import Environment, EnvironmentReturn
 from rlplane.models import build_char_tokenizer
 from rlplane.utils.logging import read_metrics
 from rlplane.workers.policy import ClippedPGLoss
+from tests.tiny import TINY_RUN
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.max_val_samples=2",
-    "grpo.val_batch_size=2", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-    "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "checkpointing.enabled=false",
-    "policy.generation.max_new_tokens=4",
-]
+TINY = [*TINY_RUN, "grpo.max_val_samples=2", "grpo.val_batch_size=2", "checkpointing.enabled=false",
+        "policy.generation.max_new_tokens=4"]
 
 
 class EvenLength(Environment):

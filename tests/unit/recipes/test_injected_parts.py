@@ -11,15 +11,10 @@ import pytest
 import rlplane
 from rlplane.errors import ConfigError
 from rlplane.utils.logging import read_metrics
+from tests.tiny import TINY_RUN
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.max_val_samples=2",
-    "grpo.val_batch_size=2", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-    "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=4",
-    "checkpointing.save_period=1", "loss_fn.reference_policy_kl_penalty=0.01",
-]
+TINY = [*TINY_RUN, "grpo.max_val_samples=2", "grpo.val_batch_size=2", "policy.generation.max_new_tokens=4",
+        "loss_fn.reference_policy_kl_penalty=0.01"]
 
 
 class Recorder:
@@ -62,7 +57,7 @@ def test_injected_policy_generation_and_checkpointer_wrap_the_runs_own(tmp_path)
             assert v == b[k] or (isinstance(v, float) and math.isclose(v, b[k], rel_tol=1e-6)), k
     # On-policy (one optimizer step per step): prev logprobs come from the training forward, no call.
     assert made["policy"].calls == ["get_reference_policy_logprobs_from_meta", "train_from_meta"] * 2
-    assert made["generation"].calls.count("call") >= 2  # rollouts (no weight push: local hf shares the module)
+    assert made["generation"].calls.count("rollout") >= 2  # no weight push: local hf shares the module
     assert made["checkpointer"].calls.count("save") == 2 and "attach" in made["checkpointer"].calls
     assert sorted(p.name for p in (tmp_path / "injected" / "checkpoints").iterdir() if p.name.startswith("step"))
 
@@ -82,9 +77,9 @@ class NoTrain:
     ({"checkpointer": object()}, "rlplane.train(checkpointer=...): object has no check_resume, attach, restore, due, "
                                  "save; give an object with check_resume, attach, restore, due, save, or a function "
                                  "of the run's own checkpointer"),
-    ({"policy_generation": lambda built: object()}, "rlplane.train(policy_generation=...): object has no call, "
-                                                    "update_weights; give an object with call, update_weights, or a "
-                                                    "function of the run's own policy_generation"),
+    ({"policy_generation": lambda built: object()},
+     "rlplane.train(policy_generation=...): object has no rollout, set_weight_version, update_weights; give an "
+     "object with rollout, set_weight_version, update_weights, or a function of the run's own policy_generation"),
 ])
 def test_a_part_lacking_a_needed_method_is_one_line(tmp_path, parts, said):
     with pytest.raises(ConfigError) as e:

@@ -7,39 +7,36 @@ import pytest
 from rlplane.cli import main
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.utils.logging import read_metrics
+from tests.tiny import TINY_RUN
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.max_val_samples=4",
-    "grpo.val_batch_size=4", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-    "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false", "checkpointing.save_period=1",
-]
+TINY = list(TINY_RUN)
 
 
-def test_overlong_prompts_with_a_progress_bar_do_not_crash_the_session(tmp_path, capsys):
+def test_overlong_prompts_with_a_progress_bar_do_not_crash_the_session(tmp_path, capsys, tiny_run):
     """The 'skipped N prompts' notice came before Session._bar existed: AttributeError on any run with a bar."""
     from rlplane.training import Session
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "1+1=", "answer": "2"}\n' * 2 + '{"problem": "' + "1" * 40 + '+1=", "answer": "2"}\n')
-    cfg = load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "data.dataset=jsonl", f"data.train.path={data}",
-                             "logger.progress_bar=true", "data.on_overlong_prompt=skip"])
+    cfg = tiny_run("data.dataset=jsonl", f"data.train.path={data}", "logger.progress_bar=true",
+                   "data.on_overlong_prompt=skip")
     s = Session(cfg, quiet=False)
     s.close()
     assert "skipped 1 prompts longer than policy.max_total_sequence_length" in capsys.readouterr().err
 
 
 def test_ray_actors_that_cannot_fit_the_cluster_are_refused():
+    from rlplane.training.plan import build_plan
     from rlplane.training.workers import check_ray_resources, ray_cpu_demand
 
-    cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=8"])
-    assert ray_cpu_demand(cfg, uses_critic=False) == 8 * 0.5 + 0.5  # policy ranks + the rollout actor
-    with pytest.raises(ConfigError, match=r"policy.dp_size = 8: the Ray actors need 4.5 CPUs .* has 2"):
-        check_ray_resources(cfg, uses_critic=False, cluster_cpus=2)
-    check_ray_resources(cfg, uses_critic=False, cluster_cpus=4.5)  # fits exactly
+    plan = build_plan(load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=8"]))
+    assert ray_cpu_demand(plan) == 8 * 0.5 + 0.5  # policy ranks + the rollout actor
+    with pytest.raises(ConfigError, match=r"policy.dp_size = 8: the Ray actors need 4.5 CPUs \(8 policy × 0.5 "
+                                          r"\+ 1 generator × 0.5\) but the Ray cluster has 2"):
+        check_ray_resources(plan, cluster_cpus=2)
+    check_ray_resources(plan, cluster_cpus=4.5)  # fits exactly
     ppo = load_config("ppo_arithmetic", ["runtime=ray", "data_plane.backend=ray", "policy.dp_size=2"])
-    assert ray_cpu_demand(ppo, uses_critic=True) == 2 * 0.5 + 0.5 + 2 * 0.25  # + a critic rank per policy rank
+    assert ray_cpu_demand(build_plan(ppo)) == 2 * 0.5 + 0.5 + 2 * 0.25  # the plan's critic: a rank per policy rank
 
 
 def test_a_new_run_refuses_an_earlier_one_unless_overwrite(tmp_path, capsys):
@@ -79,7 +76,7 @@ def test_eval_output_is_checked_before_and_written_after(tmp_path, capsys):
     assert main([*argv, "--max-new-tokens", "40"]) == 0 and '"max_new_tokens": 40' in out.read_text()
 
 
-def test_the_session_freezes_the_heap_for_the_gc_while_it_runs_and_unfreezes_it_on_close(tmp_path):
+def test_the_session_freezes_the_heap_for_the_gc_while_it_runs_and_unfreezes_it_on_close(tiny_run):
     """start() moves what is alive out of the cyclic GC's full collections (they cost ~6 ms a step in
     the default job); close() hands it back, so what the session held can be collected again."""
     import gc
@@ -87,7 +84,7 @@ def test_the_session_freezes_the_heap_for_the_gc_while_it_runs_and_unfreezes_it_
     from rlplane.training import Session
 
     gc.unfreeze()  # whatever an earlier test left
-    s = Session(load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "checkpointing.enabled=false"]), quiet=True)
+    s = Session(tiny_run("checkpointing.enabled=false"), quiet=True)
     try:
         assert gc.get_freeze_count() == 0  # not before the run has started
         s.start()

@@ -14,7 +14,7 @@ from rlplane.datasets import build_datasets
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.models.configured import load_configured_policy
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
-from rlplane.workers.rollout import RolloutWorker
+from tests.tiny import rollout_worker
 
 FOREVER = threading.Event()  # never set: waiting on it is a hang
 
@@ -48,7 +48,7 @@ def worker_and_prompts(*extra):
                              "policy.generation.max_new_tokens=3", *extra])
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
-    return RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
+    return rollout_worker(cfg, None, model=model, tokenizer=tok), next(loader)
 
 
 def test_call_with_deadline():

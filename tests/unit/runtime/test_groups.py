@@ -35,7 +35,7 @@ def test_a_local_group_writes_straight_into_the_shared_plane():
     client = make_data_plane("memory")
     group = LocalGroup(Doubler, [dict(data_plane=client)] * 2)
     meta = _put(client)
-    group.run_sharded("double", meta)
+    group.run_sharded(Doubler.double, meta)
     assert client.get_samples(meta, None, ["y"])["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
 
 
@@ -46,7 +46,7 @@ def test_run_sharded_returns_with_the_ranks_writes_in_the_drivers_index(ray_sess
     group = RayGroup(Doubler, [dict(data_plane=client)] * 2, num_cpus=0.25, data_plane=client)
     try:
         meta = _put(client)
-        written = group.run_sharded("double", meta)
+        written = group.run_sharded(Doubler.double, meta)
         assert client.status("g", fields=["y"]) == {f"k{i}": {"y": True} for i in range(6)}
         assert client.get_samples(meta, None, ["y"])["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
         assert sum(len(w) for w in written) == 6

@@ -32,8 +32,8 @@ def test_freeze_heap_moves_what_is_alive_out_of_the_collectors_reach():
 
 def test_ray_worker_actors_freeze_their_heap(ray_session):
     group = RayGroup(Probe, [{}, {}], num_cpus=0.1)
-    for frozen, tracked in group.run("gc_state"):
+    for frozen, tracked in group.run(Probe.gc_state):
         assert frozen > 10_000 and tracked < frozen / 10
     actor = RayActor(Probe, {}, num_cpus=0.1)
-    frozen, tracked = actor.call("gc_state")
+    frozen, tracked = actor.call(Probe.gc_state)
     assert frozen > 10_000 and tracked < frozen / 10

@@ -79,11 +79,11 @@ def test_calls_run_in_a_child_process_and_keep_state():
     actor = ProcessActor(Counter, dict(start=10))
     try:
         assert actor.obj is None  # like a Ray actor: the object lives elsewhere
-        assert actor.call("pid") != os.getpid()
-        assert actor.call("add") == 11
-        assert actor.call("add", k=5) == 16
-        assert actor.lazy("add") == 17  # lazy is call, as for the thread version
-        assert actor.call("start_own_process") == 0
+        assert actor.call(Counter.pid) != os.getpid()
+        assert actor.call(Counter.add) == 11
+        assert actor.call(Counter.add, k=5) == 16
+        assert actor.lazy(Counter.add) == 17  # lazy is call, as for the thread version
+        assert actor.call(Counter.start_own_process) == 0
     finally:
         actor.close()
 
@@ -93,23 +93,27 @@ def test_the_child_freezes_what_its_object_built_out_of_the_collectors_reach():
     # allocations: ~190 ms a time in a collector process.
     actor = ProcessActor(Counter, dict(start=0))
     try:
-        frozen, tracked = actor.call("gc_state")
+        frozen, tracked = actor.call(Counter.gc_state)
         assert frozen > 10_000 and tracked < frozen / 10  # torch's import alone is tens of thousands of objects
     finally:
         actor.close()
+
+
+def no_such_method(self):
+    """A method the worker's class lacks."""
 
 
 def test_an_error_is_raised_here_with_its_type_and_the_childs_traceback():
     actor = ProcessActor(Counter, dict(start=0))
     try:
         with pytest.raises(KeyError, match="no such prompt") as e:
-            actor.call("fail", "no such prompt")
+            actor.call(Counter.fail, "no such prompt")
         cause = e.value.__cause__
         assert isinstance(cause, RemoteTraceback)
         assert "in fail" in cause.text and "raise KeyError(why)" in cause.text
-        assert actor.call("add") == 1  # the actor survives a failed call
+        assert actor.call(Counter.add) == 1  # the actor survives a failed call
         with pytest.raises(AttributeError):
-            actor.call("no_such_method")
+            actor.call(no_such_method)
     finally:
         actor.close()
 
@@ -122,21 +126,21 @@ def test_a_failing_constructor_raises_here_and_leaves_no_process():
 
 def test_close_ends_the_process_and_later_calls_fail_clearly():
     actor = ProcessActor(Counter, dict(start=0))
-    pid = actor.call("pid")
+    pid = actor.call(Counter.pid)
     actor.close()
     actor.close()  # idempotent
     assert not actor.process.is_alive() and actor.process.exitcode == 0
     assert not _alive(pid)
     with pytest.raises(RuntimeError, match="closed"):
-        actor.call("add")
+        actor.call(Counter.add)
 
 
 def test_a_killed_child_is_reported_not_hung_on():
     actor = ProcessActor(Counter, dict(start=0))
     try:
-        os.kill(actor.call("pid"), signal.SIGKILL)
+        os.kill(actor.call(Counter.pid), signal.SIGKILL)
         with pytest.raises(RuntimeError, match=r"Counter process died \(exit code -9\)"):
-            actor.call("add")
+            actor.call(Counter.add)
     finally:
         actor.close()
 
@@ -147,14 +151,14 @@ def test_staged_tensors_cross_once_through_shared_memory():
         w = {"a": torch.ones(3), "b": torch.full((2, 2), 2.0)}
         first = actor.share("weights", w)
         assert first.tensors is not None
-        assert actor.call("load", first) == 3 + 8  # 3 ones + 4 twos
+        assert actor.call(Counter.load, first) == 3 + 8  # 3 ones + 4 twos
         w["a"] += 1  # the next refit's weights: same layout, copied into the same buffer
         second = actor.share("weights", w)
         assert second.tensors is None and second.uid == first.uid  # only the name crosses now
-        assert actor.call("load", second) == 6 + 8
-        assert actor.call("weights_are_shared", second)
+        assert actor.call(Counter.load, second) == 6 + 8
+        assert actor.call(Counter.weights_are_shared, second)
         grown = actor.share("weights", {"a": torch.ones(5)})  # a new layout: a new buffer, sent again
-        assert grown.tensors is not None and actor.call("load", grown) == 5
+        assert grown.tensors is not None and actor.call(Counter.load, grown) == 5
     finally:
         actor.close()
 
@@ -162,7 +166,7 @@ def test_staged_tensors_cross_once_through_shared_memory():
 def test_make_actor_process_under_local_only():
     actor = make_actor("local", Counter, dict(start=1), process=True)
     try:
-        assert isinstance(actor, ProcessActor) and actor.call("add") == 2
+        assert isinstance(actor, ProcessActor) and actor.call(Counter.add) == 2
     finally:
         actor.close()
     local = make_actor("local", Counter, dict(start=1))
@@ -177,7 +181,7 @@ def test_the_child_writes_into_the_parents_memory_plane():
     try:
         long = 10_000  # 80 kB of int64 tokens: past SMALL_TENSOR_BYTES, so its handle crosses, not its bytes
         rows = [torch.arange(long), torch.tensor([4, 5])]
-        meta = actor.call("write", ["k0", "k1"], rows)
+        meta = actor.call(Counter.write, ["k0", "k1"], rows)
         assert meta.seq_lens == (long, 2)
         got = plane.get_samples(meta, None, ["input_ids", "reward"])
         assert torch.equal(got["input_ids"][0], torch.arange(long)) and got["input_ids"][1, :3].tolist() == [4, 5, 0]
@@ -186,9 +190,9 @@ def test_the_child_writes_into_the_parents_memory_plane():
         assert plan["input_ids"][0][0].values.is_shared()  # the child's shared memory, mapped here
         assert not plan["reward"][0][0].values.is_shared()  # 8 bytes: sent by value
         plane.put_samples(["k0", "k1"], "train", {"reward": torch.tensor([7.0, 8.0])})  # written here
-        assert actor.call("read", ["k1", "k0"])["reward"].tolist() == [8.0, 7.0]
+        assert actor.call(Counter.read, ["k1", "k0"])["reward"].tolist() == [8.0, 7.0]
         with pytest.raises(DataPlaneError, match="nowhere"):  # the index's error, as is
-            actor.call("write_unknown_partition")
+            actor.call(Counter.write_unknown_partition)
     finally:
         actor.close()
     # The columns outlive the child that wrote them.
@@ -201,8 +205,8 @@ sys.path[:0] = {path!r}
 from test_process_actor_child import Counter
 from rlplane.runtime.process_actor import ProcessActor
 actor = ProcessActor(Counter, dict(start=0))
-print(actor.call("pid"), flush=True)
-actor.call("sleep", 600)  # the child is busy in a call (not reading its pipe) when this process is killed
+print(actor.call(Counter.pid), flush=True)
+actor.call(Counter.sleep, 600)  # the child is busy in a call (not reading its pipe) when this process is killed
 """
 
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from rlplane.errors import TrainingInterrupted, WorkerFailed
-from rlplane.runtime import interrupts, watchdog
 from rlplane.runtime.groups import LocalActor
+from rlplane.runtime.interrupts import StopSignals, stop_message
+from rlplane.runtime.watchdog import Watchdog
 from rlplane.workers.rollout import check_finite_logprobs
 
 
@@ -22,14 +23,14 @@ class Stuck:
         threading.Event().wait()
 
 
-def _stuck_call_under_a_watchdog(tmp_path) -> watchdog.Watchdog:
+def _stuck_call_under_a_watchdog(tmp_path) -> Watchdog:
     """A local call that never returns, under a 0.5 s watchdog: the call ends in KeyboardInterrupt."""
-    dog = watchdog.Watchdog(0.5, "grpo.watchdog_s", tmp_path / "stacks.txt")
-    actor = LocalActor(Stuck, {}, name="generator")
+    dog = Watchdog(0.5, "grpo.watchdog_s", tmp_path / "stacks.txt")
+    actor = LocalActor(Stuck, {}, name="generator", watchdog=dog)
     dog.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            actor.call("wait_forever")
+            actor.call(Stuck.wait_forever)
     finally:
         dog.stop()
     return dog
@@ -57,11 +58,11 @@ def test_a_stuck_call_is_interrupted_where_sigint_was_ignored(tmp_path):
 
 
 def test_progress_keeps_the_watchdog_quiet(tmp_path):
-    dog = watchdog.Watchdog(0.4, "grpo.watchdog_s", tmp_path / "stacks.txt")
+    dog = Watchdog(0.4, "grpo.watchdog_s", tmp_path / "stacks.txt")
     dog.start()
     try:
         for _ in range(8):
-            with watchdog.tracking("policy rank 0", "train"):
+            with dog.tracking("policy rank 0", "train"):
                 threading.Event().wait(0.1)
     finally:
         dog.stop()
@@ -69,28 +70,36 @@ def test_progress_keeps_the_watchdog_quiet(tmp_path):
 
 
 def test_off_starts_no_thread(tmp_path):
-    dog = watchdog.Watchdog(None, "grpo.watchdog_s", tmp_path / "stacks.txt")
+    dog = Watchdog(None, "grpo.watchdog_s", tmp_path / "stacks.txt")
     dog.start()
     assert dog._thread is None
 
 
 def test_first_signal_requests_a_stop_the_second_stops_now():
-    with interrupts.stop_at_step_boundary():
-        assert signal.getsignal(signal.SIGTERM) is interrupts._handler
+    with StopSignals().installed() as signals:
+        assert signal.getsignal(signal.SIGTERM) == signals.handle
         os.kill(os.getpid(), signal.SIGTERM)
-        assert interrupts.requested() == signal.SIGTERM
+        assert signals.requested == signal.SIGTERM
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-    assert interrupts.requested() is None and signal.getsignal(signal.SIGTERM) is not interrupts._handler
+    assert signals.requested is None and signal.getsignal(signal.SIGTERM) != signals.handle
+
+
+def test_a_runs_signals_are_its_own():
+    """Two runs' stop signals share nothing: one installed, the other (not installed) requests nothing."""
+    other = StopSignals()
+    with StopSignals().installed() as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.requested == signal.SIGTERM and other.requested is None
 
 
 def test_sighup_requests_a_stop_and_never_stops_at_once():
     """A closing terminal sends SIGHUP more than once: the repeats keep the stop at the step boundary."""
     old = signal.getsignal(signal.SIGHUP)
-    with interrupts.stop_at_step_boundary():
+    with StopSignals().installed() as signals:
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGHUP)
-        assert interrupts.requested() == signal.SIGHUP
+        assert signals.requested == signal.SIGHUP
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # a late one does not kill the teardown
@@ -99,10 +108,10 @@ def test_sighup_requests_a_stop_and_never_stops_at_once():
 
 def test_processes_started_for_the_run_ignore_sighup():
     """A local Ray's processes share the driver's process group: a closed terminal's SIGHUP is the driver's."""
-    with interrupts.stop_at_step_boundary():
-        with interrupts.children_ignore_sighup():
+    with StopSignals().installed() as signals:
+        with signals.children_ignore_sighup():
             child = subprocess.Popen(["sleep", "30"])
-        assert signal.getsignal(signal.SIGHUP) is interrupts._handler
+        assert signal.getsignal(signal.SIGHUP) == signals.handle
     try:
         ignored = next(int(line.split()[1], 16) for line in open(f"/proc/{child.pid}/status")
                        if line.startswith("SigIgn:"))
@@ -116,21 +125,21 @@ def test_an_ignored_sighup_stays_ignored():
     """``nohup rlplane train``: the run goes on when the terminal closes."""
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        with interrupts.stop_at_step_boundary():
+        with StopSignals().installed() as signals:
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGHUP)
-            assert interrupts.requested() is None
+            assert signals.requested is None
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
 
 
 def test_stop_message_names_the_signal_step_and_checkpoint(tmp_path):
-    e = interrupts.stop_message(signal.SIGINT, 4, tmp_path / "step_4")
+    e = stop_message(signal.SIGINT, 4, tmp_path / "step_4")
     assert isinstance(e, TrainingInterrupted) and e.signum == signal.SIGINT
     assert str(e) == f"stopped by SIGINT after step 4 (checkpoint {tmp_path / 'step_4'}; resume with " \
                      "checkpointing.resume=true)"
-    assert "checkpointing is off" in str(interrupts.stop_message(signal.SIGTERM, 1, None))
+    assert "checkpointing is off" in str(stop_message(signal.SIGTERM, 1, None))
 
 
 def test_non_finite_generation_logprobs_stop_the_run():

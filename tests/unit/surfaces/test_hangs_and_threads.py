@@ -18,14 +18,10 @@ import pytest
 
 from rlplane.cli import main
 from rlplane.errors import ConfigError
+from tests.tiny import TINY_RUN
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=3", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false",
-    "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1",
-    "logger.tensorboard_enabled=false", "checkpointing.enabled=false", "logger.progress_bar=false",
-]
+TINY = [*TINY_RUN, "grpo.max_num_steps=3", "grpo.val_at_end=false", "checkpointing.enabled=false",
+        "logger.progress_bar=false"]
 ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
 BOUND_S = 180  # far beyond a passing run; only a hang reaches it
 

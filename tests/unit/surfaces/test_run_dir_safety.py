@@ -13,21 +13,12 @@ import textwrap
 import pytest
 
 from rlplane.cli import main
-from rlplane.config.loading import ConfigError, load_config
+from rlplane.config.loading import ConfigError
 from rlplane.utils.run_dir import LOCK_FILE, MANIFEST_FILE, RunLock, prepare_run_paths, release_run_dir
+from tests.tiny import TINY_RUN, tiny_cfg
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=1", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false",
-    "grpo.max_val_samples=4", "grpo.val_batch_size=4", "policy.tiny.hidden_size=16",
-    "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false",
-    "checkpointing.save_period=1",
-]
-
-
-def _cfg(run_dir, *extra):
-    return load_config(None, [*TINY, f"run_dir={run_dir}", *extra])
+ONE_STEP = ("grpo.max_num_steps=1", "grpo.val_at_end=false")
+TINY = [*TINY_RUN, *ONE_STEP]
 
 
 def _hold_in_child(run_dir):
@@ -52,14 +43,14 @@ def test_a_second_run_in_a_locked_run_dir_is_refused_naming_the_holder(tmp_path)
     child = _hold_in_child(run)
     try:
         with pytest.raises(ConfigError) as e:
-            prepare_run_paths(_cfg(run))
+            prepare_run_paths(tiny_cfg(run, *ONE_STEP))
         (line,) = str(e.value).splitlines()
         assert f"pid {child.pid} on host {socket.gethostname()}" in line and "another rlplane run" in line
     finally:
         child.stdin.close()
         child.wait(timeout=30)
     # The holder is gone (the OS dropped its lock): the run may start; the stale lock file does not block it.
-    paths = prepare_run_paths(_cfg(run))
+    paths = prepare_run_paths(tiny_cfg(run, *ONE_STEP))
     assert json.loads((run / LOCK_FILE).read_text())["pid"] == os.getpid()
     release_run_dir(paths.run_dir)
 

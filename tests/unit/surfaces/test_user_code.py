@@ -16,15 +16,9 @@ from rlplane.cli import main
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.envs.user import EnvErrorWindow, EnvReturnError, UserTaskError
 from rlplane.workers.env_steps import step_task
+from tests.tiny import TINY_RUN
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false",
-    "grpo.max_val_samples=4", "grpo.val_batch_size=4", "policy.tiny.hidden_size=16",
-    "policy.tiny.intermediate_size=16", "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false",
-    "checkpointing.enabled=false", "logger.progress_bar=false",
-]
+TINY = [*TINY_RUN, "grpo.val_at_end=false", "checkpointing.enabled=false", "logger.progress_bar=false"]
 
 USER_MODULE = textwrap.dedent('''
     import sys

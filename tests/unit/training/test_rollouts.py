@@ -11,6 +11,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import KVBatchMeta
 from rlplane.training.loop import Timer
+from rlplane.training.plan import build_plan
 from rlplane.training.rollouts import SEQ_ERROR_STATS, add_train_metrics, collect_rollouts
 
 
@@ -27,7 +28,7 @@ class _ScriptedRollout:
     def __init__(self, batches):
         self.batches, self.calls = list(batches), 0
 
-    def call(self, method, datums, group_size, partition_id):
+    def rollout(self, datums, group_size, partition_id):
         rewards = torch.tensor(self.batches[self.calls], dtype=torch.float32)
         self.calls += 1
         n = len(rewards)
@@ -45,7 +46,7 @@ def _session(batches, *extra):
     cleared = []
     prompts = SimpleNamespace(loader=_Loader(), next=lambda: ["p", "q"], note_trained=lambda groups: None)
     return SimpleNamespace(
-        cfg=cfg, prompts=prompts, workers=SimpleNamespace(rollout=_ScriptedRollout(batches)),
+        cfg=cfg, plan=build_plan(cfg), prompts=prompts, workers=SimpleNamespace(rollout=_ScriptedRollout(batches)),
         data_plane=SimpleNamespace(clear_samples=lambda ids, partition, **kw: cleared.append(ids)),
     )
 

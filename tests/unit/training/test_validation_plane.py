@@ -35,8 +35,8 @@ class _Rollout:
     def __init__(self, plane, tok):
         self.plane, self.tok, self.n = plane, tok, 0
 
-    def call(self, method, batch, *, group_size, partition_id, greedy, heldout):
-        assert method == "rollout" and greedy and heldout
+    def rollout(self, batch, *, group_size, partition_id, greedy, heldout):
+        assert greedy and heldout
         ids, masks, keys = [], [], []
         for d in batch:
             turns = [(d.ground_truth, 1), ("=", 0), ("9", 1)]
@@ -79,13 +79,13 @@ def test_no_constant_answer_figure_without_reference_answers():
     loop = load_config(None, ["grpo.val_batch_size=3", "grpo.max_val_samples=3"]).loop
     plane = _Plane()
     rollout = _Rollout(plane, tok)
-    real_call = rollout.call
+    real_rollout = rollout.rollout
 
-    def call(method, batch, **kw):  # the rollout writes each reference as its reply; then one goes missing
-        out = real_call(method, batch, **kw)
+    def rollout_then_lose_one(batch, **kw):  # the rollout writes each reference as its reply; then one goes missing
+        out = real_rollout(batch, **kw)
         datums[1].extra_env_info["ground_truth"] = None
         return out
 
-    rollout.call = call
+    rollout.rollout = rollout_then_lose_one
     metrics, _ = validate(loop, rollout, datums, plane, tok)
     assert metrics == {"accuracy": 1.0, "top_answer_share": 1.0}  # every reply ends on "9"

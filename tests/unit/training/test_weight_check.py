@@ -10,8 +10,9 @@ import torch
 
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.dataplane import make_data_plane
+from rlplane.training.plan import build_plan
 from rlplane.training.refit import Refit
-from rlplane.training.weight_check import WeightSyncError
+from rlplane.training.weight_check import WeightCheckOptions, WeightSyncError
 from rlplane.training.workers import Workers
 from rlplane.workers.weight_sync import PROBE_TOLERANCE, probe_error, tolerance
 from tests.unit.training.weight_faults import DETECTED_AFTER, KINDS, faulty_worker
@@ -50,14 +51,13 @@ class _Policy:
 
 
 def test_a_rows_metrics_are_those_of_the_versions_it_used_and_a_nan_probe_fails():
-    from types import SimpleNamespace
 
     from rlplane.models.fingerprint import fingerprint
     from rlplane.training.weight_check import WeightCheck
     from rlplane.workers.weight_sync import GeneratorReport
 
     fp, said = fingerprint({"w": torch.ones(3)}), []
-    check = WeightCheck(SimpleNamespace(verify_weights="warn", verify_probe_every=1), said.append)
+    check = WeightCheck(WeightCheckOptions("warn", 1), said.append)
 
     def reports(lp, previous):
         return lambda probe, with_fp: [GeneratorReport(3, fp, "fp32", ([1], [2], lp) if probe else None, previous)]
@@ -87,11 +87,11 @@ def refits(monkeypatch, tmp_path, schedule: dict[int, str], n: int, *extra: str)
     """Mismatches found at each of refits 0..n-1 (warn mode), generator 1 suffering ``schedule``."""
     monkeypatch.setattr("rlplane.training.workers.RolloutWorker", faulty_worker(schedule))
     cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", "policy.generation.verify_weights=warn", *extra])
-    workers = Workers(cfg, make_data_plane("memory"))
+    workers = Workers(build_plan(cfg), make_data_plane("memory"), cfg.env)
     said: list[str] = []
     try:
         workers.start(None)
-        refit = Refit(workers, say=said.append)
+        refit = Refit(workers, workers.plan.weight_check, say=said.append)
         found = []
         for step in range(n):
             if step:
@@ -124,10 +124,10 @@ def test_a_lora_update_merged_twice_or_not_at_all_is_found(monkeypatch, tmp_path
 def test_fail_mode_stops_with_one_line_naming_generator_versions_and_fingerprints(monkeypatch, tmp_path):
     monkeypatch.setattr("rlplane.training.workers.RolloutWorker", faulty_worker({1: "skip"}))
     cfg = load_config(None, [*BASE, f"run_dir={tmp_path}"])
-    workers = Workers(cfg, make_data_plane("memory"))
+    workers = Workers(build_plan(cfg), make_data_plane("memory"), cfg.env)
     try:
         workers.start(None)
-        refit = Refit(workers)
+        refit = Refit(workers, workers.plan.weight_check)
         refit.mark_stale()
         refit.if_stale()
         changed(workers, 1)
@@ -146,11 +146,11 @@ def test_fail_mode_stops_with_one_line_naming_generator_versions_and_fingerprint
 
 def test_a_generator_sharing_the_policy_module_passes_with_an_exact_probe(tmp_path):
     cfg = load_config(None, ["warmup.enabled=false", f"run_dir={tmp_path}"])
-    workers = Workers(cfg, make_data_plane("memory"))
+    workers = Workers(build_plan(cfg), make_data_plane("memory"), cfg.env)
     try:
         workers.start(None)
         assert workers.generator_shares_weights
-        refit = Refit(workers)
+        refit = Refit(workers, workers.plan.weight_check)
         refit.if_stale()
         metrics = refit.take_metrics(0)
     finally:
@@ -163,10 +163,10 @@ def test_off_checks_nothing_and_the_probe_cadence_skips_probes(monkeypatch, tmp_
     assert refits(monkeypatch, tmp_path, {1: "skip"}, 2, "policy.generation.verify_weights=off") == [0.0, 0.0]
     monkeypatch.setattr("rlplane.training.workers.RolloutWorker", faulty_worker({}))
     cfg = load_config(None, [*BASE, f"run_dir={tmp_path}/b", "policy.generation.verify_probe_every=2"])
-    workers = Workers(cfg, make_data_plane("memory"))
+    workers = Workers(build_plan(cfg), make_data_plane("memory"), cfg.env)
     try:
         workers.start(None)
-        refit = Refit(workers)
+        refit = Refit(workers, workers.plan.weight_check)
         probed = []
         for step in range(3):
             refit.version = step

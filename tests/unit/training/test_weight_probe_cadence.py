@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from rlplane.config.loading import ConfigError, load_config
 from rlplane.models.fingerprint import fingerprint
 from rlplane.recipes.grpo import train
-from rlplane.training.weight_check import WeightCheck
+from rlplane.training.weight_check import WeightCheck, WeightCheckOptions
 from rlplane.workers.weight_sync import GeneratorReport
 from tests.unit.training.weight_faults import SMALL
 
@@ -33,7 +32,7 @@ class _Policy:
 
 def probed_versions(every: int, versions: list[int], shared: bool = False, allowed=lambda v: True) -> list[int]:
     """The versions at which ``WeightCheck`` asked the generators for a probe (a report without one: not listed)."""
-    check = WeightCheck(SimpleNamespace(verify_weights="fail", verify_probe_every=every), say=print)
+    check = WeightCheck(WeightCheckOptions("fail", every), say=print)
     asked, held = [], None
 
     def reports(probe, with_fp):
@@ -69,7 +68,7 @@ def test_no_probe_where_none_can_run_and_only_the_due_versions_otherwise(every):
 
 def test_a_shared_generator_reports_only_when_probed():
     calls = []
-    check = WeightCheck(SimpleNamespace(verify_weights="fail", verify_probe_every=4), say=print)
+    check = WeightCheck(WeightCheckOptions("fail", 4), say=print)
     for v in range(9):
         check.run(lambda probe, fp: calls.append((v, probe, fp)) or [GeneratorReport(None, None, "fp32",
                   ([1], [2], torch.tensor([-0.5])))], _Policy(), v, shared=True)

@@ -123,18 +123,18 @@ def faulty_worker(schedule: dict[int, str], generator: int = 1, varied_rewards: 
         register_env("arithmetic", OddFirstDigit)
 
     class FaultyRolloutWorker(RolloutWorker):
-        def __init__(self, cfg, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None, env_pools=None):
+        def __init__(self, options, env, data_plane, model=None, tokenizer=None, seed=0, shared_paths=None):
             if varied_rewards:
                 from rlplane.envs import register_env
 
                 register_env("arithmetic", OddFirstDigit)
-            super().__init__(cfg, data_plane, model, tokenizer, seed, shared_paths, env_pools=env_pools)
-            if seed == cfg.loop.seed + generator:
+            super().__init__(options, env, data_plane, model, tokenizer, seed, shared_paths)
+            if seed == options.seed + generator:
                 initial = None
                 if not hasattr(self.backend, "model"):  # the fresh weights it was built from (the same seed)
                     from rlplane.models.configured import load_configured_policy
 
-                    initial = load_configured_policy(cfg.policy, cfg.loop.seed)[0].state_dict()
+                    initial = load_configured_policy(options.policy, options.seed)[0].state_dict()
                 self.backend = FaultyBackend(self.backend, schedule, initial)
 
     return FaultyRolloutWorker

@@ -14,14 +14,9 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.utils.checkpoint import CheckpointError, CheckpointManager, load_weights, weight_files
 from rlplane.utils.logging import MetricsLogger, read_metrics
+from tests.tiny import TINY_RUN
 
-TINY = [
-    "warmup.enabled=false", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-    "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.val_at_start=false", "grpo.max_val_samples=4",
-    "grpo.val_batch_size=4", "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-    "policy.tiny.num_layers=2", "logger.tensorboard_enabled=false", "checkpointing.save_period=1",
-]
+TINY = [*TINY_RUN, "policy.tiny.num_layers=2"]
 
 
 def session(run_dir, *extra):
@@ -45,7 +40,11 @@ def test_workers_are_handed_absolute_checkpoint_paths(tmp_path, monkeypatch):
 
     seen = []
     real_save = PolicyWorker.save
-    monkeypatch.setattr(PolicyWorker, "save", lambda self, path: (seen.append(path), real_save(self, path))[1])
+    def save(self, path):  # named as the method it stands in for: calls name the worker's method
+        seen.append(path)
+        return real_save(self, path)
+
+    monkeypatch.setattr(PolicyWorker, "save", save)
     monkeypatch.chdir(tmp_path)
     s = session("rel-run")
     try:

@@ -102,6 +102,7 @@ def test_pool_reports_errors_as_none():
         pool.close()
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_math_env_in_a_threaded_ray_actor(ray_session):
     ray = ray_session

@@ -13,7 +13,7 @@ import torch
 
 import rlplane
 from rlplane.config.loading import load_config
-from rlplane.training.workers import policy_options, teacher_options, value_options
+from rlplane.training.plan import policy_options, teacher_plan, value_options
 from rlplane.workers.packing import MicroBatch
 from rlplane.workers.policy import PolicyWorker
 from rlplane.workers.rank import DPRank
@@ -51,7 +51,11 @@ def test_options_are_built_from_the_run_config():
     o = policy_options(cfg)
     assert (o.policy, o.seed, o.reference) == (cfg.policy, cfg.loop.seed, True)
     assert not policy_options(load_config(None, ["loss_fn.reference_policy_kl_penalty=0"])).reference
-    assert teacher_options(cfg).policy is cfg.policy
+    distill = load_config("distill_arithmetic", ["teacher.model_name=embedded:tiny-llama"])
+    teacher = teacher_plan(distill).options.policy
+    assert teacher.model_name == distill.teacher.model_name and teacher.tiny == distill.teacher.tiny
+    assert teacher.model_copy(update={"model_name": "", "tiny": None}) == distill.policy.model_copy(
+        update={"model_name": "", "tiny": None})  # otherwise the student's section
     ppo = load_config("ppo_arithmetic", [])
     assert value_options(ppo).value == ppo.value
     with pytest.raises(dataclasses.FrozenInstanceError):

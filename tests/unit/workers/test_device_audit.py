@@ -10,6 +10,7 @@ would put a CUDA worker's mask on the CPU and crash the step) fails the test wit
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -23,9 +24,10 @@ from rlplane.dataplane import make_data_plane
 from rlplane.models import precision
 from rlplane.recipes.ppo import TRAIN_COLUMNS as PPO_FIELDS
 from rlplane.runtime.devices import dist_backend, num_gpus_per_worker, resolve_device, to_device
-from rlplane.training.workers import policy_options, value_options
+from rlplane.training.plan import policy_options, value_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 from rlplane.workers.value import ValueWorker
+from tests.tiny import worker_cfg
 
 SRC = os.path.dirname(rlplane.__file__)
 # Host-side by design: the data plane stores and pads host tensors; devices.py does the copy over.
@@ -70,11 +72,7 @@ class DeviceAudit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _cfg(*extra):
-    return load_config(None, ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
-                              "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-                              "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4",
-                              "loss_fn.reference_policy_kl_penalty=0.01", *extra])
+_cfg = functools.partial(worker_cfg, 2, 4, "loss_fn.reference_policy_kl_penalty=0.01", micro=4, logprob=4)  # N
 
 
 def _put(client, fields, extra: dict):

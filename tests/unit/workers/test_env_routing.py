@@ -16,6 +16,7 @@ from rlplane.runtime.env_pools import EnvActorDied, join_returns, pool_env_names
 from rlplane.workers.env_metrics import env_metrics, merge_env_metrics
 from rlplane.workers.env_steps import step_envs
 from rlplane.workers.sample_state import SampleState
+from tests.tiny import rollout_worker
 
 
 def states(tasks):
@@ -192,14 +193,13 @@ def with_metrics():
 def test_a_rollout_calls_each_environments_metrics_and_validation_uses_val_task_to_env(with_metrics):
     from rlplane.datasets import build_datasets
     from rlplane.models.configured import load_configured_policy
-    from rlplane.workers.rollout import RolloutWorker
 
     cfg = load_config(None, ["grpo.num_prompts_per_step=3", "grpo.num_generations_per_prompt=2",
                              "policy.train_global_batch_size=6", "data.num_train_samples=16",
                              "policy.generation.max_new_tokens=2", "env.val_task_to_env.arithmetic=strict"])
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
-    worker, datums = RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
+    worker, datums = rollout_worker(cfg, None, model=model, tokenizer=tok), next(loader)
     _, carry, metrics = worker.finish(worker.score(worker.generate(datums, group_size=2)))  # training prompts
     assert with_metrics.calls == [6] and carry["rewards"].tolist() == [1.0] * 6
     assert metrics["env/arithmetic/seen"] == 6.0 and metrics["env/arithmetic/num_samples"] == 6.0
@@ -210,7 +210,8 @@ def test_a_rollout_calls_each_environments_metrics_and_validation_uses_val_task_
 
 
 def test_pool_specs_one_per_environment_under_ray_only():
-    from rlplane.training.workers import env_pool_specs, ray_cpu_demand
+    from rlplane.training.plan import build_plan, env_pool_specs
+    from rlplane.training.workers import ray_cpu_demand
 
     cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "env.actors_per_env=2", "env.actors.code=0",
                              "env.actors.calculator=3", "env.val_task_to_env.arithmetic=calculator"])
@@ -220,7 +221,7 @@ def test_pool_specs_one_per_environment_under_ray_only():
                      "val/arithmetic": ("calculator", 3)}
     assert env_pool_specs(load_config(None, []), ["arithmetic"]) == {}  # runtime: local keeps them in-process
     cpus = load_config(None, ["runtime=ray", "data_plane.backend=ray", "env.cpus_per_actor=0.25"])
-    assert ray_cpu_demand(cpus, uses_critic=False, env_actors=4) == 0.5 + 0.5 + 4 * 0.25
+    assert ray_cpu_demand(build_plan(cpus, task_names=["arithmetic", "calculator"])) == 0.5 + 0.5 + 2 * 0.25
 
 
 def test_no_pools_start_no_ray(monkeypatch):

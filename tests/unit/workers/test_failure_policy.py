@@ -13,7 +13,7 @@ from rlplane.datasets import build_datasets
 from rlplane.envs import ENV_REGISTRY, EnvironmentReturn, register_env
 from rlplane.models.configured import load_configured_policy
 from rlplane.workers.failures import add_failure_counts, num_failed_groups
-from rlplane.workers.rollout import RolloutWorker
+from tests.tiny import collector, rollout_worker
 
 G = 2
 
@@ -55,7 +55,7 @@ def worker_and_prompts(*extra):
                              "policy.generation.max_new_tokens=3", *extra])
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
-    return RolloutWorker(cfg, None, model=model, tokenizer=tok), next(loader)
+    return rollout_worker(cfg, None, model=model, tokenizer=tok), next(loader)
 
 
 def test_failed_group_keep_mask_hand_computed():
@@ -117,7 +117,6 @@ def generate_batch(collector, target: int, needed: int) -> None:
 
 
 def test_async_collector_drops_groups_with_a_failed_sample(flaky):
-    from rlplane.async_rl import AsyncTrajectoryCollector
 
     cfg = load_config(None, ["grpo.num_prompts_per_step=4", f"grpo.num_generations_per_prompt={G}",
                              "policy.train_global_batch_size=8", "data.num_train_samples=64",
@@ -128,7 +127,7 @@ def test_async_collector_drops_groups_with_a_failed_sample(flaky):
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     from rlplane.dataplane import make_data_plane
 
-    c = AsyncTrajectoryCollector(cfg, loader, 0, seed=0, data_plane=make_data_plane("memory"), partition_id="train")
+    c = collector(cfg, loader, 0, data_plane=make_data_plane("memory"))
     first = next(build_datasets(cfg.dataset_options(), tok)[0])  # the collector's first batch of prompts
     flaky.always_fail = {first[0].ground_truth, first[2].ground_truth}
     generate_batch(c, target=0, needed=4)

@@ -14,6 +14,8 @@ from rlplane.runtime.groups import LocalGroup
 from rlplane.runtime.placement import check_bundles_fit, plan_placement
 from rlplane.training.generators import Generators, merge_metrics, spread
 from rlplane.training.refit import Refit
+from rlplane.training.weight_check import WeightCheckOptions
+from tests.tiny import rollout_worker
 
 
 def test_spread_keeps_ranges_contiguous_and_balanced():
@@ -62,10 +64,9 @@ def test_refit_fetches_the_weights_once_for_every_generator():
         return {"w": torch.ones(2)}
 
     gens = LocalGroup(Recorder, [{}, {}])
-    workers = SimpleNamespace(cfg=load_config(None, ["policy.generation.verify_weights=off"]),
-                              policy=SimpleNamespace(lazy=lambda method: get_weights()),
+    workers = SimpleNamespace(policy=SimpleNamespace(lazy=lambda method: get_weights()),
                               generator_shares_weights=False, rollout=Generators(gens))
-    refit = Refit(workers)
+    refit = Refit(workers, WeightCheckOptions("off", None))
     refit.mark_stale()
     refit.if_stale()
     assert len(fetched) == 1  # one get_weights: under Ray one object in the store
@@ -77,7 +78,7 @@ def test_refit_fetches_the_weights_once_for_every_generator():
 
 def test_generators_spread_by_group_and_offset_group_indices():
     gens = Generators(LocalGroup(Recorder, [{}, {}]))
-    _, carry, metrics = gens.call("rollout", ["p0", "p1", "p2"], group_size=2, partition_id=None)
+    _, carry, metrics = gens.rollout(["p0", "p1", "p2"], group_size=2, partition_id=None)
     assert [w.rollouts for w in gens.group.workers] == [[["p0", "p1"]], [["p2"]]]
     assert carry["group"].tolist() == [0, 0, 1, 1, 2, 2]  # generator 1's group 0 is prompt 2
     assert carry["rewards"].tolist() == [0, 1, 2, 3, 0, 1]
@@ -126,7 +127,7 @@ def test_colocated_plan_shares_bundles_split_plan_separates_them():
 
 def test_generators_compute_on_gpus_where_the_policy_does():
     from rlplane.runtime.devices import gpu_requests
-    from rlplane.training.workers import placement_plan, ray_gpus
+    from rlplane.training.plan import build_plan
 
     kw = dict(rank_cpus={"policy": 0.5}, generator_cpus=0.5, rank_gpus={"policy": 1.0}, generator_gpus=0.5)
     # Colocated: generator 0 shares rank 0's GPU (no GPU added to bundle 0); generator 1, past the ranks, its half.
@@ -135,32 +136,42 @@ def test_generators_compute_on_gpus_where_the_policy_does():
     split = plan_placement(dp_size=1, num_generators=2, colocated=False, **{**kw, "generator_gpus": 2.0})
     assert split.bundles == {"train": [{"CPU": 0.5, "GPU": 1.0}], "generation": [{"CPU": 0.5, "GPU": 2.0}] * 2}
 
-    def gpus(*over, per_rank=1.0, teacher=False):
-        cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", *over])
-        return ray_gpus(cfg, per_rank, teacher), placement_plan(cfg, False, teacher, per_rank).bundles
+    def gpus(*over, cluster_gpus=2.0, preset=None):
+        """Each role's GPUs and the bundles, a trained rank on a GPU of its own (``policy.device: auto`` on a
+        cluster with GPUs) or on CPU (none)."""
+        cfg = load_config(preset, ["runtime=ray", "data_plane.backend=ray", "policy.device=auto", *over])
+        plan = build_plan(cfg, cluster_gpus=cluster_gpus)
+        return {r.name: r.gpus for r in plan.roles}, plan.placement.bundles
+
+    teacher = "distill_arithmetic"  # distillation's teacher role
     # Rank i's GPU split evenly among policy rank i, colocated generator i and a teacher's rank i; a split
     # generator gets its own (a vLLM engine: tensor_parallel_size of them); a critic rank a whole one.
-    assert gpus()[0] == {"policy": 0.5, "value": 1.0, "teacher": 0.0, "generator": 0.5}
-    assert gpus(teacher=True)[0] == {"policy": 1 / 3, "value": 1.0, "teacher": 1 / 3, "generator": 1 / 3}
-    assert gpus("policy.generation.colocated.enabled=false")[0] == {
-        "policy": 1.0, "value": 1.0, "teacher": 0.0, "generator": 1.0}
-    assert gpus("policy.generation.colocated.enabled=false", teacher=True)[0] == {
-        "policy": 0.5, "value": 1.0, "teacher": 0.5, "generator": 1.0}
+    assert gpus()[0] == {"policy": 0.5, "generator": 0.5}
+    assert gpus(preset=teacher)[0] == {"policy": 1 / 3, "teacher": 1 / 3, "generator": 1 / 3}
+    assert gpus(preset="ppo_arithmetic")[0] == {"policy": 0.5, "value": 1.0, "generator": 0.5}
+    assert gpus("policy.generation.colocated.enabled=false")[0] == {"policy": 1.0, "generator": 1.0}
+    assert gpus("policy.generation.colocated.enabled=false", preset=teacher)[0] == {
+        "policy": 0.5, "teacher": 0.5, "generator": 1.0}
     assert gpu_requests(1.0, colocated=False, tensor_parallel=2)["generator"] == 2.0  # a vLLM engine over 2 GPUs
-    assert gpus(per_rank=0.0) == ({"policy": 0.0, "value": 0.0, "teacher": 0.0, "generator": 0.0},
-                                  {"colocated": [{"CPU": 1.0}]})
-    assert gpus("policy.generation.colocated.enabled=false", per_rank=0.0)[1] == {
+    assert gpus(cluster_gpus=0.0) == ({"policy": 0.0, "generator": 0.0}, {"colocated": [{"CPU": 1.0}]})
+    assert gpus("policy.generation.colocated.enabled=false", cluster_gpus=0.0)[1] == {
         "train": [{"CPU": 0.5}], "generation": [{"CPU": 0.5}]}
 
 
 def test_async_collector_gpu_counts_against_the_cluster():
-    from rlplane.training.workers import collector_gpus
+    from rlplane.training.plan import build_plan
 
-    over = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+    over = ["runtime=ray", "data_plane.backend=ray", "grpo.async_grpo.enabled=true",
+            "loss_fn.use_importance_sampling_correction=true"]
+
+    def collector_gpus(cfg, cluster_gpus):
+        plan = build_plan(cfg, cluster_gpus=cluster_gpus)
+        return plan.role("collector").gpus if plan.has("collector") else 0.0
+
     cfg = load_config(None, [*over, "policy.device=auto"])
     assert collector_gpus(cfg, 0) == 0.0 and collector_gpus(cfg, 2) == 1.0  # auto: a GPU when the cluster has one
     assert collector_gpus(load_config(None, [*over, "policy.device=cpu"]), 2) == 0.0
-    assert collector_gpus(load_config(None, []), 2) == 0.0  # sync GRPO has no collector
+    assert collector_gpus(load_config(None, ["runtime=ray", "data_plane.backend=ray"]), 2) == 0.0  # sync: none
 
 
 def test_bundles_that_do_not_fit_are_one_line_errors():
@@ -180,10 +191,11 @@ def test_bundles_that_do_not_fit_are_one_line_errors():
 
 
 def test_generators_count_in_the_ray_cpu_demand_and_async_grpo_takes_one():
+    from rlplane.training.plan import build_plan
     from rlplane.training.workers import ray_cpu_demand
 
     cfg = load_config(None, ["runtime=ray", "data_plane.backend=ray", "policy.generation.num_generators=3"])
-    assert ray_cpu_demand(cfg, uses_critic=False) == 0.5 + 3 * 0.5  # a policy rank + three generators
+    assert ray_cpu_demand(build_plan(cfg)) == 0.5 + 3 * 0.5  # a policy rank + three generators
     with pytest.raises(ConfigError, match="num_generators = 2 with grpo.async_grpo.enabled"):
         load_config(None, ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
                            "policy.generation.num_generators=2"])
@@ -191,11 +203,10 @@ def test_generators_count_in_the_ray_cpu_demand_and_async_grpo_takes_one():
 
 def test_hf_decode_config_key_reaches_the_backend():
     from rlplane.models.configured import load_configured_policy
-    from rlplane.workers.rollout import RolloutWorker
 
     for value in ("auto", "hf", "fused", "graph"):
         cfg = load_config(None, [f"policy.generation.hf_decode={value}"])
         model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-        assert RolloutWorker(cfg, None, model=model, tokenizer=tok).backend.decode == value
+        assert rollout_worker(cfg, None, model=model, tokenizer=tok).backend.decode == value
     with pytest.raises(ConfigError, match="hf_decode"):
         load_config(None, ["policy.generation.hf_decode=fast"])

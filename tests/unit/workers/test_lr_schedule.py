@@ -87,7 +87,7 @@ def test_a_fall_of_zero_steps_is_one_line():
 def test_the_critic_follows_its_own_schedule():
     """value.scheduler reaches the critic's optimizer: linear over 2 steps to 0.5 of 1e-3 (1, 0.75, 0.5, 0.5)."""
     from rlplane.dataplane import make_data_plane
-    from rlplane.training.workers import value_options
+    from rlplane.training.plan import value_options
     from rlplane.workers.value import ValueWorker
 
     cfg = load_config("ppo_arithmetic", ["warmup.enabled=false", "value.optimizer.lr=1e-3",

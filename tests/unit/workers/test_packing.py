@@ -6,13 +6,15 @@ batch with a length-1 response, a sample whose tokens are all masked and one who
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.recipes.grpo import TRAIN_COLUMNS
-from rlplane.training.workers import policy_options, value_options
+from rlplane.training.plan import policy_options, value_options
 from rlplane.workers.packing import (
     first_fit_decreasing,
     pack_inputs,
@@ -20,6 +22,7 @@ from rlplane.workers.packing import (
     token_budget_microbatches,
 )
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from tests.tiny import worker_cfg
 
 LENGTHS = torch.tensor([5, 9, 3, 9, 2, 7])
 
@@ -69,12 +72,8 @@ PROMPTS = [4, 6, 3, 5, 7, 4, 2, 6, 3, 5, 4, 1]
 RESPONSES = [1, 11, 6, 19, 2, 8, 22, 3, 12, 5, 16, 1]
 
 
-def _cfg(*extra):
-    return load_config(None, ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
-                              "policy.train_micro_batch_size=4", "policy.logprob_batch_size=4",
-                              "policy.max_total_sequence_length=32", "policy.generation.max_new_tokens=24",
-                              "policy.max_grad_norm=null", "grpo.num_prompts_per_step=3",
-                              "grpo.num_generations_per_prompt=4", *extra])
+_cfg = functools.partial(worker_cfg, 3, 4, "policy.max_total_sequence_length=32", "policy.generation.max_new_tokens=24",
+                         "policy.max_grad_norm=null", micro=4, logprob=4)  # N samples
 
 
 def _batch(client, seed=0):

@@ -11,7 +11,7 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.recipes.grpo import TRAIN_COLUMNS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
 
 N = 12
@@ -128,7 +128,7 @@ def test_the_driver_side_calls_pass_only_the_sizes_given_and_time_themselves():
             self.calls = []
 
         def run_sharded(self, method, meta, batch_size=None, **kwargs):
-            self.calls.append((method, batch_size, kwargs))
+            self.calls.append((method.__name__, batch_size, kwargs))
             return [{}]
 
     group, timer = Group(), Timer()

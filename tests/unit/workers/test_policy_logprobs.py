@@ -8,26 +8,23 @@ logprobs that only divide by the temperature are off by the kept mass on every t
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
 
-from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers.logprobs import token_logprobs
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from tests.tiny import worker_cfg
 
 N = 16  # sequences: one global batch
 
 
-def _cfg(*extra):
-    return load_config(None, ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
-                              "policy.train_micro_batch_size=8", "policy.logprob_batch_size=8",
-                              "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
-                              "policy.generation.max_new_tokens=12", *extra])
+_cfg = functools.partial(worker_cfg, 4, 4, "policy.generation.max_new_tokens=12", micro=8, logprob=8)  # N samples
 
 
 def _on_policy_batch(worker: PolicyWorker, cfg, seed=0):

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models.loading import load_policy
 from rlplane.recipes.ppo import TRAIN_COLUMNS as TRAIN_FIELDS
-from rlplane.training.workers import value_options
+from rlplane.training.plan import value_options
 from rlplane.workers.value import ValueWorker, build_value_model, shifted_values
+from tests.tiny import worker_cfg
 
-CFG = ["warmup.enabled=false", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",
-       "ppo.num_prompts_per_step=4", "ppo.num_generations_per_prompt=2", "value.optimizer.lr=1e-2",
-       "value.loss_fn.cliprange=null"]
-
-
-def _cfg(*extra):
-    return load_config("ppo_arithmetic", [*CFG, *extra])
+_cfg = functools.partial(worker_cfg, 4, 2, "value.optimizer.lr=1e-2", "value.loss_fn.cliprange=null", micro=4,
+                         preset="ppo_arithmetic", loop="ppo")
 
 
 def _batch(client, n=8, seed=0):

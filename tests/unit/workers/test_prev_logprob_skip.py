@@ -1,4 +1,4 @@
-"""Issue 19, "no forward pass whose result is already known": with one optimizer step per rollout the
+"""No forward pass whose result is already known: with one optimizer step per rollout the
 old-policy logprobs are the training forward's, detached, so no separate prev-logprob forward runs,
 and the step's loss, gradients and every metric are those of the explicit prev forward."""
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from rlplane.config.loading import load_config
-from rlplane.config.plan import prev_logprobs_are_the_training_forward, skips_prev_logprob_forward
 from rlplane.dataplane import make_data_plane
 from rlplane.generation import HFGenerationBackend
 from rlplane.recipes.grpo import TRAIN_COLUMNS as TRAIN_FIELDS
 from rlplane.training import Session
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options, prev_logprobs_are_the_training_forward, skips_prev_logprob_forward
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from tests.tiny import tiny_cfg
 
 N = 16  # 4 prompts x 4 generations: one global batch of 16 = one optimizer step per rollout
 ONE_STEP = ["warmup.enabled=false", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
@@ -107,12 +107,10 @@ def test_skip_gives_the_explicit_forwards_loss_gradients_and_metrics(extra):
 def _count_prev_forwards(tmp_path, *extra) -> int:
     from rlplane.recipes.grpo import grpo_step
 
-    cfg = load_config(None, [*ONE_STEP, "policy.tiny.hidden_size=16", "policy.tiny.intermediate_size=16",
-                             "policy.tiny.num_layers=1", "logger.tensorboard_enabled=false",
-                             "checkpointing.enabled=false", f"run_dir={tmp_path}", *extra])
+    cfg = tiny_cfg(tmp_path, *ONE_STEP, "checkpointing.enabled=false", *extra)
     with Session(cfg, quiet=True) as s:
         s.start()
-        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.workers.needs_reference,
+        loss = ClippedPGLoss(cfg.loss_fn.options(), reference=s.plan.needs_reference,
                              prev_from_forward=skips_prev_logprob_forward(cfg))  # as recipes/grpo.py's train()
         worker, calls = s.workers.policy.workers[0], []
         real = worker.compute_logprobs

@@ -10,7 +10,8 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.datasets import build_datasets
 from rlplane.models.configured import load_configured_policy
-from rlplane.workers.rollout import RolloutWorker, sample_keys
+from rlplane.workers.rollout import sample_keys
+from tests.tiny import rollout_worker
 
 G = 3
 COLS = ["input_ids", "generation_logprobs"]
@@ -48,11 +49,11 @@ def same(a, b):
 def test_one_or_two_workers_any_order_same_samples(setup):
     cfg, model, tok, datums = setup
     dp = make_data_plane("memory")
-    one = RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=0)
+    one = rollout_worker(cfg, dp, model=model, tokenizer=tok, seed=0)
     # A second worker with its own model copy and another generator seed (the collector's is seed + 3).
     copy, _ = load_configured_policy(cfg.policy, cfg.loop.seed)
     copy.load_state_dict(model.state_dict())
-    two = [RolloutWorker(cfg, dp, model=m, tokenizer=tok, seed=s) for m, s in ((model, 5), (copy, 9))]
+    two = [rollout_worker(cfg, dp, model=m, tokenizer=tok, seed=s) for m, s in ((model, 5), (copy, 9))]
     reference = rollout(one, dp, datums)
     same(reference, {**rollout(two[1], dp, datums[5:]), **rollout(two[0], dp, datums[:5])})  # split, reversed
     same(reference, rollout(one, dp, datums[::-1]))  # other batch order

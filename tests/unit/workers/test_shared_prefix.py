@@ -13,9 +13,10 @@ import torch
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.recipes.grpo import TRAIN_COLUMNS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers import shared_prefix
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from tests.tiny import worker_cfg
 
 # 4 prompts x 3 responses: prompt lengths 5, 7, 3, 6; responses of 1 .. 9 tokens; sample 7 generated nothing.
 PROMPT_LENS = [5, 7, 3, 6]
@@ -36,11 +37,8 @@ def test_prompt_lengths_by_hand():
 
 
 def _cfg(shared: bool, *extra):
-    return load_config(None, ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
-                              "policy.max_total_sequence_length=32", "policy.generation.max_new_tokens=16",
-                              "policy.max_grad_norm=null", "grpo.num_prompts_per_step=4",
-                              "grpo.num_generations_per_prompt=3",
-                              f"policy.shared_prefix_forward={str(shared).lower()}", *extra])
+    return worker_cfg(4, 3, "policy.max_total_sequence_length=32", "policy.generation.max_new_tokens=16",
+                      "policy.max_grad_norm=null", f"policy.shared_prefix_forward={str(shared).lower()}", *extra)
 
 
 def _batch(client):

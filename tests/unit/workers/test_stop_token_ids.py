@@ -11,7 +11,7 @@ from rlplane.dataplane import make_data_plane
 from rlplane.datasets import build_datasets
 from rlplane.models.configured import load_configured_policy
 from rlplane.workers.logprobs import token_logprobs
-from rlplane.workers.rollout import RolloutWorker
+from tests.tiny import rollout_worker
 
 G = 2
 COLS = ["input_ids", "generation_logprobs", "token_mask"]
@@ -26,8 +26,8 @@ def responses(stop_ids: list[int] | None):
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     dp = make_data_plane("memory")
     dp.register_partition("p", COLS, 4 * G)
-    meta, _, _ = RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=0).rollout(next(loader), group_size=G,
-                                                                                    partition_id="p")
+    meta, _, _ = rollout_worker(cfg, dp, model=model, tokenizer=tok, seed=0).rollout(next(loader), group_size=G,
+                                                                                     partition_id="p")
     cols = dp.get_samples(meta, "p", COLS)
     return model, tok, cfg, cols, meta.seq_lens
 

@@ -4,30 +4,28 @@ near the limit): logprobs, loss and gradients are the full path's, and the lm_he
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.models.configured import load_configured_policy
 from rlplane.recipes.grpo import TRAIN_COLUMNS
-from rlplane.training.workers import policy_options
+from rlplane.training.plan import policy_options
 from rlplane.workers import policy
 from rlplane.workers.logprobs import microbatch_logprobs
 from rlplane.workers.packing import MicroBatch
 from rlplane.workers.policy import ClippedPGLoss, PolicyWorker
+from tests.tiny import worker_cfg
 
 PROMPTS = [4, 6, 3, 5]
 RESPONSES = [3, 5, 6, 2]
 N = len(PROMPTS)
 
 
-def _cfg(*extra):
-    return load_config(None, ["warmup.enabled=false", f"policy.train_global_batch_size={N}",
-                              "policy.train_micro_batch_size=2", "policy.logprob_batch_size=2",
-                              "policy.max_total_sequence_length=16", "policy.generation.max_new_tokens=8",
-                              "policy.max_grad_norm=null", "grpo.num_prompts_per_step=2",
-                              "grpo.num_generations_per_prompt=2", *extra])
+_cfg = functools.partial(worker_cfg, 2, 2, "policy.max_total_sequence_length=16", "policy.generation.max_new_tokens=8",
+                         "policy.max_grad_norm=null", micro=2, logprob=2)  # N samples
 
 
 def _batch(seed=0):

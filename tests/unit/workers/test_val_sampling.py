@@ -7,7 +7,7 @@ from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
 from rlplane.datasets import build_datasets
 from rlplane.models.configured import load_configured_policy
-from rlplane.workers.rollout import RolloutWorker
+from tests.tiny import rollout_worker
 
 COMMON = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=8",
           "data.num_train_samples=8", "policy.generation.max_new_tokens=6", "warmup.enabled=false"]
@@ -19,7 +19,7 @@ def responses(*overrides, greedy: bool):
     loader, _, _ = build_datasets(cfg.dataset_options(), tok)
     dp = make_data_plane("memory")
     dp.register_partition("v", ["input_ids", "generation_logprobs", "token_mask"], 4)
-    meta, _, _ = RolloutWorker(cfg, dp, model=model, tokenizer=tok, seed=0).rollout(
+    meta, _, _ = rollout_worker(cfg, dp, model=model, tokenizer=tok, seed=0).rollout(
         next(loader), group_size=1, partition_id="v", greedy=greedy, heldout=True)
     ids = dp.get_samples(meta, "v", ["input_ids"])["input_ids"]
     return [ids[r, : meta.seq_lens[r]].tolist() for r in range(len(ids))]
