@@ -68,3 +68,18 @@ def tiny_run(tmp_path):
         return tiny_cfg(tmp_path / "run", *overrides, preset=preset)
 
     return make
+
+
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true",
+                     help="also run the heavy tier (minutes each: NeMo RL's largest example configs at their own "
+                          "batch sizes); the README's test command leaves it out to stay within CI's time")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--heavy"):
+        return
+    skip = pytest.mark.skip(reason="heavy tier, minutes each: `pytest --heavy` runs it")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)

@@ -1,7 +1,8 @@
 """NeMo RL's own example configs, as they ship (tests/fixtures/nemo/upstream), train two steps at their own sizes,
 run from a NeMo RL tree with only the model named (the embedded tiny Llama) and the step count: their datasets are
 read by name from local stand-ins of the hub repos in a Hugging Face cache (tests/fixtures/nemo/hub_standins.py),
-offline. Slow: these are the files' real batch sizes (up to 2048 samples a step)."""
+offline. Slow: these are the files' real batch sizes (up to 2048 samples a step); the three largest (minutes each)
+are the heavy tier, run with `pytest --heavy`. Every file is read and checked in tests/unit/config/test_nemo_upstream.py."""
 
 from __future__ import annotations
 
@@ -21,20 +22,22 @@ from hub_standins import use_standins  # noqa: E402
 
 MODEL = "policy.model_name=embedded:tiny-llama"
 LLM = "examples/configs/recipes/llm"
+HEAVY = pytest.mark.heavy  # minutes each at their own sizes (docs/benchmarks.md): `pytest --heavy`
 CASES = [  # (file, loop, what else a NeMo RL user gives on this machine)
-    ("examples/configs/grpo_math_1B.yaml", "grpo", []),
-    ("examples/configs/ppo_math_1B.yaml", "ppo", []),
+    pytest.param("examples/configs/grpo_math_1B.yaml", "grpo", []),
+    pytest.param("examples/configs/ppo_math_1B.yaml", "ppo", []),
     # A hub teacher too; a larger embedded one (the same shape and seed would be the student itself).
-    ("examples/configs/distillation_math.yaml", "distillation",
-     ["teacher.model_name=embedded:tiny-llama", "teacher.tiny.hidden_size=256", "teacher.tiny.num_heads=8"]),
-    ("examples/configs/grpo_sliding_puzzle.yaml", "grpo", []),
-    ("examples/configs/gdpo_math_1B.yaml", "grpo", []),
-    ("examples/configs/grpo_smoke.yaml", "grpo", []),
-    (f"{LLM}/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp1.v3-tq_simple.yaml", "grpo", []),
-    (f"{LLM}/grpo-deepscaler-1.5b-8K-tq_simple.yaml", "grpo", []),
+    pytest.param("examples/configs/distillation_math.yaml", "distillation",
+                 ["teacher.model_name=embedded:tiny-llama", "teacher.tiny.hidden_size=256",
+                  "teacher.tiny.num_heads=8"]),
+    pytest.param("examples/configs/grpo_sliding_puzzle.yaml", "grpo", [], marks=HEAVY),
+    pytest.param("examples/configs/gdpo_math_1B.yaml", "grpo", []),
+    pytest.param("examples/configs/grpo_smoke.yaml", "grpo", []),
+    pytest.param(f"{LLM}/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp1.v3-tq_simple.yaml", "grpo", []),
+    pytest.param(f"{LLM}/grpo-deepscaler-1.5b-8K-tq_simple.yaml", "grpo", [], marks=HEAVY),
     # Megatron-Core in NeMo RL; its own switch back to the DTensor worker.
-    (f"{LLM}/performance/grpo-llama3.1-8b-instruct-2n8g-async-1off.yaml", "grpo",
-     ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"]),
+    pytest.param(f"{LLM}/performance/grpo-llama3.1-8b-instruct-2n8g-async-1off.yaml", "grpo",
+                 ["policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"], marks=HEAVY),
 ]
 
 
@@ -44,7 +47,7 @@ def hf_home(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, loop, extra", CASES, ids=[Path(c[0]).stem for c in CASES])
+@pytest.mark.parametrize("name, loop, extra", CASES, ids=[Path(c.values[0]).stem for c in CASES])
 def test_nemo_config_trains_two_steps_as_it_ships(tmp_path, monkeypatch, hf_home, name, loop, extra):
     use_standins(monkeypatch, hf_home, rows=300)
     monkeypatch.setenv("WANDB_MODE", "offline")  # several files log to wandb; this machine has no network
