@@ -28,5 +28,6 @@ def test_the_index_stays_bounded_over_200_async_steps(soak, tmp_path):
         assert r["slots"] <= bound and r["live_keys"] + r["tombstones"] <= r["slots"], r
         assert r["chunks"] <= max(x["chunks"] for x in early), r
     figures = soak.verdict(rows)
-    assert all(figures[k][3] for k in soak.INDEX), {k: figures[k] for k in soak.INDEX}  # (first, mid, last, flat)
+    index = {k: figures[k] for k in soak.INDEX}  # (first, midpoint, last, flat)
+    assert all(f[3] for f in index.values()), index
     assert rows[-1]["driver_fds"] <= rows[1]["driver_fds"] + 4
