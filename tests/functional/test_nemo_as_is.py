@@ -2,7 +2,8 @@
 run from a NeMo RL tree with only the model named (the embedded tiny Llama) and the step count: their datasets are
 read by name from local stand-ins of the hub repos in a Hugging Face cache (tests/fixtures/nemo/hub_standins.py),
 offline. Slow: these are the files' real batch sizes (up to 2048 samples a step); the three largest (minutes each)
-are the heavy tier, run with `pytest --heavy`. Every file is read and checked in tests/unit/config/test_nemo_upstream.py."""
+are the heavy tier, run with `pytest --heavy`. Every file is read and checked by
+tests/unit/config/test_nemo_upstream.py."""
 
 from __future__ import annotations
 
