@@ -133,7 +133,9 @@ def _expected_result(cfg, before, after) -> list[str]:
     shipped = load_config(exp.preset, []).model_dump(mode="json")
     changed = changed_keys(cfg.model_dump(mode="json"), shipped, loop)
     gain = after - before if before is not None and after is not None else None
-    return expected_lines(exp, gain, changed, f"{loop}.seed")
+    control_is = ("with a teacher that learned nothing" if cfg.algorithm == "distillation"
+                  else "whose rewards carry no information")
+    return expected_lines(exp, gain, changed, f"{loop}.seed", control_is)
 
 
 def cmd_sft(args) -> int:

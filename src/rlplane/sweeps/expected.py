@@ -21,17 +21,21 @@ def changed_keys(run_tree: dict, preset_tree: dict, loop: str) -> list[str]:
 
 
 def _pts(v: float) -> str:
-    return f"{100 * v:+.0f}"
+    """Points, to the tenth where a whole number would hide which side of a range a value is on."""
+    text = f"{100 * v:+.1f}"
+    return text[:-2] if text.endswith(".0") else text
 
 
-def expected_lines(expected, gain: float | None, changed: list[str], seed_key: str) -> list[str]:
-    """The lines to print, or none when the preset carries no figures. ``gain``: this run's (accuracy units)."""
+def expected_lines(expected, gain: float | None, changed: list[str], seed_key: str,
+                   control_is: str = "whose rewards carry no information") -> list[str]:
+    """The lines to print, or none when the preset carries no figures. ``gain``: this run's (accuracy units);
+    ``control_is``: what the recipe's control is (distillation's: a teacher that learned nothing)."""
     if expected.gain_low is None:
         return []
     lo, hi = expected.gain_low, expected.gain_high
     where = f" on {expected.measured_on}" if expected.measured_on else ""
     seeds = f"{expected.seeds} seeds" if expected.seeds else "several seeds"
-    control = (f"; its control, whose rewards carry no information, {_pts(expected.control_gain)}"
+    control = (f"; its control, {control_is}, {_pts(expected.control_gain)}"
                if expected.control_gain is not None else "")
     lines = [f"healthy runs of {expected.preset} gain {_pts(lo)} to {_pts(hi)} points of held-out accuracy "
              f"({seeds}{where}{control})"]

@@ -28,6 +28,8 @@ def test_a_run_of_the_preset_as_shipped_is_placed_in_the_range():
     assert _lines(same, 0.40) == [head, "this run: +40 points, within that range"]
     assert _lines([], 0.60)[-1] == "this run: +60 points, above that range (a lucky seed, or a better recipe)"
     assert _lines([], 0.12)[-1].startswith("this run: +12 points, below that range: try another grpo.seed")
+    # To the tenth where rounding would put a value inside the range it is outside of: +30.6 below +31.
+    assert _lines([], 0.306)[-1].startswith("this run: +30.6 points, below that range")
     assert _lines([], None) == [head]
 
 
@@ -44,3 +46,10 @@ def test_no_figures_no_lines_and_bad_figures_are_one_line():
         load_config(None, ["expected.gain_low=0.1", "expected.gain_high=null"])
     with pytest.raises(ConfigError, match="gain_low = 0.5 > gain_high = 0.2"):
         load_config(None, ["expected.gain_low=0.5", "expected.gain_high=0.2"])
+
+
+def test_distillations_control_is_named_as_a_teacher_that_learned_nothing():
+    cfg = load_config("distill_arithmetic", [])
+    line = expected_lines(cfg.expected, None, [], "distillation.seed", "with a teacher that learned nothing")[0]
+    assert line.startswith("healthy runs of distill_arithmetic gain ")
+    assert "; its control, with a teacher that learned nothing, " in line and "rewards" not in line
