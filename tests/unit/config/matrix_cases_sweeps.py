@@ -61,7 +61,7 @@ for cid, argv in [
                                          "ppo.reward_control=shuffle"]),
     ("control/positive-example-nll", ["train", *T, "loss_fn.positive_example_nll_weight=0.5"]),
     ("control/expected-not-a-number", ["train", *T, "expected.gain_low=abc", "expected.gain_high=0.3"]),
-    ("control/expected-half-a-range", ["train", *T, "expected.gain_low=0.1"]),
+    ("control/expected-half-a-range", ["train", *T, "expected.gain_low=0.1", "expected.gain_high=null"]),
     ("control/expected-range-backwards", ["train", *T, "expected.gain_low=0.5", "expected.gain_high=0.1"]),
 ]:
     case(cid, argv)
