@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -225,8 +226,9 @@ def test_rollout_actor_killed_idle(cwd, capsys, monkeypatch):
 
     injected = Injected(monkeypatch, 1, lambda s: ray.kill(generator(s)))
     line = fails_with_one_line(capsys, cwd / "run", injected, "rollout actor killed idle")
-    assert line == ("rlplane: error: generator 0 died during set_weight_version (killed); the run stops: resume from "
-                    "its last checkpoint with checkpointing.resume=true")
+    # The refit's next call to it meets the death: which one is first depends on Ray's timing.
+    assert re.fullmatch(r"rlplane: error: generator 0 died during (set_weight_version|update_weights) \(killed\); the "
+                        r"run stops: resume from its last checkpoint with checkpointing.resume=true", line), line
     check_state(cwd / "run", 1)
     resumes(cwd / "run")
 
