@@ -218,7 +218,7 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
     """Greedy accuracy (and pass@k when ``k > 1``) on the held-out problems, as ``rlplane eval``.
 
     ``checkpoint``: a run directory (its latest checkpoint and saved config) or a ``step_N`` directory."""
-    from rlplane.cli import _checkpoint_weights
+    from rlplane.checkpoint_source import checkpoint_weights
     from rlplane.errors import ConfigError
     from rlplane.evaluation import evaluate as run
 
@@ -232,7 +232,7 @@ def evaluate(config: str | dict | RunConfig | None = None, *, overrides: Sequenc
         raise ConfigError(problems)
     extra = [f"policy.model_name={model}"] if model else []
     if checkpoint is not None:
-        weights, ckpt = _checkpoint_weights(checkpoint)
+        weights, ckpt = checkpoint_weights(checkpoint)
         extra = [f"policy.model_name={weights}"]
         if config is None and ckpt is not None and (ckpt / "config.yaml").is_file():
             config = str(ckpt / "config.yaml")  # the run's own data, prompt format and environments

@@ -11,6 +11,8 @@ import os
 import sys
 from contextlib import contextmanager, redirect_stdout
 
+from rlplane.checkpoint_source import checkpoint_weights
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -115,27 +117,11 @@ def cmd_train(args) -> int:
     if stopped := summary.get("stopped_early"):
         print(f"stopped early after step {stopped['after_step']}: {stopped['reason']}")
     print(f"run directory: {summary['run_dir']}  ({summary['wall_seconds']:.0f} s)")
-    for line in _expected_result(cfg, before, after):
+    from rlplane.sweeps.expected import end_of_run_lines
+
+    for line in end_of_run_lines(cfg, before, after):
         print(line)
     return 0
-
-
-def _expected_result(cfg, before, after) -> list[str]:
-    """What healthy runs of the preset gain, beside this run's gain (the preset's ``expected`` section)."""
-    from rlplane.config.loading import load_config
-    from rlplane.config.recipes import RECIPES
-    from rlplane.sweeps.expected import changed_keys, expected_lines
-
-    exp = cfg.expected
-    if exp.gain_low is None or exp.preset is None:
-        return []
-    loop = RECIPES[cfg.algorithm].loop
-    shipped = load_config(exp.preset, []).model_dump(mode="json")
-    changed = changed_keys(cfg.model_dump(mode="json"), shipped, loop)
-    gain = after - before if before is not None and after is not None else None
-    control_is = ("with a teacher that learned nothing" if cfg.algorithm == "distillation"
-                  else "whose rewards carry no information")
-    return expected_lines(exp, gain, changed, f"{loop}.seed", control_is)
 
 
 def cmd_sft(args) -> int:
@@ -173,36 +159,6 @@ def _sft(cfg, args, paths) -> int:
     return 0
 
 
-def _checkpoint_weights(path: str):
-    """``(weights dir, checkpoint dir or None)`` of a run directory, a ``step_N`` checkpoint or an HF directory."""
-    from pathlib import Path
-
-    from rlplane.errors import ConfigError
-
-    p = Path(path)
-    if not p.is_dir():
-        what = "is a file, not a directory" if p.exists() else "no such directory"
-        raise ConfigError([f"--checkpoint {p}: {what}; pass a run directory, "
-                           "a step_N checkpoint or an HF model directory"])
-    from rlplane.utils.checkpoint import CheckpointManager, weight_shapes
-
-    ckpt = p
-    if (p / "checkpoints").is_dir():  # a run directory: its latest complete checkpoint
-        ckpt = CheckpointManager(p / "checkpoints", None, "val:accuracy", True).latest() or p
-    weights = ckpt / "policy" / "weights"
-    if weights.is_dir() and (weights / "adapter_config.json").is_file():
-        return weights, ckpt  # a LoRA adapter (policy.lora.enabled): export merges it into its base model
-    if weights.is_dir() and (weights / "config.json").is_file():
-        weight_shapes(weights)  # a damaged or truncated file: one line now, not a traceback in the loader
-        return weights, ckpt
-    if (p / "config.json").is_file():
-        weight_shapes(p)
-        return p, None
-    raise ConfigError([f"--checkpoint {p}: no model there (expected checkpoints/step_N/policy/weights, "
-                       "policy/weights or config.json); pass a run directory, "
-                       "a step_N checkpoint or an HF model directory"])
-
-
 def _dataset_overrides(spec: str) -> list[str]:
     """``--dataset`` shorthand -> ``data.*`` overrides: ``arithmetic``, ``reasoning_gym:TASK[,TASK]``,
     or a file (``.jsonl`` read directly; ``.json``/``.parquet``/``.csv`` through HF datasets)."""
@@ -231,7 +187,7 @@ def cmd_eval(args) -> int:
     overrides = []
     preset = args.config
     if args.checkpoint:
-        weights, ckpt = _checkpoint_weights(args.checkpoint)
+        weights, ckpt = checkpoint_weights(args.checkpoint)
         saved = (ckpt / "config.yaml") if ckpt is not None else None
         if preset is None and saved is not None and saved.is_file():
             preset = str(saved)  # the run's own data, prompt format and environments
@@ -315,7 +271,7 @@ def cmd_export(args) -> int:
 
     from rlplane.errors import ConfigError
 
-    weights, ckpt = _checkpoint_weights(args.checkpoint)
+    weights, ckpt = checkpoint_weights(args.checkpoint)
     out = Path(args.output).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise ConfigError([f"--output {out}: is a file; export writes a model directory: name a new directory"])

@@ -53,3 +53,21 @@ def expected_lines(expected, gain: float | None, changed: list[str], seed_key: s
                    "a fault shows in the run's metrics (rlplane plot)")
     lines.append(f"this run: {_pts(gain)} points, {verdict}")
     return lines
+
+
+def end_of_run_lines(cfg, before: float | None, after: float | None) -> list[str]:
+    """What healthy runs of the preset gain, beside this run's gain (``before``/``after``: held-out accuracy), from
+    the run's ``expected`` section; none when it carries no figures."""
+    from rlplane.config.loading import load_config
+    from rlplane.config.recipes import RECIPES
+
+    exp = cfg.expected
+    if exp.gain_low is None or exp.preset is None:
+        return []
+    loop = RECIPES[cfg.algorithm].loop
+    shipped = load_config(exp.preset, []).model_dump(mode="json")
+    changed = changed_keys(cfg.model_dump(mode="json"), shipped, loop)
+    gain = after - before if before is not None and after is not None else None
+    control_is = ("with a teacher that learned nothing" if cfg.algorithm == "distillation"
+                  else "whose rewards carry no information")
+    return expected_lines(exp, gain, changed, f"{loop}.seed", control_is)
