@@ -6,9 +6,10 @@ dataclasses) to validate ``loss_fn``, and validating a config must not wait for 
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
+
+from rlplane.utils.lazy_names import lazy_names
 
 _HOMES = {
     "advantages": ("calculate_baseline_and_std_per_prompt", "clip_advantages", "gdpo_advantages", "group_ids",
@@ -25,9 +26,9 @@ _HOMES = {
                "nll_loss", "reverse_kl_loss"),
     "value_loss": ("explained_variance", "value_loss"),
 }
-_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 
-__all__ = sorted(_MODULE_OF)
+__all__, __getattr__, __dir__ = lazy_names(__name__, _HOMES)
+_NAMES = frozenset(__all__)
 
 
 class _Package(types.ModuleType):
@@ -35,22 +36,9 @@ class _Package(types.ModuleType):
     (Python binds a submodule to its package's attribute when it is first imported)."""
 
     def __setattr__(self, name: str, value) -> None:
-        if name in _MODULE_OF and isinstance(value, types.ModuleType):
+        if name in _NAMES and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 
 
 sys.modules[__name__].__class__ = _Package
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlplane.algorithms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"rlplane.algorithms.{module}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])

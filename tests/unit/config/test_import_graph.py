@@ -93,6 +93,8 @@ def test_the_algorithms_package_still_offers_every_name():
 
     import rlplane.algorithms as algorithms
 
+    home_of = {name: module for module, names in algorithms._HOMES.items() for name in names}
+    assert sorted(home_of) == algorithms.__all__
     for name in algorithms.__all__:
-        home = importlib.import_module(f"rlplane.algorithms.{algorithms._MODULE_OF[name]}")
+        home = importlib.import_module(f"rlplane.algorithms.{home_of[name]}")
         assert getattr(algorithms, name) is getattr(home, name), name
