@@ -8,6 +8,7 @@ waits and works. Rules: ``docs/algorithms.md``. Runs in a driver thread, a child
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 import traceback
@@ -26,6 +27,7 @@ from rlplane.dataplane import DataPlaneClient, KVBatchMeta, concat_metas
 from rlplane.dataplane.columns import ASYNC_ROLLOUT_COLUMNS, GENERATION_VERSIONS, TOKEN_MASK
 from rlplane.envs.user import user_exit_message
 from rlplane.fast.threads import lower_thread_priority
+from rlplane.runtime import helper_threads
 from rlplane.runtime.deadlines import DeadlineExceeded
 from rlplane.utils.kill_points import kill_point
 from rlplane.workers.env_metrics import is_env_metric
@@ -72,7 +74,7 @@ class AsyncTrajectoryCollector:
         self._pending: deque[DatumSpec] = deque()  # prompts drawn from the loader and not generated yet
         self._cond = threading.Condition()  # guards the schedule, the pending prompts and the counters
         self._thread: threading.Thread | None = None
-        self._batch_threads: list[threading.Thread] = []
+        self._batch_threads: list[helper_threads.Call] = []
         self._traceback = ""
         self._restore_note = ""  # what a restore converted (load_state_dict), for the resume line
         # Seconds generating, scoring, and waiting for the previous batch's scoring.
@@ -296,7 +298,7 @@ class AsyncTrajectoryCollector:
             self._cond.notify_all()
 
     def _collect(self) -> None:
-        """Start each batch the schedule asks for, in a thread of its own."""
+        """Start each batch the schedule asks for, each on a helper thread of its own while it runs."""
         while True:
             with self._cond:
                 while (job := self.schedule.next_batch(self.buffer.view())) is None:
@@ -306,10 +308,8 @@ class AsyncTrajectoryCollector:
                     self._cond.wait(0.02)
                 datums = self._take_prompts(job.needed)
             self._batch_threads = [t for t in self._batch_threads if t.is_alive()]
-            thread = threading.Thread(target=self._run_batch, args=(job, datums), name=f"collector-batch-{job.number}",
-                                      daemon=True)
-            self._batch_threads.append(thread)
-            thread.start()
+            self._batch_threads.append(helper_threads.start(functools.partial(self._run_batch, job, datums),
+                                                            f"collector-batch-{job.number}"))
 
     def _take_prompts(self, n: int) -> list[DatumSpec]:
         while len(self._pending) < n:

@@ -1,15 +1,17 @@
 """Deadlines on the calls a rollout waits for (``env.step_timeout_s``, ``policy.generation.timeout_s``), so a
 hang ends the run with one line.
 
-In-process the call runs in a daemon helper thread that is left behind on a timeout (a thread cannot be
-killed), so :class:`DeadlineExceeded` stops the run, never retried; Ray calls use ``ray.get(timeout=...)``.
+In-process the call runs on a reused helper thread (:mod:`rlplane.runtime.helper_threads`) that is left behind
+on a timeout (a thread cannot be killed), so :class:`DeadlineExceeded` stops the run, never retried; Ray calls
+use ``ray.get(timeout=...)``.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from rlplane.runtime import helper_threads
 
 T = TypeVar("T")
 
@@ -27,23 +29,11 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float | None, what: str, 
     """``fn()``, or :class:`DeadlineExceeded` after ``timeout_s`` seconds (None: called directly)."""
     if timeout_s is None:
         return fn()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = e
-
-    thread = threading.Thread(target=run, name=f"deadline:{what}"[:60], daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
+    call = helper_threads.start(fn, f"deadline:{what}")
+    call.join(timeout_s)
+    if call.is_alive():
         raise DeadlineExceeded(deadline_message(what, timeout_s, key))
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
+    return call.result()
 
 def ray_get(ref, timeout_s: float | None = None, what: str = "", key: str = ""):
     """``ray.get(ref)`` within ``timeout_s``; a :class:`DeadlineExceeded` from the actor comes out as itself."""
