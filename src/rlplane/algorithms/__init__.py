@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import types
 
-from rlplane.utils.lazy_names import lazy_names
+from rlplane.lazy_names import lazy_names
 
 _HOMES = {
     "advantages": ("calculate_baseline_and_std_per_prompt", "clip_advantages", "gdpo_advantages", "group_ids",

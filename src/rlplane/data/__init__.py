@@ -7,7 +7,7 @@ for torch, which the datasets themselves import.
 
 from __future__ import annotations
 
-from rlplane.utils.lazy_names import lazy_names
+from rlplane.lazy_names import lazy_names
 
 _HOMES = {
     "arithmetic": ("ArithmeticDataset", "ArithmeticSpec", "build_eval_set", "is_heldout"),
