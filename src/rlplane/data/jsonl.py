@@ -11,13 +11,12 @@ from transformers import PreTrainedTokenizerBase
 
 from rlplane.data.datum import PromptFormat
 from rlplane.data.errors import DatasetError, unreadable
-from rlplane.data.file_bounds import bounded_lines, count_lines, scan
+from rlplane.data.file_bounds import MAX_ROW_DEPTH, bounded_lines, count_lines, depth, scan, too_deep
 from rlplane.data.processors import prompt_data_processor
 from rlplane.data.tasks import AllTaskProcessedDataset, TaskDataSpec
 
 # Reading a data file is bounded per row and in rows: a file with no newline (data/file_bounds.py), or rows nested
 # without end, is one line naming the file and the limit. NeMo RL's datasets nest 3 levels.
-MAX_ROW_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -57,24 +56,6 @@ def answer_text(value, key: str, path: str, line_no: int, unit: str = "line") ->
                        "non-empty string or a number")
 
 
-def _too_deep(path: str, line_no: int) -> DatasetError:
-    return DatasetError(f"dataset {path}, line {line_no}: nested more than {MAX_ROW_DEPTH} levels deep, over "
-                        f"MAX_ROW_DEPTH = {MAX_ROW_DEPTH}; flatten the row's fields")
-
-
-def _depth(obj) -> int:
-    """Nesting of a parsed JSON value (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(obj, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, depth + 1)
-            if deepest > MAX_ROW_DEPTH:
-                break
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
 def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: bool = True,
                     max_rows: int | None = None) -> list[dict]:
     """Rows as ``{"problem", "answer", "task_name", "line"}`` (1-based; blanks skipped), with ``extra_env_info``
@@ -99,9 +80,9 @@ def read_jsonl_rows(path: str, fields: JsonlFields = JsonlFields(), *, require: 
                     f"dataset {path}, line {line_no}: not valid JSON ({e.msg} at column {e.colno})"
                 ) from None
             except RecursionError:  # nested past what the parser recurses into
-                raise _too_deep(path, line_no) from None
-            if _depth(obj) > MAX_ROW_DEPTH:
-                raise _too_deep(path, line_no)
+                raise too_deep(path, line_no) from None
+            if depth(obj) > MAX_ROW_DEPTH:
+                raise too_deep(path, line_no)
             if not isinstance(obj, dict):
                 raise DatasetError(f"dataset {path}, line {line_no}: expected a JSON object, got {type(obj).__name__}")
             rows.append(_row(obj, fields, path, line_no, require))

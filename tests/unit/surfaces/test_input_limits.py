@@ -64,6 +64,43 @@ def test_nesting_within_the_limit_is_kept(tmp_path):
     assert read_jsonl_rows(str(f))[0]["extra_env_info"]["x"] is not None
 
 
+def _deep_dicts(n: int) -> str:
+    return '{"k": ' * n + "1" + "}" * n
+
+
+@pytest.mark.parametrize("block", [None, 64], ids=["one-block", "across-blocks"])
+def test_the_start_up_check_finds_deep_rows_before_any_import(tmp_path, monkeypatch, block):
+    """The command line's check (plain Python, before torch) refuses a row nested past the bound, lists or objects,
+    on the line it is on; brackets inside a string, or a row within the bound, pass; a blank line counts."""
+    if block is not None:  # rows longer than a read: the deep row is found where its line ends
+        monkeypatch.setattr(file_bounds, "_SCAN_BLOCK", block)
+    cases = {
+        "lists": "[" * (MAX_ROW_DEPTH + 1) + "]" * (MAX_ROW_DEPTH + 1),
+        "objects": _deep_dicts(MAX_ROW_DEPTH + 1),
+        "past-the-parser": "[" * 100_000 + "]" * 100_000,
+    }
+    for name, value in cases.items():
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text(ROW + "\n" + '{"problem": "1+1=", "answer": "2", "x": ' + value + "}\n" + ROW)
+        with pytest.raises(DatasetError) as e:
+            file_bounds.check_text_file(str(f), None, json_rows=True)
+        assert str(e.value) == (f"dataset {f}, line 3: nested more than 32 levels deep, over MAX_ROW_DEPTH = 32; "
+                                "flatten the row's fields"), name
+        file_bounds.check_text_file(str(f), None)  # a file that is not JSON Lines: no depth to check
+    fine = tmp_path / "fine.jsonl"
+    fine.write_text(json.dumps({"problem": "[" * 200 + " balance these", "answer": "x", "y": _deep_dicts(40)}) + "\n"
+                    + '{"problem": "p", "answer": "a", "x": ' + _deep_dicts(MAX_ROW_DEPTH - 1) + "}\n" + ROW)
+    assert file_bounds.check_text_file(str(fine), None, json_rows=True) is None
+    many = tmp_path / "many.jsonl"  # candidates on every line (brackets in strings) before the deep row
+    many.write_text(fine.read_text() * 50 + '{"x": ' + "[" * 40 + "]" * 40 + "}\n" + ROW)
+    with pytest.raises(DatasetError, match=r"line 151: nested more than 32"):
+        file_bounds.check_text_file(str(many), None, json_rows=True)
+    last = tmp_path / "last.jsonl"  # the deep row is the last line, with no newline after it
+    last.write_text(ROW + '{"x": ' + "[" * 40 + "]" * 40 + "}")
+    with pytest.raises(DatasetError, match=r"line 2: nested more than 32"):
+        file_bounds.check_text_file(str(last), None, json_rows=True)
+
+
 def test_more_rows_than_max_rows_stops_reading_there(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text(ROW * 11)
