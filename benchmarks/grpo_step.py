@@ -31,10 +31,8 @@ from rlplane.generation.hf import HFGenerationBackend  # noqa: E402
 from rlplane.models.configured import load_configured_policy  # noqa: E402
 from rlplane.recipes.grpo import grpo_step  # noqa: E402
 from rlplane.training import Session  # noqa: E402
-from rlplane.workers.policy import (
-    ClippedPGLoss,  # noqa: E402
-    token_logprobs,  # noqa: E402
-)
+from rlplane.workers.logprobs import token_logprobs  # noqa: E402
+from rlplane.workers.policy import ClippedPGLoss  # noqa: E402
 
 
 class FloorLoop:
