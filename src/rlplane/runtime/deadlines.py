@@ -35,6 +35,7 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float | None, what: str, 
         raise DeadlineExceeded(deadline_message(what, timeout_s, key))
     return call.result()
 
+
 def ray_get(ref, timeout_s: float | None = None, what: str = "", key: str = ""):
     """``ray.get(ref)`` within ``timeout_s``; a :class:`DeadlineExceeded` from the actor comes out as itself."""
     import ray

@@ -26,8 +26,12 @@ def _pts(v: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
+NO_INFORMATION = "whose rewards carry no information"  # the reward controls (permute, coin)
+UNTRAINED_TEACHER = "with a teacher that learned nothing"  # distillation's control
+
+
 def expected_lines(expected, gain: float | None, changed: list[str], seed_key: str,
-                   control_is: str = "whose rewards carry no information") -> list[str]:
+                   control_is: str = NO_INFORMATION) -> list[str]:
     """The lines to print, or none when the preset carries no figures. ``gain``: this run's (accuracy units);
     ``control_is``: what the recipe's control is (distillation's: a teacher that learned nothing)."""
     if expected.gain_low is None:
@@ -68,6 +72,5 @@ def end_of_run_lines(cfg, before: float | None, after: float | None) -> list[str
     shipped = load_config(exp.preset, []).model_dump(mode="json")
     changed = changed_keys(cfg.model_dump(mode="json"), shipped, loop)
     gain = after - before if before is not None and after is not None else None
-    control_is = ("with a teacher that learned nothing" if cfg.algorithm == "distillation"
-                  else "whose rewards carry no information")
+    control_is = UNTRAINED_TEACHER if cfg.algorithm == "distillation" else NO_INFORMATION
     return expected_lines(exp, gain, changed, f"{loop}.seed", control_is)
