@@ -82,8 +82,7 @@ def _first_deep_line(block: bytes, end: int) -> int | None:
             continue
         while at_line < line:
             offset, at_line = block.index(b"\n", offset) + 1, at_line + 1
-        stop = block.find(b"\n", offset, end)
-        if _row_too_deep(block[offset:end if stop < 0 else stop]):
+        if _row_too_deep(block[offset:block.index(b"\n", offset, end)]):
             return line
         checked = line
     return None

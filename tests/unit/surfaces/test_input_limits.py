@@ -91,6 +91,9 @@ def test_the_start_up_check_finds_deep_rows_before_any_import(tmp_path, monkeypa
     fine.write_text(json.dumps({"problem": "[" * 200 + " balance these", "answer": "x", "y": _deep_dicts(40)}) + "\n"
                     + '{"problem": "p", "answer": "a", "x": ' + _deep_dicts(MAX_ROW_DEPTH - 1) + "}\n" + ROW)
     assert file_bounds.check_text_file(str(fine), None, json_rows=True) is None
+    broken = tmp_path / "broken.jsonl"  # a run of openers on a line that is no JSON: the reader names it
+    broken.write_text(ROW + "[" * 40 + "\n")
+    assert file_bounds.check_text_file(str(broken), None, json_rows=True) is None
     many = tmp_path / "many.jsonl"  # candidates on every line (brackets in strings) before the deep row
     many.write_text(fine.read_text() * 50 + '{"x": ' + "[" * 40 + "]" * 40 + "}\n" + ROW)
     with pytest.raises(DatasetError, match=r"line 151: nested more than 32"):
