@@ -19,6 +19,10 @@ class ArithmeticDataConfig(StrictModel):
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
     min_operand: int = Field(0, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
+    by_digits_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of training operands drawn by digit count (the count first, "
+        "uniformly, then the operand), the rest uniform over min..max: with 0..99, 0.5 makes one-digit operands "
+        "30% of draws instead of 10%. Held-out problems stay uniform.")
     task_name: str = Field("arithmetic", description="Environment that scores them (e.g. `calculator`: tool use).")
 
     @model_validator(mode="after")

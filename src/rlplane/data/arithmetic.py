@@ -28,6 +28,9 @@ class ArithmeticSpec:
     operators: drawn uniformly (subset of ``+ - *``). operand_min, operand_max: inclusive range.
     num_digits: overrides the range to ``0 .. 10**d - 1``. nonnegative: ``-`` never goes negative.
     eval_fraction: share of problems (by text hash) held out.
+    by_digits_share: the share of training operands drawn by digit count (the count first, uniformly over the
+    counts the range holds, then the operand among those); the rest are uniform over the range. Held-out problems
+    are always uniform, so accuracy means the same whichever share is chosen.
     """
 
     operators: tuple[str, ...] = ("+",)
@@ -36,6 +39,7 @@ class ArithmeticSpec:
     num_digits: int | None = None
     nonnegative: bool = True
     eval_fraction: float = 0.1
+    by_digits_share: float = 0.0
 
     def __post_init__(self):
         bad = [op for op in self.operators if op not in OPERATORS]
@@ -48,6 +52,9 @@ class ArithmeticSpec:
             raise DatasetError(f"operand range [{lo}, {hi}]: need 0 <= operand_min <= operand_max")
         if not 0.0 < self.eval_fraction < 1.0:
             raise DatasetError(f"eval_fraction = {self.eval_fraction}: must be in (0, 1); 0.1 is usual")
+        if not 0.0 <= self.by_digits_share <= 1.0:
+            raise DatasetError(f"by_digits_share = {self.by_digits_share}: must be in [0, 1]; 0 draws operands "
+                               "uniformly")
 
     @property
     def operand_range(self) -> tuple[int, int]:
@@ -65,11 +72,34 @@ def solve(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
+def digit_bands(lo: int, hi: int) -> list[tuple[int, int]]:
+    """``[lo, hi]`` cut where the digit count changes: ``(0, 99)`` -> ``[(0, 9), (10, 99)]``."""
+    bands, start = [], lo
+    while start <= hi:
+        end = min(hi, 10 ** len(str(start)) - 1)
+        bands.append((start, end))
+        start = end + 1
+    return bands
+
+
+def _draw_operand(rng: np.random.Generator, lo: int, hi: int, by_digits_share: float) -> int:
+    if rng.random() < by_digits_share:
+        bands = digit_bands(lo, hi)
+        lo, hi = bands[int(rng.integers(len(bands)))]
+    return int(rng.integers(lo, hi + 1))
+
+
 def draw_problem(rng: np.random.Generator, spec: ArithmeticSpec, split: str = "train") -> tuple[str, str]:
-    """One ``(problem, answer)`` from ``split`` (``"train"``, ``"eval"`` or ``"any"``), by rejection."""
+    """One ``(problem, answer)`` from ``split`` (``"train"``, ``"eval"`` or ``"any"``), by rejection; operands as
+    ``spec.by_digits_share`` says for training problems, uniform for the others (a share of 0 draws what it
+    always drew, number for number)."""
     lo, hi = spec.operand_range
+    share = spec.by_digits_share if split == "train" else 0.0
     for _ in range(10_000):
-        a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
+        if share > 0:
+            a, b = _draw_operand(rng, lo, hi, share), _draw_operand(rng, lo, hi, share)
+        else:
+            a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
         op = spec.operators[int(rng.integers(len(spec.operators)))] if len(spec.operators) > 1 else spec.operators[0]
         if op == "-" and spec.nonnegative and a < b:
             a, b = b, a

@@ -187,6 +187,7 @@ for cid, ov in [
     ("config/num-cpus-zero", "cluster.num_cpus=0"), ("config/adv-estimator-unknown", "grpo.adv_estimator.name=nope"),
     ("config/operands-reversed", "data.arithmetic.min_operand=50"),
     ("config/operator-unknown", "data.arithmetic.operators=[/]"),
+    ("config/by-digits-share-above-1", "data.arithmetic.by_digits_share=1.5"),
     ("config/rg-seeds-equal", "data.reasoning_gym.val_seed=0"),
     ("config/vllm-gpu-mem-zero", "policy.generation.vllm_cfg.gpu_memory_utilization=0"),
     ("config/vllm-gpu-mem-above-1", "policy.generation.vllm_cfg.gpu_memory_utilization=1.5"),

@@ -1,9 +1,10 @@
 """Procedural arithmetic: deterministic, correct answers, disjoint eval split, prompt tokens."""
 
+import numpy as np
 import pytest
 
 from rlplane.data import ArithmeticDataset, ArithmeticSpec, DatasetError, build_eval_set, is_heldout
-from rlplane.data.arithmetic import solve
+from rlplane.data.arithmetic import digit_bands, draw_problem, solve
 from rlplane.models import build_char_tokenizer
 
 
@@ -51,6 +52,66 @@ def test_num_digits_overrides_range(tok):
         assert 0 <= a <= 9 and 0 <= b <= 9
 
 
+@pytest.mark.parametrize(
+    "lo, hi, bands",
+    [
+        (0, 99, [(0, 9), (10, 99)]),
+        (5, 1234, [(5, 9), (10, 99), (100, 999), (1000, 1234)]),
+        (10, 99, [(10, 99)]),
+        (7, 7, [(7, 7)]),
+        (0, 0, [(0, 0)]),
+        (9, 10, [(9, 9), (10, 10)]),
+    ],
+)
+def test_digit_bands_cut_where_the_digit_count_changes(lo, hi, bands):
+    assert digit_bands(lo, hi) == bands
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 99), (3, 250), (10, 99), (0, 9)])
+def test_all_by_digits_draws_each_digit_count_equally_in_range(tok, lo, hi):
+    spec = ArithmeticSpec(operand_min=lo, operand_max=hi, by_digits_share=1.0, eval_fraction=0.2)
+    ds = ArithmeticDataset(tok, spec, num_problems=4000, seed=1)
+    counts: dict[int, int] = {}
+    for i in range(len(ds)):
+        problem, answer = ds.problem(i)
+        a, _, b = _parse(problem)
+        assert lo <= a <= hi and lo <= b <= hi and answer == str(a + b)
+        counts[len(str(a))] = counts.get(len(str(a)), 0) + 1
+    # One band per digit count in [lo, hi], each drawn 4000 / bands times in expectation (binomial sd <= 32):
+    # 0..99 gives one-digit operands ~2000 times where uniform draws give ~400.
+    assert set(counts) == {len(str(x)) for x in range(lo, hi + 1)}
+    expected = len(ds) / len(counts)
+    assert all(abs(c - expected) < 200 for c in counts.values()), counts
+
+
+@pytest.mark.parametrize("share, one_digit_rate", [(0.0, 0.1), (0.25, 0.2), (0.5, 0.3), (1.0, 0.5)])
+def test_by_digits_share_mixes_the_two_draws(tok, share, one_digit_rate):
+    # P(one digit) = share * 1/2 (its band, of two) + (1 - share) * 10/100: 0.5 -> 0.25 + 0.05 = 0.3.
+    ds = ArithmeticDataset(tok, ArithmeticSpec(by_digits_share=share), num_problems=4000, seed=2)
+    a_operands = [_parse(ds.problem(i)[0])[0] for i in range(len(ds))]
+    rate = sum(a < 10 for a in a_operands) / len(a_operands)
+    assert abs(rate - one_digit_rate) < 0.03  # binomial sd <= 0.008
+
+
+def test_share_zero_draws_what_uniform_sampling_drew():
+    # The stream of a share of 0 is the plain uniform draw, number for number (earlier runs replay exactly).
+    rng, ref = np.random.default_rng([3, 0]), np.random.default_rng([3, 0])
+    for _ in range(50):
+        problem, _ = draw_problem(rng, ArithmeticSpec(by_digits_share=0.0), "any")
+        a, b = (int(x) for x in ref.integers(0, 100, size=2))
+        assert problem == f"{a}+{b}="
+
+
+def test_by_digits_changes_training_problems_only(tok):
+    uniform, by_digits = ArithmeticSpec(), ArithmeticSpec(by_digits_share=1.0)
+    assert ([d.extra_env_info for d in build_eval_set(tok, uniform, num_problems=300)]
+            == [d.extra_env_info for d in build_eval_set(tok, by_digits, num_problems=300)])
+    # The large-space branch (rejection sampling) keeps held-out problems uniform too.
+    wide, wide_digits = ArithmeticSpec(operand_max=2000), ArithmeticSpec(operand_max=2000, by_digits_share=1.0)
+    assert ([d.extra_env_info for d in build_eval_set(tok, wide, num_problems=50)]
+            == [d.extra_env_info for d in build_eval_set(tok, wide_digits, num_problems=50)])
+
+
 def test_datum_has_bos_prompt_and_ground_truth(tok):
     datum = ArithmeticDataset(tok, num_problems=10, seed=0)[3]
     problem, answer = ArithmeticDataset(tok, num_problems=10, seed=0).problem(3)
@@ -89,6 +150,8 @@ def test_eval_set_too_small_space_is_a_clear_error(tok):
         ({"operand_min": 10, "operand_max": 5}, "need 0 <= operand_min <= operand_max"),
         ({"num_digits": 0}, "num_digits = 0"),
         ({"eval_fraction": 0.0}, "eval_fraction = 0.0"),
+        ({"by_digits_share": 1.5}, "by_digits_share = 1.5: must be in"),
+        ({"by_digits_share": -0.1}, "by_digits_share = -0.1: must be in"),
     ],
 )
 def test_spec_errors(kwargs, fragment):
@@ -100,3 +163,21 @@ def test_overlong_procedural_prompt_errors(tok):
     ds = ArithmeticDataset(tok, ArithmeticSpec(num_digits=3), num_problems=10, max_prompt_length=4)
     with pytest.raises(DatasetError, match="over max_prompt_length = 4"):
         ds[0]
+
+
+def test_the_config_key_reaches_the_training_draws_and_leaves_the_held_out_set(tok):
+    from rlplane.config.loading import load_config
+    from rlplane.datasets import build_datasets
+
+    def built(*overrides):
+        o = load_config(None, ["grpo.num_prompts_per_step=200", "policy.train_global_batch_size=1600",
+                               "policy.train_micro_batch_size=200", "policy.logprob_batch_size=200",
+                               "grpo.max_val_samples=100", *overrides]).dataset_options()
+        loader, val, _ = build_datasets(o, tok)
+        first = [_parse(d.message_log[0]["content"])[0] for d in next(iter(loader))]
+        return sum(a < 10 for a in first) / len(first), [d.extra_env_info for d in val]
+
+    uniform_rate, uniform_val = built()
+    digits_rate, digits_val = built("data.arithmetic.by_digits_share=1.0")
+    assert uniform_rate < 0.2 < 0.35 < digits_rate  # expected 0.1 and 0.5 of 200 draws (sd 0.02 and 0.035)
+    assert digits_val == uniform_val
