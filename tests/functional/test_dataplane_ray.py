@@ -15,6 +15,7 @@ from rlplane.dataplane import (
     make_data_plane,
     shard_meta_for_dp,
 )
+from rlplane.dataplane.ray_objects import RELEASE_GRACE_S
 
 pytestmark = pytest.mark.ray
 
@@ -28,6 +29,12 @@ def plasma_usage():
     summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
     m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", summary)
     return int(m.group(1)), int(m.group(2))
+
+
+def settled_usage():
+    """The store's usage once what earlier puts' clients still hold for a while (RELEASE_GRACE_S) has gone."""
+    time.sleep(RELEASE_GRACE_S + 0.3)
+    return wait_for_usage(plasma_usage())
 
 
 def wait_for_usage(target, timeout_s=5.0):
@@ -63,6 +70,17 @@ def consumers(ray_session):
         def produce(self, client):
             return client.put_samples(["a", "b"], "roll", {"input_ids": [torch.arange(3), torch.arange(200_000)]})
 
+        def put_pair(self, client, pid):
+            return client.put_samples(["a", "b"], pid, {"input_ids": [torch.arange(3), torch.arange(5)]})
+
+        def read(self, client, meta):
+            return int(client.get_samples(meta, None, ["input_ids"])["input_ids"].shape[0])
+
+        def memory_store_size(self):
+            import ray
+
+            return ray._private.worker.global_worker.core_worker.get_memory_store_size()
+
     actors = [Consumer.remote() for _ in range(2)]
     yield actors
     for a in actors:
@@ -79,7 +97,7 @@ def test_two_actor_consumers_fetch_shards_and_write_back(ray_session, consumers)
         keys = [f"p{i // 4}_g{i % 4}" for i in range(n)]
         gen_lp = [-torch.rand(L, generator=g) for L in lens]
         client.register_partition("train", ["input_ids", "generation_logprobs", "reward", "prev_logprobs"], n)
-        before = wait_for_usage(plasma_usage())
+        before = settled_usage()
         meta = client.put_samples(
             keys, "train",
             {"input_ids": [torch.randint(0, 50_000, (L,)) for L in lens], "generation_logprobs": gen_lp,
@@ -114,7 +132,7 @@ def test_a_put_split_by_dp_shards_makes_each_rank_fetch_only_its_object(ray_sess
         lens = [5, 300, 40, 7, 120, 3]
         keys = [f"k{i}" for i in range(6)]
         client.register_partition("split", ["input_ids", "generation_logprobs", "prev_logprobs"], 6)
-        before = wait_for_usage(plasma_usage())
+        before = settled_usage()
         gen_lp = [-torch.rand(L) for L in lens]
         meta = client.put_samples(keys, "split", {"input_ids": [torch.arange(L) for L in lens],
                                                   "generation_logprobs": gen_lp},
@@ -236,6 +254,43 @@ def test_a_reader_given_a_receipt_skips_the_lookup_and_still_sees_later_overwrit
         client.close()
 
 
+def test_puts_leave_no_entry_behind_in_their_owners_in_process_store(ray_session, consumers):
+    """Ray keeps an entry per object for good in the owner's in-process store when the owner lets go of the object
+    before a borrower does (the collector's puts, whose metas the driver holds; the driver's, read by a worker):
+    one a step, the Ray actors' memory creep. A client holds what it put past its borrowers."""
+    import gc
+
+    ray = ray_session
+    client = make_data_plane("ray")
+    driver_store = ray._private.worker.global_worker.core_worker.get_memory_store_size
+    producer = reader = consumers[0]  # (test_store_owned_data_outlives_its_producer kills the other)
+    try:
+        def one_round(i):
+            client.register_partition(f"own{i}", ["input_ids"], 2)
+            client.num_objects(f"own{i}")  # a call after the registration's send: the store has taken it
+            meta = ray.get(producer.put_pair.remote(client, f"own{i}"))  # owned by the actor, borrowed here
+            assert client.get_samples(meta, None, ["input_ids"])["input_ids"].shape[0] == 2
+            client.clear_samples(meta, None)
+            client.register_partition(f"mine{i}", ["input_ids"], 2)
+            meta = client.put_samples(["c", "d"], f"mine{i}", {"input_ids": [torch.arange(4), torch.arange(5)]})
+            assert ray.get(reader.read.remote(client, meta)) == 2  # owned here, borrowed by the reader
+            client.clear_samples(meta, None)
+
+        one_round(0)  # whatever a client sets up once
+        time.sleep(RELEASE_GRACE_S + 0.5)
+        gc.collect()
+        before = ray.get(producer.memory_store_size.remote()), driver_store()
+        for i in range(1, 41):
+            one_round(i)
+        time.sleep(RELEASE_GRACE_S + 0.5)
+        gc.collect()
+        after = ray.get(producer.memory_store_size.remote()), driver_store()
+        # Before the hold: +40 entries in each (one per put); with it, what remains is a put's own, if any.
+        assert after[0] <= before[0] + 2 and after[1] <= before[1] + 2, (before, after)
+    finally:
+        client.close()
+
+
 def test_receipts_after_a_clear_refuse_to_read_and_free_the_store(ray_session, consumers):
     import gc
 
@@ -243,9 +298,10 @@ def test_receipts_after_a_clear_refuse_to_read_and_free_the_store(ray_session, c
     client = make_data_plane("ray")
     try:
         client.register_partition("c", ["input_ids"], 2)
-        before = wait_for_usage(plasma_usage())
+        before = settled_usage()
         meta = client.put_samples(["a", "b"], "c", {"input_ids": [torch.arange(300_000), torch.arange(5)]})
-        # Cleared here: the receipt drops its ref at once, so the store goes back while the meta lives.
+        # Cleared here: the receipt ends at once and its ref goes RELEASE_GRACE_S later, so the store goes back
+        # while the meta lives.
         client.clear_samples(meta, None, wait=False)
         assert wait_for_usage(before) == before
         with pytest.raises(ClearedKeyError, match=r"keys \['a', 'b'\] were cleared"):

@@ -88,11 +88,13 @@ class RayDataPlane(IndexedClient):
 
     def _commit(self, pid, ids, columns, spec, bounds):
         committed, stored, pending = self.placement.commit(pid, ids, columns, spec, bounds)
-        self.book.forget(pid, ids, columns)  # receipts of the rows this put replaced
+        self._background.drop_later(self.book.forget(pid, ids, columns))  # receipts of the rows this put replaced
         if stored is None:
             return committed, ()
         receipt = Receipt(self._key, pid, tuple(ids), committed.chunks, Lease(stored), pending)
         self.book.note(receipt)
+        # Held here a while whatever becomes of the receipt: the metas that borrow it usually go first.
+        self._background.drop_later([stored])
         return committed, (receipt,)
 
     def _lookup(self, pid, ids, fields):
@@ -116,7 +118,7 @@ class RayDataPlane(IndexedClient):
     def clear_samples(self, sample_ids, partition_id, *, wait=True):
         self._check_open()
         ids, pid, _ = resolve(sample_ids, partition_id)
-        self.book.forget(pid, ids)  # (a refused clear loses only the receipts' shortcut)
+        self._background.drop_later(self.book.forget(pid, ids))  # (a refused clear loses only the receipts' shortcut)
         if wait:
             return self.placement.call(PlaneIndex.clear, pid, ids)
         return self.placement.send(PlaneIndex.clear, pid, ids)  # a step's final clear: nobody waits on the answer

@@ -9,9 +9,11 @@ receipt live on; releases run on a `Background` thread.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +24,10 @@ import ray
 from .codec import Column, from_wire, to_wire
 from .errors import DataPlaneError
 from .index import WriteSpec
+
+# How long a client keeps the refs of what it put, and of objects whose rows went (Background.drop_later): past
+# the borrowers' release when steps are short (the rows of a step are cleared a step or two after their put).
+RELEASE_GRACE_S = 2.0
 
 __all__ = ["Background", "Failed", "Lease", "Receipt", "ReceiptBook", "Snapshot", "Stored", "WriteBack", "put_parts",
            "read_parts"]
@@ -93,8 +99,10 @@ class Lease:
     def __init__(self, stored: Stored | None):
         self.stored = stored
 
-    def end(self) -> None:
-        self.stored = None
+    def end(self) -> Stored | None:
+        """No objects from here on; what it held, for whoever keeps the refs a little longer."""
+        stored, self.stored = self.stored, None
+        return stored
 
     def __reduce__(self):
         return Lease, (self.stored,)
@@ -156,27 +164,37 @@ class ReceiptBook:
         with self._lock:
             self._by_pid.setdefault(receipt.pid, weakref.WeakSet()).add(receipt)
 
-    def forget(self, pid: str | None, ids: Iterable[str] | None = None, fields: Iterable[str] | None = None) -> None:
-        """Drop the refs of receipts whose rows go: every receipt holding a cleared key, and those an overwrite
-        of `fields` replaces whole; `pid`/`ids` None = all."""
+    def forget(self, pid: str | None, ids: Iterable[str] | None = None,
+               fields: Iterable[str] | None = None) -> list[Stored]:
+        """End the receipts whose rows go (every receipt holding a cleared key, and those an overwrite of
+        `fields` replaces whole; `pid`/`ids` None = all); their objects, whose refs the caller lets go."""
         with self._lock:
             for gone in [p for p, v in self._by_pid.items() if not v]:  # partitions of past steps
                 del self._by_pid[gone]
             groups = [list(v) for p, v in self._by_pid.items() if pid is None or p == pid]
         keys = None if ids is None else set(ids)
+        ended = []
         for receipts in groups:
             for r in receipts:
                 if r.stored is None:
                     continue
                 if fields is None:
                     if keys is None or not keys.isdisjoint(r.ids):
-                        r.lease.end()
+                        ended.append(r.lease.end())
                 elif r.chunks.keys() <= set(fields) and keys.issuperset(r.ids):
-                    r.lease.end()
+                    ended.append(r.lease.end())
+        return ended
 
 
 class Background:
-    """One lazy daemon thread for what need not be waited on: releasing refs, `fetch_local` of prefetches."""
+    """One lazy daemon thread for what need not be waited on: releasing refs, `fetch_local` of prefetches.
+
+    A client keeps a ref to what it put for :data:`RELEASE_GRACE_S`, and lets go of objects whose rows went that
+    long after they went (:meth:`drop_later`). Ray keeps a placeholder per object for good in the owner's
+    in-process store when the owner lets go of an object first and a borrower (the store actor's index, a meta
+    in another process) after it: one entry a put, the Ray actors' memory creep (docs/benchmarks.md). Let go
+    after the borrowers, an object leaves no trace.
+    """
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -186,21 +204,36 @@ class Background:
         """Let `payloads` (and the refs inside) go on the thread, not here."""
         self._submit(False, payloads)
 
+    def drop_later(self, payloads: list) -> None:
+        """Let `payloads` go :data:`RELEASE_GRACE_S` from now, on the thread (at once when it closes)."""
+        if payloads:
+            self._submit("later", (time.monotonic() + RELEASE_GRACE_S, payloads))
+
     def prefetch(self, refs: list) -> None:
         self._submit(True, refs)
 
-    def _submit(self, fetch: bool | None, item: Any) -> None:
+    def _submit(self, kind: bool | str | None, item: Any) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="data-plane-background", daemon=True)
             self._thread.start()
-        self._queue.put((fetch, item))
+        self._queue.put((kind, item))
 
     def _run(self) -> None:
+        due: collections.deque[tuple[float, list]] = collections.deque()  # in submission order = due order
         while True:
-            fetch, item = self._queue.get()
-            if fetch is None:
-                return
-            if fetch:
+            wait = max(0.0, due[0][0] - time.monotonic()) if due else None
+            try:
+                kind, item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                kind, item = False, None
+            now = time.monotonic()
+            while due and due[0][0] <= now:
+                due.popleft()  # its refs go here
+            if kind is None:
+                return  # closed: what was due later goes with `due`
+            if kind == "later":
+                due.append(item)
+            elif kind:
                 try:
                     ray.wait(item, num_returns=len(item), fetch_local=True)
                 except Exception:  # noqa: BLE001 - a hint only: the read itself reports what went wrong
