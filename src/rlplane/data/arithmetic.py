@@ -82,9 +82,8 @@ def digit_bands(lo: int, hi: int) -> list[tuple[int, int]]:
     return bands
 
 
-def _draw_operand(rng: np.random.Generator, lo: int, hi: int, by_digits_share: float) -> int:
-    if rng.random() < by_digits_share:
-        bands = digit_bands(lo, hi)
+def _draw_operand(rng: np.random.Generator, lo: int, hi: int, bands: list[tuple[int, int]], share: float) -> int:
+    if rng.random() < share:
         lo, hi = bands[int(rng.integers(len(bands)))]
     return int(rng.integers(lo, hi + 1))
 
@@ -95,9 +94,10 @@ def draw_problem(rng: np.random.Generator, spec: ArithmeticSpec, split: str = "t
     always drew, number for number)."""
     lo, hi = spec.operand_range
     share = spec.by_digits_share if split == "train" else 0.0
+    bands = digit_bands(lo, hi) if share > 0 else []
     for _ in range(10_000):
         if share > 0:
-            a, b = _draw_operand(rng, lo, hi, share), _draw_operand(rng, lo, hi, share)
+            a, b = _draw_operand(rng, lo, hi, bands, share), _draw_operand(rng, lo, hi, bands, share)
         else:
             a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
         op = spec.operators[int(rng.integers(len(spec.operators)))] if len(spec.operators) > 1 else spec.operators[0]
