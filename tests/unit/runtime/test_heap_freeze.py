@@ -25,7 +25,10 @@ class Probe:
 def test_freeze_heap_moves_what_is_alive_out_of_the_collectors_reach():
     try:
         frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 10_000 and len(gc.get_objects()) < frozen / 10
+        # Another thread of the test process (a Ray client, a data plane's background thread) may free a few
+        # frozen objects between the freeze and the count; it never adds to them.
+        assert frozen > 10_000 and frozen * 0.99 < gc.get_freeze_count() <= frozen
+        assert len(gc.get_objects()) < frozen / 10
     finally:
         gc.unfreeze()
 
