@@ -68,7 +68,7 @@ def build_datasets(options: DatasetOptions, tokenizer, *, train: bool = True):
     if d.dataset == "arithmetic":
         a = d.arithmetic
         spec = ArithmeticSpec(operators=tuple(a.operators), operand_min=a.min_operand, operand_max=a.max_operand,
-                             by_digits_share=a.by_digits_share)
+                             by_digits_share=a.by_digits_share, pad_operands=a.pad_operands)
         if train:
             train_ds = ArithmeticDataset(tokenizer, spec, num_problems=d.num_train_samples, seed=options.seed,
                                          max_prompt_length=max_prompt, prompt_format=fmt, task_name=a.task_name)

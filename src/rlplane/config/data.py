@@ -23,6 +23,9 @@ class ArithmeticDataConfig(StrictModel):
         0.0, ge=0.0, le=1.0, description="Share of training operands drawn by digit count (the count first, "
         "uniformly, then the operand), the rest uniform over min..max: with 0..99, 0.5 makes one-digit operands "
         "30% of draws instead of 10%. Held-out problems stay uniform.")
+    pad_operands: bool = Field(
+        False, description="Write operands with leading zeros to the largest one's width (`07+42=`): a digit's "
+        "place is then the same in every prompt, training and held-out alike. Answers are not padded.")
     task_name: str = Field("arithmetic", description="Environment that scores them (e.g. `calculator`: tool use).")
 
     @model_validator(mode="after")

@@ -31,6 +31,8 @@ class ArithmeticSpec:
     by_digits_share: the share of training operands drawn by digit count (the count first, uniformly over the
     counts the range holds, then the operand among those); the rest are uniform over the range. Held-out problems
     are always uniform, so accuracy means the same whichever share is chosen.
+    pad_operands: each operand written with leading zeros to the width of the range's largest (``"07+42="``), so a
+    digit's place is the same in every prompt; answers are never padded.
     """
 
     operators: tuple[str, ...] = ("+",)
@@ -40,6 +42,7 @@ class ArithmeticSpec:
     nonnegative: bool = True
     eval_fraction: float = 0.1
     by_digits_share: float = 0.0
+    pad_operands: bool = False
 
     def __post_init__(self):
         bad = [op for op in self.operators if op not in OPERATORS]
@@ -61,6 +64,13 @@ class ArithmeticSpec:
         if self.num_digits is not None:
             return 0, 10**self.num_digits - 1
         return self.operand_min, self.operand_max
+
+    def text(self, a: int, op: str, b: int) -> str:
+        """The prompt of ``a op b``: ``"7+42="``, or ``"07+42="`` with ``pad_operands``."""
+        if not self.pad_operands:
+            return f"{a}{op}{b}="
+        width = len(str(self.operand_range[1]))
+        return f"{a:0{width}d}{op}{b:0{width}d}="
 
 
 def is_heldout(problem: str, eval_fraction: float) -> bool:
@@ -103,7 +113,7 @@ def draw_problem(rng: np.random.Generator, spec: ArithmeticSpec, split: str = "t
         op = spec.operators[int(rng.integers(len(spec.operators)))] if len(spec.operators) > 1 else spec.operators[0]
         if op == "-" and spec.nonnegative and a < b:
             a, b = b, a
-        problem = f"{a}{op}{b}="
+        problem = spec.text(a, op, b)
         if split == "any" or is_heldout(problem, spec.eval_fraction) == (split == "eval"):
             return problem, str(solve(a, op, b))
     raise DatasetError(
@@ -175,7 +185,7 @@ def build_eval_set(
             for a in range(lo, hi + 1):
                 for b in range(lo, hi + 1):
                     x, y = (b, a) if op == "-" and spec.nonnegative and a < b else (a, b)
-                    problem = f"{x}{op}{y}="
+                    problem = spec.text(x, op, y)
                     if problem not in pool and is_heldout(problem, spec.eval_fraction):
                         pool[problem] = str(solve(x, op, y))
         if len(pool) < num_problems:

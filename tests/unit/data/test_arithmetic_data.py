@@ -181,3 +181,30 @@ def test_the_config_key_reaches_the_training_draws_and_leaves_the_held_out_set(t
     digits_rate, digits_val = built("data.arithmetic.by_digits_share=1.0")
     assert uniform_rate < 0.2 < 0.35 < digits_rate  # expected 0.1 and 0.5 of 200 draws (sd 0.02 and 0.035)
     assert digits_val == uniform_val
+
+
+@pytest.mark.parametrize(
+    "lo, hi, a, op, b, text",
+    [
+        (0, 99, 7, "+", 42, "07+42="),  # width of 99: 2
+        (0, 99, 7, "+", 5, "07+05="),
+        (0, 99, 10, "*", 99, "10*99="),  # already two digits: unchanged
+        (3, 1234, 5, "-", 3, "0005-0003="),  # width of 1234: 4
+        (0, 9, 7, "+", 2, "7+2="),  # one-digit range: nothing to pad
+    ],
+)
+def test_padded_operands_take_the_width_of_the_largest(lo, hi, a, op, b, text):
+    assert ArithmeticSpec(operand_min=lo, operand_max=hi, pad_operands=True).text(a, op, b) == text
+    assert ArithmeticSpec(operand_min=lo, operand_max=hi).text(a, op, b) == f"{a}{op}{b}="
+
+
+def test_padding_reaches_training_and_held_out_problems_and_leaves_answers_alone(tok):
+    spec = ArithmeticSpec(operators=("+", "-"), pad_operands=True)
+    ds = ArithmeticDataset(tok, spec, num_problems=300, seed=3)
+    problems = [ds.problem(i) for i in range(300)] + [
+        (d.message_log[0]["content"], d.extra_env_info["ground_truth"]) for d in build_eval_set(tok, spec)]
+    for problem, answer in problems:
+        a, op, b = _parse(problem)
+        assert problem == f"{a:02d}{op}{b:02d}=" and len(problem) == 6
+        assert answer == str(solve(a, op, b))  # "07+05=" -> "12", "09-09=" -> "0": never zero-padded
+    assert any(a < 10 for a, _, _ in (_parse(p) for p, _ in problems))
