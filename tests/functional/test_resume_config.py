@@ -18,6 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlplane.cli import main
+from rlplane.config.loading import load_config
+from rlplane.workers.trainer import lr_factor
 
 NUM_PROMPTS = 32
 ARGS = [
@@ -83,7 +85,12 @@ def test_free_change_takes_effect(first_two_steps, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resume: policy.optimizer.lr: 0.0002 -> 1e-05 (free)" in done.stdout + done.stderr
     lrs = {r["step"]: r["train/lr"] for r in rows(run_dir, "metrics.jsonl") if "train/lr" in r}
-    assert lrs == {1: 2e-4, 2: 2e-4, 3: 1e-5}
+    # The preset's schedule (a cosine fall over 1000 steps) goes on where it was, from the new base lr:
+    # step s trains at lr · lr_factor(s), 1 - 0.9·(πs/1000)²/4 ≈ 0.99999 for s <= 3.
+    schedule = load_config(None).policy.scheduler
+    assert schedule.decay == "cosine"
+    assert lrs == pytest.approx({1: 2e-4 * lr_factor(1, schedule), 2: 2e-4 * lr_factor(2, schedule),
+                                 3: 1e-5 * lr_factor(3, schedule)}, rel=1e-9)
 
 
 def test_refused_change_stops_before_any_step(first_two_steps, tmp_path):

@@ -68,7 +68,7 @@ def test_the_trainer_schedule_follows_the_factor():
 
 def test_a_decay_without_a_length_or_out_of_range_is_one_line():
     with pytest.raises(ConfigError, match=r"decay = cosine needs decay_steps"):
-        load_config(None, ["policy.scheduler.decay=cosine"])
+        load_config(None, ["policy.scheduler.decay=cosine", "policy.scheduler.decay_steps=null"])
     with pytest.raises(ConfigError, match=r"min_lr_factor"):
         load_config(None, ["policy.scheduler.decay=linear", "policy.scheduler.decay_steps=5",
                            "policy.scheduler.min_lr_factor=1.5"])
