@@ -102,16 +102,12 @@ def gather_jagged(
             for r, p in zip(rows, pos):
                 out[p, : offsets[r + 1] - offsets[r]] = col.values[offsets[r] : offsets[r + 1]]
         return out
-    # Row views in output order, then pad_sequence's C++ copy; one extra pad_len row makes it emit the
-    # full width in one pass (dropped after).
     if len(parts) == 1 and _in_order(parts[0], batch):
-        # The whole chunk in order (a DP rank reading its own shard): views from one C++ split.
+        # The whole chunk in order (a DP rank reading its own shard): its values as they are.
         col = parts[0][0]
         assert col.offsets is not None
-        views = list(torch.split(col.values, col.row_lengths().tolist()))
-        views.append(ref.new_empty((pad_len, *ref.shape[1:])))
-        return torch.nn.utils.rnn.pad_sequence(views, batch_first=True, padding_value=pad_value)[:batch]
-    views: list = [None] * (batch + 1)
+        return _pad_rows(col.values, col.row_lengths(), batch, pad_len, pad_value)
+    views: list = [None] * batch  # row views in output order
     for col, rows, pos in parts:
         assert col.offsets is not None
         if 4 * len(rows) >= col.num_rows:
@@ -124,8 +120,17 @@ def gather_jagged(
         values = col.values
         for r, p in zip(rows, pos):
             views[p] = values[offsets[r] : offsets[r + 1]]
-    views[batch] = ref.new_empty((pad_len, *ref.shape[1:]))
-    return torch.nn.utils.rnn.pad_sequence(views, batch_first=True, padding_value=pad_value)[:batch]
+    lengths = torch.from_numpy(np.array([v.shape[0] for v in views], dtype=np.int64))
+    return _pad_rows(torch.cat(views), lengths, batch, pad_len, pad_value)
+
+
+def _pad_rows(values: torch.Tensor, lengths: torch.Tensor, batch: int, pad_len: int,
+              pad_value: float | int | bool) -> torch.Tensor:
+    """(batch, pad_len, *trail) from rows laid end to end in ``values`` (N, *trail) with ``lengths`` (batch,):
+    one masked write in row-major order (a per-row copy costs three small ops a row)."""
+    out = torch.full((batch, pad_len, *values.shape[1:]), pad_value, dtype=values.dtype, device=values.device)
+    out[torch.arange(pad_len, device=values.device)[None, :] < lengths.to(values.device)[:, None]] = values
+    return out
 
 
 def _in_order(part: tuple[Column, Sequence[int], Sequence[int]], batch: int) -> bool:

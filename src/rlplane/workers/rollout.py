@@ -292,6 +292,8 @@ class RolloutWorker:
 def check_finite_logprobs(logprobs: Sequence[torch.Tensor], version: int) -> None:
     """Stop with one line when the engine returned NaN or infinite logprobs (broken weights or engine):
     they would reach the loss (importance weights, the logprob error) silently."""
+    if not logprobs or bool(torch.isfinite(torch.cat([lp.reshape(-1) for lp in logprobs])).all()):
+        return  # one check over all rows; the per-row search below runs only when something is wrong
     bad = [i for i, lp in enumerate(logprobs) if not bool(torch.isfinite(lp).all())]
     if bad:
         raise WorkerFailed(

@@ -43,6 +43,10 @@ def test_jagged_round_trip_random_order(dtype, trail):
             L = rows[r].shape[0]
             assert torch.equal(out[i, :L], rows[r])
             assert (out[i, L:] == pad).all()
+        whole = gather_jagged([(col, list(range(n)), list(range(n)))], n, T, pad)  # the whole chunk in order
+        assert whole.dtype == dtype
+        for i, r in enumerate(rows):
+            assert torch.equal(whole[i, : r.shape[0]], r) and (whole[i, r.shape[0]:] == pad).all()
 
 
 def test_gather_from_several_chunks_scatters_to_positions():

@@ -146,3 +146,11 @@ def test_non_finite_generation_logprobs_stop_the_run():
     check_finite_logprobs([torch.zeros(3), torch.tensor([-0.5, 0.0])], version=2)
     with pytest.raises(WorkerFailed, match=r"non-finite logprobs in 1 of 2 samples \(first: row 1, weight version 2\)"):
         check_finite_logprobs([torch.zeros(3), torch.tensor([-0.5, float("nan")])], version=2)
+
+
+def test_the_finite_check_over_all_rows_finds_each_bad_row():
+    check_finite_logprobs([], version=0)
+    check_finite_logprobs([torch.zeros(0), torch.zeros(2)], version=0)  # a row that generated nothing
+    with pytest.raises(WorkerFailed, match=r"in 2 of 4 samples \(first: row 1, weight version 7\)"):
+        check_finite_logprobs([torch.zeros(2), torch.tensor([float("-inf")]), torch.zeros(0),
+                               torch.tensor([0.0, float("inf")])], version=7)
