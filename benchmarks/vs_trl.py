@@ -30,7 +30,12 @@ problems, run on each final model by the same code; evaluation is outside every 
 Runs alternate (rlplane, TRL), (TRL, rlplane), ... so machine noise hits both alike.
 
     pip install 'rlplane[bench]'          # trl
-    python benchmarks/vs_trl.py [--steps 200] [--pairs 3] [--threads N] [--warm-dir DIR] [--rlplane-loo]
+    python benchmarks/vs_trl.py [--steps 200] [--pairs 3] [--threads N] [--rlplane-threads N|auto] [--warm-dir DIR]
+                                [--rlplane-loo]
+
+``--rlplane-threads auto`` leaves rlplane's thread count to rlplane (one thread for the embedded model, which is
+narrower than ``rlplane.fast.threads.MIN_THREADED_HIDDEN``) while TRL keeps ``--threads``: each library as a user
+runs it.
 """
 
 from __future__ import annotations
@@ -62,8 +67,10 @@ QUIET = ["checkpointing.enabled=false", "logger.progress_bar=false", "logger.ten
          "logger.jsonl_enabled=false", "grpo.val_at_start=false", "grpo.val_period=0", "grpo.val_at_end=false"]
 
 
-def rlplane_config(run_dir: str, threads: int, *extra: str):
-    return load_config(None, [*QUIET, f"run_dir={run_dir}", f"policy.threads_per_worker={threads}", *extra])
+def rlplane_config(run_dir: str, threads: int | None, *extra: str):
+    """The default job's config for a benchmark run; ``threads`` None: rlplane picks its own thread count."""
+    threads_key = [] if threads is None else [f"policy.threads_per_worker={threads}"]
+    return load_config(None, [*QUIET, f"run_dir={run_dir}", *threads_key, *extra])
 
 
 def warm_start(out_dir: str, threads: int) -> float:
@@ -105,7 +112,7 @@ class Evaluator:
 SAME_ADVANTAGE = ["grpo.adv_estimator.use_leave_one_out_baseline=false"]
 
 
-def run_rlplane(warm_dir: str, steps: int, threads: int,
+def run_rlplane(warm_dir: str, steps: int, threads: int | None,
                 loo: bool = False) -> tuple[list[float], dict[str, torch.Tensor], dict]:
     """``steps`` GRPO steps of the default job from the warm-started weights (TRL's advantage unless
     ``loo``); ((step seconds, step CPU seconds), final weights, median phase times)."""
@@ -211,12 +218,17 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3, help="(rlplane, TRL) pairs, alternating which goes first")
     ap.add_argument("--threads", type=int, default=available_cores(),
                     help="torch threads for both (default: the cores, as rlplane's default job uses)")
+    ap.add_argument("--rlplane-threads", default=None,
+                    help="rlplane's torch threads: a number, or auto (its own choice: policy.threads_per_worker "
+                         "unset); default: --threads, as TRL's")
     ap.add_argument("--warm-dir", default=None, help="reuse a warm-started model saved by an earlier run")
     ap.add_argument("--trl-attn", default="eager", choices=["eager", "sdpa"],
                     help="TRL's attention (default eager, as rlplane's default job; sdpa is transformers' default)")
     ap.add_argument("--rlplane-loo", action="store_true",
                     help="rlplane with the default job's leave-one-out advantage instead of TRL's group mean/std")
     args = ap.parse_args()
+    rl_threads = args.threads if args.rlplane_threads is None else (
+        None if args.rlplane_threads == "auto" else int(args.rlplane_threads))
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -238,7 +250,9 @@ def main() -> int:
         rows = prompt_rows(warm_dir, args.steps, args.threads)
         start_state = {k: v.clone() for k, v in evaluator.model.state_dict().items()}
         start_acc = evaluator.accuracy(start_state)
-        print(f"trl {trl.__version__}, torch {torch.__version__}; threads {args.threads} for both; "
+        rl_threads_said = "its own choice" if rl_threads is None else rl_threads
+        print(f"trl {trl.__version__}, torch {torch.__version__}; threads: TRL {args.threads}, rlplane "
+              f"{rl_threads_said}; "
               f"{args.steps} steps x {args.pairs} pairs; TRL attention {args.trl_attn}; "
               f"32 prompts x 8 samples; load average "
               f"{os.getloadavg()[0]:.2f}; rlplane skips the prev-logprob forward: {skips_prev_logprob_forward(cfg)}; "
@@ -250,7 +264,8 @@ def main() -> int:
             order = ["rlplane", "trl"] if pair % 2 == 0 else ["trl", "rlplane"]
             for who in order:
                 if who == "rlplane":
-                    (times, cpu), state, phases = run_rlplane(warm_dir, args.steps, args.threads, args.rlplane_loo)
+                    (times, cpu), state, phases = run_rlplane(warm_dir, args.steps, rl_threads, args.rlplane_loo)
+                    torch.set_num_threads(args.threads)
                 else:
                     (times, cpu), state = run_trl(warm_dir, rows, args.steps, args.threads, cfg.policy.optimizer.lr,
                                            os.path.join(tmp, f"trl{pair}"), args.trl_attn)

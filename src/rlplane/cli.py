@@ -141,9 +141,9 @@ def _sft(cfg, args, paths) -> int:
     from rlplane.utils.seeding import seed_everything
 
     out = paths.run_dir / "sft"
-    set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
+    set_worker_threads(cfg.policy.threads_per_worker, model.config.hidden_size)
 
     def say(msg: str) -> None:
         if not args.quiet:

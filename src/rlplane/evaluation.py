@@ -58,9 +58,9 @@ def evaluate(
     from rlplane.workers.rollout import RolloutWorker
 
     t0 = time.perf_counter()
-    set_worker_threads(cfg.policy.threads_per_worker)
     seed_everything(cfg.loop.seed)
     model, tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
+    set_worker_threads(cfg.policy.threads_per_worker, model.config.hidden_size)
     # Room for any prompt: the sequence cap below is set from the longest one.
     roomy = dataclasses.replace(cfg.dataset_options(), max_prompt_length=(1 << 20) - 1)
     _, datums, _ = build_datasets(roomy, tokenizer, train=False)

@@ -291,8 +291,8 @@ class PolicyConfig(StrictModel):
     max_grad_norm: float | None = Field(1.0, description="Gradient-norm clip, > 0 (null = off).")
     dp_size: int = Field(1, ge=1, description="Data-parallel policy workers (`runtime: ray` for more than 1).")
     threads_per_worker: int | None = Field(
-        None, ge=1, description="torch threads per worker (null: OMP_NUM_THREADS "
-                                "if set, else the cores the process may use)."
+        None, ge=1, description="torch threads per worker (null: 1 for a model narrower than 256 hidden units, "
+                                "else OMP_NUM_THREADS if set, else the cores the process may use)."
     )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW settings.")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="LR schedule.")

@@ -19,8 +19,8 @@ SET_THREADS = "RLPLANE_SET_THREADS"  # torch's own thread count unless policy.th
 
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
-SWITCHES = (ALL, FUSED_DECODE, FUSED_TRAIN, CUDA_GRAPH_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FEW_ARENAS, FREEZE_HEAP,
-            SET_THREADS)
+SWITCHES = (ALL, FUSED_DECODE, FUSED_TRAIN, CUDA_GRAPH_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FEW_ARENAS,
+            FREEZE_HEAP, SET_THREADS)
 
 
 def enabled(var: str) -> bool:

@@ -112,7 +112,9 @@ class Session:
         self.teacher_warmup_result: dict[str, float] = {}
         self.last_validation: dict[str, float] = {}
         hf_logging.disable_progress_bar()  # the run prints its own progress; no bar per checkpoint write
-        set_worker_threads(cfg.policy.threads_per_worker)
+        # The embedded model's width is in the config; a loaded model's workers set theirs from its config.
+        embedded = cfg.policy.model_name.startswith("embedded:")
+        set_worker_threads(cfg.policy.threads_per_worker, cfg.policy.tiny.hidden_size if embedded else None)
         seed_everything(cfg.loop.seed)
         # policy.precision: auto -> one concrete choice for config.yaml, checkpoints and every worker: the one a
         # resumed run recorded, else what this host and the model's width give.

@@ -77,9 +77,9 @@ class RolloutWorker:
         # First: a run directory or model this worker cannot see is one line, not a traceback.
         check_shared_paths(shared_paths, "rollout worker", p.model_name)
         self.options, self.dp = options, data_plane
-        set_worker_threads(p.threads_per_worker)
         if model is None:
             model, tokenizer = load_configured_policy(p, options.seed)
+        set_worker_threads(p.threads_per_worker, getattr(getattr(model, "config", None), "hidden_size", None))
         self.tokenizer = tokenizer
         g = self.generation = p.generation
         # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.

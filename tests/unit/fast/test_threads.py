@@ -10,7 +10,13 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.fast.switches import SET_THREADS
-from rlplane.fast.threads import available_cores, lower_thread_priority, set_worker_threads, worker_threads
+from rlplane.fast.threads import (
+    MIN_THREADED_HIDDEN,
+    available_cores,
+    lower_thread_priority,
+    set_worker_threads,
+    worker_threads,
+)
 
 
 def test_default_follows_the_affinity_mask_unless_the_user_sets_it(monkeypatch):
@@ -23,6 +29,18 @@ def test_default_follows_the_affinity_mask_unless_the_user_sets_it(monkeypatch):
     assert worker_threads(4) == 4  # policy.threads_per_worker wins over both
 
 
+def test_a_narrow_model_runs_one_thread_unless_the_config_says_otherwise(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert MIN_THREADED_HIDDEN == 256
+    assert worker_threads(None, 128) == 1 and worker_threads(None, 255) == 1  # the embedded model's width: 1
+    assert worker_threads(None, 256) == 4 and worker_threads(None, 576) == 4  # SmolLM2's: OMP_NUM_THREADS
+    assert worker_threads(None, None) == 4  # width unknown (a model not loaded yet): as before
+    assert worker_threads(3, 128) == 3  # policy.threads_per_worker wins
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert worker_threads(None, 1024) == 4  # the cores
+
+
 def test_set_worker_threads_sets_torch(monkeypatch):
     before = torch.get_num_threads()
     try:
@@ -30,6 +48,8 @@ def test_set_worker_threads_sets_torch(monkeypatch):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
         assert set_worker_threads(None) == 2 and torch.get_num_threads() == 2
         assert set_worker_threads(1) == 1 and torch.get_num_threads() == 1
+        assert set_worker_threads(None, 576) == 2 and torch.get_num_threads() == 2
+        assert set_worker_threads(None, 128) == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 
