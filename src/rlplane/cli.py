@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-seeds", type=_at_least(1), default=1, help="controls on the first N seeds (default 1)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME|KEY=VALUE",
                    help="also run every seed under a numeric variant standing in for another machine: threads1, "
-                        "nofast (RLPLANE_FAST=0), fp32, bf16, or one KEY=VALUE override; may repeat")
+                        "threads2, nofast (RLPLANE_FAST=0), fp32, bf16, or one KEY=VALUE override; may repeat")
     p.add_argument("--out", "-o", default=None,
                    help="the sweep's directory (default runs/sweep-<config>); each run is an ordinary run directory "
                         "in it; the same command continues it")

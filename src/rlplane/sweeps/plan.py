@@ -31,6 +31,8 @@ class Variant:
 VARIANTS = {
     "threads1": Variant("threads1", ("policy.threads_per_worker=1",), (("OMP_NUM_THREADS", "1"),),
                         "one torch thread per worker"),
+    "threads2": Variant("threads2", ("policy.threads_per_worker=2",), (("OMP_NUM_THREADS", "2"),),
+                        "two torch threads per worker (a model narrower than 256 runs one by default)"),
     "nofast": Variant("nofast", (), (("RLPLANE_FAST", "0"),), "every rlplane.fast path off (their plain twins)"),
     "fp32": Variant("fp32", ("policy.precision=fp32",), (), "fp32 forwards"),
     "bf16": Variant("bf16", ("policy.precision=bf16",), (), "bf16 autocast forwards"),

@@ -34,6 +34,10 @@ def test_plan_labels_overrides_and_controls():
     assert [r.label for r in runs] == ["seed1", "seed2", "seed1-threads1", "seed2-threads1", "seed1-control"]
     assert runs[2].overrides == ("grpo.seed=1", "policy.threads_per_worker=1")
     assert dict(runs[2].env) == {"OMP_NUM_THREADS": "1"}
+    two = plan_runs(algorithm="grpo", loop="grpo", seeds=[1], variants=[VARIANTS["threads2"]], control=None,
+                    control_seeds=1)
+    assert two[1].label == "seed1-threads2" and dict(two[1].env) == {"OMP_NUM_THREADS": "2"}
+    assert two[1].overrides == ("grpo.seed=1", "policy.threads_per_worker=2")
     assert runs[4].overrides == ("grpo.seed=1", "grpo.reward_control=permute") and runs[4].control == "rewards permuted"
     ppo = plan_runs(algorithm="ppo", loop="ppo", seeds=[3], variants=[], control="coin", control_seeds=1)
     assert ppo[-1].overrides == ("ppo.seed=3", "ppo.reward_control=coin")
