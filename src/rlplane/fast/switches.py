@@ -9,7 +9,6 @@ from rlplane.errors import ConfigError
 
 ALL = "RLPLANE_FAST"
 FUSED_DECODE = "RLPLANE_FUSED_DECODE"  # generation.hf_decode: auto runs the model's own forward
-FUSED_TRAIN = "RLPLANE_FUSED_TRAIN"  # policy.shared_prefix_forward runs the model's own forward
 CUDA_GRAPH_DECODE = "RLPLANE_CUDA_GRAPH_DECODE"  # hf_decode: auto on CUDA runs the fused decoder without graphs
 ONEDNN_LINEAR = "RLPLANE_ONEDNN_LINEAR"  # the fused decoder's fp32 output projection through F.linear
 KEEP_FREED_MEMORY = "RLPLANE_KEEP_FREED_MEMORY"  # glibc's default mmap and trim thresholds
@@ -19,8 +18,8 @@ SET_THREADS = "RLPLANE_SET_THREADS"  # torch's own thread count unless policy.th
 
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
-SWITCHES = (ALL, FUSED_DECODE, FUSED_TRAIN, CUDA_GRAPH_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FEW_ARENAS,
-            FREEZE_HEAP, SET_THREADS)
+SWITCHES = (ALL, FUSED_DECODE, CUDA_GRAPH_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FEW_ARENAS, FREEZE_HEAP,
+            SET_THREADS)
 
 
 def enabled(var: str) -> bool:

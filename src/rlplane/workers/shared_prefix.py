@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlplane.fast import fused_train
 from rlplane.generation.kv_cache import cache_kwarg
 from rlplane.generation.sampling import sampling_logprobs
 from rlplane.models.precision import autocast
@@ -64,29 +63,22 @@ def shared_prefix_logprobs(model, input_ids: torch.Tensor, lengths: torch.Tensor
     where = p[:, None] + j[None, :]  # (b, R) each response token's column
     valid = j[None, :] < (n - p)[:, None]  # (b, R)
     resp_ids = F.pad(ids, (0, R)).gather(1, where).masked_fill(~valid, pad_id)  # (b, R)
-    fused = fused_train.usable(model)
-    r = max(R - 1, 0)  # response tokens that feed the forward (the last one only is predicted)
     with autocast(model):
-        if fused:  # the same computation without the module stack (rlplane.fast.fused_train)
-            prompt_logits, rest = fused_train.prefix_logits(model, prefix_ids, prefix_mask, row_to_unique,
-                                                            resp_ids[:, :r], where[:, :r], valid[:, :r])
-        else:
-            out = model(input_ids=prefix_ids, attention_mask=prefix_mask,
-                        position_ids=cols[None, :].expand(len(pu), P), use_cache=True)
-        prompt_logits = prompt_logits if fused else out.logits  # (U, P, V): column c predicts token c + 1
+        out = model(input_ids=prefix_ids, attention_mask=prefix_mask,
+                    position_ids=cols[None, :].expand(len(pu), P), use_cache=True)
+        prompt_logits = out.logits  # (U, P, V): column c predicts the prompt's token c + 1, its last one token p
         # index_select: its backward (index_add) is faster on CPU than indexing's index_put.
         last = torch.arange(len(pu), device=device) * P + pu - 1  # (U,) each prompt's last token, flattened
         first_logits = prompt_logits.flatten(0, 1).index_select(0, last)  # (U, V)
         logits = first_logits.index_select(0, row_to_unique)[:, None, :][:, :R]  # (b, min(R, 1), V)
-        if r and not fused:
+        if R > 1:
             cache = out.past_key_values
             for layer in cache.layers:  # (U, ...) -> (b, ...); the backward sums the copies' gradients
                 layer.keys = layer.keys.index_select(0, row_to_unique)
                 layer.values = layer.values.index_select(0, row_to_unique)
-            mask = torch.cat([prefix_mask[row_to_unique], valid[:, :r].long()], dim=1)  # (b, P + R - 1)
-            rest = model(input_ids=resp_ids[:, :r], attention_mask=mask, position_ids=where[:, :r],
+            mask = torch.cat([prefix_mask[row_to_unique], valid[:, : R - 1].long()], dim=1)  # (b, P + R - 1)
+            rest = model(input_ids=resp_ids[:, : R - 1], attention_mask=mask, position_ids=where[:, : R - 1],
                          **{cache_kwarg(model): cache}, use_cache=True).logits  # (b, R - 1, V) predict p+1 ..
-        if r:
             logits = torch.cat([logits, rest], dim=1)  # (b, R, V)
     logits, prompt_logits = logits.float(), prompt_logits[:, :-1].float()  # (b, R, V), (U, P - 1, V)
     in_prompt = cols[None, 1:] < pu[:, None]  # (U, P - 1) prompt tokens 1 .. p - 1

@@ -12,7 +12,6 @@ import torch
 
 from rlplane.config.loading import load_config
 from rlplane.dataplane import make_data_plane
-from rlplane.fast.switches import FUSED_TRAIN
 from rlplane.recipes.grpo import TRAIN_COLUMNS
 from rlplane.training.plan import policy_options
 from rlplane.workers import shared_prefix
@@ -90,20 +89,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["module stack", "fused"])
 @pytest.mark.parametrize("extra", CASES.values(), ids=CASES.keys())
-def test_shared_prefix_forward_matches_the_plain_one(extra, fused, monkeypatch):
-    monkeypatch.setenv(FUSED_TRAIN, "1" if fused else "0")
+def test_shared_prefix_forward_matches_the_plain_one(extra):
     ref_metrics, ref_grads, plain_forwards = _train(False, *extra)
     metrics, grads, forwards = _train(True, *extra)
     assert ref_metrics["loss"] != 0.0 and ref_metrics["token_mult_prob_error"] > 1.0
-    if fused:  # rlplane.fast.fused_train: the model's weights without its forward
-        assert forwards == []
-    else:
-        # Really the other path: per micro-batch a forward over its distinct prompts, then one over its responses
-        # (unless none is longer than 1 token: the prompts' last logits predict them all).
-        assert len(plain_forwards) < len(forwards) <= 2 * len(plain_forwards)
-    if not extra and not fused:
+    # Really the other path: per micro-batch a forward over its distinct prompts, then one over its responses
+    # (unless none is longer than 1 token: the prompts' last logits predict them all).
+    assert len(plain_forwards) < len(forwards) <= 2 * len(plain_forwards)
+    if not extra:
         assert forwards[0] == (4, 7) and forwards[1] == (12, 8)  # 4 prompts (longest 7); responses (longest 9) - 1
     for key, value in ref_metrics.items():
         assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
@@ -132,11 +126,9 @@ def test_attn_implementation_reaches_the_model(impl):
     assert PolicyWorker(policy_options(cfg), make_data_plane("memory")).model.config._attn_implementation == impl
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["module stack", "fused"])
 @pytest.mark.parametrize("extra", [[], ["policy.generation.top_p=0.8"]], ids=["plain sampling", "top-p"])
-def test_logprob_forward_matches_the_plain_one_on_every_token(extra, fused, monkeypatch):
+def test_logprob_forward_matches_the_plain_one_on_every_token(extra):
     """The no-grad prev-logprob forward takes the same path: prompt and response tokens as the plain forward."""
-    monkeypatch.setenv(FUSED_TRAIN, "1" if fused else "0")
     out = {}
     for shared in (False, True):
         worker = PolicyWorker(policy_options(_cfg(shared, *extra)), make_data_plane("memory"))
