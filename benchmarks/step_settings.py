@@ -23,14 +23,12 @@ import tempfile
 import time
 
 CHILD = "--child"
-# No validation, checkpoint or log file inside the timed steps.
-QUIET = ["warmup.enabled=false", "checkpointing.enabled=false", "logger.progress_bar=false",
-         "logger.tensorboard_enabled=false", "logger.jsonl_enabled=false", "grpo.val_at_start=false",
-         "grpo.val_period=0", "grpo.val_at_end=false"]
 
 
 def child(steps: int, warmup: int, overrides: list[str]) -> None:
     """One setting: print the median step / generation / training seconds as JSON."""
+    from vs_trl import QUIET  # no validation, checkpoint or log file inside the timed steps
+
     from rlplane.config.loading import load_config
     from rlplane.recipes.grpo import grpo_step
     from rlplane.training import Session
@@ -38,7 +36,8 @@ def child(steps: int, warmup: int, overrides: list[str]) -> None:
     from rlplane.workers.policy import ClippedPGLoss
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(None, [*QUIET, f"run_dir={tmp}", f"grpo.max_num_steps={steps + warmup}", *overrides])
+        cfg = load_config(None, [*QUIET, "warmup.enabled=false", f"run_dir={tmp}",
+                                 f"grpo.max_num_steps={steps + warmup}", *overrides])
         s = Session(cfg, quiet=True)
         try:
             s.start()
@@ -70,16 +69,6 @@ def parse(setting: str) -> tuple[str, list[str], dict[str, str]]:
     return name, overrides, env
 
 
-def cpu_line() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 "unknown CPU") if os.path.exists("/proc/cpuinfo") else "unknown CPU"
-    from rlplane.models.precision import cpu_flags
-
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-    have = [f for f in wanted if f in cpu_flags()]
-    return f"{model}, {os.cpu_count()} cores; flags: {' '.join(have) if have else 'none of ' + ', '.join(wanted)}"
-
-
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
@@ -90,7 +79,9 @@ def main() -> int:
     ap.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first")
     ap.add_argument("settings", nargs="+", help="NAME or NAME=ITEM[,ITEM...] (see the module docstring)")
     args = ap.parse_args()
-    print(f"machine: {cpu_line()}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    from rlplane.utils.machine import describe_machine
+
+    print(f"machine: {describe_machine()}; load average {os.getloadavg()[0]:.2f}", flush=True)
     settings = [parse(s) for s in args.settings]
     results: dict[str, list[list[float]]] = {name: [] for name, _, _ in settings}
     for r in range(args.rounds):

@@ -135,6 +135,7 @@ def _sft(cfg, args, paths) -> int:
     from rlplane.config.loading import dump_config
     from rlplane.fast.threads import set_worker_threads
     from rlplane.models.configured import load_configured_policy
+    from rlplane.models.precision import hidden_size_of
     from rlplane.training.plan import rollout_options
     from rlplane.training.prompts import Prompts
     from rlplane.training.warmup import warm_up
@@ -143,7 +144,7 @@ def _sft(cfg, args, paths) -> int:
     out = paths.run_dir / "sft"
     seed_everything(cfg.loop.seed)
     model, tok = load_configured_policy(cfg.policy, cfg.loop.seed)
-    set_worker_threads(cfg.policy.threads_per_worker, model.config.hidden_size)
+    set_worker_threads(cfg.policy.threads_per_worker, hidden_size_of(model))
 
     def say(msg: str) -> None:
         if not args.quiet:

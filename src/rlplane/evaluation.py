@@ -52,6 +52,7 @@ def evaluate(
     """Greedy accuracy (and pass@k when ``k > 1``) of ``cfg``'s model on ``num_problems`` held-out problems."""
     from rlplane.datasets import build_datasets
     from rlplane.models.configured import load_configured_policy
+    from rlplane.models.precision import hidden_size_of
     from rlplane.training.plan import rollout_options
     from rlplane.utils.seeding import seed_everything
     from rlplane.workers.environments import EnvBlock
@@ -60,7 +61,7 @@ def evaluate(
     t0 = time.perf_counter()
     seed_everything(cfg.loop.seed)
     model, tokenizer = load_configured_policy(cfg.policy, cfg.loop.seed)
-    set_worker_threads(cfg.policy.threads_per_worker, model.config.hidden_size)
+    set_worker_threads(cfg.policy.threads_per_worker, hidden_size_of(model))
     # Room for any prompt: the sequence cap below is set from the longest one.
     roomy = dataclasses.replace(cfg.dataset_options(), max_prompt_length=(1 << 20) - 1)
     _, datums, _ = build_datasets(roomy, tokenizer, train=False)

@@ -95,10 +95,15 @@ def cpu_bf16_instructions(flags: frozenset[str] | set[str] | None = None) -> lis
     return [f for f in CPU_BF16_FLAGS if f in have]
 
 
+def hidden_size_of(model: torch.nn.Module) -> int | None:
+    """The model's hidden size from its config (None where it has none)."""
+    return getattr(getattr(model, "config", None), "hidden_size", None)
+
+
 def resolve_precision(precision: str, model: torch.nn.Module, device: torch.device | None = None) -> tuple[str, str]:
     """``(precision, why)``: ``"fp32"``/``"bf16"`` as given, or what ``"auto"`` picks for ``model`` on ``device``
     (default: where its parameters are now; a model loaded on the host for a GPU passes the GPU)."""
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    hidden = hidden_size_of(model)
     if device is None and precision == "auto":
         device = next(model.parameters()).device
     return choose_precision(precision, hidden, device)

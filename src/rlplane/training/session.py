@@ -41,6 +41,7 @@ from rlplane.fast.heap import freeze_heap
 from rlplane.fast.switches import check_switches
 from rlplane.fast.threads import set_worker_threads
 from rlplane.models.configured import configured_tokenizer, configured_weight_shapes
+from rlplane.models.loading import EMBEDDED_PREFIX
 from rlplane.runtime.deadlines import DeadlineExceeded, call_with_deadline
 from rlplane.runtime.groups import cluster_gpus, init_ray
 from rlplane.runtime.interrupts import StopSignals, stop_message
@@ -113,7 +114,7 @@ class Session:
         self.last_validation: dict[str, float] = {}
         hf_logging.disable_progress_bar()  # the run prints its own progress; no bar per checkpoint write
         # The embedded model's width is in the config; a loaded model's workers set theirs from its config.
-        embedded = cfg.policy.model_name.startswith("embedded:")
+        embedded = cfg.policy.model_name.startswith(EMBEDDED_PREFIX)
         set_worker_threads(cfg.policy.threads_per_worker, cfg.policy.tiny.hidden_size if embedded else None)
         seed_everything(cfg.loop.seed)
         # policy.precision: auto -> one concrete choice for config.yaml, checkpoints and every worker: the one a

@@ -30,6 +30,7 @@ from rlplane.generation import create_backend
 from rlplane.generation.interface import stop_ids
 from rlplane.generation.sampling import sample_seed
 from rlplane.models.configured import load_configured_policy
+from rlplane.models.precision import hidden_size_of
 from rlplane.runtime.env_pools import call_env_metrics
 from rlplane.runtime.shared_paths import SharedPaths, check_shared_paths
 from rlplane.utils.kill_points import kill_point
@@ -79,7 +80,7 @@ class RolloutWorker:
         self.options, self.dp = options, data_plane
         if model is None:
             model, tokenizer = load_configured_policy(p, options.seed)
-        set_worker_threads(p.threads_per_worker, getattr(getattr(model, "config", None), "hidden_size", None))
+        set_worker_threads(p.threads_per_worker, hidden_size_of(model))
         self.tokenizer = tokenizer
         g = self.generation = p.generation
         # vllm_cfg (NeMo RL's engine keys) reach the vllm engine; hf gets its choice of forward.
