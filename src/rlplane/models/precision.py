@@ -58,6 +58,27 @@ def autocast(model: torch.nn.Module, device_type: str | None = None):
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
+@contextlib.contextmanager
+def weight_casts_kept(model: torch.nn.Module, enabled: bool = True):
+    """Inside it, the low-precision copies autocast makes of ``model``'s weights at the first forward serve every
+    later forward: one cast per weight for a whole optimizer step's micro-batches, not one per micro-batch.
+
+    torch keeps autocast's cast cache (fp32 leaves that require grad) until the outermost autocast region exits;
+    this holds one open, autocast itself left off, so backward passes and the loss run as before and the numbers
+    are the same bit for bit. Only while the weights stay unchanged (no optimizer step inside), and not under FSDP
+    (pass ``enabled=False``: its parameters are gathered afresh for each forward). A no-op for an fp32 model.
+    """
+    if not enabled or getattr(model, "rlplane_autocast_dtype", None) is None:
+        yield
+        return
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+
+
 def _linux_cpu_flags(cpuinfo: str) -> set[str]:
     """The feature flags of the first processor in ``/proc/cpuinfo`` text (x86 ``flags``, Arm ``Features``)."""
     for line in cpuinfo.splitlines():

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from rlplane.config.policy import OptimizerConfig, SchedulerConfig
+from rlplane.models.precision import weight_casts_kept
 from rlplane.utils.metrics import reduce_microbatch_metrics
 from rlplane.workers import parallel
 from rlplane.workers.packing import MicroBatch
@@ -112,12 +113,14 @@ class Trainer:
         global_toks, global_seqs = counts[0], counts[1]
         if not eval_mode:
             self.optimizer.zero_grad(set_to_none=True)
-        for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
-            value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
-                            global_toks, global_seqs)
-            if not eval_mode:
-                value.backward()
-            metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
+        # The weights hold still until the optimizer step: each is cast to bf16 once for all micro-batches.
+        with weight_casts_kept(self.model, enabled=not parallel.is_sharded(self.model)):
+            for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
+                value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
+                                global_toks, global_seqs)
+                if not eval_mode:
+                    value.backward()
+                metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
         if eval_mode:
             return counts, None
         parallel.sync_gradients(self.model, self.rank.group)

@@ -3,8 +3,11 @@ generation and training logprobs agree (token_mult_prob_error near 1)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlplane.config.loading import load_config
 from rlplane.generation import HFGenerationBackend
@@ -149,3 +152,74 @@ def test_bf16_keeps_the_lm_head_fp32_without_renaming_anything():
         assert model(ids).logits.dtype == torch.float32
     prec.set_precision(model, "fp32")
     assert type(model.lm_head) is torch.nn.Linear
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts autocast's bf16 copies of parameters (``aten._to_copy`` of an ``nn.Parameter``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.nn.Parameter):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _bf16_trainer_step(keep: bool, monkeypatch) -> tuple[dict[str, torch.Tensor], int]:
+    """One optimizer step of a bf16 tiny Llama over 3 micro-batches; its weights after it and the weight casts."""
+    from rlplane.workers import trainer as trainer_module
+    from rlplane.workers.packing import MicroBatch
+    from rlplane.workers.rank import DPRank
+    from rlplane.workers.trainer import Trainer
+
+    if not keep:  # the trainer as it would be without the kept casts
+        monkeypatch.setattr(trainer_module, "weight_casts_kept", lambda model, enabled=True: contextlib.nullcontext())
+    model, _ = _model(256)
+    prec.set_precision(model, "bf16")
+    cfg = load_config(None, [])
+    trainer = Trainer(model, cfg.policy.optimizer, cfg.policy.scheduler,
+                      DPRank("test", cfg.policy, None, rank=0, world_size=1, shared_paths=None))
+    ids = torch.randint(4, 21, (6, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(6, 9)
+
+    def forward(mb):
+        with prec.autocast(model):
+            return token_logprobs(model, ids[mb.rows], torch.ones_like(ids[mb.rows]), 1.0)[:, 1:]
+
+    def loss(lp, batch, sample_mask, global_toks, _seqs):
+        return -(lp * batch["mask"]).sum() / global_toks, {}
+
+    casts = _WeightCasts()
+    with casts:
+        trainer.train_global_batches(mask, torch.ones(6), 6, lambda rows: [MicroBatch(r) for r in rows.split(2)],
+                                     1.0, forward, loss, {"mask": mask})
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, casts.count
+
+
+def test_a_training_step_casts_each_weight_once_and_changes_no_number(monkeypatch):
+    """Autocast's bf16 copies of the weights are made at the first micro-batch and reused by the other two:
+    a third of the casts, the same weights after the step bit for bit."""
+    kept, kept_casts = _bf16_trainer_step(True, monkeypatch)
+    fresh, fresh_casts = _bf16_trainer_step(False, monkeypatch)
+    # 2 layers x 7 linear weights (q, k, v, o, gate, up, down), cast once per micro-batch without the kept casts.
+    assert (kept_casts, fresh_casts) == (14, 3 * 14)
+    for k in kept:
+        assert torch.equal(kept[k], fresh[k]), k
+    assert not torch.is_autocast_enabled("cpu")  # the region is closed, the cache cleared
+
+
+def test_kept_casts_are_a_no_op_for_fp32_and_when_disabled():
+    model, _ = _model(64)
+    prec.set_precision(model, "fp32")
+    with prec.weight_casts_kept(model):
+        assert torch.autocast_increment_nesting() == 1  # nothing held open
+        torch.autocast_decrement_nesting()
+    prec.set_precision(model, "bf16")
+    with prec.weight_casts_kept(model, enabled=False):
+        assert torch.autocast_increment_nesting() == 1
+        torch.autocast_decrement_nesting()
+    with prec.weight_casts_kept(model):
+        assert torch.autocast_increment_nesting() == 2  # one held open
+        torch.autocast_decrement_nesting()
