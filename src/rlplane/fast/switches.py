@@ -15,11 +15,12 @@ KEEP_FREED_MEMORY = "RLPLANE_KEEP_FREED_MEMORY"  # glibc's default mmap and trim
 FEW_ARENAS = "RLPLANE_FEW_ARENAS"  # glibc's default count of malloc arenas
 FREEZE_HEAP = "RLPLANE_FREEZE_HEAP"  # no gc.freeze()
 SET_THREADS = "RLPLANE_SET_THREADS"  # torch's own thread count unless policy.threads_per_worker is set; no nice
+SPARSE_EMBEDDING_GRAD = "RLPLANE_SPARSE_EMBEDDING_GRAD"  # a tied embedding's dense backward in training
 
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 SWITCHES = (ALL, FUSED_DECODE, CUDA_GRAPH_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FEW_ARENAS, FREEZE_HEAP,
-            SET_THREADS)
+            SET_THREADS, SPARSE_EMBEDDING_GRAD)
 
 
 def enabled(var: str) -> bool:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 import torch
 
 from rlplane.config.policy import OptimizerConfig, SchedulerConfig
+from rlplane.fast.allocator import keep_freed_memory, limit_malloc_arenas
+from rlplane.fast.sparse_embedding import densify_embedding_grad, sparse_embedding_grad
 from rlplane.models.precision import weight_casts_kept
 from rlplane.utils.metrics import reduce_microbatch_metrics
 from rlplane.workers import parallel
@@ -49,13 +51,20 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig, scheduler: SchedulerConfig, rank: DPRank):
         self.rank = rank
+        if rank.device.type == "cpu":
+            # Each micro-batch frees and reallocates tensors of tens of MB (logits, gradients); kept in the heap
+            # they are not faulted in afresh (a generator in this process does the same).
+            keep_freed_memory()
+            limit_malloc_arenas()
         self.model = model.to(rank.device)
         self.model.train()
+        self.sparse_embedding = sparse_embedding_grad(self.model)
         self.optimizer, self.scheduler = build_optimizer(self.model, optimizer, scheduler)
 
     def shard(self, frozen: list[torch.nn.Module], cpu_offload: bool = False) -> None:
         """FSDP2-shard the model and ``frozen`` ones (their shards in host memory with ``cpu_offload``); the
         optimizer is rebuilt over the shards."""
+        self.sparse_embedding = sparse_embedding_grad(self.model, on=False)  # FSDP takes dense gradients
         for m in (self.model, *frozen):
             parallel.shard_model(m, self.rank.device, self.rank.world_size, cpu_offload)
         self.optimizer, self.scheduler = parallel.rebuild_optimizer(self.model, self.optimizer, self.scheduler)
@@ -123,6 +132,8 @@ class Trainer:
                 metrics_per_mb.append({"loss": value.detach(), **{k: v.detach() for k, v in m.items()}})
         if eval_mode:
             return counts, None
+        if self.sparse_embedding:
+            densify_embedding_grad(self.model)
         parallel.sync_gradients(self.model, self.rank.group)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm if max_grad_norm else math.inf)
         self.optimizer.step()

@@ -178,3 +178,23 @@ def test_hf_backend_limits_the_arenas(monkeypatch):
                                          num_attention_heads=2, num_key_value_heads=1))
     hf.HFGenerationBackend(model, Tok())
     assert calls == [1]
+
+
+@pytest.mark.parametrize("device, expected", [("cpu", ["keep", "arenas"]), ("meta", [])])
+def test_a_cpu_trainer_keeps_freed_memory_too(monkeypatch, device, expected):
+    """A training process without a generator in it (a Ray policy or value worker) keeps its freed memory as well;
+    a device other than the CPU leaves the host allocator alone."""
+    import torch
+
+    from rlplane.config.loading import load_config
+    from rlplane.workers import trainer
+    from rlplane.workers.rank import DPRank
+
+    calls = []
+    monkeypatch.setattr(trainer, "keep_freed_memory", lambda: calls.append("keep") or True)
+    monkeypatch.setattr(trainer, "limit_malloc_arenas", lambda: calls.append("arenas") or True)
+    cfg = load_config(None, [])
+    rank = DPRank("test", cfg.policy, None, rank=0, world_size=1, shared_paths=None)
+    monkeypatch.setattr(rank, "device", torch.device(device))
+    trainer.Trainer(torch.nn.Linear(2, 2), cfg.policy.optimizer, cfg.policy.scheduler, rank)
+    assert calls == expected
