@@ -167,8 +167,9 @@ class _WeightCasts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bf16_trainer_step(keep: bool, monkeypatch) -> tuple[dict[str, torch.Tensor], int]:
-    """One optimizer step of a bf16 tiny Llama over 3 micro-batches; its weights after it and the weight casts."""
+def _bf16_trainer_step(keep: bool, monkeypatch, checkpointing: bool = False) -> tuple[dict[str, torch.Tensor], int]:
+    """One optimizer step of a bf16 tiny Llama over 3 micro-batches (``checkpointing``: activations recomputed in
+    the backward, as ``policy.activation_checkpointing``); its weights after it and the weight casts."""
     from rlplane.workers import trainer as trainer_module
     from rlplane.workers.packing import MicroBatch
     from rlplane.workers.rank import DPRank
@@ -178,6 +179,8 @@ def _bf16_trainer_step(keep: bool, monkeypatch) -> tuple[dict[str, torch.Tensor]
         monkeypatch.setattr(trainer_module, "weight_casts_kept", lambda model, enabled=True: contextlib.nullcontext())
     model, _ = _model(256)
     prec.set_precision(model, "bf16")
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     cfg = load_config(None, [])
     trainer = Trainer(model, cfg.policy.optimizer, cfg.policy.scheduler,
                       DPRank("test", cfg.policy, None, rank=0, world_size=1, shared_paths=None))
@@ -198,13 +201,15 @@ def _bf16_trainer_step(keep: bool, monkeypatch) -> tuple[dict[str, torch.Tensor]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, casts.count
 
 
-def test_a_training_step_casts_each_weight_once_and_changes_no_number(monkeypatch):
-    """Autocast's bf16 copies of the weights are made at the first micro-batch and reused by the other two:
-    a third of the casts, the same weights after the step bit for bit."""
-    kept, kept_casts = _bf16_trainer_step(True, monkeypatch)
-    fresh, fresh_casts = _bf16_trainer_step(False, monkeypatch)
-    # 2 layers x 7 linear weights (q, k, v, o, gate, up, down), cast once per micro-batch without the kept casts.
-    assert (kept_casts, fresh_casts) == (14, 3 * 14)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_training_step_casts_each_weight_once_and_changes_no_number(monkeypatch, checkpointing):
+    """Autocast's bf16 copies of the weights are made at the first micro-batch and reused by the other two (and by
+    the backward's recomputation under activation checkpointing): the same weights after the step bit for bit."""
+    kept, kept_casts = _bf16_trainer_step(True, monkeypatch, checkpointing)
+    fresh, fresh_casts = _bf16_trainer_step(False, monkeypatch, checkpointing)
+    # 2 layers x 7 linear weights (q, k, v, o, gate, up, down), cast once per micro-batch without the kept casts
+    # (and once more per micro-batch when the backward recomputes the layers).
+    assert (kept_casts, fresh_casts) == (14, 3 * 14 * (2 if checkpointing else 1))
     for k in kept:
         assert torch.equal(kept[k], fresh[k]), k
     assert not torch.is_autocast_enabled("cpu")  # the region is closed, the cache cleared
