@@ -37,6 +37,7 @@ def test_global_valid_counts_are_the_mean_over_global_batches():
     w.model = torch.nn.Linear(1, 1)
     w.optimizer = torch.optim.SGD(w.model.parameters(), lr=0.1)
     w.scheduler = torch.optim.lr_scheduler.LambdaLR(w.optimizer, lambda s: 1.0)
+    w.sparse_embedding = False  # what Trainer.__init__ sets for a model without tied embeddings
     token_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
     sample_mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
     x = torch.ones(4, 3, 1)
