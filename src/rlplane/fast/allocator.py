@@ -2,7 +2,8 @@
 keep it in few malloc arenas, so a thread reuses what another freed.
 
 Each step frees and reallocates large tensors (the (B, V) logits); raising the mmap and trim thresholds to
-:data:`KEEP_BYTES` keeps them in the heap. Applied once per process when an ``hf`` backend is built.
+:data:`KEEP_BYTES` keeps them in the heap. Applied once per process when an ``hf`` backend or a trainer on the CPU
+is built (training frees and reallocates tens of MB a micro-batch too).
 Plain twin: glibc's defaults (``RLPLANE_KEEP_FREED_MEMORY=0``).
 
 glibc gives threads up to 8 arenas per core, each keeping its own freed memory. A process whose threads come and
