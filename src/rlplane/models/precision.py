@@ -65,10 +65,12 @@ def weight_casts_kept(model: torch.nn.Module, enabled: bool = True):
 
     torch keeps autocast's cast cache (fp32 leaves that require grad) until the outermost autocast region exits;
     this holds one open, autocast itself left off, so backward passes and the loss run as before and the numbers
-    are the same bit for bit. Only while the weights stay unchanged (no optimizer step inside), and not under FSDP
-    (pass ``enabled=False``: its parameters are gathered afresh for each forward). A no-op for an fp32 model.
+    are the same bit for bit. Only while the weights stay unchanged (no optimizer step inside). A no-op for an fp32
+    model, an FSDP-sharded one (its parameters are gathered afresh for each forward) or with ``enabled=False``.
     """
-    if not enabled or getattr(model, "rlplane_autocast_dtype", None) is None:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not enabled or getattr(model, "rlplane_autocast_dtype", None) is None or isinstance(model, FSDPModule):
         yield
         return
     torch.autocast_increment_nesting()

@@ -8,7 +8,7 @@ import torch
 from rlplane.dataplane import KVBatchMeta
 from rlplane.dataplane.columns import INPUT_IDS, TOKEN_MASK
 from rlplane.models.precision import autocast, weight_casts_kept
-from rlplane.workers import parallel, shared_prefix
+from rlplane.workers import shared_prefix
 from rlplane.workers.logprobs import microbatch_logprobs
 from rlplane.workers.packing import forward_microbatch, microbatch_planner
 from rlplane.workers.rank import DPRank
@@ -36,7 +36,7 @@ def shard_logprobs(rank: DPRank, model: torch.nn.Module, meta: KVBatchMeta, out_
     was_training = model.training
     model.eval()
     out = torch.zeros(ids.shape, dtype=torch.float32, device=rank.device)  # (B, T)
-    with weight_casts_kept(model, enabled=not parallel.is_sharded(model)):  # bf16 weights cast once for the shard
+    with weight_casts_kept(model):  # bf16 weights cast once for the shard
         for mb in plan:
             out[mb.rows] = microbatch_logprobs(model, ids, lengths, mb, trim, gen.temperature, top_k, top_p,
                                                prompt_lens=prompts, pad_id=pad_id)

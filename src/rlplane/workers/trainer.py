@@ -123,7 +123,7 @@ class Trainer:
         if not eval_mode:
             self.optimizer.zero_grad(set_to_none=True)
         # The weights hold still until the optimizer step: each is cast to bf16 once for all micro-batches.
-        with weight_casts_kept(self.model, enabled=not parallel.is_sharded(self.model)):
+        with weight_casts_kept(self.model):
             for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
                 value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
                                 global_toks, global_seqs)

@@ -228,3 +228,20 @@ def test_kept_casts_are_a_no_op_for_fp32_and_when_disabled():
     with prec.weight_casts_kept(model):
         assert torch.autocast_increment_nesting() == 2  # one held open
         torch.autocast_decrement_nesting()
+
+
+def test_kept_casts_are_a_no_op_under_fsdp(tmp_path):
+    """FSDP gathers the parameters afresh for each forward: nothing is held open for a sharded model."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    model, _ = _model(256)
+    prec.set_precision(model, "bf16")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        fully_shard(model)
+        with prec.weight_casts_kept(model):
+            assert torch.autocast_increment_nesting() == 1
+            torch.autocast_decrement_nesting()
+    finally:
+        dist.destroy_process_group()
