@@ -10,6 +10,8 @@
   off: ``RLPLANE_KEEP_FREED_MEMORY=0``. In few malloc arenas; twin: glibc's count; off: ``RLPLANE_FEW_ARENAS=0``.
 - :mod:`~rlplane.fast.heap`: long-lived objects out of the garbage collector's full collections;
   twin: no ``gc.freeze``; off: ``RLPLANE_FREEZE_HEAP=0``.
+- :mod:`~rlplane.fast.attention_backward`: a bf16 CPU training forward's attention differentiated by matmuls;
+  twin: SDPA's own backward; off: ``RLPLANE_MATMUL_ATTENTION_BACKWARD=0``.
 - :mod:`~rlplane.fast.sparse_embedding`: a large tied embedding's training gradient as the rows it touched;
   twin: the dense backward; off: ``RLPLANE_SPARSE_EMBEDDING_GRAD=0``.
 - :mod:`~rlplane.fast.threads`: torch threads per worker and a lower priority for background threads;

@@ -16,11 +16,12 @@ FEW_ARENAS = "RLPLANE_FEW_ARENAS"  # glibc's default count of malloc arenas
 FREEZE_HEAP = "RLPLANE_FREEZE_HEAP"  # no gc.freeze()
 SET_THREADS = "RLPLANE_SET_THREADS"  # torch's own thread count unless policy.threads_per_worker is set; no nice
 SPARSE_EMBEDDING_GRAD = "RLPLANE_SPARSE_EMBEDDING_GRAD"  # a tied embedding's dense backward in training
+MATMUL_ATTENTION_BACKWARD = "RLPLANE_MATMUL_ATTENTION_BACKWARD"  # SDPA's own backward in bf16 CPU training
 
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 SWITCHES = (ALL, FUSED_DECODE, CUDA_GRAPH_DECODE, ONEDNN_LINEAR, KEEP_FREED_MEMORY, FEW_ARENAS, FREEZE_HEAP,
-            SET_THREADS, SPARSE_EMBEDDING_GRAD)
+            SET_THREADS, SPARSE_EMBEDDING_GRAD, MATMUL_ATTENTION_BACKWARD)
 
 
 def enabled(var: str) -> bool:

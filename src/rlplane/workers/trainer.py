@@ -12,6 +12,7 @@ import torch
 
 from rlplane.config.policy import OptimizerConfig, SchedulerConfig
 from rlplane.fast.allocator import keep_freed_memory, limit_malloc_arenas
+from rlplane.fast.attention_backward import matmul_attention_backward
 from rlplane.fast.sparse_embedding import densify_embedding_grad, sparse_embedding_grad
 from rlplane.models.precision import weight_casts_kept
 from rlplane.utils.metrics import reduce_microbatch_metrics
@@ -123,7 +124,7 @@ class Trainer:
         if not eval_mode:
             self.optimizer.zero_grad(set_to_none=True)
         # The weights hold still until the optimizer step: each is cast to bf16 once for all micro-batches.
-        with weight_casts_kept(self.model):
+        with weight_casts_kept(self.model), matmul_attention_backward(self.model):
             for mb in plan(torch.arange(len(token_mask), device=token_mask.device)[gb]):
                 value, m = loss(forward(mb), {k: v[mb.rows] for k, v in batch.items()}, sample_mask[mb.rows],
                                 global_toks, global_seqs)
