@@ -24,6 +24,10 @@ uniformly drawn position): a classification task.
 after: "In the list owl, cat, fox, bee, dog, which word comes right after fox?" -> bee (5-7 distinct three-letter
 words, the asked word never the last): retrieval by adjacency.
 reverse: "q = 12, d = 5, x = 27, ... Which letter is 27?" -> x: lookup the other way round (6-8 variables).
+convert: "How many minutes are in 7 hours?" -> 420 (one of 8 unit pairs, 2-50 of the larger unit): a known
+factor times a number.
+letter: "Which letter of the alphabet comes 2 letters before K?" -> I (1-5 letters either way, within A-Z: 230
+problems, so the held-out set is a share of them).
 month: "Which month comes 3 months before February?" -> November (1-6 months either way: 144 problems, so
 the held-out set is a share of them: --val-size 60 leaves 84 to train on).
 """
@@ -122,7 +126,30 @@ def reverse(rng: random.Random, min_vars: int = 6, max_vars: int = 8) -> dict:
     return {"problem": f"{text}. Which letter is {values[q]}?", "answer": names[q]}
 
 
-TASKS = {"after": after, "count": count, "duplicate": duplicate, "largest": largest, "lookup": lookup, "month": month,
+UNITS = (("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24), ("weeks", "days", 7),
+         ("meters", "centimeters", 100), ("kilograms", "grams", 1000), ("dozens", "items", 12),
+         ("centuries", "years", 100))
+
+
+def convert(rng: random.Random, max_count: int = 50) -> dict:
+    big, small, factor = rng.choice(UNITS)
+    n = rng.randint(2, max_count)
+    return {"problem": f"How many {small} are in {n} {big}?", "answer": str(n * factor)}
+
+
+LETTERS = string.ascii_uppercase
+
+
+def letter(rng: random.Random, max_offset: int = 5) -> dict:
+    n, sign = rng.randint(1, max_offset), rng.choice((1, -1))
+    start = rng.randrange(n, len(LETTERS)) if sign < 0 else rng.randrange(len(LETTERS) - n)
+    when = "after" if sign > 0 else "before"
+    what = f"right {when}" if n == 1 else f"{n} letters {when}"
+    return {"problem": f"Which letter of the alphabet comes {what} {LETTERS[start]}?",
+            "answer": LETTERS[start + sign * n]}
+
+
+TASKS = {"after": after, "convert": convert, "letter": letter, "count": count, "duplicate": duplicate, "largest": largest, "lookup": lookup, "month": month,
          "odd": odd, "ordinal": ordinal, "reverse": reverse, "sequence": sequence}
 
 

@@ -95,3 +95,30 @@ def test_written_splits_are_disjoint_and_routed(make_tasks, tmp_path, task):
     assert {r["task_name"] for r in train + val} == {"short_answer"}
     make_tasks.write(task, tmp_path / "again", train_size=300, val_size=40, seed=1)
     assert (tmp_path / "again" / "val.jsonl").read_text() == (tmp_path / "val.jsonl").read_text()  # seeded
+
+
+def test_convert_multiplies_by_the_units_factor(make_tasks):
+    rng = random.Random(8)
+    factors = {(small, big): f for big, small, f in make_tasks.UNITS}
+    for _ in range(300):
+        row = make_tasks.convert(rng)
+        small, n, big = re.fullmatch(r"How many (\w+) are in (\d+) (\w+)\?", row["problem"]).groups()
+        assert 2 <= int(n) <= 50 and row["answer"] == str(int(n) * factors[small, big])
+    # 7 hours: 7 x 60 = 420 minutes
+    assert make_tasks.convert(type("Fixed", (), {"choice": staticmethod(lambda xs: xs[0]),
+                                                  "randint": staticmethod(lambda *_: 7)})()) == {
+        "problem": "How many minutes are in 7 hours?", "answer": "420"}
+
+
+def test_letter_counts_along_the_alphabet_and_stays_inside_it(make_tasks):
+    rng = random.Random(9)
+    seen = set()
+    for _ in range(2000):
+        row = make_tasks.letter(rng)
+        m = re.fullmatch(r"Which letter of the alphabet comes (?:right|(\d) letters) (after|before) ([A-Z])\?",
+                         row["problem"])
+        n, when, start = int(m.group(1) or 1), m.group(2), m.group(3)
+        assert (m.group(1) is None) == (n == 1) and 1 <= n <= 5
+        assert ord(row["answer"]) == ord(start) + (n if when == "after" else -n) and "A" <= row["answer"] <= "Z"
+        seen.add(row["problem"])
+    assert len(seen) == 230  # every start and offset within A-Z: 2 x (25 + 24 + 23 + 22 + 21)
