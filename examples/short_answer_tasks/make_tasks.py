@@ -149,8 +149,20 @@ def letter(rng: random.Random, max_offset: int = 5) -> dict:
             "answer": LETTERS[start + sign * n]}
 
 
-TASKS = {"after": after, "convert": convert, "letter": letter, "count": count, "duplicate": duplicate, "largest": largest, "lookup": lookup, "month": month,
-         "odd": odd, "ordinal": ordinal, "reverse": reverse, "sequence": sequence}
+TASKS = {
+    "after": after,
+    "convert": convert,
+    "count": count,
+    "duplicate": duplicate,
+    "largest": largest,
+    "letter": letter,
+    "lookup": lookup,
+    "month": month,
+    "odd": odd,
+    "ordinal": ordinal,
+    "reverse": reverse,
+    "sequence": sequence,
+}
 
 
 def write(task: str, out: Path, train_size: int, val_size: int, seed: int) -> None:

@@ -85,7 +85,7 @@ def test_too_many_held_out_problems_is_one_line(make_tasks, tmp_path):
         make_tasks.write("month", tmp_path, train_size=10, val_size=200, seed=0)
 
 
-@pytest.mark.parametrize("task", ["duplicate", "largest", "lookup", "month"])
+@pytest.mark.parametrize("task", ["duplicate", "largest", "lookup", "month", "convert", "letter"])
 def test_written_splits_are_disjoint_and_routed(make_tasks, tmp_path, task):
     make_tasks.write(task, tmp_path, train_size=300, val_size=40, seed=1)
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
