@@ -24,6 +24,11 @@ uniformly drawn position): a classification task.
 after: "In the list owl, cat, fox, bee, dog, which word comes right after fox?" -> bee (5-7 distinct three-letter
 words, the asked word never the last): retrieval by adjacency.
 reverse: "q = 12, d = 5, x = 27, ... Which letter is 27?" -> x: lookup the other way round (6-8 variables).
+category: "Which of these words is a fruit: chair, bottle, peach, ladder?" -> peach (one of three categories, 3-5
+household words around it): word knowledge.
+tens: "Which of these numbers is a multiple of ten: 69, 16, 80, 83?" -> 80 (4-6 two-digit numbers, one a multiple of
+ten, at a uniformly drawn place): classification by the last digit.
+double: "Which of these numbers has two equal digits: 69, 16, 88, 82?" -> 88 (as tens, the one of 11, 22, ..., 99).
 convert: "How many minutes are in 7 hours?" -> 420 (one of 8 unit pairs, 2-50 of the larger unit): a known
 factor times a number.
 letter: "Which letter of the alphabet comes 2 letters before K?" -> I (1-5 letters either way, within A-Z: 230
@@ -126,6 +131,40 @@ def reverse(rng: random.Random, min_vars: int = 6, max_vars: int = 8) -> dict:
     return {"problem": f"{text}. Which letter is {values[q]}?", "answer": names[q]}
 
 
+CATEGORIES = {
+    "an animal": "horse sheep tiger mouse rabbit zebra monkey donkey camel whale".split(),
+    "a color": "red blue green yellow purple orange black white brown pink".split(),
+    "a fruit": "apple banana cherry grape lemon mango peach pear plum melon".split(),
+}
+THINGS = "chair table spoon window bottle pencil carpet bucket ladder hammer candle basket pillow mirror".split()
+
+
+def category(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
+    kind = rng.choice(sorted(CATEGORIES))
+    words = rng.sample(THINGS, rng.randint(min_count, max_count) - 1)
+    answer = rng.choice(CATEGORIES[kind])
+    words.insert(rng.randrange(len(words) + 1), answer)
+    return {"problem": f"Which of these words is {kind}: {', '.join(words)}?", "answer": answer}
+
+
+def tens(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
+    k = rng.randint(min_count, max_count)
+    numbers = rng.sample([n for n in range(11, 100) if n % 10], k - 1)
+    answer = rng.randrange(10, 100, 10)
+    numbers.insert(rng.randrange(k), answer)
+    return {"problem": f"Which of these numbers is a multiple of ten: {', '.join(map(str, numbers))}?",
+            "answer": str(answer)}
+
+
+def double(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
+    k = rng.randint(min_count, max_count)
+    numbers = rng.sample([n for n in range(10, 100) if n % 11], k - 1)
+    answer = 11 * rng.randint(1, 9)
+    numbers.insert(rng.randrange(k), answer)
+    return {"problem": f"Which of these numbers has two equal digits: {', '.join(map(str, numbers))}?",
+            "answer": str(answer)}
+
+
 UNITS = (("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24), ("weeks", "days", 7),
          ("meters", "centimeters", 100), ("kilograms", "grams", 1000), ("dozens", "items", 12),
          ("centuries", "years", 100))
@@ -151,8 +190,10 @@ def letter(rng: random.Random, max_offset: int = 5) -> dict:
 
 TASKS = {
     "after": after,
+    "category": category,
     "convert": convert,
     "count": count,
+    "double": double,
     "duplicate": duplicate,
     "largest": largest,
     "letter": letter,
@@ -162,6 +203,7 @@ TASKS = {
     "ordinal": ordinal,
     "reverse": reverse,
     "sequence": sequence,
+    "tens": tens,
 }
 
 

@@ -85,7 +85,8 @@ def test_too_many_held_out_problems_is_one_line(make_tasks, tmp_path):
         make_tasks.write("month", tmp_path, train_size=10, val_size=200, seed=0)
 
 
-@pytest.mark.parametrize("task", ["duplicate", "largest", "lookup", "month", "convert", "letter"])
+@pytest.mark.parametrize("task", ["duplicate", "largest", "lookup", "month", "convert", "letter", "tens", "double",
+                                  "category"])
 def test_written_splits_are_disjoint_and_routed(make_tasks, tmp_path, task):
     make_tasks.write(task, tmp_path, train_size=300, val_size=40, seed=1)
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
@@ -122,3 +123,29 @@ def test_letter_counts_along_the_alphabet_and_stays_inside_it(make_tasks):
         assert ord(row["answer"]) == ord(start) + (n if when == "after" else -n) and "A" <= row["answer"] <= "Z"
         seen.add(row["problem"])
     assert len(seen) == 230  # every start and offset within A-Z: 2 x (25 + 24 + 23 + 22 + 21)
+
+
+@pytest.mark.parametrize("task,rule", [
+    ("tens", lambda n: n % 10 == 0),
+    ("double", lambda n: n % 11 == 0),
+])
+def test_exactly_one_number_of_the_asked_class_and_it_is_the_answer(make_tasks, task, rule):
+    rng = random.Random(10)
+    places = set()
+    for _ in range(300):
+        row = getattr(make_tasks, task)(rng)
+        numbers = [int(x) for x in re.findall(r"\d+", row["problem"].split(":")[1])]
+        assert 4 <= len(numbers) <= 6 and len(set(numbers)) == len(numbers)
+        assert [n for n in numbers if rule(n)] == [int(row["answer"])]
+        places.add(numbers.index(int(row["answer"])))
+    assert places == set(range(6))  # the answer lands anywhere in the list
+
+
+def test_category_has_one_word_of_the_category(make_tasks):
+    rng = random.Random(11)
+    for _ in range(300):
+        row = make_tasks.category(rng)
+        kind, words = re.fullmatch(r"Which of these words is (an? \w+): (.*)\?", row["problem"]).groups()
+        words = words.split(", ")
+        members = [w for w in words if any(w in group for group in make_tasks.CATEGORIES.values())]
+        assert members == [row["answer"]] and row["answer"] in make_tasks.CATEGORIES[kind] and 4 <= len(words) <= 6
