@@ -147,22 +147,24 @@ def category(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict
     return {"problem": f"Which of these words is {kind}: {', '.join(words)}?", "answer": answer}
 
 
-def tens(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
+def _one_of_a_class(rng, others: list[int], draw_answer, question: str, min_count: int, max_count: int) -> dict:
+    """``question`` over k-1 numbers drawn from ``others`` (k from min to max) and ``draw_answer(rng)`` at a uniformly
+    drawn place."""
     k = rng.randint(min_count, max_count)
-    numbers = rng.sample([n for n in range(11, 100) if n % 10], k - 1)
-    answer = rng.randrange(10, 100, 10)
+    numbers = rng.sample(others, k - 1)
+    answer = draw_answer(rng)
     numbers.insert(rng.randrange(k), answer)
-    return {"problem": f"Which of these numbers is a multiple of ten: {', '.join(map(str, numbers))}?",
-            "answer": str(answer)}
+    return {"problem": f"{question}: {', '.join(map(str, numbers))}?", "answer": str(answer)}
+
+
+def tens(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
+    return _one_of_a_class(rng, [n for n in range(11, 100) if n % 10], lambda r: r.randrange(10, 100, 10),
+                           "Which of these numbers is a multiple of ten", min_count, max_count)
 
 
 def double(rng: random.Random, min_count: int = 4, max_count: int = 6) -> dict:
-    k = rng.randint(min_count, max_count)
-    numbers = rng.sample([n for n in range(10, 100) if n % 11], k - 1)
-    answer = 11 * rng.randint(1, 9)
-    numbers.insert(rng.randrange(k), answer)
-    return {"problem": f"Which of these numbers has two equal digits: {', '.join(map(str, numbers))}?",
-            "answer": str(answer)}
+    return _one_of_a_class(rng, [n for n in range(10, 100) if n % 11], lambda r: 11 * r.randint(1, 9),
+                           "Which of these numbers has two equal digits", min_count, max_count)
 
 
 UNITS = (("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24), ("weeks", "days", 7),

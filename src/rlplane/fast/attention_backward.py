@@ -8,11 +8,10 @@ its metrics do not change) and computes the backward in fp32 from the bf16 opera
 flash kernel does (fp32 accumulation), rounding differently.
 
 Applied inside :func:`matmul_attention_backward`'s context (the trainer's micro-batch loop) to a call that needs a
-gradient, on CPU tensors the forward computes in bf16
-(autocast or bf16 inputs), without dropout, whose scores fit :data:`MAX_SCORES` elements; any other call runs
-as before. A model without bf16 (the tiny embedded ones) is left alone, so its numbers stay as they were, and so
-is one with activation checkpointing: its forward is recomputed in the backward, outside the context, and must
-save what the first forward saved.
+gradient, on CPU tensors the forward computes in bf16 (autocast or bf16 inputs), without dropout, whose scores fit
+:data:`MAX_SCORES` elements; any other call runs as before. A model without bf16 (the tiny embedded ones) is left
+alone, so its numbers stay as they were, and so is one with activation checkpointing: its forward is recomputed in
+the backward, outside the context, and must save what the first forward saved.
 Twin: SDPA's own backward; off: ``RLPLANE_MATMUL_ATTENTION_BACKWARD=0``.
 """
 
@@ -45,6 +44,7 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype | None:
 
 
 def _applies(q, k, v, attn_mask, dropout_p) -> bool:
+    """Whether the call gets the matmul backward; its compute dtype is then bf16 (:func:`_compute_dtype`)."""
     return (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and dropout_p == 0.0
             and all(t.device.type == "cpu" for t in (q, k, v)) and _compute_dtype(q, k, v) == torch.bfloat16
             and (attn_mask is None or attn_mask.dtype == torch.bool or attn_mask.is_floating_point())
@@ -112,8 +112,8 @@ def sdpa_matmul_backward(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
     if not _applies(query, key, value, attn_mask, dropout_p):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    dtype = _compute_dtype(query, key, value)  # cast here as autocast would: the Function sees what SDPA computes
-    q, k, v = (t.to(dtype) for t in (query, key, value))
+    # cast here as autocast would: the Function sees what SDPA computes
+    q, k, v = (t.to(torch.bfloat16) for t in (query, key, value))
     return _SDPAMatmulBackward.apply(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
 

@@ -153,3 +153,9 @@ def test_checkpointed_fp32_and_switched_off_models_keep_sdpas_backward(monkeypat
     assert isinstance(ab.matmul_attention_backward(_llama("bf16")), null)
     monkeypatch.setenv("RLPLANE_MATMUL_ATTENTION_BACKWARD", "1")
     assert isinstance(ab.matmul_attention_backward(_llama("bf16")), ab._RouteSDPA)
+
+
+def test_scores_exactly_at_the_limit_still_route(monkeypatch):
+    q, k, v = (x.detach().bfloat16().requires_grad_() for x in _qkv(hk=2))
+    monkeypatch.setattr(ab, "MAX_SCORES", 2 * 6 * 7 * 7)  # this call's scores, to the element
+    assert type(ab.sdpa_matmul_backward(q, k, v, enable_gqa=True).grad_fn).__name__ == "_SDPAMatmulBackwardBackward"
